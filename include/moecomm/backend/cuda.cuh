@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `cuda_backend`: runs moecomm's kernel functors on a GPU, on one stream.
+//!
+//! Index spaces become grid-stride kernels; row functors get one warp per row (`warp_team`), so
+//! the lanes of a warp share a row's 16-byte fragments. Sorting and reductions are CUB's. Memory
+//! is stream-ordered (`cudaMallocAsync`). Every host wait polls the stream with a timeout.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/dtype.hpp>
+#include <moecomm/error.hpp>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_reduce.cuh>
+#include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#if !MOECOMM_CUDA_COMPILATION()
+#  error "moecomm/backend/cuda.cuh needs nvcc; host-only code includes moecomm/moecomm.hpp"
+#endif
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! Throws `error(cuda_error)` naming the call, after clearing CUDA's sticky last error.
+inline void cuda_check(cudaError_t result, char const* call) {
+  if (result == cudaSuccess) return;
+  (void)cudaGetLastError();
+  fail(status::cuda_error, "cuda_backend", call, " failed: ", cudaGetErrorName(result), " (",
+       cudaGetErrorString(result), ")");
+}
+
+inline constexpr int threads_per_block = 256;
+inline constexpr int warp_lanes = 32;
+inline constexpr std::int64_t max_blocks = 65535;
+
+//! Blocks for `items` work items at `items_per_block` each; grid-stride loops cover the rest.
+inline unsigned grid_for(std::int64_t items, std::int64_t items_per_block) {
+  std::int64_t const blocks = (items + items_per_block - 1) / items_per_block;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
+}
+
+template <class F>
+__global__ __launch_bounds__(threads_per_block) void for_each_index_kernel(std::int64_t n, F f) {
+  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+
+//! The 32 lanes of a warp working on one row.
+struct warp_team {
+  int lane_;
+  MOECOMM_HOST_DEVICE int lane() const { return lane_; }
+  MOECOMM_HOST_DEVICE int size() const { return warp_lanes; }
+  //! A butterfly sum: a fixed order, so the result is the same on every run.
+  MOECOMM_HOST_DEVICE float reduce_sum(float partial) const {
+#if MOECOMM_DEVICE_PASS()
+    for (int offset = warp_lanes / 2; offset > 0; offset /= 2)
+      partial = add32(partial, __shfl_xor_sync(0xffffffffu, partial, offset));
+#endif
+    return partial;
+  }
+};
+
+template <class F>
+__global__ __launch_bounds__(threads_per_block) void for_each_row_kernel(std::int64_t rows, F f) {
+  std::int64_t const warps = std::int64_t{gridDim.x} * (blockDim.x / warp_lanes);
+  std::int64_t const first = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / warp_lanes;
+  warp_team const team{static_cast<int>(threadIdx.x % warp_lanes)};
+  for (std::int64_t row = first; row < rows; row += warps) f(row, team);  // uniform per warp
+}
+
+//! Stream-ordered device memory.
+struct cuda_allocator {
+  cudaStream_t stream = nullptr;
+  void* allocate(std::size_t bytes) const {
+    void* p = nullptr;
+    cuda_check(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync");
+    return p;
+  }
+  void deallocate(void* p, std::size_t) const noexcept { (void)cudaFreeAsync(p, stream); }
+};
+
+}  // namespace detail
+
+//! True when a CUDA device is present and usable. GPU tests skip (visibly) when it is false.
+[[nodiscard]] inline bool cuda_device_available() {
+  int count = 0;
+  bool const ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  (void)cudaGetLastError();
+  return ok;
+}
+
+//! Runs kernel functors on the current device, in order on `stream`. Calls are asynchronous
+//! except those that return a value to the host (`reduce`) and `synchronize`.
+class cuda_backend {
+ public:
+  template <class T>
+  using buffer_type = buffer<T, detail::cuda_allocator>;
+  static constexpr bool is_host_accessible = false;
+
+  //! @param stream the stream all work is ordered on.
+  //! @param timeout the longest any host wait may take before `error(timeout)`.
+  explicit cuda_backend(cudaStream_t stream = nullptr, std::chrono::milliseconds timeout = std::chrono::seconds(100))
+      : stream_(stream), timeout_(timeout) {}
+
+  [[nodiscard]] cudaStream_t stream() const { return stream_; }
+
+  //! `n` uninitialised elements of device memory, allocated and freed in stream order.
+  template <class T>
+  [[nodiscard]] buffer_type<T> allocate(std::int64_t n) const {
+    return buffer_type<T>(detail::cuda_allocator{stream_}, n);
+  }
+
+  //! Launches `f(i)` for every `i` in `[0, n)`.
+  template <class F>
+  void for_each_index(std::int64_t n, F const& f) const {
+    if (n <= 0) return;
+    detail::for_each_index_kernel<<<detail::grid_for(n, detail::threads_per_block), detail::threads_per_block, 0,
+                                    stream_>>>(n, f);
+    detail::cuda_check(cudaGetLastError(), "for_each_index launch");
+  }
+
+  //! Launches `f(row, team)` for every row in `[0, rows)`, one warp per row.
+  template <class F>
+  void for_each_row(std::int64_t rows, F const& f) const {
+    if (rows <= 0) return;
+    constexpr int rows_per_block = detail::threads_per_block / detail::warp_lanes;
+    detail::for_each_row_kernel<<<detail::grid_for(rows, rows_per_block), detail::threads_per_block, 0, stream_>>>(
+        rows, f);
+    detail::cuda_check(cudaGetLastError(), "for_each_row launch");
+  }
+
+  //! `op`-reduction of `map(i)` over `[0, n)` from `init` (CUB), returned to the host.
+  template <class T, class Map, class Op>
+  [[nodiscard]] T reduce(std::int64_t n, T init, Map const& map, Op const& op) const {
+    if (n <= 0) return init;
+    auto result = allocate<T>(1);
+    thrust::counting_iterator<std::int64_t> const first(0);
+    std::size_t bytes = 0;
+    detail::cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, first, result.data(), n, op, map, init, stream_),
+                       "cub::DeviceReduce::TransformReduce");
+    auto scratch = allocate<unsigned char>(static_cast<std::int64_t>(bytes));
+    detail::cuda_check(
+        cub::DeviceReduce::TransformReduce(scratch.data(), bytes, first, result.data(), n, op, map, init, stream_),
+        "cub::DeviceReduce::TransformReduce");
+    T value = init;
+    copy(&value, result.data(), 1);
+    synchronize();
+    return value;
+  }
+
+  //! Stable sort of `(key, value)` pairs by key bits `[0, end_bit)` (CUB radix sort).
+  void stable_sort_by_key(std::uint32_t const* keys_in, std::uint32_t* keys_out, std::int32_t const* values_in,
+                          std::int32_t* values_out, std::int64_t n, int end_bit) const {
+    if (n <= 0) return;
+    std::size_t bytes = 0;
+    detail::cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys_in, keys_out, values_in, values_out, n, 0,
+                                                       end_bit, stream_),
+                       "cub::DeviceRadixSort::SortPairs");
+    auto scratch = allocate<unsigned char>(static_cast<std::int64_t>(bytes));
+    detail::cuda_check(cub::DeviceRadixSort::SortPairs(scratch.data(), bytes, keys_in, keys_out, values_in,
+                                                       values_out, n, 0, end_bit, stream_),
+                       "cub::DeviceRadixSort::SortPairs");
+  }
+
+  //! Copies `n` elements between any two of host and device memory, in stream order.
+  template <class T>
+  void copy(T* dst, T const* src, std::int64_t n) const {
+    if (n <= 0) return;
+    detail::cuda_check(
+        cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDefault, stream_),
+        "cudaMemcpyAsync");
+  }
+
+  //! Waits for the stream, polling so that the wait is bounded by the timeout.
+  //! @throws error (timeout) naming the timeout; error (cuda_error) if the stream failed.
+  void synchronize() const {
+    auto const deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      cudaError_t const state = cudaStreamQuery(stream_);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) detail::cuda_check(state, "cudaStreamQuery");
+      if (std::chrono::steady_clock::now() > deadline)
+        detail::fail(status::timeout, "cuda_backend::synchronize", "the stream did not finish within ",
+                     timeout_.count(), " ms");
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::chrono::milliseconds timeout_;
+};
+
+MOECOMM_NAMESPACE_END

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `buffer`: a move-only array of trivially copyable elements in a back-end's memory.
+
+#include <moecomm/config.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! Owns `size()` elements allocated by `Allocator` (host memory for `host_backend`, stream-ordered
+//! device memory for `cuda_backend`). The elements start uninitialised.
+//! @tparam Allocator has `void* allocate(std::size_t bytes)` and `void deallocate(void*, std::size_t)`.
+template <class T, class Allocator>
+class buffer {
+  static_assert(std::is_trivially_copyable_v<T>, "moecomm::buffer holds trivially copyable elements only");
+
+ public:
+  buffer() = default;
+  buffer(Allocator allocator, std::int64_t size) : allocator_(std::move(allocator)), size_(size) {
+    if (size_ > 0) data_ = static_cast<T*>(allocator_.allocate(bytes()));
+  }
+  buffer(buffer&& other) noexcept
+      : allocator_(std::move(other.allocator_)),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  buffer& operator=(buffer&& other) noexcept {
+    if (this != &other) {
+      release();
+      allocator_ = std::move(other.allocator_);
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  buffer(buffer const&) = delete;
+  buffer& operator=(buffer const&) = delete;
+  ~buffer() { release(); }
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] T const* data() const noexcept { return data_; }
+  [[nodiscard]] std::int64_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return static_cast<std::size_t>(size_) * sizeof(T); }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) allocator_.deallocate(data_, bytes());
+    data_ = nullptr;
+  }
+
+  Allocator allocator_{};
+  T* data_ = nullptr;
+  std::int64_t size_ = 0;
+};
+
+MOECOMM_NAMESPACE_END

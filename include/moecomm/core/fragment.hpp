@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `fragment`: N consecutive elements loaded or stored as one aligned access. With 16 bytes the
+//! device emits `ld.global.v4` / `st.global.v4`; on the host the copy vectorises.
+
+#include <moecomm/config.hpp>
+
+#include <cstdint>
+#include <cstring>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! The widest access moecomm issues.
+inline constexpr int max_access_bytes = 16;
+
+//! `N` elements of `T`, aligned to their total size.
+template <class T, int N>
+struct alignas(N * sizeof(T)) fragment {
+  T v[N];
+};
+
+//! Reads `N` elements at `p` (which must be aligned to `N * sizeof(T)`).
+template <class T, int N>
+MOECOMM_HOST_DEVICE inline fragment<T, N> load_fragment(T const* p) {
+  fragment<T, N> f;
+#if MOECOMM_DEVICE_PASS()
+  if constexpr (sizeof(f) == 16) {
+    uint4 const w = *reinterpret_cast<uint4 const*>(p);
+    memcpy(&f, &w, sizeof(f));
+    return f;
+  }
+#endif
+  memcpy(&f, p, sizeof(f));
+  return f;
+}
+
+//! Writes `N` elements at `p` (which must be aligned to `N * sizeof(T)`).
+template <class T, int N>
+MOECOMM_HOST_DEVICE inline void store_fragment(T* p, fragment<T, N> const& f) {
+#if MOECOMM_DEVICE_PASS()
+  if constexpr (sizeof(f) == 16) {
+    uint4 w;
+    memcpy(&w, &f, sizeof(f));
+    *reinterpret_cast<uint4*>(p) = w;
+    return;
+  }
+#endif
+  memcpy(p, &f, sizeof(f));
+}
+
+//! True when `p` is aligned to `bytes`.
+inline bool is_aligned(void const* p, std::int64_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(bytes) == 0;
+}
+
+}  // namespace detail
+MOECOMM_NAMESPACE_END

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! Small host/device function objects for back-end reductions.
+
+#include <moecomm/config.hpp>
+
+#include <cstdint>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! Maps index `i` to itself where `predicate(i)` holds, else to `none`; a `minimum` reduction
+//! then finds the first such index.
+template <class Predicate>
+struct first_index_where {
+  Predicate predicate;
+  std::int64_t none;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t i) const { return predicate(i) ? i : none; }
+};
+
+struct minimum {
+  template <class T>
+  MOECOMM_HOST_DEVICE T operator()(T a, T b) const { return b < a ? b : a; }
+};
+
+struct plus {
+  template <class T>
+  MOECOMM_HOST_DEVICE T operator()(T a, T b) const { return a + b; }
+};
+
+}  // namespace detail
+MOECOMM_NAMESPACE_END

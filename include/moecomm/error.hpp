@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `moecomm::error`: a status code and a message that names the operation and the argument.
+
+#include <moecomm/config.hpp>
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! What kind of failure an `error` reports.
+enum class status : int {
+  success = 0,
+  invalid_argument,  //!< a bad argument, found before anything was written
+  invalid_usage,     //!< a call that is wrong in this state (e.g. a plan used with the wrong routing)
+  timeout,           //!< a bounded wait expired
+  cuda_error,        //!< the CUDA runtime failed
+  internal_error,    //!< a broken invariant inside moecomm: a bug, please report it
+};
+
+//! The name of a status, e.g. "invalid_argument".
+[[nodiscard]] inline char const* to_string(status s) noexcept {
+  switch (s) {
+    case status::success: return "success";
+    case status::invalid_argument: return "invalid_argument";
+    case status::invalid_usage: return "invalid_usage";
+    case status::timeout: return "timeout";
+    case status::cuda_error: return "cuda_error";
+    case status::internal_error: return "internal_error";
+  }
+  return "unknown";
+}
+
+//! Every failure moecomm reports. `what()` reads "moecomm::<operation>: <what was wrong>".
+class error : public std::runtime_error {
+ public:
+  error(status code, std::string const& message) : std::runtime_error(message), code_(code) {}
+  //! The kind of failure.
+  [[nodiscard]] status code() const noexcept { return code_; }
+
+ private:
+  status code_;
+};
+
+namespace detail {
+
+//! Concatenates its arguments with `operator<<`.
+template <class... Parts>
+[[nodiscard]] std::string concat(Parts&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<Parts>(parts));
+  return out.str();
+}
+
+//! Throws `error(code, "moecomm::<op>: " + parts...)`.
+template <class... Parts>
+[[noreturn]] void fail(status code, char const* op, Parts&&... parts) {
+  throw error(code, concat("moecomm::", op, ": ", std::forward<Parts>(parts)...));
+}
+
+//! Throws an invalid-argument error unless `ok`.
+template <class... Parts>
+void require(bool ok, char const* op, Parts&&... parts) {
+  if (!ok) fail(status::invalid_argument, op, std::forward<Parts>(parts)...);
+}
+
+}  // namespace detail
+
+MOECOMM_NAMESPACE_END

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! Everything a host compiler can build: vocabulary, the host back-end and the ops.
+
+#include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/version.hpp>
+
+#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/dtype.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/core/placement.hpp>
+#include <moecomm/core/routing.hpp>
+
+#include <moecomm/backend/host.hpp>
+
+#include <moecomm/ops/dispatch_layout.hpp>
+#include <moecomm/ops/permute.hpp>
+#include <moecomm/ops/permute_plan.hpp>
+#include <moecomm/ops/sort_chunks.hpp>
+#include <moecomm/ops/unpermute.hpp>
+#include <moecomm/ops/validate_routing.hpp>

@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! The row kernels every data-movement op is built from: gather rows by a source map, combine
+//! (sum) the top-k rows of each token, and the per-slot dot product of the weight gradient.
+//!
+//! Each is a `MOECOMM_HOST_DEVICE` functor over rows, called as `f(row, team)`: the lanes of `team`
+//! share one row, fragment by fragment (`team.size()` is 1 on the host, a warp on the GPU). The
+//! host back-end and the CUDA back-end run this same code.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/dtype.hpp>
+#include <moecomm/core/fragment.hpp>
+#include <moecomm/core/matrix.hpp>
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+// ---- source maps: which input row feeds output row `r` (-1 writes a zero row) ----------------
+
+//! Source row read from an index array (`token_of` of a permute plan).
+struct indexed_source {
+  std::int32_t const* source_of;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t r) const { return source_of[r]; }
+};
+
+//! Source row of a chunked reordering: output chunk `c` covers rows `[dst_begin[c], dst_begin[c+1])`
+//! and reads rows from `src_begin[c]` on.
+struct chunk_source {
+  std::int64_t const* dst_begin;  //!< `[num_chunks + 1]`, ascending
+  std::int64_t const* src_begin;  //!< `[num_chunks]`
+  std::int32_t num_chunks;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t r) const {
+    std::int32_t lo = 0, hi = num_chunks;  // the last chunk with dst_begin[c] <= r
+    while (hi - lo > 1) {
+      std::int32_t const mid = lo + (hi - lo) / 2;
+      if (dst_begin[mid] <= r) lo = mid; else hi = mid;
+    }
+    return src_begin[lo] + (r - dst_begin[lo]);
+  }
+};
+
+// ---- scaling applied while gathering ---------------------------------------------------------
+
+//! A bit copy.
+struct no_scale {
+  template <class T, int N>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t, fragment<T, N>&) const {}
+};
+
+//! Multiplies row `r` by the routing weight of the slot that produced it, in fp32, rounding once.
+struct slot_weight_scale {
+  float const* weights;  //!< `[T][K]`
+  std::int32_t const* token_of;
+  std::int32_t const* slot_of;
+  std::int32_t top_k;
+  template <class T, int N>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r, fragment<T, N>& f) const {
+    float const w = weights[static_cast<std::int64_t>(token_of[r]) * top_k + slot_of[r]];
+    for (int j = 0; j < N; ++j) f.v[j] = dtype_traits<T>::from_float(mul32(w, dtype_traits<T>::to_float(f.v[j])));
+  }
+};
+
+//! `dst[r] = scale(src[source(r)])`, or zeros when `source(r) < 0`.
+template <class T, int N, class Source, class Scale>
+struct gather_rows_kernel {
+  T const* src;
+  T* dst;
+  std::int64_t hidden;
+  Source source;
+  Scale scale;
+
+  template <class Team>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r, Team const& team) const {
+    std::int64_t const s = source(r);
+    T* out = dst + r * hidden;
+    std::int64_t const fragments = hidden / N;
+    if (s < 0) {
+      fragment<T, N> zero;
+      for (int j = 0; j < N; ++j) zero.v[j] = dtype_traits<T>::from_float(0.0f);
+      for (std::int64_t f = team.lane(); f < fragments; f += team.size()) store_fragment(out + f * N, zero);
+      return;
+    }
+    T const* in = src + s * hidden;
+    for (std::int64_t f = team.lane(); f < fragments; f += team.size()) {
+      fragment<T, N> v = load_fragment<T, N>(in + f * N);
+      scale(r, v);
+      store_fragment(out + f * N, v);
+    }
+  }
+};
+
+// ---- combine: out[t] = sum over the token's valid slots, fp32, ascending k -------------------
+
+//! `dst[t] = round(sum_k w[t][k] * src[row_of[t][k]])` (weighted, explicit FMA) or the plain sum
+//! (unweighted), accumulated in fp32 from +0.0 in ascending `k`, skipping slots with `row_of < 0`.
+template <class T, int N, bool Weighted>
+struct combine_rows_kernel {
+  T const* src;
+  T* dst;
+  std::int64_t hidden;
+  std::int32_t const* row_of;  //!< `[T][K]`
+  float const* weights;        //!< `[T][K]`, read only when `Weighted`
+  std::int32_t top_k;
+
+  template <class Team>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
+    std::int32_t const* rows = row_of + t * top_k;
+    T* out = dst + t * hidden;
+    std::int64_t const fragments = hidden / N;
+    for (std::int64_t f = team.lane(); f < fragments; f += team.size()) {
+      float acc[N];
+      for (int j = 0; j < N; ++j) acc[j] = 0.0f;
+      for (std::int32_t k = 0; k < top_k; ++k) {
+        std::int32_t const r = rows[k];
+        if (r < 0) continue;
+        fragment<T, N> const y = load_fragment<T, N>(src + static_cast<std::int64_t>(r) * hidden + f * N);
+        if constexpr (Weighted) {
+          float const w = weights[t * top_k + k];
+          for (int j = 0; j < N; ++j) acc[j] = fma32(w, dtype_traits<T>::to_float(y.v[j]), acc[j]);
+        } else {
+          for (int j = 0; j < N; ++j) acc[j] = add32(acc[j], dtype_traits<T>::to_float(y.v[j]));
+        }
+      }
+      fragment<T, N> o;
+      for (int j = 0; j < N; ++j) o.v[j] = dtype_traits<T>::from_float(acc[j]);
+      store_fragment(out + f * N, o);
+    }
+  }
+};
+
+// ---- weight gradient: dw[t][k] = <src[row_of[t][k]], grad[t]> --------------------------------
+
+//! One slot per "row": the fp32 dot product of the expert output row that slot produced and the
+//! token's output gradient; 0 for masked or dropped slots.
+template <class T, int N>
+struct slot_dot_kernel {
+  T const* y;     //!< expert outputs, `[P][H]`
+  T const* grad;  //!< output gradient, `[T][H]`
+  float* dw;      //!< `[T][K]`
+  std::int64_t hidden;
+  std::int32_t const* row_of;
+  std::int32_t top_k;
+
+  template <class Team>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t slot, Team const& team) const {
+    std::int32_t const r = row_of[slot];
+    if (r < 0) {  // uniform across the team: every lane reads the same r
+      if (team.lane() == 0) dw[slot] = 0.0f;
+      return;
+    }
+    T const* a = y + static_cast<std::int64_t>(r) * hidden;
+    T const* b = grad + (slot / top_k) * hidden;
+    float partial = 0.0f;
+    for (std::int64_t f = team.lane(); f < hidden / N; f += team.size()) {
+      fragment<T, N> const fa = load_fragment<T, N>(a + f * N);
+      fragment<T, N> const fb = load_fragment<T, N>(b + f * N);
+      for (int j = 0; j < N; ++j)
+        partial = fma32(dtype_traits<T>::to_float(fa.v[j]), dtype_traits<T>::to_float(fb.v[j]), partial);
+    }
+    float const total = team.reduce_sum(partial);
+    if (team.lane() == 0) dw[slot] = total;
+  }
+};
+
+// ---- choosing the access width ----------------------------------------------------------------
+
+//! Calls `f(std::integral_constant<int, N>{})` with the widest fragment (16 bytes) when every row
+//! of every pointer is 16-byte aligned, else with single elements. Both paths compute identical
+//! bits; only the access width differs.
+template <class T, class F>
+void with_fragment_width(std::int64_t hidden, std::initializer_list<void const*> pointers, F&& f) {
+  constexpr int wide = max_access_bytes / static_cast<int>(sizeof(T));
+  bool aligned = hidden % wide == 0;
+  for (void const* p : pointers) aligned = aligned && is_aligned(p, max_access_bytes);
+  if (aligned) {
+    f(std::integral_constant<int, wide>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+}  // namespace detail
+MOECOMM_NAMESPACE_END

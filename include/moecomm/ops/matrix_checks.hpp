@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! Argument checks shared by the ops that read and write token matrices: all O(1), all before any
+//! work, each naming the operation and the argument.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/error.hpp>
+
+#include <cstdint>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! `m` must hold at least `rows` rows (and memory behind them).
+template <class T>
+void check_rows(matrix_view<T> const& m, std::int64_t rows, char const* op, char const* name, char const* why) {
+  require(m.hidden >= 0, op, "argument '", name, "' has negative hidden = ", m.hidden);
+  require(m.rows >= rows, op, "argument '", name, "' has ", m.rows, " rows; needs at least ", rows, " (", why, ")");
+  require(rows == 0 || m.hidden == 0 || m.data != nullptr, op, "argument '", name, "' is null but must hold ", rows,
+          " rows");
+}
+
+//! Two matrices must have the same row width.
+template <class A, class B>
+void check_same_hidden(matrix_view<A> const& a, char const* a_name, matrix_view<B> const& b, char const* b_name,
+                       char const* op) {
+  require(a.hidden == b.hidden, op, "argument '", a_name, "' has hidden = ", a.hidden, " but '", b_name,
+          "' has hidden = ", b.hidden);
+}
+
+//! The first `a_rows` rows of `a` must not overlap the first `b_rows` rows of `b` (no op here works
+//! in place).
+template <class A, class B>
+void check_no_overlap(matrix_view<A> const& a, std::int64_t a_rows, char const* a_name, matrix_view<B> const& b,
+                      std::int64_t b_rows, char const* b_name, char const* op) {
+  auto const* a0 = reinterpret_cast<char const*>(a.data);
+  auto const* b0 = reinterpret_cast<char const*>(b.data);
+  auto const* a1 = a0 + a_rows * a.row_bytes();
+  auto const* b1 = b0 + b_rows * b.row_bytes();
+  require(a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0, op, "arguments '", a_name, "' and '", b_name,
+          "' overlap; this operation does not work in place");
+}
+
+}  // namespace detail
+MOECOMM_NAMESPACE_END

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `permute`: token rows into expert-major order, and its backward (semantics §4, §6).
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/dtype.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/kernels/row_kernels.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
+#include <moecomm/ops/permute_plan.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! `permuted_w[r] = w[token_of[r]][slot_of[r]]`.
+struct gather_slot_weights {
+  float const* weights;
+  std::int32_t const* token_of;
+  std::int32_t const* slot_of;
+  std::int32_t top_k;
+  float* permuted_weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    permuted_weights[r] = weights[static_cast<std::int64_t>(token_of[r]) * top_k + slot_of[r]];
+  }
+};
+
+//! `dw[slot] = d_permuted_w[row_of[slot]]`, or 0 for a slot without a row.
+struct scatter_slot_weight_grads {
+  float const* d_permuted_weights;
+  std::int32_t const* row_of;
+  float* d_weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t slot) const {
+    std::int32_t const r = row_of[slot];
+    d_weights[slot] = r < 0 ? 0.0f : d_permuted_weights[r];
+  }
+};
+
+}  // namespace detail
+
+//! Copies each kept slot's token row to its expert-major row: `out[r] = x[token_of[r]]`, bit for
+//! bit, for `r < plan.num_rows()`; rows of `out` beyond that are not touched.
+//! @param x `[>= T][H]` token rows.
+//! @param out `[>= P][H]` permuted rows; must not overlap `x`.
+//! @param out_weights optional `[>= P]`: the routing weight of each row's slot (needs weights in the plan's routing).
+//! @throws error (invalid_argument) naming the argument, before anything is written.
+template <class Backend, class T>
+void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> x, matrix_view<T> out,
+             float* out_weights = nullptr) {
+  static_assert(is_supported_dtype_v<T>, "moecomm::permute: unsupported element type");
+  char const* op = "permute";
+  std::int64_t const tokens = plan.routing().num_tokens;
+  std::int64_t const rows = plan.num_rows();
+  detail::check_rows(x, tokens, op, "x", "one row per token");
+  detail::check_rows(out, rows, op, "out", "one row per kept slot: plan.num_rows()");
+  detail::check_same_hidden(x, "x", out, "out", op);
+  detail::check_no_overlap(x, tokens, "x", out, rows, "out", op);
+  detail::require(out_weights == nullptr || plan.routing().topk_weights != nullptr, op,
+                  "argument 'out_weights' was given but the plan's routing has no topk_weights");
+  detail::with_fragment_width<T>(x.hidden, {x.data, out.data}, [&](auto width) {
+    constexpr int n = decltype(width)::value;
+    be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::no_scale>{
+                              x.data, out.data, x.hidden, {plan.token_of()}, {}});
+  });
+  if (out_weights != nullptr)
+    be.for_each_index(rows, detail::gather_slot_weights{plan.routing().topk_weights, plan.token_of(), plan.slot_of(),
+                                                        plan.routing().top_k, out_weights});
+}
+
+//! The backward of `permute`: `d_x[t] = sum of d_out over the token's rows` (fp32, ascending k,
+//! one rounding), and optionally `d_weights[t][k] = d_out_weights[row_of[t][k]]` (0 without a row).
+//! @param d_out `[>= P][H]` gradient of the permuted rows.
+//! @param d_x `[>= T][H]` gradient of the token rows; every token row is written (zeros when it has no kept slot).
+//! @param d_out_weights, d_weights optional together: `[>= P]` in, `[T][K]` out.
+template <class Backend, class T>
+void permute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
+                      matrix_view<T> d_x, float const* d_out_weights = nullptr, float* d_weights = nullptr) {
+  static_assert(is_supported_dtype_v<T>, "moecomm::permute_backward: unsupported element type");
+  char const* op = "permute_backward";
+  std::int64_t const tokens = plan.routing().num_tokens;
+  std::int64_t const rows = plan.num_rows();
+  detail::check_rows(d_out, rows, op, "d_out", "one row per kept slot: plan.num_rows()");
+  detail::check_rows(d_x, tokens, op, "d_x", "one row per token");
+  detail::check_same_hidden(d_out, "d_out", d_x, "d_x", op);
+  detail::check_no_overlap(d_out, rows, "d_out", d_x, tokens, "d_x", op);
+  detail::require((d_out_weights == nullptr) == (d_weights == nullptr), op,
+                  "arguments 'd_out_weights' and 'd_weights' must be given together");
+  detail::with_fragment_width<T>(d_x.hidden, {d_out.data, d_x.data}, [&](auto width) {
+    constexpr int n = decltype(width)::value;
+    be.for_each_row(tokens, detail::combine_rows_kernel<T, n, false>{d_out.data, d_x.data, d_x.hidden, plan.row_of(),
+                                                                     nullptr, plan.routing().top_k});
+  });
+  if (d_weights != nullptr)
+    be.for_each_index(tokens * plan.routing().top_k,
+                      detail::scatter_slot_weight_grads{d_out_weights, plan.row_of(), d_weights});
+}
+
+MOECOMM_NAMESPACE_END

@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `permute_plan`: where every slot's row goes when tokens are grouped by expert (semantics §4).
+//!
+//! Built once per routing decision and shared by permute, unpermute and their backward passes,
+//! like DeepEP's dispatch handle or TransformerEngine's row map.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/functional.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/validate_routing.hpp>
+
+#include <cstdint>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! The sort key of slot `i`: its expert id, or `E` for masked and out-of-range slots, so they sort
+//! after every expert (the unsigned-key rule of semantics §2.4).
+struct slot_sort_key {
+  std::int32_t const* idx;
+  std::int32_t num_experts;
+  std::uint32_t* keys;
+  std::int32_t* slots;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int32_t const e = idx[i];
+    keys[i] = static_cast<std::uint32_t>(is_valid_expert(e, num_experts) ? e : num_experts);
+    slots[i] = static_cast<std::int32_t>(i);
+  }
+};
+
+//! `expert_offsets[e]` = the first sorted position whose key is `>= e` (a lower bound), for
+//! `e` in `[0, E]`; the last entry is the number of kept rows.
+struct expert_offsets_from_sorted_keys {
+  std::uint32_t const* sorted_keys;
+  std::int64_t count;
+  std::int32_t* expert_offsets;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const {
+    std::int64_t lo = 0, hi = count;
+    while (lo < hi) {
+      std::int64_t const mid = lo + (hi - lo) / 2;
+      if (sorted_keys[mid] < static_cast<std::uint32_t>(e)) lo = mid + 1; else hi = mid;
+    }
+    expert_offsets[e] = static_cast<std::int32_t>(lo);
+  }
+};
+
+//! Fills `row_of` (slot -> row) and `token_of`/`slot_of` (row -> slot) from the sorted order;
+//! slots that sorted into the masked bucket get -1 everywhere.
+struct row_maps_from_sorted_slots {
+  std::uint32_t const* sorted_keys;
+  std::int32_t const* sorted_slots;
+  std::int32_t num_experts;
+  std::int32_t top_k;
+  std::int32_t* row_of;
+  std::int32_t* token_of;
+  std::int32_t* slot_of;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t position) const {
+    std::int32_t const slot = sorted_slots[position];
+    bool const kept = sorted_keys[position] < static_cast<std::uint32_t>(num_experts);
+    row_of[slot] = kept ? static_cast<std::int32_t>(position) : -1;
+    token_of[position] = kept ? slot / top_k : -1;
+    slot_of[position] = kept ? slot % top_k : -1;
+  }
+};
+
+//! True for a slot whose id is neither a valid expert nor -1.
+struct out_of_range_slot {
+  std::int32_t const* idx;
+  std::int32_t num_experts;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t i) const {
+    return idx[i] != -1 && !is_valid_expert(idx[i], num_experts) ? 1 : 0;
+  }
+};
+
+//! Bits needed for keys in `[0, E]`.
+inline int key_bits(std::int32_t num_experts) {
+  int bits = 1;
+  while ((std::int64_t{1} << bits) <= num_experts) ++bits;
+  return bits;
+}
+
+}  // namespace detail
+
+//! The row map of one routing decision: slot `(t, k)` of expert `e` goes to row `row_of[t][k]`,
+//! rows ordered by `(e, t, k)` (expert-major, ascending token, ascending slot). Arrays live in the
+//! back-end's memory; `num_rows()` is on the host. Move-only.
+//!
+//! The plan keeps the `routing_view` it was built from: the routing arrays must stay alive and
+//! unchanged while the plan is used (unpermute reads the weights through it).
+template <class Backend>
+class permute_plan {
+  template <class T>
+  using buffer_t = typename Backend::template buffer_type<T>;
+
+ public:
+  //! `[T][K]` destination row of each slot; -1 for masked (and, in unchecked mode, invalid) slots.
+  [[nodiscard]] std::int32_t const* row_of() const { return row_of_.data(); }
+  //! `[num_rows()]` source token of each row.
+  [[nodiscard]] std::int32_t const* token_of() const { return token_of_.data(); }
+  //! `[num_rows()]` top-k slot of each row.
+  [[nodiscard]] std::int32_t const* slot_of() const { return slot_of_.data(); }
+  //! `[E + 1]` first row of each expert's block; the last entry equals `num_rows()`.
+  [[nodiscard]] std::int32_t const* expert_offsets() const { return expert_offsets_.data(); }
+  //! P, rows of the permuted buffer: the number of kept slots.
+  [[nodiscard]] std::int64_t num_rows() const { return num_rows_; }
+  //! Slots whose id was out of range and were treated as masked (non-zero only with the value scan off).
+  [[nodiscard]] std::int64_t num_invalid_slots() const { return num_invalid_slots_; }
+  [[nodiscard]] std::int32_t num_experts() const { return num_experts_; }
+  [[nodiscard]] routing_view const& routing() const { return routing_; }
+
+ private:
+  template <class B>
+  friend permute_plan<B> make_permute_plan(B const&, routing_view const&, std::int32_t, routing_checks const&);
+
+  permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts)
+      : routing_(routing),
+        num_experts_(num_experts),
+        row_of_(be.template allocate<std::int32_t>(routing.num_tokens * routing.top_k)),
+        token_of_(be.template allocate<std::int32_t>(routing.num_tokens * routing.top_k)),
+        slot_of_(be.template allocate<std::int32_t>(routing.num_tokens * routing.top_k)),
+        expert_offsets_(be.template allocate<std::int32_t>(num_experts + 1)) {}
+
+  routing_view routing_;
+  std::int32_t num_experts_;
+  buffer_t<std::int32_t> row_of_, token_of_, slot_of_, expert_offsets_;
+  std::int64_t num_rows_ = 0;
+  std::int64_t num_invalid_slots_ = 0;
+};
+
+//! Validates `routing` and computes its row map (semantics §4): a stable sort of the slots by
+//! expert id, then the expert offsets and both directions of the row map. Blocks until
+//! `num_rows()` is known on the host.
+//! @param be the back-end that runs the work and owns the plan's memory.
+//! @param routing `[T][K]` ids (and weights, used later by `unpermute`), in the back-end's memory.
+//! @param num_experts E, the global number of experts.
+//! @param checks the value scans to run (on by default).
+//! @throws error (invalid_argument) for bad routing, naming the argument, token and slot.
+template <class Backend>
+[[nodiscard]] permute_plan<Backend> make_permute_plan(Backend const& be, routing_view const& routing,
+                                                      std::int32_t num_experts, routing_checks const& checks = {}) {
+  validate_routing(be, routing, num_experts, checks, "make_permute_plan");
+  permute_plan<Backend> plan(be, routing, num_experts);
+  std::int64_t const slots = routing.num_tokens * routing.top_k;
+  auto keys = be.template allocate<std::uint32_t>(2 * slots);
+  auto slot_ids = be.template allocate<std::int32_t>(2 * slots);
+  std::uint32_t* const sorted_keys = keys.data() + slots;
+  std::int32_t* const sorted_slots = slot_ids.data() + slots;
+  be.for_each_index(slots, detail::slot_sort_key{routing.topk_idx, num_experts, keys.data(), slot_ids.data()});
+  be.stable_sort_by_key(keys.data(), sorted_keys, slot_ids.data(), sorted_slots, slots, detail::key_bits(num_experts));
+  be.for_each_index(slots, detail::row_maps_from_sorted_slots{sorted_keys, sorted_slots, num_experts, routing.top_k,
+                                                              plan.row_of_.data(), plan.token_of_.data(),
+                                                              plan.slot_of_.data()});
+  be.for_each_index(num_experts + 1,
+                    detail::expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
+  std::int32_t num_rows = 0;
+  be.copy(&num_rows, plan.expert_offsets_.data() + num_experts, 1);
+  if (!checks.scan_values)
+    plan.num_invalid_slots_ =
+        be.reduce(slots, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts}, detail::plus{});
+  be.synchronize();
+  plan.num_rows_ = num_rows;
+  return plan;
+}
+
+MOECOMM_NAMESPACE_END

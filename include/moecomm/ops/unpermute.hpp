@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `unpermute`: the local combine, a weighted or plain sum of each token's expert rows, and its
+//! backward (semantics §5, §6).
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/dtype.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/kernels/row_kernels.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
+#include <moecomm/ops/permute_plan.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! Combine policy: multiply each expert row by its routing weight (weights applied at combine).
+struct weighted {};
+//! Combine policy: a plain sum (weights applied inside the expert, Megatron-LM style, or none).
+struct unweighted {};
+
+namespace detail {
+//! True for `weighted`, false for `unweighted`; any other policy type is a compile error.
+template <class Weighting>
+constexpr bool is_weighted() {
+  static_assert(std::is_same_v<Weighting, weighted> || std::is_same_v<Weighting, unweighted>,
+                "moecomm: the combine policy must be moecomm::weighted or moecomm::unweighted");
+  return std::is_same_v<Weighting, weighted>;
+}
+}  // namespace detail
+
+//! `out[t] = round(sum over valid k, ascending, of w[t][k] * y[row_of[t][k]])` in fp32 with an
+//! explicit FMA (`weighted`), or the plain fp32 sum (`unweighted`). Bitwise deterministic; a token
+//! with no kept slot gets a zero row. Every token row `[0, T)` of `out` is written.
+//! @tparam Weighting `weighted` (default) or `unweighted`.
+//! @param y `[>= P][H]` expert outputs in permuted order.
+//! @param out `[>= T][H]` combined token rows; must not overlap `y`.
+//! @throws error (invalid_argument) naming the argument; `weighted` needs weights in the plan's routing.
+template <class Weighting = weighted, class Backend, class T>
+void unpermute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> y,
+               matrix_view<T> out) {
+  static_assert(is_supported_dtype_v<T>, "moecomm::unpermute: unsupported element type");
+  char const* op = "unpermute";
+  constexpr bool is_weighted = detail::is_weighted<Weighting>();
+  std::int64_t const tokens = plan.routing().num_tokens;
+  std::int64_t const rows = plan.num_rows();
+  detail::check_rows(y, rows, op, "y", "one row per kept slot: plan.num_rows()");
+  detail::check_rows(out, tokens, op, "out", "one row per token");
+  detail::check_same_hidden(y, "y", out, "out", op);
+  detail::check_no_overlap(y, rows, "y", out, tokens, "out", op);
+  detail::require(!is_weighted || plan.routing().topk_weights != nullptr, op,
+                  "the weighted combine needs topk_weights, but the plan's routing has none "
+                  "(use moecomm::unweighted for a plain sum)");
+  detail::with_fragment_width<T>(out.hidden, {y.data, out.data}, [&](auto width) {
+    constexpr int n = decltype(width)::value;
+    be.for_each_row(tokens, detail::combine_rows_kernel<T, n, is_weighted>{
+                                y.data, out.data, out.hidden, plan.row_of(), plan.routing().topk_weights,
+                                plan.routing().top_k});
+  });
+}
+
+//! The backward of `unpermute`. Writes `d_y[r]` for every `r < P`: `w[t][k] * d_out[t]` (fp32
+//! multiply, one rounding) when `weighted`, a bit copy of `d_out[t]` when `unweighted`. With
+//! `weighted`, optionally also the weight gradient `d_weights[t][k] = <y[row_of[t][k]], d_out[t]>`
+//! (fp32; 0 for masked slots), which needs the forward's `y`.
+//! @param d_out `[>= T][H]` gradient of the combined rows.
+//! @param d_y `[>= P][H]` gradient of the expert outputs; must not overlap `d_out`.
+//! @param y `[>= P][H]` the forward's expert outputs; needed only with `d_weights`.
+//! @param d_weights optional `[T][K]` weight gradient (`weighted` only).
+template <class Weighting = weighted, class Backend, class T>
+void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
+                        matrix_view<T> d_y, matrix_view<std::add_const_t<T>> y = {}, float* d_weights = nullptr) {
+  static_assert(is_supported_dtype_v<T>, "moecomm::unpermute_backward: unsupported element type");
+  char const* op = "unpermute_backward";
+  constexpr bool is_weighted = detail::is_weighted<Weighting>();
+  routing_view const& routing = plan.routing();
+  std::int64_t const tokens = routing.num_tokens;
+  std::int64_t const rows = plan.num_rows();
+  detail::check_rows(d_out, tokens, op, "d_out", "one row per token");
+  detail::check_rows(d_y, rows, op, "d_y", "one row per kept slot: plan.num_rows()");
+  detail::check_same_hidden(d_out, "d_out", d_y, "d_y", op);
+  detail::check_no_overlap(d_out, tokens, "d_out", d_y, rows, "d_y", op);
+  detail::require(!is_weighted || routing.topk_weights != nullptr, op,
+                  "the weighted combine needs topk_weights, but the plan's routing has none");
+  detail::require(is_weighted || d_weights == nullptr, op,
+                  "argument 'd_weights' was given, but an unweighted combine has no weight gradient");
+  if (d_weights != nullptr) {
+    detail::check_rows(y, rows, op, "y", "the forward's expert outputs, needed for d_weights");
+    detail::check_same_hidden(d_out, "d_out", y, "y", op);
+  }
+  detail::with_fragment_width<T>(d_y.hidden, {d_out.data, d_y.data}, [&](auto width) {
+    constexpr int n = decltype(width)::value;
+    detail::indexed_source const source{plan.token_of()};
+    if constexpr (is_weighted) {
+      be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::slot_weight_scale>{
+                                d_out.data, d_y.data, d_y.hidden, source,
+                                {routing.topk_weights, plan.token_of(), plan.slot_of(), routing.top_k}});
+    } else {
+      be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::no_scale>{
+                                d_out.data, d_y.data, d_y.hidden, source, {}});
+    }
+  });
+  if (d_weights != nullptr) {
+    detail::with_fragment_width<T>(y.hidden, {y.data, d_out.data}, [&](auto width) {
+      constexpr int n = decltype(width)::value;
+      be.for_each_row(tokens * routing.top_k, detail::slot_dot_kernel<T, n>{y.data, d_out.data, d_weights, y.hidden,
+                                                                            plan.row_of(), routing.top_k});
+    });
+  }
+}
+
+MOECOMM_NAMESPACE_END
