@@ -24,6 +24,14 @@
 #  define MOECOMM_DEVICE_PASS() 0
 #endif
 
+//! `#pragma unroll n` for the device pass only (host loops are left to the host compiler).
+#if MOECOMM_DEVICE_PASS()
+#  define MOECOMM_DETAIL_PRAGMA(x) _Pragma(#x)
+#  define MOECOMM_DEVICE_UNROLL(n) MOECOMM_DETAIL_PRAGMA(unroll n)
+#else
+#  define MOECOMM_DEVICE_UNROLL(n)
+#endif
+
 // ---- features, as chosen by the build (CMake passes them on the interface target) -------------
 //! The CUDA back-end and kernels: needs nvcc. A translation unit compiled by g++ never has it.
 #if defined(MOECOMM_ENABLE_CUDA) && MOECOMM_CUDA_COMPILATION()

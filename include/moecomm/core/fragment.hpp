@@ -28,11 +28,11 @@ MOECOMM_HOST_DEVICE inline fragment<T, N> load_fragment(T const* p) {
 #if MOECOMM_DEVICE_PASS()
   if constexpr (sizeof(f) == 16) {
     uint4 const w = *reinterpret_cast<uint4 const*>(p);
-    memcpy(&f, &w, sizeof(f));
+    memcpy(static_cast<void*>(&f), &w, sizeof(f));
     return f;
   }
 #endif
-  memcpy(&f, p, sizeof(f));
+  memcpy(static_cast<void*>(&f), p, sizeof(f));
   return f;
 }
 
@@ -47,7 +47,7 @@ MOECOMM_HOST_DEVICE inline void store_fragment(T* p, fragment<T, N> const& f) {
     return;
   }
 #endif
-  memcpy(p, &f, sizeof(f));
+  memcpy(static_cast<void*>(p), &f, sizeof(f));
 }
 
 //! True when `p` is aligned to `bytes`.

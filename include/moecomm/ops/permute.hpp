@@ -59,7 +59,7 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
   detail::check_rows(out, rows, op, "out", "one row per kept slot: plan.num_rows()");
   detail::check_same_hidden(x, "x", out, "out", op);
   detail::check_no_overlap(x, tokens, "x", out, rows, "out", op);
-  detail::require(out_weights == nullptr || plan.routing().topk_weights != nullptr, op,
+  detail::require(out_weights == nullptr || tokens == 0 || plan.routing().topk_weights != nullptr, op,
                   "argument 'out_weights' was given but the plan's routing has no topk_weights");
   detail::with_fragment_width<T>(x.hidden, {x.data, out.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
@@ -75,7 +75,8 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
 //! one rounding), and optionally `d_weights[t][k] = d_out_weights[row_of[t][k]]` (0 without a row).
 //! @param d_out `[>= P][H]` gradient of the permuted rows.
 //! @param d_x `[>= T][H]` gradient of the token rows; every token row is written (zeros when it has no kept slot).
-//! @param d_out_weights, d_weights optional together: `[>= P]` in, `[T][K]` out.
+//! @param d_out_weights `[>= P]` gradient of `permute`'s `out_weights`; needed with `d_weights`.
+//! @param d_weights optional `[T][K]` gradient of the routing weights.
 template <class Backend, class T>
 void permute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
                       matrix_view<T> d_x, float const* d_out_weights = nullptr, float* d_weights = nullptr) {
@@ -87,8 +88,8 @@ void permute_backward(Backend const& be, permute_plan<Backend> const& plan, matr
   detail::check_rows(d_x, tokens, op, "d_x", "one row per token");
   detail::check_same_hidden(d_out, "d_out", d_x, "d_x", op);
   detail::check_no_overlap(d_out, rows, "d_out", d_x, tokens, "d_x", op);
-  detail::require((d_out_weights == nullptr) == (d_weights == nullptr), op,
-                  "arguments 'd_out_weights' and 'd_weights' must be given together");
+  detail::require(d_weights == nullptr || rows == 0 || d_out_weights != nullptr, op,
+                  "argument 'd_weights' needs 'd_out_weights', the gradient of the permuted weights");
   detail::with_fragment_width<T>(d_x.hidden, {d_out.data, d_x.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
     be.for_each_row(tokens, detail::combine_rows_kernel<T, n, false>{d_out.data, d_x.data, d_x.hidden, plan.row_of(),

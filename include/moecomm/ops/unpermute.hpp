@@ -51,7 +51,7 @@ void unpermute(Backend const& be, permute_plan<Backend> const& plan, matrix_view
   detail::check_rows(out, tokens, op, "out", "one row per token");
   detail::check_same_hidden(y, "y", out, "out", op);
   detail::check_no_overlap(y, rows, "y", out, tokens, "out", op);
-  detail::require(!is_weighted || plan.routing().topk_weights != nullptr, op,
+  detail::require(!is_weighted || tokens == 0 || plan.routing().topk_weights != nullptr, op,
                   "the weighted combine needs topk_weights, but the plan's routing has none "
                   "(use moecomm::unweighted for a plain sum)");
   detail::with_fragment_width<T>(out.hidden, {y.data, out.data}, [&](auto width) {
@@ -83,7 +83,7 @@ void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, ma
   detail::check_rows(d_y, rows, op, "d_y", "one row per kept slot: plan.num_rows()");
   detail::check_same_hidden(d_out, "d_out", d_y, "d_y", op);
   detail::check_no_overlap(d_out, tokens, "d_out", d_y, rows, "d_y", op);
-  detail::require(!is_weighted || routing.topk_weights != nullptr, op,
+  detail::require(!is_weighted || tokens == 0 || routing.topk_weights != nullptr, op,
                   "the weighted combine needs topk_weights, but the plan's routing has none");
   detail::require(is_weighted || d_weights == nullptr, op,
                   "argument 'd_weights' was given, but an unweighted combine has no weight gradient");

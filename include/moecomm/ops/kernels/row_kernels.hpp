@@ -86,6 +86,7 @@ struct gather_rows_kernel {
       return;
     }
     T const* in = src + s * hidden;
+    MOECOMM_DEVICE_UNROLL(2)  // deeper unrolling makes ptxas spill (tests/cuda/check_kernels.sh)
     for (std::int64_t f = team.lane(); f < fragments; f += team.size()) {
       fragment<T, N> v = load_fragment<T, N>(in + f * N);
       scale(r, v);
@@ -115,6 +116,7 @@ struct combine_rows_kernel {
     for (std::int64_t f = team.lane(); f < fragments; f += team.size()) {
       float acc[N];
       for (int j = 0; j < N; ++j) acc[j] = 0.0f;
+      MOECOMM_DEVICE_UNROLL(1)  // unrolled, ptxas spills the 16-bit paths (tests/cuda/check_kernels.sh)
       for (std::int32_t k = 0; k < top_k; ++k) {
         std::int32_t const r = rows[k];
         if (r < 0) continue;

@@ -1,0 +1,408 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Host-backend throughput of `permute`, `unpermute<weighted>` and `make_permute_plan`, on one
+//! thread, reported as bytes moved and as a fraction of this machine's own `std::memcpy`
+//! bandwidth (measured in the same process before any benchmark runs).
+//!
+//! Bytes are counted as read + written:
+//!   permute   : P*H*sizeof(T) read + P*H*sizeof(T) written            (P = plan.num_rows() = T*K)
+//!   unpermute : P*H*sizeof(T) read + T*K*4 (weights) + T*H*sizeof(T) written
+//!   memcpy    : 2 * size per copy (read + write), the same convention.
+//!
+//! Every benchmark checks its result after the timed loop (sampled rows against a direct
+//! computation) and fails with SkipWithError on a mismatch; main() then returns non-zero.
+
+#include <moecomm/moecomm.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr std::int32_t kNumExperts = 16;
+constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
+
+moecomm::host_backend const be{1};
+
+std::atomic<bool> g_failed{false};
+double g_memcpy_bytes_per_s = 0.0;
+
+// ---- errors ----------------------------------------------------------------------------------
+
+std::deque<std::string>& error_messages() {  // SkipWithError keeps a char pointer on some versions
+  static std::deque<std::string> messages;
+  return messages;
+}
+
+void fail(benchmark::State& state, std::string message) {
+  g_failed = true;
+  error_messages().push_back(std::move(message));
+  std::fprintf(stderr, "CHECK FAILED: %s\n", error_messages().back().c_str());
+  state.SkipWithError(error_messages().back().c_str());
+}
+
+// ---- deterministic random numbers ------------------------------------------------------------
+
+struct splitmix64 {
+  std::uint64_t s;
+  std::uint64_t next() {
+    std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  //! Uniform in [-1, 1), 24 random bits.
+  float symmetric(std::uint32_t bits) { return static_cast<float>(static_cast<std::int32_t>(bits >> 8) - (1 << 23)) * 0x1p-23f; }
+  //! Uniform in (0, 1].
+  float unit() { return static_cast<float>((next() >> 40) + 1) * 0x1p-24f; }
+  std::uint32_t below(std::uint32_t n) { return static_cast<std::uint32_t>((next() >> 32) * n >> 32); }
+};
+
+template <class T>
+void fill_random(T* p, std::int64_t n, std::uint64_t seed) {
+  splitmix64 rng{seed};
+  std::int64_t i = 0;
+  for (; i + 1 < n; i += 2) {
+    std::uint64_t const bits = rng.next();
+    p[i] = moecomm::dtype_traits<T>::from_float(rng.symmetric(static_cast<std::uint32_t>(bits)));
+    p[i + 1] = moecomm::dtype_traits<T>::from_float(rng.symmetric(static_cast<std::uint32_t>(bits >> 32)));
+  }
+  if (i < n) p[i] = moecomm::dtype_traits<T>::from_float(rng.symmetric(static_cast<std::uint32_t>(rng.next())));
+}
+
+// ---- routing and its reference row map -------------------------------------------------------
+
+//! Uniform random routing (each token picks K distinct experts of E), fixed seed, with the row
+//! map computed directly: rows ordered by (expert, token, slot).
+struct routing_data {
+  std::int64_t tokens = 0;
+  std::int32_t top_k = 0;
+  std::vector<std::int32_t> idx;      // [T][K]
+  std::vector<float> weights;         // [T][K], positive, each token's sum is 1
+  std::vector<std::int32_t> row_of;   // [T][K] reference
+  std::vector<std::int32_t> token_of; // [P] reference
+  std::vector<std::int32_t> slot_of;  // [P] reference
+  std::vector<std::int32_t> offsets;  // [E + 1] reference
+
+  [[nodiscard]] moecomm::routing_view view() const { return {idx.data(), weights.data(), tokens, top_k}; }
+  [[nodiscard]] std::int64_t rows() const { return tokens * top_k; }
+};
+
+routing_data make_routing(std::int64_t tokens, std::int32_t top_k) {
+  routing_data d;
+  d.tokens = tokens;
+  d.top_k = top_k;
+  std::int64_t const slots = tokens * top_k;
+  d.idx.resize(static_cast<std::size_t>(slots));
+  d.weights.resize(static_cast<std::size_t>(slots));
+  splitmix64 rng{kSeed ^ static_cast<std::uint64_t>(tokens * 131 + top_k)};
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::array<std::int32_t, kNumExperts> experts{};
+    for (std::int32_t e = 0; e < kNumExperts; ++e) experts[static_cast<std::size_t>(e)] = e;
+    float sum = 0.0f;
+    for (std::int32_t k = 0; k < top_k; ++k) {  // partial Fisher-Yates: K distinct experts
+      std::uint32_t const j = static_cast<std::uint32_t>(k) + rng.below(static_cast<std::uint32_t>(kNumExperts - k));
+      std::swap(experts[static_cast<std::size_t>(k)], experts[j]);
+      d.idx[static_cast<std::size_t>(t * top_k + k)] = experts[static_cast<std::size_t>(k)];
+      float const w = rng.unit();
+      d.weights[static_cast<std::size_t>(t * top_k + k)] = w;
+      sum += w;
+    }
+    for (std::int32_t k = 0; k < top_k; ++k) d.weights[static_cast<std::size_t>(t * top_k + k)] /= sum;
+  }
+  // Counting sort by expert, stable in (token, slot): the plan's documented order.
+  d.offsets.assign(kNumExperts + 1, 0);
+  for (std::int32_t e : d.idx) ++d.offsets[static_cast<std::size_t>(e) + 1];
+  for (std::int32_t e = 0; e < kNumExperts; ++e) d.offsets[static_cast<std::size_t>(e) + 1] += d.offsets[static_cast<std::size_t>(e)];
+  std::vector<std::int32_t> next(d.offsets.begin(), d.offsets.end() - 1);
+  d.row_of.resize(static_cast<std::size_t>(slots));
+  d.token_of.resize(static_cast<std::size_t>(slots));
+  d.slot_of.resize(static_cast<std::size_t>(slots));
+  for (std::int64_t s = 0; s < slots; ++s) {
+    std::int32_t const r = next[static_cast<std::size_t>(d.idx[static_cast<std::size_t>(s)])]++;
+    d.row_of[static_cast<std::size_t>(s)] = r;
+    d.token_of[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(s / top_k);
+    d.slot_of[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(s % top_k);
+  }
+  return d;
+}
+
+routing_data const& routing_for(std::int64_t tokens, std::int32_t top_k) {
+  static std::map<std::pair<std::int64_t, std::int32_t>, std::unique_ptr<routing_data>> cache;
+  auto& slot = cache[{tokens, top_k}];
+  if (!slot) slot = std::make_unique<routing_data>(make_routing(tokens, top_k));
+  return *slot;
+}
+
+//! Compares a plan with the reference row map; returns an empty string when they agree.
+std::string compare_plan(moecomm::permute_plan<moecomm::host_backend> const& plan, routing_data const& ref) {
+  if (plan.num_rows() != ref.rows())
+    return "plan.num_rows() = " + std::to_string(plan.num_rows()) + ", expected " + std::to_string(ref.rows());
+  for (std::int32_t e = 0; e <= kNumExperts; ++e)
+    if (plan.expert_offsets()[e] != ref.offsets[static_cast<std::size_t>(e)])
+      return "plan.expert_offsets()[" + std::to_string(e) + "] differs from the reference";
+  for (std::int64_t s = 0; s < ref.rows(); ++s)
+    if (plan.row_of()[s] != ref.row_of[static_cast<std::size_t>(s)])
+      return "plan.row_of()[" + std::to_string(s) + "] differs from the reference";
+  for (std::int64_t r = 0; r < ref.rows(); ++r)
+    if (plan.token_of()[r] != ref.token_of[static_cast<std::size_t>(r)] ||
+        plan.slot_of()[r] != ref.slot_of[static_cast<std::size_t>(r)])
+      return "plan.token_of()/slot_of()[" + std::to_string(r) + "] differs from the reference";
+  return {};
+}
+
+// ---- data sets: one (dtype, T, H, K) case at a time, shared by permute and unpermute -----------
+
+struct dataset_base {
+  virtual ~dataset_base() = default;
+};
+
+template <class T>
+struct dataset final : dataset_base {
+  routing_data const* routing;
+  moecomm::permute_plan<moecomm::host_backend> plan;
+  std::int64_t hidden;
+  moecomm::host_backend::buffer_type<T> x;         // [T][H] token rows (permute input)
+  moecomm::host_backend::buffer_type<T> permuted;  // [P][H] permute output = unpermute input y
+  moecomm::host_backend::buffer_type<T> combined;  // [T][H] unpermute output
+
+  dataset(routing_data const& r, std::int64_t h)
+      : routing(&r),
+        plan(moecomm::make_permute_plan(be, r.view(), kNumExperts)),
+        hidden(h),
+        x(be.allocate<T>(r.tokens * h)),
+        permuted(be.allocate<T>(plan.num_rows() * h)),
+        combined(be.allocate<T>(r.tokens * h)) {
+    // Finite random inputs; every page of every buffer is touched here, outside the timed loops.
+    fill_random(x.data(), x.size(), kSeed + 1);
+    fill_random(permuted.data(), permuted.size(), kSeed + 2);
+    std::memset(static_cast<void*>(combined.data()), 0, combined.bytes());
+  }
+};
+
+template <class T>
+dataset<T>& dataset_for(std::int64_t tokens, std::int64_t hidden, std::int32_t top_k) {
+  static std::unique_ptr<dataset_base> current;
+  static std::string current_key;
+  std::string const key = std::string(moecomm::dtype_traits<T>::name) + "/" + std::to_string(tokens) + "/" +
+                          std::to_string(hidden) + "/" + std::to_string(top_k);
+  if (key != current_key || !current) {
+    current.reset();  // free the previous case first: the largest needs ~4.7 GB
+    current_key.clear();
+    current = std::make_unique<dataset<T>>(routing_for(tokens, top_k), hidden);
+    current_key = key;
+  }
+  return static_cast<dataset<T>&>(*current);
+}
+
+//! Rows to verify: the first and last, each expert's first row, and a few random ones.
+std::vector<std::int64_t> sample_indices(std::int64_t n, std::vector<std::int32_t> const* offsets, std::uint64_t seed) {
+  std::vector<std::int64_t> s{0, n - 1};
+  if (offsets != nullptr)
+    for (std::int32_t e = 0; e < kNumExperts; ++e)
+      if ((*offsets)[static_cast<std::size_t>(e)] < n) s.push_back((*offsets)[static_cast<std::size_t>(e)]);
+  splitmix64 rng{seed};
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<std::int64_t>((rng.next() >> 11) % static_cast<std::uint64_t>(n)));
+  std::sort(s.begin(), s.end());
+  s.erase(std::unique(s.begin(), s.end()), s.end());
+  return s;
+}
+
+template <class T>
+void poison_rows(T* data, std::int64_t hidden, std::vector<std::int64_t> const& rows) {
+  for (std::int64_t r : rows) std::memset(static_cast<void*>(data + r * hidden), 0xFF, static_cast<std::size_t>(hidden) * sizeof(T));
+}
+
+void set_counters(benchmark::State& state, double bytes_per_iteration) {
+  double const bytes = bytes_per_iteration * static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
+  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
+  if (g_memcpy_bytes_per_s > 0)
+    state.counters["of_memcpy"] = benchmark::Counter(bytes / g_memcpy_bytes_per_s, benchmark::Counter::kIsRate);
+}
+
+// ---- benchmarks --------------------------------------------------------------------------------
+
+template <class T>
+void bm_permute(benchmark::State& state, std::int64_t tokens, std::int64_t hidden, std::int32_t top_k) {
+  dataset<T>& d = dataset_for<T>(tokens, hidden, top_k);
+  std::int64_t const rows = d.plan.num_rows();
+  moecomm::matrix_view<T const> const x{d.x.data(), tokens, hidden};
+  moecomm::matrix_view<T> const out{d.permuted.data(), rows, hidden};
+  std::vector<std::int64_t> const sample = sample_indices(rows, &d.routing->offsets, kSeed + 3);
+  poison_rows(d.permuted.data(), hidden, sample);
+
+  for (auto _ : state) {
+    moecomm::permute(be, d.plan, x, out);
+    benchmark::ClobberMemory();
+  }
+
+  set_counters(state, 2.0 * static_cast<double>(rows) * static_cast<double>(hidden) * sizeof(T));
+  if (std::string const e = compare_plan(d.plan, *d.routing); !e.empty()) return fail(state, e);
+  for (std::int64_t r : sample) {
+    std::int64_t const t = d.routing->token_of[static_cast<std::size_t>(r)];
+    if (std::memcmp(d.permuted.data() + r * hidden, d.x.data() + t * hidden, static_cast<std::size_t>(hidden) * sizeof(T)) != 0)
+      return fail(state, "permute: out[" + std::to_string(r) + "] != x[" + std::to_string(t) + "]");
+  }
+}
+
+template <class T>
+void bm_unpermute(benchmark::State& state, std::int64_t tokens, std::int64_t hidden, std::int32_t top_k) {
+  dataset<T>& d = dataset_for<T>(tokens, hidden, top_k);
+  std::int64_t const rows = d.plan.num_rows();
+  moecomm::matrix_view<T const> const y{d.permuted.data(), rows, hidden};
+  moecomm::matrix_view<T> const out{d.combined.data(), tokens, hidden};
+  std::vector<std::int64_t> const sample = sample_indices(tokens, nullptr, kSeed + 4);
+  poison_rows(d.combined.data(), hidden, sample);
+
+  for (auto _ : state) {
+    moecomm::unpermute<moecomm::weighted>(be, d.plan, y, out);
+    benchmark::ClobberMemory();
+  }
+
+  set_counters(state, static_cast<double>(rows) * static_cast<double>(hidden) * sizeof(T) +
+                          static_cast<double>(tokens * top_k) * sizeof(float) +
+                          static_cast<double>(tokens) * static_cast<double>(hidden) * sizeof(T));
+  using traits = moecomm::dtype_traits<T>;
+  routing_data const& ref = *d.routing;
+  for (std::int64_t t : sample) {
+    for (std::int64_t h = 0; h < hidden; ++h) {
+      float acc = 0.0f;
+      for (std::int32_t k = 0; k < top_k; ++k) {
+        std::int64_t const slot = t * top_k + k;
+        std::int64_t const r = ref.row_of[static_cast<std::size_t>(slot)];
+        acc = std::fma(ref.weights[static_cast<std::size_t>(slot)], traits::to_float(d.permuted.data()[r * hidden + h]), acc);
+      }
+      T const expected = traits::from_float(acc);
+      if (std::memcmp(&expected, d.combined.data() + t * hidden + h, sizeof(T)) != 0)
+        return fail(state, "unpermute: out[" + std::to_string(t) + "][" + std::to_string(h) +
+                               "] differs from the fp32 fma reference (" + std::to_string(traits::to_float(expected)) +
+                               " vs " + std::to_string(traits::to_float(d.combined.data()[t * hidden + h])) + ")");
+    }
+  }
+}
+
+void bm_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k) {
+  routing_data const& ref = routing_for(tokens, top_k);
+  for (auto _ : state) {
+    auto plan = moecomm::make_permute_plan(be, ref.view(), kNumExperts);
+    benchmark::DoNotOptimize(plan.row_of());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * tokens * top_k);
+  auto const plan = moecomm::make_permute_plan(be, ref.view(), kNumExperts);  // checked outside the loop
+  if (std::string const e = compare_plan(plan, ref); !e.empty()) fail(state, e);
+}
+
+void bm_memcpy(benchmark::State& state, std::size_t bytes) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);  // both touched before timing
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, 2.0 * static_cast<double>(bytes));
+  if (std::memcmp(dst.data(), src.data(), bytes) != 0) fail(state, "memcpy: destination differs");
+}
+
+//! Best of 5 `std::memcpy` of 512 MiB into a pre-touched 512 MiB buffer, 2 x size bytes per copy.
+double measure_memcpy_bytes_per_s() {
+  std::size_t const bytes = std::size_t{512} << 20;
+  std::vector<char> src(bytes), dst(bytes);
+  fill_random(reinterpret_cast<float*>(src.data()), static_cast<std::int64_t>(bytes / sizeof(float)), kSeed + 5);
+  std::memset(dst.data(), 0, bytes);
+  std::memcpy(dst.data(), src.data(), bytes);  // warm-up
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto const start = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::ClobberMemory();
+    double const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::min(best, s);
+  }
+  benchmark::DoNotOptimize(dst.data());
+  return 2.0 * static_cast<double>(bytes) / best;
+}
+
+// ---- registration ------------------------------------------------------------------------------
+
+constexpr std::int64_t kTokens[] = {4096, 16384};
+constexpr std::int64_t kHidden[] = {1024, 4096, 7168};
+constexpr std::int32_t kTopK[] = {2, 8};
+
+template <class T>
+void register_ops() {
+  std::string const dtype = moecomm::dtype_traits<T>::name;
+  for (std::int64_t tokens : kTokens)
+    for (std::int64_t hidden : kHidden)
+      for (std::int32_t top_k : kTopK) {
+        std::string const args =
+            "/T:" + std::to_string(tokens) + "/H:" + std::to_string(hidden) + "/K:" + std::to_string(top_k);
+        // permute then unpermute of the same case, so they share one data set
+        benchmark::RegisterBenchmark(("permute<" + dtype + ">" + args).c_str(), bm_permute<T>, tokens, hidden, top_k)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark(("unpermute<" + dtype + ">" + args).c_str(), bm_unpermute<T>, tokens, hidden, top_k)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("memcpy/MiB:256", bm_memcpy, std::size_t{256} << 20)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  for (std::int64_t tokens : kTokens)
+    for (std::int32_t top_k : kTopK)
+      benchmark::RegisterBenchmark(("plan/T:" + std::to_string(tokens) + "/K:" + std::to_string(top_k)).c_str(), bm_plan,
+                                   tokens, top_k)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+  register_ops<float>();
+#if MOECOMM_HAS_CUDA_FP16()
+  register_ops<__nv_bfloat16>();
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+
+  g_memcpy_bytes_per_s = measure_memcpy_bytes_per_s();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f", g_memcpy_bytes_per_s / 1e9);
+  benchmark::AddCustomContext("memcpy_GBps", buf);
+  benchmark::AddCustomContext("memcpy_method", "std::memcpy 512 MiB, best of 5, 2 x size bytes (read + write)");
+  benchmark::AddCustomContext("host_threads", std::to_string(be.num_threads()));
+#if !MOECOMM_HAS_CUDA_FP16()
+  benchmark::AddCustomContext("bf16", "not built (CUDA headers not found)");
+#endif
+
+  register_all();
+  std::size_t const ran = benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (ran == 0) {
+    std::fprintf(stderr, "bench_permute: no benchmark matched the filter\n");
+    return 1;
+  }
+  if (g_failed) {
+    std::fprintf(stderr, "bench_permute: a correctness check failed\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,496 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Example 01: permute -> experts -> unpermute on the host back-end.
+//!
+//! 1. A skewed gate routes every token to K distinct experts (Zipf-distributed popularity).
+//! 2. `make_dispatch_layout` counts tokens per expert and per (notional) rank.
+//! 3. `make_permute_plan` decides the expert-major row of every (token, slot).
+//! 4. `permute` groups the token rows by expert; the "experts" are the identity; `unpermute`
+//!    combines each token's rows with its routing weights. Both results are checked bit for bit.
+//! 5. Both ops are timed and set beside a memcpy of the same bytes, the bound a pure
+//!    data-movement op can hope for.
+//!
+//! Run with --help for the flags. Everything runs on one CPU thread.
+
+#include <moecomm/moecomm.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// ---- options ------------------------------------------------------------------------------------
+
+#if MOECOMM_HAS_CUDA_FP16()
+constexpr char const* default_dtype = "bf16";
+constexpr char const* dtype_choices = "float|bf16";
+#else
+constexpr char const* default_dtype = "float";
+constexpr char const* dtype_choices = "float (bf16 needs the CUDA headers on the include path)";
+#endif
+
+struct options {
+  std::int64_t tokens = 8192;
+  std::int64_t hidden = 4096;
+  std::int32_t experts = 16;
+  std::int32_t topk = 2;
+  double zipf = 1.2;
+  std::uint64_t seed = 1;
+  std::string dtype = default_dtype;
+  int iters = 10;
+};
+
+constexpr char const* program = "example_01_permute";
+
+void print_usage() {
+  options const d;
+  std::printf(
+      "usage: %s [flags]\n"
+      "\n"
+      "Routes tokens with a skewed (Zipf) gate, permutes them into expert-major order, combines\n"
+      "them back with the routing weights, checks both results bit for bit and times them\n"
+      "against memcpy. Host back-end, one thread.\n"
+      "\n"
+      "flags (--flag value or --flag=value):\n"
+      "  --tokens T   tokens on this rank (default %" PRId64 ")\n"
+      "  --hidden H   elements per token row (default %" PRId64 ")\n"
+      "  --experts E  number of experts (default %d)\n"
+      "  --topk K     distinct experts per token, K <= E (default %d)\n"
+      "  --zipf s     gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
+      "  --seed N     seed of the std::mt19937_64 generator (default %" PRIu64 ")\n"
+      "  --dtype D    element type: %s (default %s)\n"
+      "  --iters N    timing repetitions; the median is shown (default %d)\n"
+      "  --help       this text\n",
+      program, d.tokens, d.hidden, d.experts, d.topk, d.zipf, d.seed, dtype_choices, d.dtype.c_str(), d.iters);
+}
+
+[[noreturn]] void usage_error(std::string const& message) {
+  std::fprintf(stderr, "%s: %s\nRun '%s --help' for the list of flags.\n", program, message.c_str(), program);
+  std::exit(2);
+}
+
+std::int64_t parse_int(std::string const& flag, std::string const& text, std::int64_t lo, std::int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  long long const v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE)
+    usage_error(flag + " expects an integer, got '" + text + "'");
+  if (v < lo || v > hi)
+    usage_error(flag + " = " + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h") arg = "--help";
+    if (arg.rfind("--", 0) != 0) usage_error("unexpected argument '" + arg + "' (flags start with --)");
+    std::string value;
+    bool has_value = false;
+    if (auto const eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::string const& {
+      if (!has_value) {
+        if (i + 1 >= argc) usage_error("flag " + arg + " needs a value");
+        value = argv[++i];
+        has_value = true;
+      }
+      return value;
+    };
+    constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+    if (arg == "--help") {
+      print_usage();
+      std::exit(0);
+    } else if (arg == "--tokens") {
+      o.tokens = parse_int(arg, next(), 0, int32_max);
+    } else if (arg == "--hidden") {
+      o.hidden = parse_int(arg, next(), 1, std::int64_t{1} << 24);
+    } else if (arg == "--experts") {
+      o.experts = static_cast<std::int32_t>(parse_int(arg, next(), 1, 1 << 16));
+    } else if (arg == "--topk") {
+      o.topk = static_cast<std::int32_t>(parse_int(arg, next(), 1, 1 << 16));
+    } else if (arg == "--zipf") {
+      std::string const& text = next();
+      char* end = nullptr;
+      o.zipf = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !std::isfinite(o.zipf) || o.zipf < 0 || o.zipf > 16)
+        usage_error("--zipf expects an exponent in [0, 16], got '" + text + "'");
+    } else if (arg == "--seed") {
+      std::string const& text = next();
+      char* end = nullptr;
+      errno = 0;
+      unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
+      if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
+        usage_error("--seed expects a non-negative integer, got '" + text + "'");
+      o.seed = v;
+    } else if (arg == "--dtype") {
+      o.dtype = next();
+      bool const known = o.dtype == "float" || (MOECOMM_HAS_CUDA_FP16() && o.dtype == "bf16");
+      if (!known) usage_error("--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
+    } else if (arg == "--iters") {
+      o.iters = static_cast<int>(parse_int(arg, next(), 1, 100000));
+    } else {
+      usage_error("unknown flag '" + arg + "'");
+    }
+  }
+  if (o.topk > o.experts)
+    usage_error("--topk " + std::to_string(o.topk) + " exceeds --experts " + std::to_string(o.experts) +
+                ": every token picks K distinct experts");
+  if (o.tokens * o.topk > std::numeric_limits<std::int32_t>::max())
+    usage_error("--tokens x --topk = " + std::to_string(o.tokens * o.topk) +
+                " slots exceed moecomm's int32 row ids (2^31 - 1)");
+  return o;
+}
+
+// ---- formatting ---------------------------------------------------------------------------------
+
+std::string format(char const* fmt, double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, fmt, v);
+  return text;
+}
+
+std::string format_time(double seconds) {
+  if (seconds >= 1.0) return format("%.3f s", seconds);
+  if (seconds >= 1e-3) return format("%.3f ms", seconds * 1e3);
+  if (seconds >= 1e-6) return format("%.2f us", seconds * 1e6);
+  return format("%.0f ns", seconds * 1e9);
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024) return format("%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  if (bytes >= 1024.0 * 1024) return format("%.1f MiB", bytes / (1024.0 * 1024));
+  if (bytes >= 1024.0) return format("%.1f KiB", bytes / 1024.0);
+  return format("%.0f B", bytes);
+}
+
+std::string bar(double value, double max_value, int width) {
+  int const n = max_value > 0 ? static_cast<int>(std::lround(width * value / max_value)) : 0;
+  return std::string(static_cast<std::size_t>(std::max(n, value > 0 ? 1 : 0)), '#');
+}
+
+// ---- the gate -----------------------------------------------------------------------------------
+
+//! `[T][K]` expert ids and weights, host memory (which is what host_backend reads).
+struct routing_data {
+  std::vector<std::int32_t> idx;
+  std::vector<float> weights;
+};
+
+//! Each token draws K distinct experts, without replacement, from P(e) ~ 1/(e+1)^s, and gets
+//! random positive gate scores normalised to sum to 1. Slots are ordered by weight, descending,
+//! as a top-k gate returns them.
+routing_data route_tokens(std::int64_t tokens, std::int32_t experts, std::int32_t topk, double s,
+                          std::mt19937_64& rng) {
+  std::vector<double> p(static_cast<std::size_t>(experts));
+  for (std::int32_t e = 0; e < experts; ++e) p[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -s);
+  double const total = std::accumulate(p.begin(), p.end(), 0.0);
+
+  routing_data r;
+  r.idx.resize(static_cast<std::size_t>(tokens * topk));
+  r.weights.resize(static_cast<std::size_t>(tokens * topk));
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<char> taken(static_cast<std::size_t>(experts));
+  std::vector<std::pair<float, std::int32_t>> picks(static_cast<std::size_t>(topk));  // (weight, expert)
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::fill(taken.begin(), taken.end(), 0);
+    double remaining = total;
+    float score_sum = 0.0f;
+    for (auto& pick : picks) {
+      double u = uniform(rng) * remaining;
+      std::int32_t chosen = -1;  // the last free expert, should rounding run u past the end
+      for (std::int32_t e = 0; e < experts; ++e) {
+        if (taken[static_cast<std::size_t>(e)]) continue;
+        chosen = e;
+        if (u < p[static_cast<std::size_t>(e)]) break;
+        u -= p[static_cast<std::size_t>(e)];
+      }
+      taken[static_cast<std::size_t>(chosen)] = 1;
+      remaining -= p[static_cast<std::size_t>(chosen)];
+      pick = {0.05f + 0.95f * static_cast<float>(uniform(rng)), chosen};  // a positive score
+      score_sum += pick.first;
+    }
+    for (auto& pick : picks) pick.first /= score_sum;
+    std::sort(picks.begin(), picks.end(), [](auto const& a, auto const& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    for (std::int32_t k = 0; k < topk; ++k) {
+      auto const slot = static_cast<std::size_t>(t * topk + k);
+      r.weights[slot] = picks[static_cast<std::size_t>(k)].first;
+      r.idx[slot] = picks[static_cast<std::size_t>(k)].second;
+    }
+  }
+  return r;
+}
+
+// ---- timing -------------------------------------------------------------------------------------
+
+template <class F>
+double seconds_of(F&& f) {
+  auto const start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  std::size_t const n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void copy_bytes(void* dst, void const* src, std::size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
+// ---- the example --------------------------------------------------------------------------------
+
+template <class Elem>
+int run(options const& o) {
+  using traits = moecomm::dtype_traits<Elem>;
+  std::int64_t const T = o.tokens, H = o.hidden;
+  std::int32_t const E = o.experts, K = o.topk;
+  std::int32_t const R = std::gcd(E, 4);  // 4 notional ranks when E allows it
+  double const row_bytes = static_cast<double>(H) * sizeof(Elem);
+
+  std::printf("moecomm %d.%d.%d - example 01: permute -> experts -> unpermute\n", MOECOMM_VERSION_MAJOR,
+              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
+  std::printf("=====================================================================\n");
+  std::printf("  tokens T = %" PRId64 ", hidden H = %" PRId64 ", dtype %s (x is %s)\n", T, H, traits::name,
+              format_bytes(static_cast<double>(T) * row_bytes).c_str());
+  std::printf("  experts E = %d, top-K = %d, gate: Zipf(s = %.2f), seed %" PRIu64 "\n", E, K, o.zipf, o.seed);
+  std::printf("  backend: host, 1 thread\n\n");
+
+  moecomm::host_backend be;  // one thread; its memory is ordinary host memory
+  std::mt19937_64 rng(o.seed);
+  routing_data const gate = route_tokens(T, E, K, o.zipf, rng);
+  moecomm::routing_view const routing{gate.idx.data(), gate.weights.data(), T, K};
+
+  // -- 1. dispatch layout -------------------------------------------------------------------------
+  auto const placement = moecomm::contiguous_placement(E, R);
+  auto const layout = moecomm::make_dispatch_layout(be, routing, placement);
+  std::int32_t const L = placement.num_local_experts();
+  std::printf("1. Dispatch layout\n");
+  std::printf("   contiguous placement: E / R = %d consecutive expert%s on each of R = %d notional rank%s\n\n", L,
+              L == 1 ? "" : "s", R, R == 1 ? "" : "s");
+  std::int64_t const slots = T * K;
+  std::int32_t max_count = 0;
+  for (std::int32_t e = 0; e < E; ++e) max_count = std::max(max_count, layout.tokens_per_expert()[e]);
+  std::int32_t const shown_experts = E <= 32 ? E : 24;
+  std::printf("   expert  rank   tokens   share\n");
+  for (std::int32_t e = 0; e < shown_experts; ++e) {
+    std::int32_t const n = layout.tokens_per_expert()[e];
+    std::printf("   %6d  %4d  %7d  %5.1f%%%s%s\n", e, placement.rank_of(e), n,
+                slots > 0 ? 100.0 * n / static_cast<double>(slots) : 0.0, n > 0 ? "  " : "",
+                bar(n, max_count, 40).c_str());
+  }
+  if (shown_experts < E) std::printf("   ... %d more experts\n", E - shown_experts);
+  std::printf("\n   rank  experts      tokens    slots\n");
+  std::int64_t max_slots = 0;
+  for (std::int32_t r = 0; r < R; ++r) {
+    std::string const held = L == 1 ? std::to_string(r * L) : std::to_string(r * L) + "-" + std::to_string(r * L + L - 1);
+    std::printf("   %4d  %-9s  %7d  %7d\n", r, held.c_str(), layout.tokens_per_rank()[r], layout.slots_per_rank()[r]);
+    max_slots = std::max<std::int64_t>(max_slots, layout.slots_per_rank()[r]);
+  }
+  std::printf("   (a token counts once per rank it reaches, a slot once per expert)\n");
+  if (slots > 0)
+    std::printf("   load imbalance: busiest rank gets %.2fx the mean number of slots\n",
+                static_cast<double>(max_slots) * R / static_cast<double>(slots));
+  std::printf("\n");
+
+  // -- 2. permute plan ----------------------------------------------------------------------------
+  auto const plan = moecomm::make_permute_plan(be, routing, E);
+  std::int64_t const P = plan.num_rows();
+  std::printf("2. Permute plan\n");
+  std::printf("   P = %" PRId64 " permuted rows (%" PRId64 " token%s x %d slot%s, none masked), grouped by expert\n", P,
+              T, T == 1 ? "" : "s", K, K == 1 ? "" : "s");
+  std::printf("   expert offsets (first row of each expert's block, then P):\n  ");
+  int column = 3;
+  for (std::int32_t e = 0; e <= E; ++e) {
+    std::string const item = " " + std::to_string(plan.expert_offsets()[e]);
+    if (column + static_cast<int>(item.size()) > 100) {
+      std::printf("\n  ");
+      column = 3;
+    }
+    std::printf("%s", item.c_str());
+    column += static_cast<int>(item.size());
+  }
+  std::printf("\n   where the first tokens go:\n");
+  if (T == 0) std::printf("     (no tokens)\n");
+  for (std::int64_t t = 0; t < std::min<std::int64_t>(T, 3); ++t) {
+    std::string line = "     token " + std::to_string(t) + " ->";
+    std::size_t const indent = line.size();
+    for (std::int32_t k = 0; k < K; ++k) {
+      auto const slot = static_cast<std::size_t>(t * K + k);
+      std::string item = " expert " + std::to_string(gate.idx[slot]) + " row " + std::to_string(plan.row_of()[slot]) +
+                         format(" (weight %.2f)", static_cast<double>(gate.weights[slot])) + (k + 1 < K ? "," : "");
+      if (line.size() > indent && line.size() + item.size() > 100) {  // wrap long top-k lists
+        std::printf("%s\n", line.c_str());
+        line = std::string(indent, ' ');
+      }
+      line += item;
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  std::printf("\n");
+
+  // -- 3. permute, identity experts, unpermute: check bit for bit ----------------------------------
+  auto x_buf = be.allocate<Elem>(T * H);
+  auto perm_buf = be.allocate<Elem>(P * H);
+  auto out_buf = be.allocate<Elem>(T * H);
+  Elem* const x = x_buf.data();
+  Elem* const perm = perm_buf.data();
+  Elem* const out = out_buf.data();
+  for (std::int64_t i = 0; i < T * H; i += 4) {  // multiples of 2^-15 in [-1, 1), four per draw
+    std::uint64_t const bits = rng();
+    for (std::int64_t j = 0; j < 4 && i + j < T * H; ++j)
+      x[i + j] = traits::from_float(static_cast<float>(static_cast<std::int16_t>(bits >> (16 * j))) * 0x1p-15f);
+  }
+  moecomm::matrix_view<Elem const> const x_view{x, T, H};
+  moecomm::matrix_view<Elem> const perm_view{perm, P, H};
+  moecomm::matrix_view<Elem const> const y_view = perm_view;  // experts = identity: y is the permuted rows
+  moecomm::matrix_view<Elem> const out_view{out, T, H};
+
+  std::printf("3. Round trip: permute -> experts (identity) -> weighted unpermute\n");
+  moecomm::permute(be, plan, x_view, perm_view);
+  for (std::int64_t r = 0; r < P; ++r) {
+    std::int32_t const t = plan.token_of()[r];
+    std::int32_t const k = plan.slot_of()[r];
+    std::int32_t const e = gate.idx[static_cast<std::size_t>(t) * K + k];
+    bool const mapped = plan.row_of()[static_cast<std::int64_t>(t) * K + k] == r &&
+                        plan.expert_offsets()[e] <= r && r < plan.expert_offsets()[e + 1];
+    bool const copied = std::memcmp(perm + r * H, x + static_cast<std::int64_t>(t) * H, H * sizeof(Elem)) == 0;
+    if (!mapped || !copied) {
+      std::printf("   permute: FAILED at row %" PRId64 " (token %d, slot %d, expert %d): %s\n", r, t, k, e,
+                  mapped ? "the row is not a bit copy of its token" : "the row is outside its expert's block");
+      std::printf("   round trip: FAILED\n");
+      return 1;
+    }
+  }
+  std::printf("   permute:    OK  %" PRId64 " rows, each a bit copy of its token's row, in its expert's block\n", P);
+
+  moecomm::unpermute<moecomm::weighted>(be, plan, y_view, out_view);
+  std::int64_t equal_to_x = 0;
+  std::vector<float> acc(static_cast<std::size_t>(H));
+  std::vector<Elem> expected(static_cast<std::size_t>(H));
+  for (std::int64_t t = 0; t < T; ++t) {
+    Elem const* xt = x + t * H;
+    Elem const* got = out + t * H;
+    // y[row_of[t][k]] = x[t] (identity experts), so the reference reads x directly:
+    // acc = fma(w[K-1], x, ... fma(w[0], x, 0)), fp32, ascending k, then one rounding to the element type.
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (std::int32_t k = 0; k < K; ++k) {
+      if (plan.row_of()[t * K + k] < 0) continue;  // a masked slot adds nothing (there are none here)
+      float const w = gate.weights[static_cast<std::size_t>(t * K + k)];
+      for (std::int64_t h = 0; h < H; ++h)
+        acc[static_cast<std::size_t>(h)] = std::fma(w, traits::to_float(xt[h]), acc[static_cast<std::size_t>(h)]);
+    }
+    for (std::int64_t h = 0; h < H; ++h)
+      expected[static_cast<std::size_t>(h)] = traits::from_float(acc[static_cast<std::size_t>(h)]);
+    if (std::memcmp(expected.data(), got, H * sizeof(Elem)) != 0) {
+      std::int64_t h = 0;
+      while (std::memcmp(&expected[static_cast<std::size_t>(h)], got + h, sizeof(Elem)) == 0) ++h;
+      std::printf("   unpermute:  FAILED at token %" PRId64 ", h = %" PRId64 ": got %.9g, expected %.9g\n", t, h,
+                  static_cast<double>(traits::to_float(got[h])),
+                  static_cast<double>(traits::to_float(expected[static_cast<std::size_t>(h)])));
+      std::printf("   round trip: FAILED\n");
+      return 1;
+    }
+    for (std::int64_t h = 0; h < H; ++h) equal_to_x += std::memcmp(got + h, xt + h, sizeof(Elem)) == 0;
+  }
+  std::printf("   unpermute:  OK  out[t] = round(sum_k w[t][k] * x[t]), fp32 fma in ascending k\n");
+  if (T > 0 && equal_to_x == T * H)
+    std::printf("                   (a token's weights sum to 1, so out ~ x: here every value equals x)\n");
+  else if (T > 0)
+    std::printf("                   (a token's weights sum to 1, so out ~ x: %.2f%% of values equal x)\n",
+                100.0 * static_cast<double>(equal_to_x) / static_cast<double>(T * H));
+  std::printf("   round trip: OK (all %" PRId64 " x %" PRId64 " values bit-exact)\n\n", T, H);
+
+  // -- 4. timing ----------------------------------------------------------------------------------
+  // Both ops only move data, so a memcpy that reads and writes as many bytes bounds them: that
+  // memcpy's time is the model's prediction for the op. The memcpy runs inside the permuted buffer,
+  // between its two halves (its contents are checked already; they stay values of x), so the
+  // baseline costs no extra memory.
+  double const permute_bytes = 2.0 * static_cast<double>(P) * row_bytes;   // read P rows of x, write P rows
+  double const unpermute_bytes = static_cast<double>(P + T) * row_bytes;  // read P rows, write T rows
+  auto* const perm_bytes = reinterpret_cast<unsigned char*>(perm);
+  std::size_t const half = static_cast<std::size_t>(P * H) * sizeof(Elem) / 2;
+  auto memcpy_bytes = [&](double bytes) {  // copies bytes / 2 (read once, written once): lower half -> upper, back
+    auto const n = static_cast<std::size_t>(bytes / 2);  // <= 2 * half, since P >= T (K >= 1, nothing masked)
+    copy_bytes(perm_bytes + half, perm_bytes, n / 2);
+    copy_bytes(perm_bytes, perm_bytes + half, n - n / 2);
+  };
+
+  std::printf("4. Timing (median of %d call%s, steady_clock; bytes = read + written)\n", o.iters,
+              o.iters == 1 ? "" : "s");
+  if (P == 0) {
+    std::printf("   nothing to time: no rows to move\n\n");
+    return 0;
+  }
+  std::vector<double> t_permute, t_unpermute, t_copy_p, t_copy_u;
+  for (int i = 0; i < o.iters; ++i) {  // interleaved, so drifts in clock speed hit all four alike
+    t_permute.push_back(seconds_of([&] { moecomm::permute(be, plan, x_view, perm_view); }));
+    t_copy_p.push_back(seconds_of([&] { memcpy_bytes(permute_bytes); }));
+    t_unpermute.push_back(seconds_of([&] { moecomm::unpermute<moecomm::weighted>(be, plan, y_view, out_view); }));
+    t_copy_u.push_back(seconds_of([&] { memcpy_bytes(unpermute_bytes); }));
+  }
+
+  struct row {
+    char const* name;
+    double bytes, measured, predicted;
+  };
+  row const results[] = {{"permute", permute_bytes, median(t_permute), median(t_copy_p)},
+                         {"unpermute", unpermute_bytes, median(t_unpermute), median(t_copy_u)}};
+  std::printf("   %-9s  %11s  %11s  %7s  %17s   %s\n", "op", "bytes", "time", "GB/s", "memcpy same bytes",
+              "vs memcpy");
+  for (row const& r : results) {
+    std::string const gbs = r.measured > 0 ? format("%.2f", r.bytes / r.measured / 1e9) : "-";
+    std::string const ratio = r.measured > 0 ? format("%.2fx memcpy", r.predicted / r.measured) : "-";
+    std::printf("   %-9s  %11s  %11s  %7s  %17s   %s\n", r.name, format_bytes(r.bytes).c_str(),
+                format_time(r.measured).c_str(), gbs.c_str(), format_time(r.predicted).c_str(), ratio.c_str());
+  }
+  if (permute_bytes < 64.0 * 1024 * 1024)
+    std::printf("   (a working set this small can stay in the CPU caches: these are not DRAM numbers)\n");
+  std::printf("\n   model: both ops only move bytes, so a memcpy of the same bytes, timed in this run, predicts them\n");
+  for (row const& r : results)
+    std::printf("   %-10s predicted (memcpy-bound): %s, measured: %s\n", (std::string(r.name) + ":").c_str(),
+                format_time(r.predicted).c_str(), format_time(r.measured).c_str());
+  if (permute_bytes >= 64.0 * 1024 * 1024 && results[1].predicted < 0.5 * results[1].measured)
+    std::printf("   (unpermute misses the bound: on one core, converting and FMA-ing each element costs more\n"
+                "    than moving it, so this op is limited by arithmetic, not by memory)\n");
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options const o = parse_options(argc, argv);
+  try {
+#if MOECOMM_HAS_CUDA_FP16()
+    if (o.dtype == "bf16") return run<__nv_bfloat16>(o);
+#endif
+    return run<float>(o);
+  } catch (moecomm::error const& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+  } catch (std::bad_alloc const&) {
+    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or a smaller --hidden)\n", program);
+  }
+  return 1;
+}

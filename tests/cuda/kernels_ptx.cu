@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+// The data-movement kernels, instantiated for every element type and both access widths, for the
+// ptxas resource check (check_kernels.sh): no spills, and 16-byte vector accesses on aligned rows.
+
+#include <moecomm/moecomm.cuh>
+
+namespace moecomm::detail {
+
+#define MOECOMM_ROW_KERNELS(T, WIDE)                                                                         \
+  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, WIDE, indexed_source, no_scale>); \
+  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, 1, indexed_source, no_scale>);    \
+  template __global__ void for_each_row_kernel(std::int64_t,                                                  \
+                                               gather_rows_kernel<T, WIDE, indexed_source, slot_weight_scale>); \
+  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, WIDE, chunk_source, no_scale>);   \
+  template __global__ void for_each_row_kernel(std::int64_t, combine_rows_kernel<T, WIDE, true>);               \
+  template __global__ void for_each_row_kernel(std::int64_t, combine_rows_kernel<T, WIDE, false>);              \
+  template __global__ void for_each_row_kernel(std::int64_t, combine_rows_kernel<T, 1, true>);                  \
+  template __global__ void for_each_row_kernel(std::int64_t, slot_dot_kernel<T, WIDE>);
+
+MOECOMM_ROW_KERNELS(float, 4)
+MOECOMM_ROW_KERNELS(__half, 8)
+MOECOMM_ROW_KERNELS(__nv_bfloat16, 8)
+
+}  // namespace moecomm::detail

@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The test oracle: a plain, serial, obviously correct implementation of
+// ../shared/reference/semantics.md §3–§6 and §10. It shares nothing with the library but the
+// element-type conversions; the library never uses it.
+
+#include <moecomm/core/dtype.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace oracle {
+
+using std::int32_t;
+using std::int64_t;
+
+struct routing {
+  std::vector<int32_t> idx;  // [T][K]
+  std::vector<float> w;      // [T][K]
+  int64_t tokens = 0;
+  int32_t top_k = 0;
+  int32_t at(int64_t t, int32_t k) const { return idx[static_cast<std::size_t>(t * top_k + k)]; }
+  float weight(int64_t t, int32_t k) const { return w[static_cast<std::size_t>(t * top_k + k)]; }
+};
+
+// §3: dispatch layout counts.
+struct layout {
+  std::vector<int32_t> tokens_per_expert, tokens_per_rank, tokens_per_node, slots_per_rank;
+  std::vector<bool> is_token_in_rank;  // [T][R]
+};
+
+inline layout dispatch_layout(routing const& r, int32_t experts, int32_t ranks, int32_t ranks_per_node) {
+  int32_t const per_rank = experts / ranks;
+  layout out;
+  out.tokens_per_expert.assign(static_cast<std::size_t>(experts), 0);
+  out.tokens_per_rank.assign(static_cast<std::size_t>(ranks), 0);
+  out.tokens_per_node.assign(static_cast<std::size_t>(ranks / ranks_per_node), 0);
+  out.slots_per_rank.assign(static_cast<std::size_t>(ranks), 0);
+  out.is_token_in_rank.assign(static_cast<std::size_t>(r.tokens * ranks), false);
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    for (int32_t k = 0; k < r.top_k; ++k) {
+      int32_t const e = r.at(t, k);
+      if (e < 0 || e >= experts) continue;
+      ++out.tokens_per_expert[static_cast<std::size_t>(e)];
+      ++out.slots_per_rank[static_cast<std::size_t>(e / per_rank)];
+      out.is_token_in_rank[static_cast<std::size_t>(t * ranks + e / per_rank)] = true;
+    }
+    for (int32_t n = 0; n < ranks / ranks_per_node; ++n) {
+      bool in_node = false;
+      for (int32_t g = 0; g < ranks_per_node; ++g) {
+        bool const in = out.is_token_in_rank[static_cast<std::size_t>(t * ranks + n * ranks_per_node + g)];
+        out.tokens_per_rank[static_cast<std::size_t>(n * ranks_per_node + g)] += in ? 1 : 0;
+        in_node = in_node || in;
+      }
+      out.tokens_per_node[static_cast<std::size_t>(n)] += in_node ? 1 : 0;
+    }
+  }
+  return out;
+}
+
+// §4: rows in (e, t, k) order, built by the definition: for each expert, scan tokens and slots.
+struct row_map {
+  std::vector<int32_t> row_of;          // [T][K]
+  std::vector<int32_t> token_of, slot_of;  // [P]
+  std::vector<int32_t> expert_offsets;  // [E + 1]
+  int64_t rows() const { return static_cast<int64_t>(token_of.size()); }
+};
+
+inline row_map permute_map(routing const& r, int32_t experts) {
+  row_map m;
+  m.row_of.assign(static_cast<std::size_t>(r.tokens * r.top_k), -1);
+  for (int32_t e = 0; e < experts; ++e) {
+    m.expert_offsets.push_back(static_cast<int32_t>(m.token_of.size()));
+    for (int64_t t = 0; t < r.tokens; ++t)
+      for (int32_t k = 0; k < r.top_k; ++k)
+        if (r.at(t, k) == e) {
+          m.row_of[static_cast<std::size_t>(t * r.top_k + k)] = static_cast<int32_t>(m.token_of.size());
+          m.token_of.push_back(static_cast<int32_t>(t));
+          m.slot_of.push_back(k);
+        }
+  }
+  m.expert_offsets.push_back(static_cast<int32_t>(m.token_of.size()));
+  return m;
+}
+
+template <class T>
+float f32(T v) { return moecomm::dtype_traits<T>::to_float(v); }
+template <class T>
+T from32(float v) { return moecomm::dtype_traits<T>::from_float(v); }
+
+// §4: out[r] = x[token_of[r]].
+template <class T>
+std::vector<T> permute(std::vector<T> const& x, int64_t hidden, row_map const& m) {
+  std::vector<T> out;
+  for (int32_t t : m.token_of)
+    for (int64_t h = 0; h < hidden; ++h) out.push_back(x[static_cast<std::size_t>(t * hidden + h)]);
+  return out;
+}
+
+// §5: fp32 accumulation from +0.0, ascending k, explicit FMA when weighted, one rounding.
+// With weighted = false this is also the permute backward of §6.
+template <class T>
+std::vector<T> unpermute(std::vector<T> const& y, int64_t hidden, routing const& r, row_map const& m, bool weighted) {
+  std::vector<T> out(static_cast<std::size_t>(r.tokens * hidden));
+  for (int64_t t = 0; t < r.tokens; ++t)
+    for (int64_t h = 0; h < hidden; ++h) {
+      float acc = 0.0f;
+      for (int32_t k = 0; k < r.top_k; ++k) {
+        int32_t const row = m.row_of[static_cast<std::size_t>(t * r.top_k + k)];
+        if (row < 0) continue;
+        float const v = f32(y[static_cast<std::size_t>(row * hidden + h)]);
+        acc = weighted ? std::fma(r.weight(t, k), v, acc) : acc + v;
+      }
+      out[static_cast<std::size_t>(t * hidden + h)] = from32<T>(acc);
+    }
+  return out;
+}
+
+// §6: unpermute backward, d_y[r] = w[t][k] * d_out[t] (weighted) or d_out[t] (a bit copy).
+template <class T>
+std::vector<T> unpermute_backward(std::vector<T> const& d_out, int64_t hidden, routing const& r, row_map const& m,
+                                  bool weighted) {
+  std::vector<T> d_y;
+  for (int64_t row = 0; row < m.rows(); ++row) {
+    int32_t const t = m.token_of[static_cast<std::size_t>(row)];
+    float const w = r.weight(t, m.slot_of[static_cast<std::size_t>(row)]);
+    for (int64_t h = 0; h < hidden; ++h) {
+      T const g = d_out[static_cast<std::size_t>(t * hidden + h)];
+      d_y.push_back(weighted ? from32<T>(w * f32(g)) : g);
+    }
+  }
+  return d_y;
+}
+
+// §6: d_w[t][k] = sum_h y[row_of[t][k]][h] * d_out[t][h], ascending h, fp32.
+template <class T>
+std::vector<float> weight_grad(std::vector<T> const& y, std::vector<T> const& d_out, int64_t hidden,
+                               routing const& r, row_map const& m) {
+  std::vector<float> dw(static_cast<std::size_t>(r.tokens * r.top_k), 0.0f);
+  for (int64_t s = 0; s < r.tokens * r.top_k; ++s) {
+    int32_t const row = m.row_of[static_cast<std::size_t>(s)];
+    if (row < 0) continue;
+    double acc = 0.0;  // a more accurate sum: the library's fp32 result is compared with a tolerance
+    for (int64_t h = 0; h < hidden; ++h)
+      acc += double(f32(y[static_cast<std::size_t>(row * hidden + h)])) *
+             double(f32(d_out[static_cast<std::size_t>(s / r.top_k * hidden + h)]));
+    dw[static_cast<std::size_t>(s)] = static_cast<float>(acc);
+  }
+  return dw;
+}
+
+// §10: chunks (s, l) of a rank-major buffer, concatenated in expert-major order (or back).
+template <class T>
+std::vector<T> sort_chunks(std::vector<T> const& in, int64_t hidden, std::vector<int32_t> const& counts,
+                           int32_t ranks, int32_t locals, bool to_expert_major) {
+  // Cut the input into its chunks, in its own order.
+  std::vector<std::vector<T>> chunk(static_cast<std::size_t>(ranks * locals));
+  std::size_t at = 0;
+  auto take = [&](int32_t s, int32_t l) {
+    auto& c = chunk[static_cast<std::size_t>(s * locals + l)];
+    std::size_t const n = static_cast<std::size_t>(counts[static_cast<std::size_t>(s * locals + l)] * hidden);
+    c.assign(in.begin() + static_cast<std::ptrdiff_t>(at), in.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  };
+  std::vector<T> out;
+  auto put = [&](int32_t s, int32_t l) {
+    auto const& c = chunk[static_cast<std::size_t>(s * locals + l)];
+    out.insert(out.end(), c.begin(), c.end());
+  };
+  for (int32_t a = 0; a < (to_expert_major ? ranks : locals); ++a)
+    for (int32_t b = 0; b < (to_expert_major ? locals : ranks); ++b) to_expert_major ? take(a, b) : take(b, a);
+  for (int32_t a = 0; a < (to_expert_major ? locals : ranks); ++a)
+    for (int32_t b = 0; b < (to_expert_major ? ranks : locals); ++b) to_expert_major ? put(b, a) : put(a, b);
+  return out;
+}
+
+}  // namespace oracle
