@@ -16,9 +16,12 @@ MOECOMM_NAMESPACE_BEGIN
 enum class status : int {
   success = 0,
   invalid_argument,  //!< a bad argument, found before anything was written
-  invalid_usage,     //!< a call that is wrong in this state (e.g. a plan used with the wrong routing)
+  invalid_usage,     //!< ranks disagree: different collectives, or sizes that do not match across ranks
   timeout,           //!< a bounded wait expired
+  aborted,           //!< another rank failed and aborted the communicator; this call did not complete
   cuda_error,        //!< the CUDA runtime failed
+  mpi_error,         //!< an MPI call failed
+  nccl_error,        //!< an NCCL call failed
   internal_error,    //!< a broken invariant inside moecomm: a bug, please report it
 };
 
@@ -29,7 +32,10 @@ enum class status : int {
     case status::invalid_argument: return "invalid_argument";
     case status::invalid_usage: return "invalid_usage";
     case status::timeout: return "timeout";
+    case status::aborted: return "aborted";
     case status::cuda_error: return "cuda_error";
+    case status::mpi_error: return "mpi_error";
+    case status::nccl_error: return "nccl_error";
     case status::internal_error: return "internal_error";
   }
   return "unknown";

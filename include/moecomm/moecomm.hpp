@@ -12,8 +12,12 @@
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/placement.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/core/topology.hpp>
 
 #include <moecomm/backend/host.hpp>
+
+#include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/inproc.hpp>
 
 #include <moecomm/ops/dispatch_layout.hpp>
 #include <moecomm/ops/permute.hpp>

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! The communicator concept and the small types its operations take.
+//!
+//! A communicator is a group of ranks with these members (all collective: every rank of the group
+//! calls them in the same order, with consistent sizes; every wait is bounded by a timeout):
+//!
+//! | member | meaning |
+//! |---|---|
+//! | `int rank() const`, `int size() const` | this rank, and the number of ranks |
+//! | `void exchange(std::vector<send_block> const&, std::vector<recv_block> const&)` | grouped point-to-point: each rank posts sends and receives; rank i's send to j must match j's receive from i in bytes |
+//! | `void allgather(void const* send, void* recv, std::int64_t bytes)` | `recv[r * bytes ...]` = rank r's `send` |
+//! | `void allreduce(T const* send, T* recv, std::int64_t count, reduce_op)` | elementwise over ranks, in ascending rank order; `send == recv` allowed; T = int32, int64, float, double |
+//! | `void broadcast(void* data, std::int64_t bytes, int root)` | root's bytes to every rank |
+//! | `void barrier()` | |
+//! | `C split(int color, int key)` | sub-group of the ranks with the same `color`, ordered by (key, rank) |
+//!
+//! Models: `inproc_communicator` (ranks are threads), `mpi_communicator`, `nccl_communicator`.
+//! Buffers are host memory for the first two and device memory for NCCL.
+
+#include <moecomm/config.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! One outgoing message of an `exchange`: `bytes` at `data` to group rank `peer`.
+struct send_block {
+  int peer;
+  void const* data;
+  std::int64_t bytes;
+};
+
+//! One incoming message of an `exchange`: `bytes` from group rank `peer` into `data`.
+struct recv_block {
+  int peer;
+  void* data;
+  std::int64_t bytes;
+};
+
+//! Reduction of `allreduce`.
+enum class reduce_op { sum, max, min };
+
+namespace detail {
+
+//! The element types `allreduce` supports, as a small code so ranks can compare calls.
+template <class T>
+constexpr int reduce_type_code() {
+  static_assert(std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t> || std::is_same_v<T, float> ||
+                    std::is_same_v<T, double>,
+                "moecomm: allreduce supports int32, int64, float and double");
+  return std::is_same_v<T, std::int32_t> ? 1 : std::is_same_v<T, std::int64_t> ? 2 : std::is_same_v<T, float> ? 3 : 4;
+}
+
+inline char const* to_string(reduce_op op) {
+  return op == reduce_op::sum ? "sum" : op == reduce_op::max ? "max" : "min";
+}
+
+template <class T>
+T reduce(T a, T b, reduce_op op) {
+  return op == reduce_op::sum ? a + b : op == reduce_op::max ? (a < b ? b : a) : (b < a ? b : a);
+}
+
+}  // namespace detail
+
+MOECOMM_NAMESPACE_END

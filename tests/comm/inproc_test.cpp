@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+// The in-process communicator: every collective's result, sub-groups, and the failure contract
+// (mismatched collectives and sizes name the ranks on every rank; a failing or absent rank turns
+// into an error on every other rank within the timeout, never a hang).
+
+#include "../support/test_support.hpp"
+
+#include <moecomm/comm/inproc.hpp>
+#include <moecomm/core/topology.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+
+namespace test {
+
+using moecomm::inproc_communicator;
+using moecomm::inproc_world;
+using std::chrono::milliseconds;
+
+TEST_CASE("inproc collectives compute what they promise for 1, 2, 4 and 8 ranks") {
+  for (int ranks : {1, 2, 4, 8}) {
+    CAPTURE(ranks);
+    inproc_world const world(ranks);
+    world.run([&](inproc_communicator comm) {
+      int const me = comm.rank();
+      // allgather
+      std::int64_t const mine[2] = {me, 100 + me};
+      std::vector<std::int64_t> all(2 * static_cast<std::size_t>(ranks));
+      comm.allgather(mine, all.data(), sizeof(mine));
+      for (int r = 0; r < ranks; ++r) REQUIRE((all[2 * r] == r && all[2 * r + 1] == 100 + r));
+      // allreduce, in place, sum and max
+      std::vector<std::int64_t> v{me, 2 * me, 7};
+      comm.allreduce(v.data(), v.data(), 3, moecomm::reduce_op::sum);
+      std::int64_t const total = std::int64_t{ranks} * (ranks - 1) / 2;
+      REQUIRE(v == std::vector<std::int64_t>{total, 2 * total, 7 * ranks});
+      double x = me + 0.5, biggest = 0;
+      comm.allreduce(&x, &biggest, 1, moecomm::reduce_op::max);
+      REQUIRE(biggest == ranks - 0.5);
+      // broadcast from the last rank
+      std::int32_t word = me == ranks - 1 ? 4242 : -1;
+      comm.broadcast(&word, sizeof(word), ranks - 1);
+      REQUIRE(word == 4242);
+      // exchange: rank i sends i + 1 values of (i * 100 + j) to every j, itself included
+      std::vector<std::vector<std::int32_t>> out(static_cast<std::size_t>(ranks)), in(static_cast<std::size_t>(ranks));
+      std::vector<moecomm::send_block> sends;
+      std::vector<moecomm::recv_block> recvs;
+      for (int peer = 0; peer < ranks; ++peer) {
+        out[peer].assign(static_cast<std::size_t>(me + 1), me * 100 + peer);
+        in[peer].assign(static_cast<std::size_t>(peer + 1), -1);
+        sends.push_back({peer, out[peer].data(), static_cast<std::int64_t>((me + 1) * sizeof(std::int32_t))});
+        recvs.push_back({peer, in[peer].data(), static_cast<std::int64_t>((peer + 1) * sizeof(std::int32_t))});
+      }
+      comm.exchange(sends, recvs);
+      for (int peer = 0; peer < ranks; ++peer)
+        REQUIRE(in[peer] == std::vector<std::int32_t>(static_cast<std::size_t>(peer + 1), peer * 100 + me));
+      comm.barrier();
+    });
+  }
+}
+
+TEST_CASE("inproc split makes intra-node and inter-node groups of a 2 x 4 world") {
+  inproc_world const world(8);
+  moecomm::topology const topo(8, 4);
+  world.run([&](inproc_communicator comm) {
+    int const me = comm.rank();
+    auto intra = comm.split(topo.node_of(me), me);
+    auto inter = comm.split(topo.local_of(me), me);
+    REQUIRE(intra.size() == 4);
+    REQUIRE(intra.rank() == topo.local_of(me));
+    REQUIRE(inter.size() == 2);
+    REQUIRE(inter.rank() == topo.node_of(me));
+    std::int64_t sum = me;
+    intra.allreduce(&sum, &sum, 1, moecomm::reduce_op::sum);
+    REQUIRE(sum == (topo.node_of(me) == 0 ? 0 + 1 + 2 + 3 : 4 + 5 + 6 + 7));
+    std::int64_t across = me;
+    inter.allreduce(&across, &across, 1, moecomm::reduce_op::sum);
+    REQUIRE(across == 2 * topo.local_of(me) + 4);
+    // A second split of the same communicator makes fresh groups: keys reverse the order.
+    auto reversed = comm.split(0, -me);
+    REQUIRE(reversed.rank() == 7 - me);
+    REQUIRE(reversed.world_rank() == me);
+  });
+}
+
+TEST_CASE("topology maps ranks to nodes, contiguously or as given") {
+  moecomm::topology const contiguous(8, 4);
+  CHECK(contiguous.num_nodes() == 2);
+  CHECK(contiguous.node_of(5) == 1);
+  CHECK(contiguous.local_of(5) == 1);
+  CHECK(contiguous.rank_at(1, 3) == 7);
+  moecomm::topology const interleaved(std::vector<std::int32_t>{0, 1, 0, 1});
+  CHECK(interleaved.ranks_per_node() == 2);
+  CHECK(interleaved.local_of(2) == 1);
+  CHECK(interleaved.rank_at(1, 1) == 3);
+  check_error([] { moecomm::topology(8, 3); }, moecomm::status::invalid_argument, {"ranks_per_node = 3"});
+  check_error([] { moecomm::topology(std::vector<std::int32_t>{0, 0, 1}); }, moecomm::status::invalid_argument,
+              {"node 1 has 1 ranks but node 0 has 2"});
+}
+
+// Runs `body` on every rank of a fresh world and returns each rank's error message ("" if none).
+template <class F>
+std::vector<std::string> errors_on_every_rank(int ranks, milliseconds timeout, F body,
+                                              std::vector<moecomm::status>* codes = nullptr) {
+  inproc_world const world(ranks, timeout);
+  std::vector<std::string> messages(static_cast<std::size_t>(ranks));
+  std::vector<moecomm::status> status(static_cast<std::size_t>(ranks), moecomm::status::success);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(world.communicator(r));
+      } catch (moecomm::error const& e) {
+        messages[static_cast<std::size_t>(r)] = e.what();
+        status[static_cast<std::size_t>(r)] = e.code();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (codes != nullptr) *codes = status;
+  return messages;
+}
+
+TEST_CASE("ranks calling different collectives all get an error naming the operation and the ranks") {
+  std::vector<moecomm::status> codes;
+  auto const messages = errors_on_every_rank(4, milliseconds(5000), [](inproc_communicator comm) {
+    std::int64_t v = 1;
+    if (comm.rank() == 2) comm.broadcast(&v, sizeof(v), 0);
+    else comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
+  }, &codes);
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(codes[r] == moecomm::status::invalid_usage);
+    CHECK(messages[r].find("ranks disagree: world rank 0 called allreduce") != std::string::npos);
+    CHECK(messages[r].find("world rank 2 called broadcast") != std::string::npos);
+  }
+}
+
+TEST_CASE("inconsistent sizes across ranks are an error on every rank") {
+  auto const messages = errors_on_every_rank(3, milliseconds(5000), [](inproc_communicator comm) {
+    std::vector<char> send(comm.rank() == 1 ? 16 : 8), recv(3 * 16);
+    comm.allgather(send.data(), recv.data(), static_cast<std::int64_t>(send.size()));
+  });
+  for (auto const& m : messages) CHECK(m.find("world rank 0 called allgather(size 8, 0), but world rank 1 called allgather(size 16, 0)") != std::string::npos);
+}
+
+TEST_CASE("an exchange whose sizes disagree names the pair on every rank") {
+  auto const messages = errors_on_every_rank(4, milliseconds(5000), [](inproc_communicator comm) {
+    std::vector<char> buf(64);
+    std::vector<moecomm::send_block> sends;
+    std::vector<moecomm::recv_block> recvs;
+    int const me = comm.rank();
+    for (int peer = 0; peer < 4; ++peer) {
+      sends.push_back({peer, buf.data(), me == 1 && peer == 3 ? 12 : 8});
+      recvs.push_back({peer, buf.data() + 32, 8});
+    }
+    comm.exchange(sends, recvs);
+  });
+  for (auto const& m : messages)
+    CHECK_MESSAGE(m.find("pair (1, 3): rank 1 sends 12 bytes to rank 3, but rank 3 expects 8 bytes from rank 1") != std::string::npos, m);
+}
+
+TEST_CASE("a rank that throws mid-run aborts the world: every other rank errors, nothing hangs") {
+  inproc_world const world(4, milliseconds(20000));
+  std::atomic<int> aborted{0};
+  auto const start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(
+    world.run([&](inproc_communicator comm) {
+      std::int64_t v = comm.rank();
+      comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
+      if (comm.rank() == 3) throw std::runtime_error("expert 5 failed on rank 3");
+      try {
+        comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);  // rank 3 never arrives
+      } catch (moecomm::error const& e) {
+        if (e.code() == moecomm::status::aborted && std::string(e.what()).find("world rank 3 failed: expert 5 failed") != std::string::npos) ++aborted;
+        throw;
+      }
+    }),
+    "expert 5 failed on rank 3", std::runtime_error);  // run rethrows the first failure
+  CHECK(aborted == 3);
+  CHECK(std::chrono::steady_clock::now() - start < milliseconds(10000));  // long before the timeout
+}
+
+TEST_CASE("a rank that never arrives makes the others time out, naming it") {
+  std::vector<moecomm::status> codes;
+  auto const start = std::chrono::steady_clock::now();
+  auto const messages = errors_on_every_rank(3, milliseconds(200), [](inproc_communicator comm) {
+    if (comm.rank() == 1) return;  // skips the collective
+    comm.barrier();
+  }, &codes);
+  CHECK(std::chrono::steady_clock::now() - start < milliseconds(5000));
+  CHECK(messages[1].empty());
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    // The first rank to time out reports it; the other is woken by the abort.
+    bool const timed_out = codes[r] == moecomm::status::timeout;
+    CHECK((timed_out || codes[r] == moecomm::status::aborted));
+    CHECK(messages[r].find("timed out after 200 ms in barrier waiting for world rank(s) 1") != std::string::npos);
+  }
+}
+
+}  // namespace test
