@@ -19,6 +19,7 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/inproc.hpp>
 
+#include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/dispatch_layout.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
