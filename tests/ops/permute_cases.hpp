@@ -58,6 +58,42 @@ TEST_CASE_TEMPLATE_DEFINE("permute plan reproduces semantics example P1", Config
   check_plan(be, plan, want);
 }
 
+TEST_CASE_TEMPLATE_DEFINE("a plan padded to capacity reproduces semantics example PAD1", Config, permute_plan_padded) {
+  using T = typename Config::value_type;
+  auto const be = Config::make_backend();
+  oracle::routing r{{2, 0, 1, -1, 0, 2, 1, 0}, {.6f, .4f, 1.f, 0.f, .7f, .3f, .5f, .5f}, 4, 2};
+  device_routing<typename Config::backend> const routing(be, r);
+  auto const plan = moecomm::make_permute_plan(be, routing.view, 3, {}, 3);
+  // Literal values from reference/semantics.md §9, Example PAD1.
+  CHECK(plan.num_rows() == 9);
+  CHECK(download(be, plan.row_of(), 8) == std::vector<int32_t>{6, 0, 3, -1, 1, 7, 4, 2});
+  CHECK(download(be, plan.token_of(), 9) == std::vector<int32_t>{0, 2, 3, 1, 3, -1, 0, 2, -1});
+  CHECK(download(be, plan.expert_offsets(), 4) == std::vector<int32_t>{0, 3, 6, 9});
+  // Padding rows are written as zeros (weight 0); the combine never reads them.
+  int64_t const hidden = 8;
+  auto const x_host = finite_rows<T>(4, hidden, 1);
+  auto const x = upload(be, x_host);
+  auto out = upload(be, poisoned<T>(9 * hidden));
+  auto out_w = upload(be, poisoned<float>(9));
+  moecomm::permute(be, plan, moecomm::matrix_view<T const>{x.data(), 4, hidden}, moecomm::matrix_view<T>{out.data(), 9, hidden},
+                   out_w.data());
+  auto const got = download(be, out.data(), out.size());
+  auto const got_w = download(be, out_w.data(), 9);
+  for (int64_t row : {5, 8}) {
+    CHECK(got_w[static_cast<std::size_t>(row)] == 0.0f);
+    for (int64_t h = 0; h < hidden; ++h) CHECK(oracle::f32(got[static_cast<std::size_t>(row * hidden + h)]) == 0.0f);
+  }
+  auto combined = upload(be, poisoned<T>(4 * hidden));
+  moecomm::unpermute(be, plan, moecomm::matrix_view<T const>{out.data(), 9, hidden},
+                     moecomm::matrix_view<T>{combined.data(), 4, hidden});
+  auto const unpadded = oracle::permute_map(r, 3);
+  check_bitwise(download(be, combined.data(), combined.size()),
+                oracle::unpermute(oracle::permute(x_host, hidden, unpadded), hidden, r, unpadded, true), hidden,
+                "padded round trip");
+  check_error([&] { (void)moecomm::make_permute_plan(be, routing.view, 3, {}, 2); }, moecomm::status::invalid_argument,
+              {"expert 0 has 3 slots, more than padded_capacity = 2"});
+}
+
 // Permute, unpermute (both policies) and all backward outputs against the oracle, with poisoned
 // outputs, for row widths that take the 16-byte path (64) and the element path (1, 7).
 template <class Config>

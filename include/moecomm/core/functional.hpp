@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! Small host/device function objects for back-end reductions.
+//! Small host/device function objects for back-end index spaces and reductions.
 
 #include <moecomm/config.hpp>
 
@@ -27,6 +27,14 @@ struct minimum {
 struct plus {
   template <class T>
   MOECOMM_HOST_DEVICE T operator()(T a, T b) const { return a + b; }
+};
+
+//! `data[i] = value`.
+template <class T>
+struct fill_value {
+  T* data;
+  T value;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { data[i] = value; }
 };
 
 }  // namespace detail

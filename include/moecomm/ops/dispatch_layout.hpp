@@ -6,6 +6,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/atomic.hpp>
+#include <moecomm/core/functional.hpp>
 #include <moecomm/core/placement.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/error.hpp>
@@ -15,13 +16,6 @@
 
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
-
-template <class T>
-struct fill_value {
-  T* data;
-  T value;
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { data[i] = value; }
-};
 
 //! One token: marks the ranks it reaches and adds it to the expert, slot, rank and node counts.
 //! Integer atomics keep the counts exact in any order.

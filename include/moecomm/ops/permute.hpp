@@ -17,7 +17,7 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-//! `permuted_w[r] = w[token_of[r]][slot_of[r]]`.
+//! `permuted_w[r] = w[token_of[r]][slot_of[r]]`, or 0 for a padding row.
 struct gather_slot_weights {
   float const* weights;
   std::int32_t const* token_of;
@@ -25,7 +25,8 @@ struct gather_slot_weights {
   std::int32_t top_k;
   float* permuted_weights;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
-    permuted_weights[r] = weights[static_cast<std::int64_t>(token_of[r]) * top_k + slot_of[r]];
+    std::int32_t const t = token_of[r];
+    permuted_weights[r] = t < 0 ? 0.0f : weights[static_cast<std::int64_t>(t) * top_k + slot_of[r]];
   }
 };
 

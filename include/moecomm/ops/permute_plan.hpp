@@ -13,6 +13,8 @@
 #include <moecomm/ops/validate_routing.hpp>
 
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
@@ -48,10 +50,14 @@ struct expert_offsets_from_sorted_keys {
 };
 
 //! Fills `row_of` (slot -> row) and `token_of`/`slot_of` (row -> slot) from the sorted order;
-//! slots that sorted into the masked bucket get -1 everywhere.
+//! slots that sorted into the masked bucket get `row_of = -1`. Unpadded, a slot's row is its sorted
+//! position; padded to `capacity` C, expert e's block starts at `e * C` (its tail rows, pre-filled
+//! with -1, are padding).
 struct row_maps_from_sorted_slots {
   std::uint32_t const* sorted_keys;
   std::int32_t const* sorted_slots;
+  std::int32_t const* unpadded_offsets;  //!< `[E + 1]`
+  std::int64_t capacity;                 //!< 0: unpadded
   std::int32_t num_experts;
   std::int32_t top_k;
   std::int32_t* row_of;
@@ -59,11 +65,24 @@ struct row_maps_from_sorted_slots {
   std::int32_t* slot_of;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t position) const {
     std::int32_t const slot = sorted_slots[position];
-    bool const kept = sorted_keys[position] < static_cast<std::uint32_t>(num_experts);
-    row_of[slot] = kept ? static_cast<std::int32_t>(position) : -1;
-    token_of[position] = kept ? slot / top_k : -1;
-    slot_of[position] = kept ? slot % top_k : -1;
+    std::uint32_t const e = sorted_keys[position];
+    if (e >= static_cast<std::uint32_t>(num_experts)) {
+      row_of[slot] = -1;
+      if (capacity == 0) token_of[position] = slot_of[position] = -1;
+      return;
+    }
+    std::int64_t const row = capacity == 0 ? position : e * capacity + (position - unpadded_offsets[e]);
+    row_of[slot] = static_cast<std::int32_t>(row);
+    token_of[row] = slot / top_k;
+    slot_of[row] = slot % top_k;
   }
+};
+
+//! `expert_offsets[e] = e * C` for a padded plan.
+struct padded_offsets {
+  std::int64_t capacity;
+  std::int32_t* expert_offsets;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const { expert_offsets[e] = static_cast<std::int32_t>(e * capacity); }
 };
 
 //! True for a slot whose id is neither a valid expert nor -1.
@@ -98,29 +117,33 @@ class permute_plan {
  public:
   //! `[T][K]` destination row of each slot; -1 for masked (and, in unchecked mode, invalid) slots.
   [[nodiscard]] std::int32_t const* row_of() const { return row_of_.data(); }
-  //! `[num_rows()]` source token of each row.
+  //! `[num_rows()]` source token of each row; -1 for a padding row.
   [[nodiscard]] std::int32_t const* token_of() const { return token_of_.data(); }
   //! `[num_rows()]` top-k slot of each row.
   [[nodiscard]] std::int32_t const* slot_of() const { return slot_of_.data(); }
   //! `[E + 1]` first row of each expert's block; the last entry equals `num_rows()`.
+  //! Padded to C: `e * C`.
   [[nodiscard]] std::int32_t const* expert_offsets() const { return expert_offsets_.data(); }
-  //! P, rows of the permuted buffer: the number of kept slots.
+  //! P, rows of the permuted buffer: the number of kept slots, or `E * C` when padded.
   [[nodiscard]] std::int64_t num_rows() const { return num_rows_; }
   //! Slots whose id was out of range and were treated as masked (non-zero only with the value scan off).
   [[nodiscard]] std::int64_t num_invalid_slots() const { return num_invalid_slots_; }
   [[nodiscard]] std::int32_t num_experts() const { return num_experts_; }
+  //! C when every block is padded to C rows, else 0.
+  [[nodiscard]] std::int64_t padded_capacity() const { return padded_capacity_; }
   [[nodiscard]] routing_view const& routing() const { return routing_; }
 
  private:
   template <class B>
-  friend permute_plan<B> make_permute_plan(B const&, routing_view const&, std::int32_t, routing_checks const&);
+  friend permute_plan<B> make_permute_plan(B const&, routing_view const&, std::int32_t, routing_checks const&,
+                                           std::int64_t);
 
-  permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts)
+  permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts, std::int64_t max_rows)
       : routing_(routing),
         num_experts_(num_experts),
         row_of_(be.template allocate<std::int32_t>(routing.num_tokens * routing.top_k)),
-        token_of_(be.template allocate<std::int32_t>(routing.num_tokens * routing.top_k)),
-        slot_of_(be.template allocate<std::int32_t>(routing.num_tokens * routing.top_k)),
+        token_of_(be.template allocate<std::int32_t>(max_rows)),
+        slot_of_(be.template allocate<std::int32_t>(max_rows)),
         expert_offsets_(be.template allocate<std::int32_t>(num_experts + 1)) {}
 
   routing_view routing_;
@@ -128,33 +151,60 @@ class permute_plan {
   buffer_t<std::int32_t> row_of_, token_of_, slot_of_, expert_offsets_;
   std::int64_t num_rows_ = 0;
   std::int64_t num_invalid_slots_ = 0;
+  std::int64_t padded_capacity_ = 0;
 };
 
-//! Validates `routing` and computes its row map (semantics §4): a stable sort of the slots by
+//! Validates `routing` and computes its row map (semantics §4, §9): a stable sort of the slots by
 //! expert id, then the expert offsets and both directions of the row map. Blocks until
 //! `num_rows()` is known on the host.
 //! @param be the back-end that runs the work and owns the plan's memory.
 //! @param routing `[T][K]` ids (and weights, used later by `unpermute`), in the back-end's memory.
 //! @param num_experts E, the global number of experts.
 //! @param checks the value scans to run (on by default).
-//! @throws error (invalid_argument) for bad routing, naming the argument, token and slot.
+//! @param padded_capacity if > 0, every expert block has exactly this many rows: its kept rows,
+//!        then padding rows (`token_of = -1`, written as zeros by `permute`).
+//! @throws error (invalid_argument) for bad routing, naming the argument, token and slot; or for an
+//!         expert with more slots than `padded_capacity`.
 template <class Backend>
 [[nodiscard]] permute_plan<Backend> make_permute_plan(Backend const& be, routing_view const& routing,
-                                                      std::int32_t num_experts, routing_checks const& checks = {}) {
-  validate_routing(be, routing, num_experts, checks, "make_permute_plan");
-  permute_plan<Backend> plan(be, routing, num_experts);
+                                                      std::int32_t num_experts, routing_checks const& checks = {},
+                                                      std::int64_t padded_capacity = 0) {
+  char const* op = "make_permute_plan";
+  validate_routing(be, routing, num_experts, checks, op);
+  detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
   std::int64_t const slots = routing.num_tokens * routing.top_k;
+  std::int64_t const padded_rows = padded_capacity * num_experts;
+  detail::require(padded_rows <= std::numeric_limits<std::int32_t>::max(), op, "padded_capacity * num_experts = ",
+                  padded_rows, " rows exceed the int32 row ids");
+  permute_plan<Backend> plan(be, routing, num_experts, padded_capacity > 0 ? padded_rows : slots);
+  plan.padded_capacity_ = padded_capacity;
   auto keys = be.template allocate<std::uint32_t>(2 * slots);
   auto slot_ids = be.template allocate<std::int32_t>(2 * slots);
   std::uint32_t* const sorted_keys = keys.data() + slots;
   std::int32_t* const sorted_slots = slot_ids.data() + slots;
   be.for_each_index(slots, detail::slot_sort_key{routing.topk_idx, num_experts, keys.data(), slot_ids.data()});
   be.stable_sort_by_key(keys.data(), sorted_keys, slot_ids.data(), sorted_slots, slots, detail::key_bits(num_experts));
-  be.for_each_index(slots, detail::row_maps_from_sorted_slots{sorted_keys, sorted_slots, num_experts, routing.top_k,
-                                                              plan.row_of_.data(), plan.token_of_.data(),
-                                                              plan.slot_of_.data()});
   be.for_each_index(num_experts + 1,
                     detail::expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
+  if (padded_capacity > 0) {
+    std::vector<std::int32_t> counts(static_cast<std::size_t>(num_experts) + 1);
+    be.copy(counts.data(), plan.expert_offsets_.data(), num_experts + 1);
+    be.synchronize();
+    for (std::int32_t e = 0; e < num_experts; ++e) {
+      std::int64_t const n = counts[static_cast<std::size_t>(e) + 1] - counts[static_cast<std::size_t>(e)];
+      detail::require(n <= padded_capacity, op, "expert ", e, " has ", n, " slots, more than padded_capacity = ",
+                      padded_capacity, " (drop to capacity first)");
+    }
+    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{plan.token_of_.data(), -1});
+    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{plan.slot_of_.data(), -1});
+  }
+  auto unpadded = be.template allocate<std::int32_t>(padded_capacity > 0 ? num_experts + 1 : 0);
+  if (padded_capacity > 0) be.copy(unpadded.data(), plan.expert_offsets_.data(), num_experts + 1);
+  be.for_each_index(slots, detail::row_maps_from_sorted_slots{sorted_keys, sorted_slots, unpadded.data(), padded_capacity,
+                                                              num_experts, routing.top_k, plan.row_of_.data(),
+                                                              plan.token_of_.data(), plan.slot_of_.data()});
+  if (padded_capacity > 0)
+    be.for_each_index(num_experts + 1, detail::padded_offsets{padded_capacity, plan.expert_offsets_.data()});
   std::int32_t num_rows = 0;
   be.copy(&num_rows, plan.expert_offsets_.data() + num_experts, 1);
   if (!checks.scan_values)

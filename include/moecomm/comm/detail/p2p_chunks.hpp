@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! Host-side helpers of the device communicators: argument checks that run before any library call
+//! (so a bad argument throws `error(invalid_argument)` naming it and the communicator stays usable),
+//! and the split of a large point-to-point message into chunks.
+//!
+//! Plain C++17: compiled and tested by the host compiler, used by `nccl_communicator`.
+
+#include <moecomm/comm/communicator.hpp>
+#include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! One piece of a message: `bytes` bytes starting `offset` bytes into it.
+struct byte_chunk {
+  std::int64_t offset;  //!< bytes from the start of the message
+  std::int64_t bytes;   //!< length of this piece, in `[1, max_chunk]`
+};
+
+//! The number of chunks of at most `max_chunk` bytes that cover `bytes` bytes (0 for an empty message).
+//! @throws error (invalid_argument) if `bytes < 0` or `max_chunk <= 0`.
+[[nodiscard]] inline std::int64_t chunk_count(std::int64_t bytes, std::int64_t max_chunk) {
+  require(bytes >= 0, "chunk_count", "bytes = ", bytes, " must be >= 0");
+  require(max_chunk > 0, "chunk_count", "max_chunk = ", max_chunk, " must be positive");
+  return bytes / max_chunk + (bytes % max_chunk != 0 ? 1 : 0);
+}
+
+//! The chunks of at most `max_chunk` bytes that cover `[0, bytes)`, in order: all full but the last.
+//! The split depends only on `(bytes, max_chunk)`, so a sender and a receiver that agree on the
+//! message size post matching sequences of chunks.
+//! @throws error (invalid_argument) if `bytes < 0` or `max_chunk <= 0`.
+[[nodiscard]] inline std::vector<byte_chunk> split_into_chunks(std::int64_t bytes, std::int64_t max_chunk) {
+  std::int64_t const n = chunk_count(bytes, max_chunk);
+  std::vector<byte_chunk> chunks;
+  chunks.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t offset = 0; offset < bytes; offset += max_chunk)
+    chunks.push_back({offset, bytes - offset < max_chunk ? bytes - offset : max_chunk});
+  return chunks;
+}
+
+//! Checks that `value` (the argument called `name` of operation `op`) is not negative.
+inline void validate_size(char const* op, char const* name, std::int64_t value) {
+  require(value >= 0, op, name, " = ", value, " must be >= 0");
+}
+
+//! Checks that buffer `name` is not null when it holds `bytes > 0` bytes.
+inline void validate_buffer(char const* op, char const* name, void const* data, std::int64_t bytes) {
+  require(data != nullptr || bytes <= 0, op, name, " is null but holds ", bytes, " bytes");
+}
+
+//! Checks that `root` is a rank of a group of `group_size`.
+inline void validate_root(char const* op, int root, int group_size) {
+  require(root >= 0 && root < group_size, op, "root = ", root, " is not a rank of this group of ", group_size);
+}
+
+namespace p2p_detail {
+
+//! Checks one list of blocks (`name` is "sends" or "recvs"): peers in range, sizes not negative,
+//! buffers present, at most one block per peer.
+template <class Block>
+void validate_blocks(char const* op, char const* name, std::vector<Block> const& blocks, int group_size) {
+  std::vector<std::int64_t> first(static_cast<std::size_t>(group_size > 0 ? group_size : 0), -1);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    Block const& b = blocks[i];
+    require(b.peer >= 0 && b.peer < group_size, op, name, "[", i, "].peer = ", b.peer,
+            " is not a rank of this group of ", group_size);
+    require(b.bytes >= 0, op, name, "[", i, "].bytes = ", b.bytes, " must be >= 0");
+    require(b.data != nullptr || b.bytes == 0, op, name, "[", i, "].data is null but ", name, "[", i, "].bytes = ",
+            b.bytes);
+    std::int64_t& seen = first[static_cast<std::size_t>(b.peer)];
+    require(seen < 0, op, name, "[", seen, "] and ", name, "[", i, "] both name peer ", b.peer,
+            "; post one block per peer");
+    seen = static_cast<std::int64_t>(i);
+  }
+}
+
+}  // namespace p2p_detail
+
+//! Checks the arguments of `exchange` for a group of `group_size` ranks: every peer is a rank of the
+//! group, no size is negative, no buffer with bytes is null, and each list names a peer at most
+//! once. It cannot check what only the peers know (that rank i's send to j matches j's receive).
+//! @throws error (invalid_argument) naming the first bad block, e.g. "sends[2].peer = 9 ...".
+inline void validate_exchange(char const* op, std::vector<send_block> const& sends,
+                              std::vector<recv_block> const& recvs, int group_size) {
+  p2p_detail::validate_blocks(op, "sends", sends, group_size);
+  p2p_detail::validate_blocks(op, "recvs", recvs, group_size);
+}
+
+}  // namespace detail
+MOECOMM_NAMESPACE_END
