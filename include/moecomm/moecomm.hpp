@@ -20,9 +20,13 @@
 #include <moecomm/comm/inproc.hpp>
 
 #include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/dispatch_layout.hpp>
+#include <moecomm/ops/dispatcher.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
 #include <moecomm/ops/sort_chunks.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/ops/validate_routing.hpp>
+
+#include <moecomm/patterns/expert_parallel.hpp>

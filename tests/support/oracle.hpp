@@ -176,3 +176,42 @@ std::vector<T> sort_chunks(std::vector<T> const& in, int64_t hidden, std::vector
 }
 
 }  // namespace oracle
+
+#include <algorithm>
+#include <moecomm/core/philox.hpp>
+
+namespace oracle {
+
+enum class drop_rule { position, probability, random };
+
+// §7: per-source-rank capacity, division first, in double.
+inline int64_t capacity(int64_t tokens, int32_t top_k, int32_t experts, double factor) {
+  return static_cast<int64_t>(std::ceil((static_cast<double>(tokens * top_k) / experts) * factor));
+}
+
+// §8: the routing with dropped slots masked. For each expert, candidates in (t, k) order, ranked
+// by the rule (stable, so ties keep (t, k) order), the first C kept. `first_token` is t_global of
+// token 0 (random rule). The Philox generator itself is checked against Random123's known answers.
+inline routing drop_to_capacity(routing const& r, int32_t experts, int64_t cap, drop_rule rule, std::uint64_t seed = 0,
+                                std::uint32_t layer = 0, int64_t first_token = 0) {
+  auto score = [&](int64_t t, int32_t k) -> float {
+    if (rule == drop_rule::position) return 0.0f;
+    if (rule == drop_rule::probability) return r.weight(t, k);
+    moecomm::detail::philox_block const c{{static_cast<std::uint32_t>(first_token + t), static_cast<std::uint32_t>(k), layer, 0u}};
+    return static_cast<float>(moecomm::detail::philox4x32_10(seed, c).x[0] >> 8) / 16777216.0f;
+  };
+  routing out = r;
+  for (int32_t e = 0; e < experts; ++e) {
+    std::vector<std::pair<int64_t, int32_t>> candidates;
+    for (int64_t t = 0; t < r.tokens; ++t)
+      for (int32_t k = 0; k < r.top_k; ++k)
+        if (r.at(t, k) == e) candidates.emplace_back(t, k);
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](auto const& a, auto const& b) { return score(a.first, a.second) > score(b.first, b.second); });
+    for (std::size_t i = static_cast<std::size_t>(cap); i < candidates.size(); ++i)
+      out.idx[static_cast<std::size_t>(candidates[i].first * r.top_k + candidates[i].second)] = -1;
+  }
+  return out;
+}
+
+}  // namespace oracle

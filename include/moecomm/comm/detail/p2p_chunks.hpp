@@ -50,9 +50,9 @@ inline void validate_size(char const* op, char const* name, std::int64_t value) 
   require(value >= 0, op, name, " = ", value, " must be >= 0");
 }
 
-//! Checks that buffer `name` is not null when it holds `bytes > 0` bytes.
-inline void validate_buffer(char const* op, char const* name, void const* data, std::int64_t bytes) {
-  require(data != nullptr || bytes <= 0, op, name, " is null but holds ", bytes, " bytes");
+//! Checks that buffer `name` is not null when its size (bytes or elements) is positive.
+inline void validate_buffer(char const* op, char const* name, void const* data, std::int64_t size) {
+  require(data != nullptr || size <= 0, op, name, " is null but its size is ", size);
 }
 
 //! Checks that `root` is a rank of a group of `group_size`.

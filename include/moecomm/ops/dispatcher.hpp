@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `dispatcher`: moves token rows to the ranks that hold their experts and back (semantics §10),
+//! composed from the primitives: capacity -> permute plan -> count exchange -> permute ->
+//! all-to-all -> sort_chunks, and the exact inverse for the combine; plus both backward passes.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/functional.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/capacity.hpp>
+#include <moecomm/ops/permute.hpp>
+#include <moecomm/ops/permute_plan.hpp>
+#include <moecomm/ops/sort_chunks.hpp>
+#include <moecomm/ops/unpermute.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+struct is_kept_slot {
+  std::int32_t const* idx;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t i) const { return idx[i] >= 0 ? 1 : 0; }
+};
+
+}  // namespace detail
+
+//! What one routing decision did on this rank (host values, valid after `route`).
+struct dispatch_report {
+  std::int64_t capacity = 0;       //!< C agreed across ranks (0 when dropless)
+  std::int64_t kept_slots = 0;     //!< slots sent to an expert
+  std::int64_t dropped_slots = 0;  //!< valid slots dropped by the capacity policy
+  std::int64_t received_rows = 0;  //!< rows this rank's experts get (padding included)
+  alltoall_stats exchange;         //!< messages and bytes sent, accumulated over the step's all-to-alls
+};
+
+//! The dispatch and combine of one expert-parallel group (experts placed contiguously, `E / R`
+//! per rank). Every member is collective over the group. Call `route` once per routing decision,
+//! then `dispatch` / `combine` (and, for training, `combine_backward` / `dispatch_backward`) for
+//! that routing, with rows of any supported element type.
+//! @tparam Capacity `dropless` or `capacity<drop_by_position | drop_by_probability | drop_random>`.
+//! @tparam Algorithm `flat`, `hierarchical_2d` or `pairwise`.
+template <class Backend, class Comm, class Capacity = dropless, class Algorithm = flat>
+class dispatcher {
+ public:
+  //! @param groups the group's communicators and topology; must outlive the dispatcher.
+  //! @throws error (invalid_argument) unless `num_experts` is a positive multiple of the ranks.
+  dispatcher(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, Capacity capacity = {},
+             Algorithm algorithm = {}, routing_checks checks = {})
+      : be_(std::move(be)), groups_(&groups), capacity_(capacity), algorithm_(algorithm), checks_(checks),
+        num_experts_(num_experts), ranks_(groups.world().size()) {
+    detail::require(num_experts > 0 && num_experts % ranks_ == 0, "dispatcher", "num_experts = ", num_experts,
+                    " must be a positive multiple of the ", ranks_, " ranks");
+    local_experts_ = num_experts / ranks_;
+  }
+
+  //! Applies the capacity policy, builds the permute plan and exchanges the counts. Collective.
+  //! The routing arrays must stay alive and unchanged until the step is done.
+  void route(routing_view const& routing) {
+    report_ = {};
+    kept_idx_.reset();
+    plan_.reset();
+    std::int64_t padded = 0;
+    if constexpr (detail::is_dropless_v<Capacity>) {
+      plan_.emplace(make_permute_plan(be_, routing, num_experts_, checks_));
+      report_.kept_slots = plan_->num_rows();
+    } else {
+      auto const all = make_permute_plan(be_, routing, num_experts_, checks_);  // validates, orders (t, k) per expert
+      std::int64_t c = detail::local_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor,
+                                              capacity_.min_capacity);
+      groups_->world().allreduce(&c, &c, 1, reduce_op::max);
+      report_.capacity = c;
+      std::int64_t const slots = routing.num_tokens * routing.top_k;
+      kept_idx_.emplace(be_.template allocate<std::int32_t>(slots));
+      select_survivors(routing, all, c);
+      routing_view kept = routing;
+      kept.topk_idx = kept_idx_->data();
+      padded = capacity_.pad_to_capacity ? c : 0;
+      plan_.emplace(make_permute_plan(be_, kept, num_experts_, unchecked_routing, padded));
+      report_.kept_slots = be_.reduce(slots, std::int64_t{0}, detail::is_kept_slot{kept_idx_->data()}, detail::plus{});
+      report_.dropped_slots = all.num_rows() - report_.kept_slots;
+    }
+    exchange_counts();
+  }
+
+  //! Sends each kept slot's token row to its expert's rank. `expert_rows` receives
+  //! `received_rows()` rows, grouped by local expert (`local_expert_offsets()`), each expert's rows
+  //! ordered by (source rank, source token). Collective.
+  template <class T>
+  void dispatch(matrix_view<std::add_const_t<T>> x, matrix_view<T> expert_rows) {
+    require_routed("dispatch");
+    auto sent = rows_buffer<T>(plan_->num_rows(), x.hidden);
+    permute(be_, *plan_, x, as_rows<T>(sent, plan_->num_rows(), x.hidden));
+    exchange_forward<T>(sent.data(), expert_rows, "dispatch");
+  }
+
+  //! Returns the experts' output rows to their tokens and combines them (`Weighting`). Keeps the
+  //! returned rows for `combine_backward`. Collective.
+  template <class Weighting = weighted, class T>
+  void combine(matrix_view<std::add_const_t<T>> expert_rows, matrix_view<T> out) {
+    require_routed("combine");
+    returned_ = exchange_back<T>(expert_rows, "combine");
+    unpermute<Weighting>(be_, *plan_, returned_view<T>(out.hidden), out);
+  }
+
+  //! The backward of `combine`: the gradient of the experts' output rows (in `dispatch`'s layout)
+  //! and, when `Weighting` is `weighted`, of the routing weights (`d_weights`, `[T][K]`, optional;
+  //! 0 for dropped and masked slots). Collective.
+  template <class Weighting = weighted, class T>
+  void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, float* d_weights = nullptr) {
+    require_routed("combine_backward");
+    detail::require(d_weights == nullptr || returned_.size() > 0 || plan_->num_rows() == 0, "dispatcher::combine_backward",
+                    "the weight gradient needs the rows of a previous combine");
+    auto d_rows = rows_buffer<T>(plan_->num_rows(), d_out.hidden);
+    unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, plan_->num_rows(), d_out.hidden),
+                                  d_weights != nullptr ? returned_view<T>(d_out.hidden) : matrix_view<T const>{}, d_weights);
+    exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
+  }
+
+  //! The backward of `dispatch`: the gradient of the token rows from that of the expert input rows.
+  template <class T>
+  void dispatch_backward(matrix_view<std::add_const_t<T>> d_expert_rows, matrix_view<T> d_x) {
+    require_routed("dispatch_backward");
+    auto d_rows = exchange_back<T>(d_expert_rows, "dispatch_backward");
+    permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_->num_rows(), d_x.hidden)), d_x);
+  }
+
+  //! Rows this rank's experts receive (padding rows included).
+  [[nodiscard]] std::int64_t received_rows() const { return report_.received_rows; }
+  //! `[L + 1]` host offsets of each local expert's rows in `expert_rows`.
+  [[nodiscard]] std::vector<std::int64_t> const& local_expert_offsets() const { return local_offsets_; }
+  //! `rows_from(s, e)`: rows source rank s sends global expert e (after capacity, with padding).
+  [[nodiscard]] std::int64_t rows_from(std::int32_t source, std::int32_t expert) const {
+    return counts_[static_cast<std::size_t>(source) * num_experts_ + expert];
+  }
+  [[nodiscard]] dispatch_report const& report() const { return report_; }
+  [[nodiscard]] permute_plan<Backend> const& plan() const { return *plan_; }
+  [[nodiscard]] std::int32_t num_local_experts() const { return local_experts_; }
+  [[nodiscard]] Backend const& backend() const { return be_; }
+
+ private:
+  using bytes_t = typename Backend::template buffer_type<char>;
+
+  void require_routed(char const* op) const {
+    if (!plan_) detail::fail(status::invalid_usage, "dispatcher", op, " was called before route()");
+  }
+
+  template <class T>
+  bytes_t rows_buffer(std::int64_t rows, std::int64_t hidden) const {
+    return be_.template allocate<char>(rows * hidden * static_cast<std::int64_t>(sizeof(T)));
+  }
+
+  //! Rows of T over a byte buffer (its memory comes from the allocator, aligned for any T).
+  template <class T>
+  static matrix_view<T> as_rows(bytes_t& b, std::int64_t rows, std::int64_t hidden) {
+    return {reinterpret_cast<T*>(b.data()), rows, hidden};
+  }
+
+  template <class T>
+  matrix_view<T const> returned_view(std::int64_t hidden) const {
+    return {reinterpret_cast<T const*>(returned_.data()), plan_->num_rows(), hidden};
+  }
+
+  template <class Score>
+  void survivors_by(routing_view const& routing, permute_plan<Backend> const& all, std::int64_t c, Score score) {
+    be_.for_each_index(routing.num_tokens * routing.top_k,
+                       detail::keep_top_capacity<Score>{routing.topk_idx, all.row_of(), all.token_of(), all.slot_of(),
+                                                        all.expert_offsets(), routing.top_k, num_experts_, c, score,
+                                                        kept_idx_->data()});
+  }
+
+  void select_survivors(routing_view const& routing, permute_plan<Backend> const& all, std::int64_t c) {
+    using rule = decltype(capacity_.rule);
+    if constexpr (std::is_same_v<rule, drop_by_position>) {
+      survivors_by(routing, all, c, detail::position_score{});
+    } else if constexpr (std::is_same_v<rule, drop_by_probability>) {
+      detail::require(routing.num_tokens == 0 || routing.topk_weights != nullptr, "dispatcher::route",
+                      "drop_by_probability needs topk_weights");
+      survivors_by(routing, all, c, detail::weight_score{routing.topk_weights, routing.top_k});
+    } else {
+      static_assert(std::is_same_v<rule, drop_random>, "moecomm::capacity: unknown drop rule");
+      std::vector<std::int64_t> tokens(static_cast<std::size_t>(ranks_));  // t_global of each rank's token 0
+      std::int64_t const mine = routing.num_tokens;
+      groups_->world().allgather(&mine, tokens.data(), sizeof(mine));
+      std::int64_t first = 0;
+      for (std::int32_t s = 0; s < groups_->world().rank(); ++s) first += tokens[static_cast<std::size_t>(s)];
+      survivors_by(routing, all, c, detail::random_score{capacity_.rule.seed, capacity_.rule.layer, first});
+    }
+  }
+
+  //! Every rank learns the rows every rank sends every expert (one all-gather of E counts).
+  void exchange_counts() {
+    std::vector<std::int32_t> offsets(static_cast<std::size_t>(num_experts_) + 1);
+    be_.copy(offsets.data(), plan_->expert_offsets(), num_experts_ + 1);
+    be_.synchronize();
+    std::vector<std::int64_t> mine(static_cast<std::size_t>(num_experts_));
+    for (std::int32_t e = 0; e < num_experts_; ++e)
+      mine[static_cast<std::size_t>(e)] = offsets[static_cast<std::size_t>(e) + 1] - offsets[static_cast<std::size_t>(e)];
+    counts_.assign(static_cast<std::size_t>(ranks_) * num_experts_, 0);
+    groups_->world().allgather(mine.data(), counts_.data(), num_experts_ * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    std::int32_t const me = groups_->world().rank();
+    chunk_counts_.assign(static_cast<std::size_t>(ranks_) * local_experts_, 0);
+    local_offsets_.assign(static_cast<std::size_t>(local_experts_) + 1, 0);
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      for (std::int32_t l = 0; l < local_experts_; ++l) {
+        std::int64_t const n = rows_from(s, me * local_experts_ + l);
+        detail::require(n <= std::numeric_limits<std::int32_t>::max(), "dispatcher::route", "rank ", s, " sends ", n,
+                        " rows to expert ", me * local_experts_ + l, ", beyond int32 row ids");
+        chunk_counts_[static_cast<std::size_t>(s) * local_experts_ + l] = static_cast<std::int32_t>(n);
+        local_offsets_[static_cast<std::size_t>(l) + 1] += n;
+      }
+    for (std::int32_t l = 0; l < local_experts_; ++l)
+      local_offsets_[static_cast<std::size_t>(l) + 1] += local_offsets_[static_cast<std::size_t>(l)];
+    report_.received_rows = local_offsets_.back();
+  }
+
+  //! Bytes rank s sends rank d, for rows of `row_bytes`.
+  [[nodiscard]] byte_matrix row_matrix(std::int64_t row_bytes) const {
+    std::vector<std::int64_t> cells(static_cast<std::size_t>(ranks_) * ranks_, 0);
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      for (std::int32_t e = 0; e < num_experts_; ++e)
+        cells[static_cast<std::size_t>(s) * ranks_ + e / local_experts_] += rows_from(s, e) * row_bytes;
+    return byte_matrix(ranks_, std::move(cells));
+  }
+
+  //! Permuted rows at this rank -> expert-major rows at the experts' ranks.
+  template <class T>
+  void exchange_forward(char const* permuted, matrix_view<T> expert_rows, char const* op) {
+    detail::check_rows(expert_rows, received_rows(), op, "expert_rows", "dispatcher.received_rows()");
+    std::int64_t const row_bytes = expert_rows.row_bytes();
+    auto arrived = rows_buffer<T>(received_rows(), expert_rows.hidden);
+    alltoallv(algorithm_, be_, *groups_, row_matrix(row_bytes), permuted, arrived.data(), report_.exchange);
+    sort_chunks(be_, matrix_view<T const>(as_rows<T>(arrived, received_rows(), expert_rows.hidden)), expert_rows, chunk_counts_.data(), ranks_, local_experts_, chunk_order::rank_major_to_expert_major);
+  }
+
+  //! Expert-major rows at the experts' ranks -> permuted rows back at their source rank.
+  template <class T>
+  bytes_t exchange_back(matrix_view<std::add_const_t<T>> expert_rows, char const* op) {
+    detail::check_rows(expert_rows, received_rows(), op, "expert_rows", "dispatcher.received_rows()");
+    std::int64_t const hidden = expert_rows.hidden;
+    auto rank_major = rows_buffer<T>(received_rows(), hidden);
+    sort_chunks(be_, matrix_view<T const>{expert_rows.data, received_rows(), hidden},
+                as_rows<T>(rank_major, received_rows(), hidden), chunk_counts_.data(),
+                ranks_, local_experts_, chunk_order::expert_major_to_rank_major);
+    auto back = rows_buffer<T>(plan_->num_rows(), hidden);
+    alltoallv(algorithm_, be_, *groups_, row_matrix(hidden * static_cast<std::int64_t>(sizeof(T))).transposed(),
+              rank_major.data(), back.data(), report_.exchange);
+    return back;
+  }
+
+  Backend be_;
+  exchange_groups<Comm>* groups_;
+  Capacity capacity_;
+  Algorithm algorithm_;
+  routing_checks checks_;
+  std::int32_t num_experts_, ranks_, local_experts_ = 1;
+  std::optional<typename Backend::template buffer_type<std::int32_t>> kept_idx_;
+  std::optional<permute_plan<Backend>> plan_;
+  std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
+  std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
+  std::vector<std::int64_t> local_offsets_;
+  bytes_t returned_;  //!< combine's returned rows, kept for combine_backward's weight gradient
+  dispatch_report report_;
+};
+
+MOECOMM_NAMESPACE_END
