@@ -288,10 +288,14 @@ void bm_unpermute(benchmark::State& state, std::int64_t tokens, std::int64_t hid
         acc = std::fma(ref.weights[static_cast<std::size_t>(slot)], traits::to_float(d.permuted.data()[r * hidden + h]), acc);
       }
       T const expected = traits::from_float(acc);
-      if (std::memcmp(&expected, d.combined.data() + t * hidden + h, sizeof(T)) != 0)
+      T const got = d.combined.data()[t * hidden + h];
+      if (std::memcmp(&expected, &got, sizeof(T)) != 0) {
+        char values[96];
+        std::snprintf(values, sizeof values, " (expected %a, got %a)", static_cast<double>(traits::to_float(expected)),
+                      static_cast<double>(traits::to_float(got)));
         return fail(state, "unpermute: out[" + std::to_string(t) + "][" + std::to_string(h) +
-                               "] differs from the fp32 fma reference (" + std::to_string(traits::to_float(expected)) +
-                               " vs " + std::to_string(traits::to_float(d.combined.data()[t * hidden + h])) + ")");
+                               "] differs from the fp32 fma reference" + values);
+      }
     }
   }
 }
