@@ -146,7 +146,7 @@ TEST_CASE("validate_root, validate_size and validate_buffer name the argument") 
   CHECK_NOTHROW(validate_buffer("op", "send", nullptr, 0));
   auto const b = error_of([] { validate_buffer("op", "recv", nullptr, 8); });
   CHECK(b.first == status::invalid_argument);
-  CHECK(contains(b.second, "recv is null but holds 8 bytes"));
+  CHECK(contains(b.second, "recv is null but its size is 8"));
 }
 
 }  // namespace test

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host instantiations of the permutation, layout, sort-chunks and validation test bodies: serial
-// and two-thread host back-ends, every element type.
+// and two-thread host back-ends, tiled and portable (the GPU's per-lane loop) row kernels, every
+// element type.
 
 #include "layout_cases.hpp"
 #include "permute_cases.hpp"
@@ -11,9 +12,10 @@ namespace test {
 
 #if MOECOMM_HAS_CUDA_FP16()
 #  define MOECOMM_TEST_ALL_TYPES host_config<float, 1>, host_config<__half, 1>, host_config<__nv_bfloat16, 1>, \
-                                 host_config<__nv_bfloat16, 2>
+                                 host_config<__nv_bfloat16, 2>, host_config<float, 1, true>,                \
+                                 host_config<__half, 1, true>, host_config<__nv_bfloat16, 2, true>
 #else  // without CUDA's headers there are no 16-bit float types
-#  define MOECOMM_TEST_ALL_TYPES host_config<float, 1>, host_config<float, 2>
+#  define MOECOMM_TEST_ALL_TYPES host_config<float, 1>, host_config<float, 2>, host_config<float, 1, true>
 #endif
 #define MOECOMM_TEST_ONE_TYPE host_config<float, 1>, host_config<float, 2>
 

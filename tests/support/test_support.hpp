@@ -27,11 +27,15 @@ using std::int64_t;
 
 // ---- configurations: one test body runs for each --------------------------------------------
 
-template <class T, int Threads>
+// The host back-end with `Threads` threads, running its tiled row loop or, with `Portable`, the
+// exact per-lane loop the CUDA back-end runs.
+template <class T, int Threads, bool Portable = false>
 struct host_config {
   using backend = moecomm::host_backend;
   using value_type = T;
-  static backend make_backend() { return backend{Threads}; }
+  static backend make_backend() {
+    return backend{Threads, Portable ? moecomm::host_kernels::portable : moecomm::host_kernels::tiled};
+  }
 };
 
 // ---- moving data ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/fragment.hpp>
 #include <moecomm/error.hpp>
 
 #include <algorithm>
@@ -30,12 +31,26 @@ struct host_allocator {
   void deallocate(void* p, std::size_t) const noexcept { ::operator delete(p, alignment); }
 };
 
-//! The cooperating group that works on one row. On the host it is a single lane.
-struct host_team {
+//! The cooperating group that works on one row: on the host, a single lane that runs the same
+//! per-fragment loop a GPU warp runs (`host_kernels::portable`).
+struct host_portable_team {
   [[nodiscard]] int lane() const { return 0; }
   [[nodiscard]] int size() const { return 1; }
   //! Sum over the team's lanes; one lane holds the whole sum already.
   [[nodiscard]] float reduce_sum(float partial) const { return partial; }
+};
+
+//! The host's fast team (`host_kernels::tiled`): the row kernels handle 8 fragments (128 bytes)
+//! per step, for independent FMA chains and whole cache lines per store burst (row_kernels.hpp).
+//! The bits are those of the portable loop; the tests run both.
+struct host_team : host_portable_team {
+  static constexpr int fragments_per_step = 8;
+};
+
+//! Which row loop the host back-end runs.
+enum class host_kernels {
+  tiled,     //!< the host's fast path (default)
+  portable,  //!< exactly the per-lane loop the CUDA back-end runs, one lane per row
 };
 
 //! Runs kernel functors on the host. Memory is ordinary host memory, and every call has finished
@@ -49,9 +64,12 @@ class host_backend {
 
   //! @param num_threads OpenMP threads for index spaces (1 = serial). Without OpenMP the work is
   //!        serial whatever the value. Results are bit-identical for every thread count.
-  explicit host_backend(int num_threads = 1) : num_threads_(num_threads < 1 ? 1 : num_threads) {}
+  //! @param kernels the row loop to run; both give identical bits.
+  explicit host_backend(int num_threads = 1, host_kernels kernels = host_kernels::tiled)
+      : num_threads_(num_threads < 1 ? 1 : num_threads), kernels_(kernels) {}
 
   [[nodiscard]] int num_threads() const { return num_threads_; }
+  [[nodiscard]] host_kernels kernels() const { return kernels_; }
 
   //! `n` uninitialised elements of host memory.
   template <class T>
@@ -76,7 +94,11 @@ class host_backend {
   //! row (one lane on the host).
   template <class F>
   void for_each_row(std::int64_t rows, F const& f) const {
-    for_each_index(rows, [&](std::int64_t r) { f(r, host_team{}); });
+    if (kernels_ == host_kernels::portable) {
+      rows_on_threads(rows, f, host_portable_team{});
+    } else {
+      rows_on_threads(rows, f, host_team{});
+    }
   }
 
   //! `op`-reduction of `map(i)` over `[0, n)`, starting from `init`. `op` must be associative and
@@ -142,7 +164,25 @@ class host_backend {
   void synchronize() const {}
 
  private:
+  template <class F, class Team>
+  void rows_on_threads(std::int64_t rows, F const& f, Team team) const {
+#if MOECOMM_HAS_OPENMP()
+    if (num_threads_ > 1) {
+#  pragma omp parallel num_threads(num_threads_)
+      {
+#  pragma omp for schedule(static)
+        for (std::int64_t r = 0; r < rows; ++r) f(r, team);
+        detail::streaming_store_fence();  // each thread orders its own streaming stores
+      }
+      return;
+    }
+#endif
+    for (std::int64_t r = 0; r < rows; ++r) f(r, team);
+    detail::streaming_store_fence();
+  }
+
   int num_threads_;
+  host_kernels kernels_;
 };
 
 MOECOMM_NAMESPACE_END

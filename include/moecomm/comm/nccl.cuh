@@ -19,9 +19,10 @@
 //! | any call after an abort | `error(aborted)` with the first failure | aborted |
 //!
 //! NCCL's rule is that a call rejected with `ncclInvalidArgument` / `ncclInvalidUsage` had no
-//! effect. In non-blocking mode NCCL 2.28 also records that result as the communicator's state,
-//! so a later operation finds it there, and then the communicator is aborted (`nccl_error`). This
-//! is why the host checks every argument it can before calling NCCL.
+//! effect. In non-blocking mode NCCL (2.28) also records that result as the communicator's state,
+//! where the next operation finds it before calling NCCL: that operation then aborts the
+//! communicator and throws `error(nccl_error)`. This is why the host checks every argument it can
+//! before calling NCCL.
 //!
 //! What the host cannot check is what only the peers know: in `exchange`, rank i's send to j must
 //! have exactly the size of j's receive from i, and all ranks must call the same collectives with
@@ -232,7 +233,7 @@ class nccl_communicator {
   //! @throws error (invalid_argument) naming the bad block, before anything is sent.
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     char const* op = "nccl_communicator::exchange";
-    ensure_usable(op);
+    ensure_ready(op);
     detail::validate_exchange(op, sends, recvs, size_);
     enqueue_group(op, [&]() -> std::pair<ncclResult_t, char const*> {
       for (send_block const& s : sends)
@@ -256,7 +257,7 @@ class nccl_communicator {
   //! `recv` holds `size() * bytes` bytes and must not overlap `send`.
   void allgather(void const* send, void* recv, std::int64_t bytes) {
     char const* op = "nccl_communicator::allgather";
-    ensure_usable(op);
+    ensure_ready(op);
     detail::validate_size(op, "bytes", bytes);
     detail::validate_buffer(op, "send", send, bytes);
     detail::validate_buffer(op, "recv", recv, bytes);
@@ -272,7 +273,7 @@ class nccl_communicator {
   void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
     constexpr ncclDataType_t type = detail::nccl_type<T>();
     char const* op = "nccl_communicator::allreduce";
-    ensure_usable(op);
+    ensure_ready(op);
     detail::validate_size(op, "count", count);
     detail::validate_buffer(op, "send", send, count);
     detail::validate_buffer(op, "recv", recv, count);
@@ -286,7 +287,7 @@ class nccl_communicator {
   //! @throws error (invalid_argument) if `root` is not a rank of the group; nothing is sent.
   void broadcast(void* data, std::int64_t bytes, int root) {
     char const* op = "nccl_communicator::broadcast";
-    ensure_usable(op);
+    ensure_ready(op);
     detail::validate_root(op, root, size_);
     detail::validate_size(op, "bytes", bytes);
     detail::validate_buffer(op, "data", data, bytes);
@@ -299,7 +300,7 @@ class nccl_communicator {
   //! of this communicator) and this rank's stream has finished.
   void barrier() {
     char const* op = "nccl_communicator::barrier";
-    ensure_usable(op);
+    ensure_ready(op);
     check_call(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclMax, comm_, stream_), op, "ncclAllReduce");
     wait_for(op);
   }
@@ -310,7 +311,7 @@ class nccl_communicator {
   //! @throws error (invalid_argument) if `color < 0`.
   [[nodiscard]] nccl_communicator split(int color, int key) {
     char const* op = "nccl_communicator::split";
-    ensure_usable(op);
+    ensure_ready(op);
     detail::require(color >= 0, op, "color = ", color, " must be >= 0");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -377,6 +378,14 @@ class nccl_communicator {
     if (!failure_.empty())
       detail::fail(status::aborted, op, "the communicator failed earlier and cannot be used: ", failure_);
     if (comm_ == nullptr) detail::fail(status::invalid_argument, op, "this nccl_communicator was moved from");
+  }
+
+  //! `ensure_usable`, then checks the communicator's state before an operation: waits out an
+  //! operation still in progress (another handle's), and treats an error state (e.g. a call NCCL
+  //! rejected earlier, which non-blocking NCCL keeps as the state) as an asynchronous error.
+  void ensure_ready(char const* op) {
+    ensure_usable(op);
+    settle(op, "an earlier NCCL call");
   }
 
   //! Records the failure, aborts the communicator if this object owns it, and throws.

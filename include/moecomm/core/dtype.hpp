@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #if MOECOMM_HAS_CUDA_FP16()
@@ -44,8 +45,32 @@ struct dtype_traits<__half> {
 template <>
 struct dtype_traits<__nv_bfloat16> {
   static constexpr char const* name = "bf16";
+#if MOECOMM_DEVICE_PASS()
   MOECOMM_HOST_DEVICE static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   MOECOMM_HOST_DEVICE static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+#else
+  // The host computes the bits of CUDA's host __bfloat162float / __float2bfloat16_rn (checked for
+  // all 2^32 floats) without branches, so that loops over elements vectorise; CUDA's own host
+  // fallback is a compare-and-branch per element that g++ leaves scalar.
+  MOECOMM_HOST_DEVICE static float to_float(__nv_bfloat16 v) {
+    std::uint16_t h;
+    std::memcpy(&h, &v, sizeof h);
+    std::uint32_t const u = static_cast<std::uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  MOECOMM_HOST_DEVICE static __nv_bfloat16 from_float(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    std::uint32_t const rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // to nearest, ties to even
+    bool const nan = (u & 0x7fffffffu) > 0x7f800000u;
+    std::uint16_t const h = static_cast<std::uint16_t>(nan ? 0x7fffu : rounded);
+    __nv_bfloat16 v;
+    std::memcpy(static_cast<void*>(&v), &h, sizeof v);
+    return v;
+  }
+#endif
 };
 #endif
 

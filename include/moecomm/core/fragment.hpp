@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if !MOECOMM_DEVICE_PASS() && defined(__SSE2__)
+#  include <emmintrin.h>
+#endif
+
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
@@ -48,6 +52,29 @@ MOECOMM_HOST_DEVICE inline void store_fragment(T* p, fragment<T, N> const& f) {
   }
 #endif
   memcpy(static_cast<void*>(p), &f, sizeof(f));
+}
+
+//! Host only: `store_fragment` with a non-temporal store (16-byte fragments, SSE2), which writes a
+//! whole cache line without first reading it (no read-for-ownership). Falls back to
+//! `store_fragment`. Callers fence with `streaming_store_fence()` before the data is shared.
+template <class T, int N>
+inline void store_fragment_streaming(T* p, fragment<T, N> const& f) {
+#if !MOECOMM_DEVICE_PASS() && defined(__SSE2__)
+  if constexpr (sizeof(f) == 16) {
+    __m128i w;
+    memcpy(&w, &f, sizeof(f));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), w);
+    return;
+  }
+#endif
+  store_fragment(p, f);
+}
+
+//! Host only: orders this thread's earlier non-temporal stores before its later stores.
+inline void streaming_store_fence() {
+#if !MOECOMM_DEVICE_PASS() && defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 //! True when `p` is aligned to `bytes`.

@@ -65,7 +65,8 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
   detail::with_fragment_width<T>(x.hidden, {x.data, out.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
     be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::no_scale>{
-                              x.data, out.data, x.hidden, {plan.token_of()}, {}});
+                              x.data, out.data, x.hidden, {plan.token_of()}, {},
+                              rows * out.row_bytes() >= detail::streaming_store_min_bytes});
   });
   if (out_weights != nullptr)
     be.for_each_index(rows, detail::gather_slot_weights{plan.routing().topk_weights, plan.token_of(), plan.slot_of(),

@@ -58,7 +58,8 @@ void unpermute(Backend const& be, permute_plan<Backend> const& plan, matrix_view
     constexpr int n = decltype(width)::value;
     be.for_each_row(tokens, detail::combine_rows_kernel<T, n, is_weighted>{
                                 y.data, out.data, out.hidden, plan.row_of(), plan.routing().topk_weights,
-                                plan.routing().top_k});
+                                plan.routing().top_k,
+                                tokens * out.row_bytes() >= detail::streaming_store_min_bytes});
   });
 }
 

@@ -20,6 +20,19 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
+// ---- what the team asks for ----------------------------------------------------------------------
+
+//! Fragments one lane handles per step: `Team::fragments_per_step`, else 1 (the GPU's warps).
+template <class Team, class = void>
+struct team_fragments_per_step : std::integral_constant<int, 1> {};
+template <class Team>
+struct team_fragments_per_step<Team, std::void_t<decltype(Team::fragments_per_step)>>
+    : std::integral_constant<int, Team::fragments_per_step> {};
+
+//! Host outputs from this size on are written with non-temporal stores: they would not stay in
+//! cache for their consumer anyway, and streaming saves the read-for-ownership of every line.
+inline constexpr std::int64_t streaming_store_min_bytes = std::int64_t{8} << 20;
+
 // ---- source maps: which input row feeds output row `r` (-1 writes a zero row) ----------------
 
 //! Source row read from an index array (`token_of` of a permute plan).
@@ -73,9 +86,17 @@ struct gather_rows_kernel {
   std::int64_t hidden;
   Source source;
   Scale scale;
+  bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r, Team const& team) const {
+#if !MOECOMM_DEVICE_PASS()
+    if constexpr (team_fragments_per_step<Team>::value > 1) {
+      constexpr int tile = team_fragments_per_step<Team>::value;
+      if (streaming) host_row<tile, true>(r); else host_row<tile, false>(r);
+      return;
+    }
+#endif
     std::int64_t const s = source(r);
     T* out = dst + r * hidden;
     std::int64_t const fragments = hidden / N;
@@ -93,6 +114,38 @@ struct gather_rows_kernel {
       store_fragment(out + f * N, v);
     }
   }
+
+ private:
+  //! The host's row, `Tile` fragments per step with all loads before the stores, so that
+  //! streaming stores fill whole cache lines back to back.
+  template <int Tile, bool Streaming>
+  void host_row(std::int64_t r) const {
+    std::int64_t const s = source(r);
+    T const* in = s < 0 ? nullptr : src + s * hidden;
+    T* out = dst + r * hidden;
+    std::int64_t const fragments = hidden / N;
+    std::int64_t f = 0;
+    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(r, in, out, f);
+    for (; f < fragments; ++f) host_step<1, Streaming>(r, in, out, f);
+  }
+
+  template <int Count, bool Streaming>
+  void host_step(std::int64_t r, T const* in, T* out, std::int64_t f0) const {
+    for (int i = 0; i < Count; ++i) {  // one fragment at a time: no array for g++ to spill
+      fragment<T, N> v;
+      if (in == nullptr) {
+        for (int j = 0; j < N; ++j) v.v[j] = dtype_traits<T>::from_float(0.0f);
+      } else {
+        v = load_fragment<T, N>(in + (f0 + i) * N);
+        scale(r, v);
+      }
+      if constexpr (Streaming) {
+        store_fragment_streaming(out + (f0 + i) * N, v);
+      } else {
+        store_fragment(out + (f0 + i) * N, v);
+      }
+    }
+  }
 };
 
 // ---- combine: out[t] = sum over the token's valid slots, fp32, ascending k -------------------
@@ -107,9 +160,17 @@ struct combine_rows_kernel {
   std::int32_t const* row_of;  //!< `[T][K]`
   float const* weights;        //!< `[T][K]`, read only when `Weighted`
   std::int32_t top_k;
+  bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
+#if !MOECOMM_DEVICE_PASS()
+    if constexpr (team_fragments_per_step<Team>::value > 1) {
+      constexpr int tile = team_fragments_per_step<Team>::value;
+      if (streaming) host_row<tile, true>(t); else host_row<tile, false>(t);
+      return;
+    }
+#endif
     std::int32_t const* rows = row_of + t * top_k;
     T* out = dst + t * hidden;
     std::int64_t const fragments = hidden / N;
@@ -131,6 +192,49 @@ struct combine_rows_kernel {
       fragment<T, N> o;
       for (int j = 0; j < N; ++j) o.v[j] = dtype_traits<T>::from_float(acc[j]);
       store_fragment(out + f * N, o);
+    }
+  }
+
+ private:
+  //! The host's row, `Tile` fragments per step: each slot's row then feeds `Tile * N` independent
+  //! FMA chains (one fragment per step is bound by the FMA latency). Every element still sums its
+  //! slots in ascending k with one FMA each from +0.0, so the bits are those of the loop above.
+  template <int Tile, bool Streaming>
+  void host_row(std::int64_t t) const {
+    T* out = dst + t * hidden;
+    std::int64_t const fragments = hidden / N;
+    std::int64_t f = 0;
+    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(t, out, f);
+    for (; f < fragments; ++f) host_step<1, Streaming>(t, out, f);
+  }
+
+  template <int Count, bool Streaming>
+  void host_step(std::int64_t t, T* out, std::int64_t f0) const {
+    std::int32_t const* rows = row_of + t * top_k;
+    float acc[Count * N];
+    for (int e = 0; e < Count * N; ++e) acc[e] = 0.0f;
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      std::int32_t const r = rows[k];
+      if (r < 0) continue;
+      // Elements are read directly: copies through `fragment` (memcpy) make g++ move them
+      // through general registers instead of vectorising this loop.
+      T const* in = src + static_cast<std::int64_t>(r) * hidden + f0 * N;
+      if constexpr (Weighted) {
+        float const w = weights[t * top_k + k];
+        for (int e = 0; e < Count * N; ++e) acc[e] = fma32(w, dtype_traits<T>::to_float(in[e]), acc[e]);
+      } else {
+        for (int e = 0; e < Count * N; ++e) acc[e] = add32(acc[e], dtype_traits<T>::to_float(in[e]));
+      }
+    }
+    fragment<T, N> o[Count];
+    for (int i = 0; i < Count; ++i)
+      for (int j = 0; j < N; ++j) o[i].v[j] = dtype_traits<T>::from_float(acc[i * N + j]);
+    for (int i = 0; i < Count; ++i) {
+      if constexpr (Streaming) {
+        store_fragment_streaming(out + (f0 + i) * N, o[i]);
+      } else {
+        store_fragment(out + (f0 + i) * N, o[i]);
+      }
     }
   }
 };
