@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The plain expert-parallel layer against a single-process oracle that applies the same experts to
+// the same tokens: output and input gradient bit for bit (the combine order is fixed), weight
+// gradient within fp32 tolerance (a dot product whose order differs from the oracle's). The rank
+// body is generic over the communicator, so in-process ranks and MPI processes run the same check.
+
+#include "../support/test_support.hpp"
+
+#include <moecomm/patterns/expert_parallel.hpp>
+
+namespace test {
+
+// The experts: global expert e scales its rows by (e + 1); its backward scales gradients the same way.
+template <class T>
+T scaled(T v, int32_t expert) {
+  return oracle::from32<T>(oracle::f32(v) * static_cast<float>(expert + 1));
+}
+
+template <class T>
+struct scale_experts {
+  int32_t first_expert;  // global id of local expert 0
+  void operator()(int32_t l, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out) const {
+    for (int64_t i = 0; i < in.rows * in.hidden; ++i) out.data[i] = scaled(in.data[i], first_expert + l);
+  }
+  void operator()(int32_t l, moecomm::matrix_view<T const>, moecomm::matrix_view<T const> d_out, moecomm::matrix_view<T> d_in) const {
+    for (int64_t i = 0; i < d_out.rows * d_out.hidden; ++i) d_in.data[i] = scaled(d_out.data[i], first_expert + l);
+  }
+};
+
+// What the layer must produce on one rank, computed without the library.
+template <class T>
+struct expected_rank {
+  std::vector<T> out, d_x;
+  std::vector<float> d_w;
+  int64_t dropped = 0;
+};
+
+template <class T>
+expected_rank<T> layer_oracle(oracle::routing const& kept, int64_t valid_slots, std::vector<T> const& x,
+                              std::vector<T> const& d_out, int64_t hidden, int32_t experts) {
+  auto const m = oracle::permute_map(kept, experts);
+  std::vector<T> y;  // expert outputs in permuted order
+  for (int64_t row = 0; row < m.rows(); ++row) {
+    int32_t const t = m.token_of[static_cast<std::size_t>(row)];
+    int32_t const e = kept.at(t, m.slot_of[static_cast<std::size_t>(row)]);
+    for (int64_t h = 0; h < hidden; ++h) y.push_back(scaled(x[static_cast<std::size_t>(t * hidden + h)], e));
+  }
+  expected_rank<T> want;
+  want.out = oracle::unpermute(y, hidden, kept, m, true);
+  auto d_y = oracle::unpermute_backward(d_out, hidden, kept, m, true);
+  for (int64_t row = 0; row < m.rows(); ++row) {
+    int32_t const e = kept.at(m.token_of[static_cast<std::size_t>(row)], m.slot_of[static_cast<std::size_t>(row)]);
+    for (int64_t h = 0; h < hidden; ++h) d_y[static_cast<std::size_t>(row * hidden + h)] = scaled(d_y[static_cast<std::size_t>(row * hidden + h)], e);
+  }
+  want.d_x = oracle::unpermute(d_y, hidden, kept, m, false);
+  want.d_w = oracle::weight_grad(y, d_out, hidden, kept, m);
+  want.dropped = valid_slots - m.rows();
+  return want;
+}
+
+template <class Capacity>
+double capacity_factor(Capacity const& c) { if constexpr (moecomm::detail::is_dropless_v<Capacity>) return 1.0; else return c.factor; }
+template <class Capacity>
+std::uint64_t random_seed(Capacity const& c) {
+  if constexpr (std::is_same_v<Capacity, moecomm::capacity<moecomm::drop_random>>) return c.rule.seed; else return 0;
+}
+
+struct layer_case {
+  int32_t ranks, per_node, experts, top_k;
+  int64_t hidden;
+  std::vector<int64_t> tokens;  // per rank
+  double zipf;
+};
+
+// Every rank's inputs and the oracle's answers (computed identically on every rank).
+template <class T>
+struct layer_inputs {
+  std::vector<oracle::routing> routing;
+  std::vector<std::vector<T>> x, d_out;
+  std::vector<expected_rank<T>> want;
+};
+
+template <class T, class Capacity>
+layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity, oracle::drop_rule rule, bool drops) {
+  layer_inputs<T> in;
+  auto const ranks = static_cast<std::size_t>(c.ranks);
+  in.routing.resize(ranks);
+  in.x.resize(ranks);
+  in.d_out.resize(ranks);
+  in.want.resize(ranks);
+  int64_t cap = 0, first_token = 0;
+  std::vector<int64_t> first(ranks);
+  for (int32_t r = 0; r < c.ranks; ++r) {
+    in.routing[r] = make_routing({c.tokens[r], c.top_k, c.experts, 0.1, true, c.zipf, static_cast<std::uint32_t>(100 + r)});
+    in.x[r] = finite_rows<T>(c.tokens[r], c.hidden, static_cast<std::uint32_t>(200 + r));
+    in.d_out[r] = finite_rows<T>(c.tokens[r], c.hidden, static_cast<std::uint32_t>(300 + r));
+    cap = std::max(cap, oracle::capacity(c.tokens[r], c.top_k, c.experts, drops ? capacity_factor(capacity) : 1.0));
+    first[r] = first_token;
+    first_token += c.tokens[r];
+  }
+  for (int32_t r = 0; r < c.ranks; ++r) {
+    int64_t valid = 0;
+    for (int32_t e : in.routing[r].idx) valid += e >= 0 ? 1 : 0;
+    auto const kept = drops ? oracle::drop_to_capacity(in.routing[r], c.experts, cap, rule, random_seed(capacity), 0, first[r])
+                            : in.routing[r];
+    in.want[r] = layer_oracle(kept, valid, in.x[r], in.d_out[r], c.hidden, c.experts);
+  }
+  return in;
+}
+
+// One step of `layer` on rank `me`: forward and backward, compared with the oracle.
+template <class T, class Layer>
+void check_layer_step(Layer& layer, int32_t me, layer_case const& c, layer_inputs<T> const& in) {
+  scale_experts<T> const experts{me * (c.experts / c.ranks)};
+  auto const& r = in.routing[me];
+  int64_t const tokens = r.tokens;
+  moecomm::routing_view const view{r.idx.data(), r.w.data(), tokens, r.top_k};
+  auto out = poisoned<T>(tokens * c.hidden);
+  layer.forward(view, {in.x[me].data(), tokens, c.hidden}, {out.data(), tokens, c.hidden}, experts);
+  check_bitwise(out, in.want[me].out, c.hidden, "layer output");
+  CHECK(layer.dispatch_state().report().dropped_slots == in.want[me].dropped);
+  auto d_x = poisoned<T>(tokens * c.hidden);
+  auto d_w = poisoned<float>(tokens * r.top_k);
+  layer.backward({in.d_out[me].data(), tokens, c.hidden}, {d_x.data(), tokens, c.hidden}, d_w.data(), experts);
+  check_bitwise(d_x, in.want[me].d_x, c.hidden, "input gradient");
+  for (std::size_t i = 0; i < d_w.size(); ++i)
+    REQUIRE_MESSAGE(std::fabs(d_w[i] - in.want[me].d_w[i]) <= 1e-5f * std::fabs(in.want[me].d_w[i]) + 1e-6f * float(c.hidden),
+                    "rank ", me, " d_weights[", i, "] = ", d_w[i], ", oracle ", in.want[me].d_w[i]);
+}
+
+// One rank's part of a fresh layer's step.
+template <class T, class Capacity, class Algorithm, class Comm>
+void check_layer_on_rank(Comm& comm, layer_case const& c, layer_inputs<T> const& in, Capacity const& capacity,
+                         Algorithm const& algorithm) {
+  moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  moecomm::expert_parallel_layer<T, moecomm::host_backend, Comm, Capacity, Algorithm> layer(
+      moecomm::host_backend{}, groups, c.experts, c.hidden, capacity, algorithm);
+  check_layer_step(layer, comm.rank(), c, in);
+}
+
+// The four capacity policies, each checked by `run(capacity, rule, drops)`.
+template <class F>
+void for_each_capacity(F&& run) {
+  using namespace moecomm;
+  run(dropless{}, oracle::drop_rule::position, false);
+  run(capacity<drop_by_position>{1.0, 0, false, {}}, oracle::drop_rule::position, true);
+  run(capacity<drop_by_probability>{0.5, 0, true, {}}, oracle::drop_rule::probability, true);
+  run(capacity<drop_random>{0.75, 0, false, {42, 0}}, oracle::drop_rule::random, true);
+}
+
+}  // namespace test
