@@ -6,6 +6,9 @@
 
 #include <moecomm/comm/inproc.hpp>
 
+#include <atomic>
+#include <chrono>
+
 namespace test {
 
 template <class T, class Algorithm>
@@ -66,6 +69,55 @@ TEST_CASE("dispatch before route is an error, not a crash") {
     check_error([&] { moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator>(moecomm::host_backend{}, groups, 0); },
                 moecomm::status::invalid_argument, {"num_experts = 0 must be a positive multiple of the 1 ranks"});
   });
+}
+
+TEST_CASE("an expert that throws on one rank stops every rank with an error, not a hang") {
+  layer_case const c{4, 2, 8, 2, 16, {20, 20, 20, 20}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::inproc_world const world(4, std::chrono::seconds(20));
+  std::atomic<int> stopped{0};
+  auto const start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator> layer(
+        moecomm::host_backend{}, groups, 8, 16);
+    auto const& r = in.routing[comm.rank()];
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * 16));
+    auto experts = [&](int32_t l, moecomm::matrix_view<float const> a, moecomm::matrix_view<float> b) {
+      if (comm.rank() == 2) throw std::runtime_error("expert 5 ran out of memory");
+      scale_experts<float>{comm.rank() * 2}(l, a, b);
+    };
+    try {
+      layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[comm.rank()].data(), r.tokens, 16},
+                    {out.data(), r.tokens, 16}, experts);
+    } catch (moecomm::error const& e) {
+      if (e.code() == moecomm::status::aborted) ++stopped;
+      throw;
+    }
+  }), "expert 5 ran out of memory", std::runtime_error);
+  CHECK(stopped == 3);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("ranks that disagree on the number of experts get an error on every rank") {
+  moecomm::inproc_world const world(2, std::chrono::seconds(20));
+  std::atomic<int> named{0};
+  CHECK_THROWS_AS(world.run([&](moecomm::inproc_communicator comm) {
+    int32_t const experts = comm.rank() == 0 ? 4 : 8;  // rank 1 was configured differently
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(2, 1));
+    moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator> d(moecomm::host_backend{}, groups, experts);
+    std::vector<int32_t> const idx{0, 1};
+    try {
+      d.route({idx.data(), nullptr, 1, 2});
+    } catch (moecomm::error const& e) {
+      if (e.code() == moecomm::status::invalid_usage &&
+          std::string(e.what()).find("world rank 0 called allgather(size 32, 0), but world rank 1 called allgather(size 64, 0)") !=
+              std::string::npos)
+        ++named;
+      throw;
+    }
+  }), moecomm::error);
+  CHECK(named == 2);
 }
 
 }  // namespace test
