@@ -60,7 +60,14 @@ expected_rank<T> layer_oracle(oracle::routing const& kept, int64_t valid_slots, 
 }
 
 template <class Capacity>
-double capacity_factor(Capacity const& c) { if constexpr (moecomm::detail::is_dropless_v<Capacity>) return 1.0; else return c.factor; }
+double capacity_factor(Capacity const& c) {
+  if constexpr (moecomm::detail::is_dropless_v<Capacity> || moecomm::detail::is_receiver_budget_v<Capacity>) return 1.0;
+  else return c.factor;
+}
+template <class Capacity>
+int64_t budget(Capacity const& c) {
+  if constexpr (moecomm::detail::is_receiver_budget_v<Capacity>) return c.rows_per_rank; else return 0;
+}
 template <class Capacity>
 std::uint64_t random_seed(Capacity const& c) {
   if constexpr (std::is_same_v<Capacity, moecomm::capacity<moecomm::drop_random>>) return c.rule.seed; else return 0;
@@ -99,12 +106,15 @@ layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity,
     first[r] = first_token;
     first_token += c.tokens[r];
   }
+  std::vector<oracle::routing> kept = in.routing;
+  if (rule == oracle::drop_rule::receiver_budget) kept = oracle::drop_to_receiver_budget(in.routing, c.experts, budget(capacity));
+  else if (drops)
+    for (int32_t r = 0; r < c.ranks; ++r)
+      kept[r] = oracle::drop_to_capacity(in.routing[r], c.experts, cap, rule, random_seed(capacity), 0, first[r]);
   for (int32_t r = 0; r < c.ranks; ++r) {
     int64_t valid = 0;
     for (int32_t e : in.routing[r].idx) valid += e >= 0 ? 1 : 0;
-    auto const kept = drops ? oracle::drop_to_capacity(in.routing[r], c.experts, cap, rule, random_seed(capacity), 0, first[r])
-                            : in.routing[r];
-    in.want[r] = layer_oracle(kept, valid, in.x[r], in.d_out[r], c.hidden, c.experts);
+    in.want[r] = layer_oracle(kept[r], valid, in.x[r], in.d_out[r], c.hidden, c.experts);
   }
   return in;
 }
@@ -139,7 +149,7 @@ void check_layer_on_rank(Comm& comm, layer_case const& c, layer_inputs<T> const&
   check_layer_step(layer, comm.rank(), c, in);
 }
 
-// The four capacity policies, each checked by `run(capacity, rule, drops)`.
+// The capacity policies, each checked by `run(capacity, rule, drops)`.
 template <class F>
 void for_each_capacity(F&& run) {
   using namespace moecomm;
@@ -147,6 +157,7 @@ void for_each_capacity(F&& run) {
   run(capacity<drop_by_position>{1.0, 0, false, {}}, oracle::drop_rule::position, true);
   run(capacity<drop_by_probability>{0.5, 0, true, {}}, oracle::drop_rule::probability, true);
   run(capacity<drop_random>{0.75, 0, false, {42, 0}}, oracle::drop_rule::random, true);
+  run(receiver_budget{40}, oracle::drop_rule::receiver_budget, true);
 }
 
 }  // namespace test

@@ -182,7 +182,7 @@ std::vector<T> sort_chunks(std::vector<T> const& in, int64_t hidden, std::vector
 
 namespace oracle {
 
-enum class drop_rule { position, probability, random };
+enum class drop_rule { position, probability, random, receiver_budget };
 
 // §7: per-source-rank capacity, division first, in double.
 inline int64_t capacity(int64_t tokens, int32_t top_k, int32_t experts, double factor) {
@@ -212,6 +212,26 @@ inline routing drop_to_capacity(routing const& r, int32_t experts, int64_t cap, 
       out.idx[static_cast<std::size_t>(candidates[i].first * r.top_k + candidates[i].second)] = -1;
   }
   return out;
+}
+
+// §7, receiver budget: rank d accepts `budget` rows; the rank-major stream (source ascending, then
+// the source's permuted order: d's experts ascending, tokens ascending) is kept up to the budget.
+inline std::vector<routing> drop_to_receiver_budget(std::vector<routing> const& all, int32_t experts, int64_t budget) {
+  auto const ranks = static_cast<int32_t>(all.size());
+  int32_t const local = experts / ranks;
+  std::vector<routing> kept = all;
+  for (int32_t d = 0; d < ranks; ++d) {
+    int64_t left = budget;
+    for (int32_t s = 0; s < ranks; ++s)
+      for (int32_t e = d * local; e < (d + 1) * local; ++e)
+        for (int64_t t = 0; t < all[s].tokens; ++t)
+          for (int32_t k = 0; k < all[s].top_k; ++k)
+            if (all[s].at(t, k) == e) {
+              if (left > 0) --left;
+              else kept[s].idx[static_cast<std::size_t>(t * all[s].top_k + k)] = -1;
+            }
+  }
+  return kept;
 }
 
 }  // namespace oracle

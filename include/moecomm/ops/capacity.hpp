@@ -52,10 +52,42 @@ struct capacity {
   Rule rule{};
 };
 
+//! The receiver-budget variant (semantics §7): every rank accepts at most `rows_per_rank` rows over
+//! all its local experts; the longest prefix of its rank-major receive stream (source rank
+//! ascending, then the sender's permuted order) that fits is kept. Needs the count matrix of every
+//! rank before any data moves (one extra all-gather). Cf. Megatron-LM's
+//! `moe_expert_rank_capacity_factor`, NCCL EP's `max_recv_tokens_per_rank`.
+struct receiver_budget {
+  static constexpr char const* name = "receiver_budget";
+  std::int64_t rows_per_rank = 0;
+};
+
 namespace detail {
 
 template <class Policy>
 inline constexpr bool is_dropless_v = std::is_same_v<Policy, dropless>;
+template <class Policy>
+inline constexpr bool is_receiver_budget_v = std::is_same_v<Policy, receiver_budget>;
+
+//! Keeps slot i when its row falls in the first `allowed[d]` rows of this rank's block for its
+//! destination rank d (the block is the experts `[d * L, (d + 1) * L)` of the plan).
+struct keep_receiver_prefix {
+  std::int32_t const* idx;
+  std::int32_t const* row_of;  //!< dropless plan
+  std::int32_t const* expert_offsets;
+  std::int64_t const* allowed;  //!< `[R]`
+  std::int32_t local_experts;
+  std::int32_t* kept_idx;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int32_t const row = row_of[i];
+    if (row < 0) {
+      kept_idx[i] = -1;
+      return;
+    }
+    std::int32_t const d = idx[i] / local_experts;
+    kept_idx[i] = row - expert_offsets[d * local_experts] < allowed[d] ? idx[i] : -1;
+  }
+};
 
 //! This rank's capacity before agreement (semantics §7): IEEE double, division first.
 inline std::int64_t local_capacity(std::int64_t tokens, std::int32_t top_k, std::int32_t experts, double factor,

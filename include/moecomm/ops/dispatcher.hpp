@@ -35,7 +35,7 @@ struct is_kept_slot {
 
 //! What one routing decision did on this rank (host values, valid after `route`).
 struct dispatch_report {
-  std::int64_t capacity = 0;       //!< C agreed across ranks (0 when dropless)
+  std::int64_t capacity = 0;       //!< C agreed across ranks, the receiver budget, or 0 when dropless
   std::int64_t kept_slots = 0;     //!< slots sent to an expert
   std::int64_t dropped_slots = 0;  //!< valid slots dropped by the capacity policy
   std::int64_t received_rows = 0;  //!< rows this rank's experts get (padding included)
@@ -46,7 +46,8 @@ struct dispatch_report {
 //! per rank). Every member is collective over the group. Call `route` once per routing decision,
 //! then `dispatch` / `combine` (and, for training, `combine_backward` / `dispatch_backward`) for
 //! that routing, with rows of any supported element type.
-//! @tparam Capacity `dropless` or `capacity<drop_by_position | drop_by_probability | drop_random>`.
+//! @tparam Capacity `dropless`, `capacity<drop_by_position | drop_by_probability | drop_random>` or
+//!         `receiver_budget`.
 //! @tparam Algorithm `flat`, `hierarchical_2d` or `pairwise`.
 template <class Backend, class Comm, class Capacity = dropless, class Algorithm = flat>
 class dispatcher {
@@ -72,6 +73,25 @@ class dispatcher {
     if constexpr (detail::is_dropless_v<Capacity>) {
       plan_.emplace(make_permute_plan(be_, routing, num_experts_, checks_));
       report_.kept_slots = plan_->num_rows();
+    } else if constexpr (detail::is_receiver_budget_v<Capacity>) {
+      detail::require(capacity_.rows_per_rank >= 0, "dispatcher::route", "receiver_budget.rows_per_rank = ",
+                      capacity_.rows_per_rank, " is negative");
+      plan_.emplace(make_permute_plan(be_, routing, num_experts_, checks_));
+      exchange_counts();  // the dropless counts of every rank
+      std::vector<std::int64_t> const allowance = receiver_prefix_allowance();
+      auto allowed = be_.template allocate<std::int64_t>(ranks_);
+      be_.copy(allowed.data(), allowance.data(), ranks_);
+      std::int64_t const slots = routing.num_tokens * routing.top_k;
+      kept_idx_.emplace(be_.template allocate<std::int32_t>(slots));
+      be_.for_each_index(slots, detail::keep_receiver_prefix{routing.topk_idx, plan_->row_of(), plan_->expert_offsets(),
+                                                             allowed.data(), local_experts_, kept_idx_->data()});
+      routing_view kept = routing;
+      kept.topk_idx = kept_idx_->data();
+      std::int64_t const valid = plan_->num_rows();
+      plan_.emplace(make_permute_plan(be_, kept, num_experts_, unchecked_routing));
+      report_.capacity = capacity_.rows_per_rank;
+      report_.kept_slots = plan_->num_rows();
+      report_.dropped_slots = valid - report_.kept_slots;
     } else {
       auto const all = make_permute_plan(be_, routing, num_experts_, checks_);  // validates, orders (t, k) per expert
       std::int64_t c = detail::local_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor,
@@ -194,6 +214,22 @@ class dispatcher {
       for (std::int32_t s = 0; s < groups_->world().rank(); ++s) first += tokens[static_cast<std::size_t>(s)];
       survivors_by(routing, all, c, detail::random_score{capacity_.rule.seed, capacity_.rule.layer, first});
     }
+  }
+
+  //! Receiver budget: rows this rank may send each rank d, after the ranks before it took theirs.
+  [[nodiscard]] std::vector<std::int64_t> receiver_prefix_allowance() const {
+    std::int32_t const me = groups_->world().rank();
+    std::vector<std::int64_t> allowed(static_cast<std::size_t>(ranks_));
+    for (std::int32_t d = 0; d < ranks_; ++d) {
+      std::int64_t before = 0, mine = 0;
+      for (std::int32_t l = 0; l < local_experts_; ++l) {
+        for (std::int32_t s = 0; s < me; ++s) before += rows_from(s, d * local_experts_ + l);
+        mine += rows_from(me, d * local_experts_ + l);
+      }
+      std::int64_t const left = capacity_.rows_per_rank - before;
+      allowed[static_cast<std::size_t>(d)] = left < 0 ? 0 : (left < mine ? left : mine);
+    }
+    return allowed;
   }
 
   //! Every rank learns the rows every rank sends every expert (one all-gather of E counts).

@@ -1,0 +1,554 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `mpi_communicator`: the communicator concept over an `MPI_Comm`, for host buffers.
+//!
+//! Each rank is an MPI process. Every operation uses non-blocking MPI (`MPI_Isend`/`MPI_Irecv`,
+//! `MPI_Iallgather`, `MPI_Iallreduce`, `MPI_Ibcast`, `MPI_Ibarrier`, `MPI_Ialltoall`) and polls
+//! `MPI_Testall`, yielding the thread between polls, until the call's deadline (`mpi_options::timeout`
+//! after the call began). Then it throws `error(status::timeout)` naming the operation, the rank and the
+//! timeout. Other failures:
+//!
+//! - An MPI call that fails throws `error(status::mpi_error)` with MPI's own text. The communicator sets
+//!   `MPI_ERRORS_RETURN` on its `MPI_Comm`, so MPI reports errors instead of aborting the job.
+//! - In the checked mode (`mpi_options::check_collectives`, on by default) the ranks first all-gather
+//!   a small fingerprint of their call (operation, size, one more argument, as `inproc_communicator`
+//!   compares them). If ranks called different operations or passed different sizes, every rank throws
+//!   the same `error(status::invalid_usage)` naming two of them. For `exchange`, the ranks also
+//!   all-to-all their message sizes, and every rank throws the same error naming the first pair
+//!   `(i, j)` where i's send to j differs from j's receive from i. If one rank passed a bad argument
+//!   it throws `status::invalid_argument` and every other rank throws `status::aborted`. The ranks
+//!   agree before any data moves, so no rank hangs and the communicator stays usable afterwards.
+//! - In the unchecked mode these checks are skipped. A rank that finds a bad argument throws at once,
+//!   and the other ranks time out. Inconsistent calls are undefined, as in plain MPI.
+//!
+//! After a timeout or an MPI error the communicator is **unusable**. Requests that never completed stay
+//! posted: MPI has no way to cancel a collective, and this communicator never calls `MPI_Abort`. Every
+//! later call throws `error(status::aborted)`. MPI may still write into the receive buffers of the call
+//! that failed, so keep them alive or end the process. The communicator's own scratch memory is kept
+//! alive (leaked) for the same reason, and a failed sub-communicator is not freed. Collectives still
+//! pending on a failed `MPI_Comm` may clash with later collectives on that `MPI_Comm`. Give the
+//! communicator an `MPI_Comm` of its own, such as a `MPI_Comm_dup` of `MPI_COMM_WORLD`, if the process
+//! should carry on after a failure, for example to report the failure and call `MPI_Finalize`.
+//!
+//! Notes on the MPI model:
+//! - It does not take ownership of the `MPI_Comm` passed to its constructor, but it sets that
+//!   `MPI_Comm`'s error handler to `MPI_ERRORS_RETURN`. `exchange` uses point-to-point tags
+//!   `0..MPI_TAG_UB` on the `MPI_Comm`, so do not keep messages of your own pending on that `MPI_Comm`
+//!   during an `exchange`. Again, a `MPI_Comm_dup` avoids this.
+//! - Messages larger than `mpi_options::max_message_bytes` (`INT_MAX`, MPI's count limit) are cut into
+//!   chunks by `detail::split_into_chunks`, as the device communicators cut theirs. Each chunk is one MPI
+//!   message: chunk c of an `exchange` message has tag `c % (MPI_TAG_UB + 1)`. Collectives post one
+//!   non-blocking operation per chunk.
+//! - Arguments are checked by the device communicators' checks (`detail::validate_exchange` and the
+//!   others in `<moecomm/comm/detail/p2p_chunks.hpp>`), so the messages read the same, for example
+//!   "sends[2].peer = 9 is not a rank of this group of 4".
+//! - Floating-point sums of `allreduce` use MPI's reduction order, which can differ from ascending rank
+//!   order by rounding. Integer sums, `max` and `min` are exact.
+//! - `split` first checks (within the timeout) that every rank has called it, then calls the blocking
+//!   `MPI_Comm_split`.
+//! - All ranks must use the same `mpi_options`. One communicator is used by one thread at a time. If
+//!   several threads make MPI calls, initialise MPI with a matching thread level.
+
+#include <moecomm/config.hpp>
+
+#if !MOECOMM_HAS_MPI()
+#  error "moecomm/comm/mpi.hpp needs MPI: configure with MOECOMM_ENABLE_MPI=ON"
+#else
+
+#include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/detail/p2p_chunks.hpp>
+#include <moecomm/error.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! How an `mpi_communicator` waits and checks. Every rank must pass the same options.
+struct mpi_options {
+  //! The longest time one call waits for the other ranks. After that the call throws
+  //! `error(status::timeout)` and the communicator is unusable. Must be positive.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  //! The checked mode: before each collective the ranks agree that they called the same operation
+  //! with the same sizes (and, for `exchange`, matching message sizes). Costs one or three small
+  //! extra collectives per call.
+  bool check_collectives = true;
+  //! The largest single MPI message in bytes, in `[1, INT_MAX]`. Larger transfers are cut into chunks.
+  //! Lower it only to test the chunking.
+  std::int64_t max_message_bytes = INT_MAX;
+};
+
+namespace detail {
+
+//! The operations that the checked mode's fingerprint compares.
+enum class mpi_op : std::int64_t { exchange = 1, allgather, allreduce, broadcast, barrier, split };
+
+//! Name of an operation code taken from a (possibly foreign) fingerprint.
+inline char const* mpi_op_name(std::int64_t code) {
+  static char const* const names[] = {"exchange", "allgather", "allreduce", "broadcast", "barrier", "split"};
+  return code >= 1 && code <= 6 ? names[code - 1] : "an unknown operation";
+}
+
+//! The MPI datatype of an `allreduce` element type.
+template <class T>
+MPI_Datatype mpi_datatype() {
+  static_cast<void>(reduce_type_code<T>());  // rejects unsupported types
+  if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  else return MPI_DOUBLE;
+}
+
+//! The MPI reduction for a `reduce_op`.
+inline MPI_Op mpi_reduction(reduce_op op) {
+  return op == reduce_op::sum ? MPI_SUM : op == reduce_op::max ? MPI_MAX : MPI_MIN;
+}
+
+//! An `mpi_communicator`'s buffers for the checked mode's small collectives. They are allocated once
+//! and are never freed while MPI may still write to them (see the file comment).
+struct mpi_scratch {
+  static constexpr int words = 5;  //!< fingerprint: op, size, extra, world rank, bad argument
+  std::vector<std::int64_t> mine;  //!< this rank's fingerprint or verdict
+  std::vector<std::int64_t> all;   //!< every rank's fingerprint or verdict
+  std::vector<std::int64_t> sent;  //!< exchange: bytes this rank sends to each rank
+  std::vector<std::int64_t> got;   //!< exchange: bytes each rank sends to this rank
+  explicit mpi_scratch(int ranks)
+      : mine(words), all(static_cast<std::size_t>(ranks) * words), sent(static_cast<std::size_t>(ranks)),
+        got(static_cast<std::size_t>(ranks)) {}
+};
+
+}  // namespace detail
+
+//! One rank's handle on an MPI communicator: a model of the communicator concept
+//! (`<moecomm/comm/communicator.hpp>`) for host buffers. It is move-only. A communicator made by
+//! `split` owns its `MPI_Comm` and frees it when destroyed. See the file comment for the guarantees.
+class mpi_communicator {
+ public:
+  //! Wraps `comm` without taking ownership, and sets its error handler to `MPI_ERRORS_RETURN`.
+  //! @throws error (invalid_argument) if MPI is not initialised, `comm` is `MPI_COMM_NULL` or an
+  //! intercommunicator, or an option is out of range.
+  explicit mpi_communicator(MPI_Comm comm, mpi_options options = {}) : mpi_communicator(comm, options, false) {}
+
+  //! Takes over `other`'s `MPI_Comm` and ownership. `other` is left empty, and every call on it throws.
+  mpi_communicator(mpi_communicator&& other) noexcept { take(other); }
+
+  //! Releases this communicator's `MPI_Comm` (as the destructor does), then takes over `other`'s.
+  mpi_communicator& operator=(mpi_communicator&& other) noexcept {
+    if (this != &other) {
+      release();
+      take(other);
+    }
+    return *this;
+  }
+
+  mpi_communicator(mpi_communicator const&) = delete;
+  mpi_communicator& operator=(mpi_communicator const&) = delete;
+
+  //! Frees the `MPI_Comm` if this communicator owns it, is still usable and MPI is not finalized.
+  ~mpi_communicator() { release(); }
+
+  //! This rank's rank in the group.
+  [[nodiscard]] int rank() const { return rank_; }
+  //! The number of ranks in the group.
+  [[nodiscard]] int size() const { return size_; }
+  //! This rank's rank in `MPI_COMM_WORLD`, which error messages use to name ranks.
+  [[nodiscard]] int world_rank() const { return world_rank_; }
+  //! The `MPI_Comm` this communicator runs on (`MPI_COMM_NULL` once moved from).
+  [[nodiscard]] MPI_Comm native_handle() const { return comm_; }
+  //! The options it was made with. Sub-communicators inherit them.
+  [[nodiscard]] mpi_options const& options() const { return options_; }
+  //! False after a timeout or an MPI error (or once moved from). Every call then throws.
+  [[nodiscard]] bool usable() const { return comm_ != MPI_COMM_NULL && failure_.empty(); }
+
+  //! Grouped point-to-point. Each rank may post at most one send and one receive per peer (itself
+  //! included: that pair is a `memcpy`). Rank i's send to j and j's receive from i must have equal sizes
+  //! (a missing block counts as 0 bytes).
+  //! @throws error (invalid_usage) in the checked mode on every rank, naming the first pair (i, j) that
+  //! disagrees; (invalid_argument) for a peer out of range, two blocks for one peer, a negative size
+  //! or a null buffer with bytes.
+  void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+    char const* const op = "exchange";
+    auto const deadline = start(op);
+    auto const checks = [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); };
+    agree(detail::mpi_op::exchange, 0, 0, local_check(checks, op), deadline);
+    send_block const* self_send = nullptr;
+    recv_block const* self_recv = nullptr;
+    for (send_block const& s : sends)
+      if (s.peer == rank_) self_send = &s;
+    for (recv_block const& r : recvs)
+      if (r.peer == rank_) self_recv = &r;
+    std::int64_t const self_sent = self_send != nullptr ? self_send->bytes : 0;
+    std::int64_t const self_expected = self_recv != nullptr ? self_recv->bytes : 0;
+    if (options_.check_collectives) check_exchange_sizes(sends, recvs, deadline);
+    else if (self_sent != self_expected)
+      fail(status::invalid_usage, op, pair_mismatch(rank_, rank_, self_sent, self_expected));
+    std::vector<MPI_Request> requests;
+    for (recv_block const& r : recvs) {
+      if (r.peer == rank_) continue;
+      std::int64_t c = 0;
+      for (detail::byte_chunk const& chunk : detail::split_into_chunks(r.bytes, options_.max_message_bytes))
+        check(MPI_Irecv(static_cast<char*>(r.data) + chunk.offset, static_cast<int>(chunk.bytes), MPI_BYTE, r.peer,
+                        tag(c++), comm_, &requests.emplace_back()),
+              op, "MPI_Irecv");
+    }
+    for (send_block const& s : sends) {
+      if (s.peer == rank_) continue;
+      std::int64_t c = 0;
+      for (detail::byte_chunk const& chunk : detail::split_into_chunks(s.bytes, options_.max_message_bytes))
+        check(MPI_Isend(static_cast<char const*>(s.data) + chunk.offset, static_cast<int>(chunk.bytes), MPI_BYTE, s.peer,
+                        tag(c++), comm_, &requests.emplace_back()),
+              op, "MPI_Isend");
+    }
+    if (self_sent > 0) std::memcpy(self_recv->data, self_send->data, static_cast<std::size_t>(self_sent));
+    wait(requests, deadline, op, "transferring the messages");
+  }
+
+  //! `recv[r * bytes, (r + 1) * bytes)` = rank r's `send`. `recv` must not overlap `send`.
+  void allgather(void const* send, void* recv, std::int64_t bytes) {
+    char const* const op = "allgather";
+    auto const deadline = start(op);
+    agree(detail::mpi_op::allgather, bytes, 0, local_check([&](char const* here) {
+            detail::validate_size(here, "bytes", bytes);
+            detail::validate_buffer(here, "send", send, bytes);
+            detail::validate_buffer(here, "recv", recv, bytes);
+          }, op),
+          deadline);
+    auto const chunks = detail::split_into_chunks(bytes, options_.max_message_bytes);
+    std::vector<MPI_Request> requests;
+    for (detail::byte_chunk const& chunk : chunks) {
+      int const length = static_cast<int>(chunk.bytes);
+      char const* const from = static_cast<char const*>(send) + chunk.offset;
+      char* const to = static_cast<char*>(recv) + chunk.offset;
+      if (chunks.size() == 1) {
+        check(MPI_Iallgather(from, length, MPI_BYTE, to, length, MPI_BYTE, comm_, &requests.emplace_back()), op,
+              "MPI_Iallgather");
+        continue;
+      }
+      // Rank r's piece of this chunk lands at recv + r * bytes + offset: a piece type with extent `bytes`.
+      MPI_Datatype piece = MPI_DATATYPE_NULL, spaced = MPI_DATATYPE_NULL;
+      check(MPI_Type_contiguous(length, MPI_BYTE, &piece), op, "MPI_Type_contiguous");
+      check(MPI_Type_create_resized(piece, 0, static_cast<MPI_Aint>(bytes), &spaced), op, "MPI_Type_create_resized");
+      check(MPI_Type_commit(&spaced), op, "MPI_Type_commit");
+      check(MPI_Iallgather(from, length, MPI_BYTE, to, 1, spaced, comm_, &requests.emplace_back()), op,
+            "MPI_Iallgather");
+      check(MPI_Type_free(&spaced), op, "MPI_Type_free");  // the pending operation keeps using it
+      check(MPI_Type_free(&piece), op, "MPI_Type_free");
+    }
+    wait(requests, deadline, op, "transferring the data");
+  }
+
+  //! Elementwise reduction over the ranks. `send == recv` is allowed (`MPI_IN_PLACE`). T is int32,
+  //! int64, float or double. Floating-point sums follow MPI's reduction order (see the file comment).
+  template <class T>
+  void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
+    char const* const op = "allreduce";
+    auto const deadline = start(op);
+    agree(detail::mpi_op::allreduce, count, detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction),
+          local_check([&](char const* here) {
+            detail::validate_size(here, "count", count);
+            detail::validate_buffer(here, "send", send, count);
+            detail::validate_buffer(here, "recv", recv, count);
+          }, op),
+          deadline);
+    std::int64_t const per_chunk =
+        std::max<std::int64_t>(1, options_.max_message_bytes / static_cast<std::int64_t>(sizeof(T)));
+    std::vector<MPI_Request> requests;
+    for (detail::byte_chunk const& chunk : detail::split_into_chunks(count, per_chunk)) {  // in elements
+      void const* const from = send == recv ? MPI_IN_PLACE : static_cast<void const*>(send + chunk.offset);
+      check(MPI_Iallreduce(from, recv + chunk.offset, static_cast<int>(chunk.bytes), detail::mpi_datatype<T>(),
+                           detail::mpi_reduction(reduction), comm_, &requests.emplace_back()),
+            op, "MPI_Iallreduce");
+    }
+    wait(requests, deadline, op, "reducing");
+  }
+
+  //! The root's `bytes` at `data` to every rank's `data`.
+  //! @throws error (invalid_argument) if `root` is not a rank of the group.
+  void broadcast(void* data, std::int64_t bytes, int root) {
+    char const* const op = "broadcast";
+    auto const deadline = start(op);
+    agree(detail::mpi_op::broadcast, bytes, root, local_check([&](char const* here) {
+            detail::validate_root(here, root, size_);
+            detail::validate_size(here, "bytes", bytes);
+            detail::validate_buffer(here, "data", data, bytes);
+          }, op),
+          deadline);
+    std::vector<MPI_Request> requests;
+    for (detail::byte_chunk const& chunk : detail::split_into_chunks(bytes, options_.max_message_bytes))
+      check(MPI_Ibcast(static_cast<char*>(data) + chunk.offset, static_cast<int>(chunk.bytes), MPI_BYTE, root, comm_,
+                       &requests.emplace_back()),
+            op, "MPI_Ibcast");
+    wait(requests, deadline, op, "broadcasting");
+  }
+
+  //! Returns once every rank of the group has called `barrier`.
+  void barrier() {
+    char const* const op = "barrier";
+    auto const deadline = start(op);
+    agree(detail::mpi_op::barrier, 0, 0, std::nullopt, deadline);
+    std::vector<MPI_Request> requests(1);
+    check(MPI_Ibarrier(comm_, requests.data()), op, "MPI_Ibarrier");
+    wait(requests, deadline, op, "waiting at the barrier");
+  }
+
+  //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`, with a
+  //! new `MPI_Comm` that the result owns. It inherits this communicator's options.
+  //! @throws error (invalid_argument) if `color` is negative.
+  [[nodiscard]] mpi_communicator split(int color, int key) {
+    char const* const op = "split";
+    auto const deadline = start(op);
+    agree(detail::mpi_op::split, 0, 0, local_check([&](char const* here) {
+            detail::require(color >= 0, here, "color = ", color, " must be >= 0");
+          }, op),
+          deadline);
+    // A bounded rendezvous first: MPI_Comm_split itself blocks, so it is entered only once every
+    // rank is known to be in split.
+    std::vector<MPI_Request> requests(1);
+    check(MPI_Ibarrier(comm_, requests.data()), op, "MPI_Ibarrier");
+    wait(requests, deadline, op, "waiting for every rank to call split");
+    MPI_Comm sub = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &sub), op, "MPI_Comm_split");
+    return mpi_communicator(sub, options_, true);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  mpi_communicator(MPI_Comm comm, mpi_options options, bool owned) : comm_(comm), options_(options), owned_(owned) {
+    try {
+      init();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  void init() {
+    char const* const op = "mpi_communicator";
+    std::string const here = where(op);  // "mpi_communicator::mpi_communicator", like check's messages
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    detail::require(initialized != 0 && finalized == 0, here.c_str(),
+                    "MPI must be initialised (MPI_Init) and not yet finalized");
+    detail::require(comm_ != MPI_COMM_NULL, here.c_str(), "comm is MPI_COMM_NULL");
+    detail::require(options_.timeout.count() > 0, here.c_str(), "options.timeout = ", options_.timeout.count(),
+                    " ms must be positive");
+    detail::require(options_.max_message_bytes >= 1 && options_.max_message_bytes <= INT_MAX, here.c_str(),
+                    "options.max_message_bytes = ", options_.max_message_bytes, " is not in [1, ", INT_MAX, "]");
+    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), op, "MPI_Comm_set_errhandler");
+    int inter = 0;
+    check(MPI_Comm_test_inter(comm_, &inter), op, "MPI_Comm_test_inter");
+    detail::require(inter == 0, here.c_str(), "intercommunicators are not supported");
+    check(MPI_Comm_rank(comm_, &rank_), op, "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), op, "MPI_Comm_size");
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), op, "MPI_Comm_rank");
+    void* value = nullptr;
+    int found = 0;
+    check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found), op, "MPI_Comm_get_attr");
+    tag_ub_ = found != 0 ? *static_cast<int*>(value) : 32767;  // 32767: the least MPI guarantees
+    scratch_ = std::make_unique<detail::mpi_scratch>(size_);
+  }
+
+  void take(mpi_communicator& other) noexcept {
+    comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+    options_ = other.options_;
+    owned_ = std::exchange(other.owned_, false);
+    rank_ = other.rank_;
+    size_ = other.size_;
+    world_rank_ = other.world_rank_;
+    tag_ub_ = other.tag_ub_;
+    failure_ = std::move(other.failure_);
+    scratch_ = std::move(other.scratch_);
+  }
+
+  //! Frees an owned, healthy `MPI_Comm`. After a failure, MPI may still use the scratch buffers and
+  //! the `MPI_Comm`, so both are deliberately leaked.
+  void release() noexcept {
+    if (!failure_.empty()) {
+      static_cast<void>(scratch_.release());
+    } else if (owned_ && comm_ != MPI_COMM_NULL) {
+      int finalized = 1;
+      MPI_Finalized(&finalized);
+      if (finalized == 0) MPI_Comm_free(&comm_);
+    }
+    comm_ = MPI_COMM_NULL;
+    owned_ = false;
+    scratch_.reset();
+  }
+
+  [[nodiscard]] static std::string where(char const* op) { return std::string("mpi_communicator::") + op; }
+
+  [[noreturn]] static void fail(status code, char const* op, std::string const& message) {
+    detail::fail(code, where(op).c_str(), message);
+  }
+
+  //! Throws if the communicator is unusable. Otherwise returns the deadline of the call starting now.
+  [[nodiscard]] clock::time_point start(char const* op) const {
+    if (comm_ == MPI_COMM_NULL) fail(status::invalid_usage, op, "this communicator was moved from");
+    if (!failure_.empty())
+      fail(status::aborted, op, detail::concat("this communicator is unusable after an earlier failure: ", failure_));
+    return clock::now() + options_.timeout;
+  }
+
+  //! Throws `error(status::mpi_error)` with MPI's text unless `rc` is `MPI_SUCCESS`, and marks the
+  //! communicator unusable (requests posted before may stay pending).
+  void check(int rc, char const* op, char const* call) {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING] = {};
+    int length = 0;
+    if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) length = 0;
+    std::string const reason =
+        length > 0 ? std::string(text, static_cast<std::size_t>(length)) : "MPI error code " + std::to_string(rc);
+    std::string const message = detail::concat(call, " failed on world rank ", world_rank_, ": ", reason);
+    failure_ = detail::concat(op, ": ", message);
+    fail(status::mpi_error, op, message);
+  }
+
+  //! Polls `requests` until all have completed or the deadline has passed.
+  //! @throws error (timeout) at the deadline (the communicator is then unusable), (mpi_error) on failure.
+  void wait(std::vector<MPI_Request>& requests, clock::time_point deadline, char const* op, char const* stage) {
+    if (requests.empty()) return;
+    std::vector<MPI_Status> statuses(requests.size());
+    for (;;) {
+      int done = 0;
+      int const rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses.data());
+      if (rc == MPI_ERR_IN_STATUS)
+        for (MPI_Status const& s : statuses)
+          if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) check(s.MPI_ERROR, op, "a request");
+      check(rc, op, "MPI_Testall");
+      if (done != 0) return;
+      if (clock::now() >= deadline) {
+        failure_ = detail::concat("world rank ", world_rank_, " timed out after ", options_.timeout.count(), " ms in ", op,
+                                  " (", stage, ") waiting for the other ranks of this group of ", size_,
+                                  "; MPI cannot tell which rank is missing");
+        fail(status::timeout, op,
+             detail::concat(failure_, ". This communicator is unusable from now on (see moecomm/comm/mpi.hpp)"));
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  //! Runs the local argument checks `checks(where)`. Returns the error they throw, if any.
+  template <class Checks>
+  [[nodiscard]] static std::optional<error> local_check(Checks&& checks, char const* op) {
+    try {
+      checks(where(op).c_str());
+    } catch (error const& e) {
+      return e;
+    }
+    return std::nullopt;
+  }
+
+  //! The checked mode: all-gathers this rank's fingerprint, then throws on every rank if a rank passed
+  //! a bad argument (`bad`, found by `local_check`) or if the ranks disagree. In the unchecked mode it
+  //! only throws `bad`.
+  void agree(detail::mpi_op what, std::int64_t size, std::int64_t extra, std::optional<error> const& bad,
+             clock::time_point deadline) {
+    char const* const op = detail::mpi_op_name(static_cast<std::int64_t>(what));
+    if (!options_.check_collectives) {
+      if (bad) throw *bad;
+      return;
+    }
+    constexpr int words = detail::mpi_scratch::words;
+    detail::mpi_scratch& s = *scratch_;
+    std::int64_t const mine[words] = {static_cast<std::int64_t>(what), size, extra, world_rank_, bad ? 1 : 0};
+    std::copy(mine, mine + words, s.mine.begin());
+    std::vector<MPI_Request> requests(1);
+    check(MPI_Iallgather(s.mine.data(), words, MPI_INT64_T, s.all.data(), words, MPI_INT64_T, comm_, requests.data()),
+          op, "MPI_Iallgather");
+    wait(requests, deadline, op, "checking that every rank made the same call");
+    if (bad) throw *bad;
+    auto const call = [&](int r) { return s.all.data() + static_cast<std::size_t>(r) * words; };
+    for (int r = 0; r < size_; ++r)
+      if (call(r)[4] != 0)
+        fail(status::aborted, op,
+             detail::concat("world rank ", call(r)[3], " passed an invalid argument to ", detail::mpi_op_name(call(r)[0]),
+                            " (see its error); no rank's call took effect"));
+    auto const describe = [&](int r) {
+      std::int64_t const* c = call(r);
+      return detail::concat("world rank ", c[3], " called ", detail::mpi_op_name(c[0]), "(size ", c[1], ", ", c[2], ")");
+    };
+    for (int r = 1; r < size_; ++r)
+      if (!std::equal(call(0), call(0) + 3, call(r)))
+        fail(status::invalid_usage, op, detail::concat("ranks disagree: ", describe(0), ", but ", describe(r)));
+  }
+
+  //! The message of a pair whose sizes disagree (group ranks), as `inproc_communicator` words it.
+  [[nodiscard]] static std::string pair_mismatch(std::int64_t i, std::int64_t j, std::int64_t sent,
+                                                 std::int64_t expected) {
+    return detail::concat("pair (", i, ", ", j, "): rank ", i, " sends ", sent, " bytes to rank ", j, ", but rank ", j,
+                          " expects ", expected, " bytes from rank ", i, " (group ranks)");
+  }
+
+  //! The checked mode's check of an exchange's sizes: an all-to-all of the byte counts, then an
+  //! all-gather of each rank's first mismatch, so that every rank throws for the same pair.
+  void check_exchange_sizes(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs,
+                            clock::time_point deadline) {
+    char const* const op = "exchange";
+    detail::mpi_scratch& s = *scratch_;
+    std::fill(s.sent.begin(), s.sent.end(), 0);
+    for (send_block const& b : sends) s.sent[static_cast<std::size_t>(b.peer)] = b.bytes;
+    std::vector<std::int64_t> expected(static_cast<std::size_t>(size_), 0);
+    for (recv_block const& b : recvs) expected[static_cast<std::size_t>(b.peer)] = b.bytes;
+    std::vector<MPI_Request> requests(1);
+    check(MPI_Ialltoall(s.sent.data(), 1, MPI_INT64_T, s.got.data(), 1, MPI_INT64_T, comm_, requests.data()), op,
+          "MPI_Ialltoall");
+    wait(requests, deadline, op, "comparing the message sizes");
+    // This rank's first mismatch as (sender * size + receiver, sent, expected); "none" sorts last.
+    std::int64_t const none = std::numeric_limits<std::int64_t>::max();
+    std::int64_t verdict[3] = {none, 0, 0};
+    for (int from = 0; from < size_; ++from)
+      if (s.got[static_cast<std::size_t>(from)] != expected[static_cast<std::size_t>(from)]) {
+        verdict[0] = static_cast<std::int64_t>(from) * size_ + rank_;
+        verdict[1] = s.got[static_cast<std::size_t>(from)];
+        verdict[2] = expected[static_cast<std::size_t>(from)];
+        break;
+      }
+    std::copy(verdict, verdict + 3, s.mine.begin());
+    requests.assign(1, MPI_REQUEST_NULL);
+    check(MPI_Iallgather(s.mine.data(), 3, MPI_INT64_T, s.all.data(), 3, MPI_INT64_T, comm_, requests.data()), op,
+          "MPI_Iallgather");
+    wait(requests, deadline, op, "comparing the message sizes");
+    int first = -1;
+    for (int r = 0; r < size_; ++r)
+      if (s.all[3 * static_cast<std::size_t>(r)] != none &&
+          (first < 0 || s.all[3 * static_cast<std::size_t>(r)] < s.all[3 * static_cast<std::size_t>(first)]))
+        first = r;
+    if (first < 0) return;
+    std::int64_t const* v = s.all.data() + 3 * static_cast<std::size_t>(first);
+    fail(status::invalid_usage, op, pair_mismatch(v[0] / size_, v[0] % size_, v[1], v[2]));
+  }
+
+  //! The tag of chunk `c` of an exchange message. Chunks of one pair are matched in order, because MPI
+  //! does not let messages with the same tag overtake each other, so the wrap-around is safe.
+  [[nodiscard]] int tag(std::int64_t c) const { return static_cast<int>(c % (static_cast<std::int64_t>(tag_ub_) + 1)); }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  mpi_options options_;
+  bool owned_ = false;  //!< made by split: free the MPI_Comm when destroyed
+  int rank_ = 0;
+  int size_ = 0;
+  int world_rank_ = 0;
+  int tag_ub_ = 32767;
+  std::string failure_;  //!< why the communicator became unusable; empty while it is usable
+  std::unique_ptr<detail::mpi_scratch> scratch_;
+};
+
+MOECOMM_NAMESPACE_END
+
+#endif  // MOECOMM_HAS_MPI()

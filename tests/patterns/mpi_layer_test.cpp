@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// The expert-parallel layer across 4 MPI processes (2 nodes x 2) equals the single-process oracle,
+// for every capacity policy and all-to-all algorithm: the same check as the in-process test
+// (layer_cases.hpp), each process running its own rank.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "layer_cases.hpp"
+
+#include <moecomm/comm/mpi.hpp>
+
+#include <mpi.h>
+
+namespace test {
+
+template <class Algorithm>
+void check_mpi_layer(Algorithm const& algorithm) {
+  moecomm::mpi_communicator comm(MPI_COMM_WORLD, {});
+  REQUIRE(comm.size() == 4);
+  layer_case const c{4, 2, 8, 2, 16, {45, 0, 31, 60}, 1.2};
+  CAPTURE(Algorithm::name);
+  for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
+    CAPTURE(std::decay_t<decltype(capacity)>::name);
+    auto const in = make_layer_inputs<float>(c, capacity, rule, drops);
+    check_layer_on_rank(comm, c, in, capacity, algorithm);
+  });
+}
+
+TEST_CASE("the expert-parallel layer over MPI equals the oracle: flat") { check_mpi_layer(moecomm::flat{}); }
+TEST_CASE("the expert-parallel layer over MPI equals the oracle: hierarchical_2d") { check_mpi_layer(moecomm::hierarchical_2d{}); }
+TEST_CASE("the expert-parallel layer over MPI equals the oracle: pairwise") { check_mpi_layer(moecomm::pairwise{1}); }
+
+}  // namespace test
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
+  {
+    doctest::Context context(argc, argv);
+    rc = context.run();
+  }
+  int worst = 0;  // one rank's failure fails every rank
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
