@@ -14,12 +14,13 @@
 
 #include <moecomm/moecomm.hpp>
 
+#include "../support/memcpy_reference.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -322,25 +323,6 @@ void bm_memcpy(benchmark::State& state, std::size_t bytes) {
   if (std::memcmp(dst.data(), src.data(), bytes) != 0) fail(state, "memcpy: destination differs");
 }
 
-//! Best of 5 `std::memcpy` of 512 MiB into a pre-touched 512 MiB buffer, 2 x size bytes per copy.
-double measure_memcpy_bytes_per_s() {
-  std::size_t const bytes = std::size_t{512} << 20;
-  std::vector<char> src(bytes), dst(bytes);
-  fill_random(reinterpret_cast<float*>(src.data()), static_cast<std::int64_t>(bytes / sizeof(float)), kSeed + 5);
-  std::memset(dst.data(), 0, bytes);
-  std::memcpy(dst.data(), src.data(), bytes);  // warm-up
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    auto const start = std::chrono::steady_clock::now();
-    std::memcpy(dst.data(), src.data(), bytes);
-    benchmark::ClobberMemory();
-    double const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::min(best, s);
-  }
-  benchmark::DoNotOptimize(dst.data());
-  return 2.0 * static_cast<double>(bytes) / best;
-}
-
 // ---- registration ------------------------------------------------------------------------------
 
 constexpr std::int64_t kTokens[] = {4096, 16384};
@@ -387,11 +369,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
-  g_memcpy_bytes_per_s = measure_memcpy_bytes_per_s();
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f", g_memcpy_bytes_per_s / 1e9);
-  benchmark::AddCustomContext("memcpy_GBps", buf);
-  benchmark::AddCustomContext("memcpy_method", "std::memcpy 512 MiB, best of 5, 2 x size bytes (read + write)");
+  moecomm_bench::memcpy_reference const memcpy_ref = moecomm_bench::measure_memcpy_reference();
+  g_memcpy_bytes_per_s = memcpy_ref.rw_bytes_per_s;
+  moecomm_bench::add_memcpy_context(memcpy_ref);
   benchmark::AddCustomContext("host_threads", std::to_string(be.num_threads()));
 #if !MOECOMM_HAS_CUDA_FP16()
   benchmark::AddCustomContext("bf16", "not built (CUDA headers not found)");
