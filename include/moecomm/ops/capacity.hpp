@@ -119,20 +119,29 @@ struct random_score {
   }
 };
 
+//! `scores[i]`: the score of slot i (computed once, so the selection compares stored values).
+template <class Score>
+struct score_slots {
+  Score score;
+  std::int32_t top_k;
+  float* scores;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    scores[i] = score(i / top_k, static_cast<std::int32_t>(i % top_k));
+  }
+};
+
 //! Slot i survives when fewer than C competitors of its expert beat it: a larger score, or an
 //! equal score and an earlier (t, k). Competitors are the expert's rows in the dropless plan, in
 //! (t, k) order, so "earlier" is "a lower row".
-template <class Score>
 struct keep_top_capacity {
   std::int32_t const* idx;
   std::int32_t const* row_of;          //!< dropless plan
   std::int32_t const* token_of;
   std::int32_t const* slot_of;
   std::int32_t const* expert_offsets;
+  float const* scores;                 //!< `[T][K]`
   std::int32_t top_k;
-  std::int32_t num_experts;
   std::int64_t capacity;
-  Score score;
   std::int32_t* kept_idx;  //!< out: idx, or -1 where dropped
 
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
@@ -142,11 +151,11 @@ struct keep_top_capacity {
       kept_idx[i] = -1;
       return;
     }
-    float const mine = score(i / top_k, static_cast<std::int32_t>(i % top_k));
+    float const mine = scores[i];
     std::int64_t better = 0;
     for (std::int32_t r = expert_offsets[e]; r < expert_offsets[e + 1] && better < capacity; ++r) {
       if (r == row) continue;
-      float const other = score(token_of[r], slot_of[r]);
+      float const other = scores[static_cast<std::int64_t>(token_of[r]) * top_k + slot_of[r]];
       better += (other > mine || (other == mine && r < row)) ? 1 : 0;
     }
     kept_idx[i] = better < capacity ? e : -1;

@@ -191,9 +191,11 @@ class dispatcher {
 
   template <class Score>
   void survivors_by(routing_view const& routing, permute_plan<Backend> const& all, std::int64_t c, Score score) {
-    be_.for_each_index(routing.num_tokens * routing.top_k,
-                       detail::keep_top_capacity<Score>{routing.topk_idx, all.row_of(), all.token_of(), all.slot_of(),
-                                                        all.expert_offsets(), routing.top_k, num_experts_, c, score,
+    std::int64_t const slots = routing.num_tokens * routing.top_k;
+    auto scores = be_.template allocate<float>(slots);
+    be_.for_each_index(slots, detail::score_slots<Score>{score, routing.top_k, scores.data()});
+    be_.for_each_index(slots, detail::keep_top_capacity{routing.topk_idx, all.row_of(), all.token_of(), all.slot_of(),
+                                                        all.expert_offsets(), scores.data(), routing.top_k, c,
                                                         kept_idx_->data()});
   }
 
