@@ -11,7 +11,7 @@
 //! | `int rank() const`, `int size() const` | this rank, and the number of ranks |
 //! | `void exchange(std::vector<send_block> const&, std::vector<recv_block> const&)` | grouped point-to-point: each rank posts sends and receives; rank i's send to j must match j's receive from i in bytes |
 //! | `void allgather(void const* send, void* recv, std::int64_t bytes)` | `recv[r * bytes ...]` = rank r's `send` |
-//! | `void allreduce(T const* send, T* recv, std::int64_t count, reduce_op)` | elementwise over ranks, in ascending rank order; `send == recv` allowed; T = int32, int64, float, double |
+//! | `void allreduce(T const* send, T* recv, std::int64_t count, reduce_op)` | elementwise over ranks; `send == recv` allowed; T = int32, int64, float, double. Integer results and max/min are exact; float sums follow the transport's order (ascending rank in-process; MPI's and NCCL's own order otherwise) |
 //! | `void broadcast(void* data, std::int64_t bytes, int root)` | root's bytes to every rank |
 //! | `void barrier()` | |
 //! | `C split(int color, int key)` | sub-group of the ranks with the same `color`, ordered by (key, rank) |
