@@ -28,6 +28,7 @@
 
 #include <moecomm/moecomm.hpp>
 
+#include "../support/harness.hpp"
 #include "../support/memcpy_reference.hpp"
 
 #include <benchmark/benchmark.h>
@@ -46,36 +47,14 @@
 
 namespace {
 
+using namespace moecomm_bench;
+
 using comm_t = moecomm::inproc_communicator;
 
 moecomm::host_backend const be{1};
 moecomm_bench::memcpy_reference g_memcpy;
-std::atomic<bool> g_failed{false};
-
-// ---- errors ----------------------------------------------------------------------------------
-
-std::deque<std::string>& error_messages() {  // SkipWithError keeps a char pointer on some versions
-  static std::deque<std::string> messages;
-  return messages;
-}
-
-void fail(benchmark::State& state, std::string message) {
-  g_failed = true;
-  error_messages().push_back(std::move(message));
-  std::fprintf(stderr, "CHECK FAILED: %s\n", error_messages().back().c_str());
-  state.SkipWithError(error_messages().back().c_str());
-}
 
 // ---- cases -----------------------------------------------------------------------------------
-
-//! R ranks on `nodes` x `per_node` (node-major: rank r is on node r / per_node).
-struct layout {
-  std::int32_t nodes, per_node;
-  [[nodiscard]] std::int32_t ranks() const { return nodes * per_node; }
-  [[nodiscard]] std::string name() const {
-    return "R:" + std::to_string(ranks()) + "/" + std::to_string(nodes) + "x" + std::to_string(per_node);
-  }
-};
 
 constexpr layout kLayouts[] = {{1, 2}, {2, 2}, {2, 4}};
 
@@ -137,35 +116,6 @@ std::int64_t first_wrong_byte(unsigned char const* p, std::int32_t s, std::int32
 
 constexpr unsigned char kPoison = 0xA5;
 constexpr std::int64_t kTail = 64;  //!< bytes past the receive total that must stay poisoned
-
-// ---- the rank-0-driven timed loop ------------------------------------------------------------
-
-//! Runs `step()` on every rank once per benchmark iteration; see the file comment. Rank 0 owns
-//! `state` and records each iteration's seconds in `seconds`.
-template <class Step>
-void timed_loop(benchmark::State& state, comm_t& comm, std::atomic<bool>& stop, std::vector<double>& seconds,
-                Step&& step) {
-  if (comm.rank() == 0) {
-    for (auto _ : state) {
-      comm.barrier();
-      auto const start = std::chrono::steady_clock::now();
-      step();
-      comm.barrier();
-      double const t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      state.SetIterationTime(t);
-      seconds.push_back(t);
-    }
-    stop.store(true, std::memory_order_relaxed);  // published to the others by the barrier below
-    comm.barrier();
-  } else {
-    for (;;) {
-      comm.barrier();
-      if (stop.load(std::memory_order_relaxed)) break;
-      step();
-      comm.barrier();
-    }
-  }
-}
 
 double mean(std::vector<double> const& v) {
   double s = 0.0;
@@ -297,15 +247,5 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("pairwise1", "moecomm::pairwise{1} (groups of one rank)");
 
   register_all();
-  std::size_t const ran = benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  if (ran == 0) {
-    std::fprintf(stderr, "bench_alltoall: no benchmark matched the filter\n");
-    return 1;
-  }
-  if (g_failed) {
-    std::fprintf(stderr, "bench_alltoall: a correctness check failed\n");
-    return 1;
-  }
-  return 0;
+  return moecomm_bench::finish("bench_alltoall");
 }

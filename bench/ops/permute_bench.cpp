@@ -14,6 +14,7 @@
 
 #include <moecomm/moecomm.hpp>
 
+#include "../support/harness.hpp"
 #include "../support/memcpy_reference.hpp"
 
 #include <benchmark/benchmark.h>
@@ -34,44 +35,14 @@
 
 namespace {
 
+using namespace moecomm_bench;
+
 constexpr std::int32_t kNumExperts = 16;
 constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 moecomm::host_backend const be{1};
 
-std::atomic<bool> g_failed{false};
 double g_memcpy_bytes_per_s = 0.0;
-
-// ---- errors ----------------------------------------------------------------------------------
-
-std::deque<std::string>& error_messages() {  // SkipWithError keeps a char pointer on some versions
-  static std::deque<std::string> messages;
-  return messages;
-}
-
-void fail(benchmark::State& state, std::string message) {
-  g_failed = true;
-  error_messages().push_back(std::move(message));
-  std::fprintf(stderr, "CHECK FAILED: %s\n", error_messages().back().c_str());
-  state.SkipWithError(error_messages().back().c_str());
-}
-
-// ---- deterministic random numbers ------------------------------------------------------------
-
-struct splitmix64 {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  //! Uniform in [-1, 1), 24 random bits.
-  float symmetric(std::uint32_t bits) { return static_cast<float>(static_cast<std::int32_t>(bits >> 8) - (1 << 23)) * 0x1p-23f; }
-  //! Uniform in (0, 1].
-  float unit() { return static_cast<float>((next() >> 40) + 1) * 0x1p-24f; }
-  std::uint32_t below(std::uint32_t n) { return static_cast<std::uint32_t>((next() >> 32) * n >> 32); }
-};
 
 template <class T>
 void fill_random(T* p, std::int64_t n, std::uint64_t seed) {
@@ -79,10 +50,10 @@ void fill_random(T* p, std::int64_t n, std::uint64_t seed) {
   std::int64_t i = 0;
   for (; i + 1 < n; i += 2) {
     std::uint64_t const bits = rng.next();
-    p[i] = moecomm::dtype_traits<T>::from_float(rng.symmetric(static_cast<std::uint32_t>(bits)));
-    p[i + 1] = moecomm::dtype_traits<T>::from_float(rng.symmetric(static_cast<std::uint32_t>(bits >> 32)));
+    p[i] = moecomm::dtype_traits<T>::from_float(splitmix64::symmetric(static_cast<std::uint32_t>(bits)));
+    p[i + 1] = moecomm::dtype_traits<T>::from_float(splitmix64::symmetric(static_cast<std::uint32_t>(bits >> 32)));
   }
-  if (i < n) p[i] = moecomm::dtype_traits<T>::from_float(rng.symmetric(static_cast<std::uint32_t>(rng.next())));
+  if (i < n) p[i] = moecomm::dtype_traits<T>::from_float(splitmix64::symmetric(static_cast<std::uint32_t>(rng.next())));
 }
 
 // ---- routing and its reference row map -------------------------------------------------------
@@ -378,15 +349,5 @@ int main(int argc, char** argv) {
 #endif
 
   register_all();
-  std::size_t const ran = benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  if (ran == 0) {
-    std::fprintf(stderr, "bench_permute: no benchmark matched the filter\n");
-    return 1;
-  }
-  if (g_failed) {
-    std::fprintf(stderr, "bench_permute: a correctness check failed\n");
-    return 1;
-  }
-  return 0;
+  return finish("bench_permute");
 }

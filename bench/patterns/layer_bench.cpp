@@ -33,6 +33,7 @@
 
 #include <moecomm/moecomm.hpp>
 
+#include "../support/harness.hpp"
 #include "../support/memcpy_reference.hpp"
 
 #include <benchmark/benchmark.h>
@@ -153,6 +154,8 @@ void operator delete[](void* p, std::size_t, std::align_val_t al) noexcept { ::o
 
 namespace {
 
+using namespace moecomm_bench;
+
 using comm_t = moecomm::inproc_communicator;
 
 constexpr std::int64_t kTokens = 4096;  // per rank
@@ -164,38 +167,6 @@ constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 moecomm::host_backend const be{1};
 moecomm_bench::memcpy_reference g_memcpy;
-std::atomic<bool> g_failed{false};
-
-// ---- errors ----------------------------------------------------------------------------------
-
-std::deque<std::string>& error_messages() {  // SkipWithError keeps a char pointer on some versions
-  static std::deque<std::string> messages;
-  return messages;
-}
-
-void fail(benchmark::State& state, std::string message) {
-  g_failed = true;
-  error_messages().push_back(std::move(message));
-  std::fprintf(stderr, "CHECK FAILED: %s\n", error_messages().back().c_str());
-  state.SkipWithError(error_messages().back().c_str());
-}
-
-// ---- deterministic random numbers ------------------------------------------------------------
-
-struct splitmix64 {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  //! Uniform in [-1, 1), 24 random bits.
-  float symmetric() { return static_cast<float>(static_cast<std::int32_t>(next() >> 40) - (1 << 23)) * 0x1p-23f; }
-  //! Uniform in (0, 1].
-  float unit() { return static_cast<float>((next() >> 40) + 1) * 0x1p-24f; }
-  std::uint32_t below(std::uint32_t n) { return static_cast<std::uint32_t>((next() >> 32) * n >> 32); }
-};
 
 std::uint32_t bits_of(float f) {
   std::uint32_t u;
@@ -204,14 +175,6 @@ std::uint32_t bits_of(float f) {
 }
 
 // ---- cases and data ----------------------------------------------------------------------------
-
-struct layout {
-  std::int32_t nodes, per_node;
-  [[nodiscard]] std::int32_t ranks() const { return nodes * per_node; }
-  [[nodiscard]] std::string name() const {
-    return "R:" + std::to_string(ranks()) + "/" + std::to_string(nodes) + "x" + std::to_string(per_node);
-  }
-};
 
 constexpr layout kLayouts[] = {{2, 2}, {2, 4}};
 
@@ -325,33 +288,6 @@ std::string check_rank(rank_data const& d, std::int32_t me, bool drops, bool bac
     }
   }
   return {};
-}
-
-// ---- the rank-0-driven timed loop (as in bench/comm/alltoall_bench.cpp) -----------------------
-
-template <class Step>
-void timed_loop(benchmark::State& state, comm_t& comm, std::atomic<bool>& stop, std::vector<double>& seconds,
-                Step&& step) {
-  if (comm.rank() == 0) {
-    for (auto _ : state) {
-      comm.barrier();
-      auto const start = std::chrono::steady_clock::now();
-      step();
-      comm.barrier();
-      double const t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      state.SetIterationTime(t);
-      seconds.push_back(t);
-    }
-    stop.store(true, std::memory_order_relaxed);  // published to the others by the barrier below
-    comm.barrier();
-  } else {
-    for (;;) {
-      comm.barrier();
-      if (stop.load(std::memory_order_relaxed)) break;
-      step();
-      comm.barrier();
-    }
-  }
 }
 
 // ---- the benchmark -------------------------------------------------------------------------------
@@ -493,15 +429,5 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("pairwise1", "moecomm::pairwise{1}");
 
   register_all();
-  std::size_t const ran = benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  if (ran == 0) {
-    std::fprintf(stderr, "bench_layer: no benchmark matched the filter\n");
-    return 1;
-  }
-  if (g_failed) {
-    std::fprintf(stderr, "bench_layer: a correctness check failed\n");
-    return 1;
-  }
-  return 0;
+  return moecomm_bench::finish("bench_layer");
 }
