@@ -17,6 +17,7 @@
 #include <moecomm/ops/sort_chunks.hpp>
 #include <moecomm/ops/unpermute.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -25,6 +26,18 @@
 
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
+
+//! `out[i]` = the new label of slot i's expert (invalid and masked ids unchanged).
+struct relabel_experts {
+  std::int32_t const* idx;
+  std::int32_t const* label;  //!< `[E]`
+  std::int32_t num_experts;
+  std::int32_t* out;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int32_t const e = idx[i];
+    out[i] = is_valid_expert(e, num_experts) ? label[e] : e;
+  }
+};
 
 struct is_kept_slot {
   std::int32_t const* idx;
@@ -39,6 +52,7 @@ struct dispatch_report {
   std::int64_t kept_slots = 0;     //!< slots sent to an expert
   std::int64_t dropped_slots = 0;  //!< valid slots dropped by the capacity policy
   std::int64_t received_rows = 0;  //!< rows this rank's experts get (padding included)
+  std::int64_t home_rows = 0;      //!< rows of this rank's tokens computed here by home experts
   alltoall_stats exchange;         //!< messages and bytes sent, accumulated over the step's all-to-alls
 };
 
@@ -46,6 +60,12 @@ struct dispatch_report {
 //! per rank). Every member is collective over the group. Call `route` once per routing decision,
 //! then `dispatch` / `combine` (and, for training, `combine_backward` / `dispatch_backward`) for
 //! that routing, with rows of any supported element type.
+//!
+//! Home experts (FasterMoE's shadowed experts): `route` may name experts whose rows are computed
+//! where their tokens are, on every rank, instead of being sent to the owner. Their rows skip the
+//! exchange and appear in the `home_rows` arguments, grouped by home expert (ascending id,
+//! `home_expert_offsets()`), each expert's rows in (token, slot) order. The combine still sums
+//! every slot of a token in slot order, so outputs are bit for bit those of plain dispatch.
 //! @tparam Capacity `dropless`, `capacity<drop_by_position | drop_by_probability | drop_random>` or
 //!         `receiver_budget`.
 //! @tparam Algorithm `flat`, `hierarchical_2d` or `pairwise`.
@@ -66,7 +86,17 @@ class dispatcher {
   //! Applies the capacity policy, builds the permute plan and exchanges the counts. Collective.
   //! The routing arrays must stay alive and unchanged until the step is done.
   void route(routing_view const& routing) {
+    route(routing, [](std::vector<std::int64_t> const&) { return std::vector<std::int32_t>{}; });
+  }
+
+  //! As `route`, then `choose_home(counts)` names the home experts from the gathered `[R][E]`
+  //! matrix of rows each rank sends each expert (after capacity). It runs on every rank with the
+  //! same matrix and must return the same experts on every rank (a pure function does).
+  template <class ChooseHome>
+  void route(routing_view const& routing, ChooseHome&& choose_home) {
     report_ = {};
+    home_.clear();
+    relabeled_idx_.reset();
     kept_idx_.reset();
     plan_.reset();
     std::int64_t padded = 0;
@@ -109,6 +139,7 @@ class dispatcher {
       report_.dropped_slots = all.num_rows() - report_.kept_slots;
     }
     exchange_counts();
+    keep_home(choose_home(counts_), padded);
   }
 
   //! Sends each kept slot's token row to its expert's rank. `expert_rows` receives
@@ -116,9 +147,15 @@ class dispatcher {
   //! ordered by (source rank, source token). Collective.
   template <class T>
   void dispatch(matrix_view<std::add_const_t<T>> x, matrix_view<T> expert_rows) {
+    dispatch<T>(x, expert_rows, no_home_rows<T>(x.hidden));
+  }
+  //! With home experts: their rows go to `home_rows` (`home_rows()` rows) instead.
+  template <class T>
+  void dispatch(matrix_view<std::add_const_t<T>> x, matrix_view<T> expert_rows, matrix_view<T> home) {
     require_routed("dispatch");
     auto sent = rows_buffer<T>(plan_->num_rows(), x.hidden);
     permute(be_, *plan_, x, as_rows<T>(sent, plan_->num_rows(), x.hidden));
+    be_.copy(home.data, home_tail<T>(sent, home, x.hidden, "dispatch", "home_rows"), home_rows() * x.hidden);
     exchange_forward<T>(sent.data(), expert_rows, "dispatch");
   }
 
@@ -126,8 +163,14 @@ class dispatcher {
   //! returned rows for `combine_backward`. Collective.
   template <class Weighting = weighted, class T>
   void combine(matrix_view<std::add_const_t<T>> expert_rows, matrix_view<T> out) {
+    combine<Weighting, T>(expert_rows, no_home_rows<T const>(out.hidden), out);
+  }
+  //! With home experts: their output rows come from `home_rows`.
+  template <class Weighting = weighted, class T>
+  void combine(matrix_view<std::add_const_t<T>> expert_rows, matrix_view<std::add_const_t<T>> home, matrix_view<T> out) {
     require_routed("combine");
     returned_ = exchange_back<T>(expert_rows, "combine");
+    be_.copy(home_tail<T>(returned_, home, out.hidden, "combine", "home_rows"), home.data, home_rows() * out.hidden);
     unpermute<Weighting>(be_, *plan_, returned_view<T>(out.hidden), out);
   }
 
@@ -136,28 +179,49 @@ class dispatcher {
   //! 0 for dropped and masked slots). Collective.
   template <class Weighting = weighted, class T>
   void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, float* d_weights = nullptr) {
+    combine_backward<Weighting, T>(d_out, d_expert_rows, no_home_rows<T>(d_out.hidden), d_weights);
+  }
+  //! With home experts: the gradient of their output rows goes to `d_home_rows`.
+  template <class Weighting = weighted, class T>
+  void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, matrix_view<T> d_home,
+                        float* d_weights) {
     require_routed("combine_backward");
     detail::require(d_weights == nullptr || returned_.size() > 0 || plan_->num_rows() == 0, "dispatcher::combine_backward",
                     "the weight gradient needs the rows of a previous combine");
     auto d_rows = rows_buffer<T>(plan_->num_rows(), d_out.hidden);
     unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, plan_->num_rows(), d_out.hidden),
                                   d_weights != nullptr ? returned_view<T>(d_out.hidden) : matrix_view<T const>{}, d_weights);
+    be_.copy(d_home.data, home_tail<T>(d_rows, d_home, d_out.hidden, "combine_backward", "d_home_rows"), home_rows() * d_out.hidden);
     exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
   }
 
   //! The backward of `dispatch`: the gradient of the token rows from that of the expert input rows.
   template <class T>
   void dispatch_backward(matrix_view<std::add_const_t<T>> d_expert_rows, matrix_view<T> d_x) {
+    dispatch_backward<T>(d_expert_rows, no_home_rows<T const>(d_x.hidden), d_x);
+  }
+  //! With home experts: the gradient of their input rows comes from `d_home_rows`.
+  template <class T>
+  void dispatch_backward(matrix_view<std::add_const_t<T>> d_expert_rows, matrix_view<std::add_const_t<T>> d_home,
+                         matrix_view<T> d_x) {
     require_routed("dispatch_backward");
     auto d_rows = exchange_back<T>(d_expert_rows, "dispatch_backward");
+    be_.copy(home_tail<T>(d_rows, d_home, d_x.hidden, "dispatch_backward", "d_home_rows"), d_home.data, home_rows() * d_x.hidden);
     permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_->num_rows(), d_x.hidden)), d_x);
   }
 
   //! Rows this rank's experts receive (padding rows included).
   [[nodiscard]] std::int64_t received_rows() const { return report_.received_rows; }
+  //! Rows of this rank's tokens for the home experts (padding included).
+  [[nodiscard]] std::int64_t home_rows() const { return report_.home_rows; }
+  //! The home experts of this routing, ascending (empty for plain dispatch).
+  [[nodiscard]] std::vector<std::int32_t> const& home_experts() const { return home_; }
+  //! `[home_experts().size() + 1]` host offsets of each home expert's rows in `home_rows`.
+  [[nodiscard]] std::vector<std::int64_t> const& home_expert_offsets() const { return home_offsets_; }
   //! `[L + 1]` host offsets of each local expert's rows in `expert_rows`.
   [[nodiscard]] std::vector<std::int64_t> const& local_expert_offsets() const { return local_offsets_; }
-  //! `rows_from(s, e)`: rows source rank s sends global expert e (after capacity, with padding).
+  //! `rows_from(s, e)`: rows source rank s sends global expert e (after capacity, with padding;
+  //! 0 for home experts, whose rows stay at their source).
   [[nodiscard]] std::int64_t rows_from(std::int32_t source, std::int32_t expert) const {
     return counts_[static_cast<std::size_t>(source) * num_experts_ + expert];
   }
@@ -171,6 +235,55 @@ class dispatcher {
 
   void require_routed(char const* op) const {
     if (!plan_) detail::fail(status::invalid_usage, "dispatcher", op, " was called before route()");
+  }
+
+  template <class T>
+  static matrix_view<T> no_home_rows(std::int64_t hidden) {
+    return {nullptr, 0, hidden};
+  }
+
+  //! The home rows are the tail of a permuted buffer, after the rows that are exchanged.
+  template <class T>
+  T* home_tail(bytes_t& permuted, matrix_view<T const> home, std::int64_t hidden, char const* op, char const* name) const {
+    detail::check_rows(home, home_rows(), op, name, "dispatcher.home_rows()");
+    detail::require(home.hidden == hidden, op, "argument '", name, "' has hidden = ", home.hidden, ", the token rows ", hidden);
+    return reinterpret_cast<T*>(permuted.data()) + (plan_->num_rows() - home_rows()) * home.hidden;
+  }
+
+  //! Makes `chosen` the home experts: relabels them to sort after every other expert (so their
+  //! rows form the permuted buffer's tail), rebuilds the plan on the relabeled routing, and takes
+  //! their rows out of the exchange.
+  void keep_home(std::vector<std::int32_t> chosen, std::int64_t padded) {
+    std::sort(chosen.begin(), chosen.end());
+    for (std::size_t i = 0; i < chosen.size(); ++i) {
+      detail::require(chosen[i] >= 0 && chosen[i] < num_experts_, "dispatcher::route", "home expert ", chosen[i],
+                      " is not an expert of ", num_experts_);
+      detail::require(i == 0 || chosen[i - 1] != chosen[i], "dispatcher::route", "home expert ", chosen[i],
+                      " is named twice");
+    }
+    home_ = std::move(chosen);
+    std::int32_t const me = groups_->world().rank();
+    home_offsets_.assign(home_.size() + 1, 0);
+    for (std::size_t i = 0; i < home_.size(); ++i) home_offsets_[i + 1] = home_offsets_[i] + rows_from(me, home_[i]);
+    report_.home_rows = home_offsets_.back();
+    if (home_.empty()) return;
+    std::vector<std::int32_t> label(static_cast<std::size_t>(num_experts_));
+    std::int32_t next = 0;
+    for (std::int32_t pass = 0; pass < 2; ++pass)  // others first, then home experts, each ascending
+      for (std::int32_t e = 0; e < num_experts_; ++e)
+        if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label[static_cast<std::size_t>(e)] = next++;
+    routing_view relabeled = plan_->routing();
+    std::int64_t const slots = relabeled.num_tokens * relabeled.top_k;
+    auto device_label = be_.template allocate<std::int32_t>(num_experts_);
+    be_.copy(device_label.data(), label.data(), num_experts_);
+    relabeled_idx_.emplace(be_.template allocate<std::int32_t>(slots));
+    be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label.data(), num_experts_,
+                                                      relabeled_idx_->data()});
+    relabeled.topk_idx = relabeled_idx_->data();
+    plan_.emplace(make_permute_plan(be_, relabeled, num_experts_, unchecked_routing, padded));
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      for (std::int32_t e : home_) counts_[static_cast<std::size_t>(s) * num_experts_ + e] = 0;
+    derive_local_counts();
   }
 
   template <class T>
@@ -244,6 +357,11 @@ class dispatcher {
       mine[static_cast<std::size_t>(e)] = offsets[static_cast<std::size_t>(e) + 1] - offsets[static_cast<std::size_t>(e)];
     counts_.assign(static_cast<std::size_t>(ranks_) * num_experts_, 0);
     groups_->world().allgather(mine.data(), counts_.data(), num_experts_ * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    derive_local_counts();
+  }
+
+  //! This rank's receive counts and expert offsets, from `counts_`.
+  void derive_local_counts() {
     std::int32_t const me = groups_->world().rank();
     chunk_counts_.assign(static_cast<std::size_t>(ranks_) * local_experts_, 0);
     local_offsets_.assign(static_cast<std::size_t>(local_experts_) + 1, 0);
@@ -301,10 +419,13 @@ class dispatcher {
   routing_checks checks_;
   std::int32_t num_experts_, ranks_, local_experts_ = 1;
   std::optional<typename Backend::template buffer_type<std::int32_t>> kept_idx_;
+  std::optional<typename Backend::template buffer_type<std::int32_t>> relabeled_idx_;  //!< home experts sorted last
   std::optional<permute_plan<Backend>> plan_;
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
   std::vector<std::int64_t> local_offsets_;
+  std::vector<std::int32_t> home_;           //!< home experts, ascending
+  std::vector<std::int64_t> home_offsets_;   //!< [home_.size() + 1] rows of each home expert
   bytes_t returned_;  //!< combine's returned rows, kept for combine_backward's weight gradient
   dispatch_report report_;
 };
