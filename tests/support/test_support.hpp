@@ -177,7 +177,7 @@ void check_bitwise(std::vector<T> const& got, std::vector<T> const& want, int64_
   for (std::size_t i = 0; i < want.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
       int64_t const h = hidden > 0 ? hidden : 1;
-      FAIL_CHECK(what, ": first mismatch at row ", static_cast<int64_t>(i) / h, ", column ",
+      FAIL_CHECK(std::string(what), ": first mismatch at row ", static_cast<int64_t>(i) / h, ", column ",
                  static_cast<int64_t>(i) % h, " (got ", oracle::f32(got[i]), ", want ", oracle::f32(want[i]), ")");
       return;
     }

@@ -17,7 +17,7 @@ class contiguous_placement {
  public:
   //! @throws error (invalid_argument) unless `num_experts > 0`, `num_ranks > 0` and
   //!         `num_experts % num_ranks == 0`.
-  contiguous_placement(std::int32_t num_experts, std::int32_t num_ranks)
+  explicit contiguous_placement(std::int32_t num_experts, std::int32_t num_ranks)
       : num_experts_(num_experts), num_ranks_(num_ranks) {
     detail::require(num_experts > 0, "contiguous_placement", "num_experts = ", num_experts, " must be positive");
     detail::require(num_ranks > 0, "contiguous_placement", "num_ranks = ", num_ranks, " must be positive");

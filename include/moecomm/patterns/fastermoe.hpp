@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! FasterMoE's shadowing (PPoPP'22 §4.1) as a policy of `expert_parallel_layer`: each step the
+//! planner picks hot experts from the all-gathered token counts (Algorithm 1); their owners
+//! broadcast their parameters to every rank; every rank computes its own tokens of them (their rows
+//! never cross the network); in the backward their gradients are summed back into the owners'.
+//!
+//! Switching a layer from plain expert parallelism is one policy type:
+//! `expert_parallel_layer<T, B, C, dropless, pairwise, weighted, fastermoe_shadowing<>>`.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/functional.hpp>
+#include <moecomm/core/placement.hpp>
+#include <moecomm/ops/alltoall/exchange_groups.hpp>
+#include <moecomm/ops/gradient_reduce.hpp>
+#include <moecomm/ops/replica/replica_set.hpp>
+#include <moecomm/ops/replica_broadcast.hpp>
+#include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/patterns/experts.hpp>
+#include <moecomm/plan/cost_model.hpp>
+#include <moecomm/plan/shadow_selection.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! FasterMoE's Algorithm 1 as the shadowing policy's planner. A planner is any callable
+//! `(model, topology, owner, counts) -> shadow_decision` that returns the same on every rank.
+struct fastermoe_planner {
+  shadow_decision operator()(fastermoe_cost_model const& model, topology const& topo,
+                             std::vector<std::int32_t> const& owner, std::int64_t const* counts) const {
+    return select_shadowed_experts(model, topo, owner, counts);
+  }
+};
+
+//! Shadowing policy: FasterMoE's. `model` is the performance model the planner evaluates (its
+//! `hidden` is taken from the layer); `path` moves the parameters and gradients of shadowed experts
+//! (`point_to_point_path`, the default, sums gradients in ascending rank order on every transport).
+template <class Path = point_to_point_path, class Planner = fastermoe_planner>
+struct fastermoe_shadowing {
+  static constexpr bool shadows = true;
+  static constexpr char const* name = "fastermoe";
+  fastermoe_cost_params model{};
+  Path path{};
+  Planner planner{};
+
+  //! The per-layer state: the last decision, and the replicas' parameters and gradients.
+  template <class Backend, class Comm>
+  class state {
+   public:
+    state(fastermoe_shadowing const& policy, Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts,
+          std::int64_t hidden)
+        : path_(policy.path),
+          planner_(policy.planner),
+          model_(with_hidden(policy.model, hidden)),
+          be_(std::move(be)),
+          groups_(&groups),
+          owners_(owners(num_experts, groups.world().size())) {}
+
+    //! Algorithm 1 on the gathered `[R][E]` counts; returns the shadowed experts.
+    std::vector<std::int32_t> choose(std::vector<std::int64_t> const& counts) {
+      counts_ = counts;
+      decision_ = planner_(model_, groups_->topo(), owners_, counts_.data());
+      shadowed_ = decision_.shadowed;
+      std::sort(shadowed_.begin(), shadowed_.end());
+      return shadowed_;
+    }
+
+    //! Owners send each shadowed expert's parameters to every other rank (ascending expert id);
+    //! and every rank zeroes its gradient accumulators for the experts it does not own.
+    template <class Experts>
+    void broadcast(Experts& experts) {
+      using P = detail::parameter_t<Experts>;
+      std::int64_t const count = experts.parameter_count();
+      std::size_t const r = shadowed_.size();
+      replica_params_ = be_.template allocate<char>(static_cast<std::int64_t>(r) * count * std::int64_t(sizeof(P)));
+      replica_grads_ = be_.template allocate<char>(static_cast<std::int64_t>(r) * count * std::int64_t(sizeof(P)));
+      be_.for_each_index(static_cast<std::int64_t>(r) * count,
+                         detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
+      for (std::size_t i = 0; i < r; ++i)
+        replica_broadcast(path_, groups_->world(), everyone_of(i), parameters(experts, i), count * std::int64_t(sizeof(P)));
+    }
+
+    //! The parameters shadowed expert `i` (in ascending id) is computed with on this rank.
+    template <class Experts>
+    detail::parameter_t<Experts>* parameters(Experts& experts, std::size_t i) {
+      using P = detail::parameter_t<Experts>;
+      if (owns(i)) return experts.parameters(local_index(i));
+      return reinterpret_cast<P*>(replica_params_.data()) + static_cast<std::int64_t>(i) * experts.parameter_count();
+    }
+
+    //! Where this rank accumulates shadowed expert `i`'s gradient: the owner's own accumulator, or
+    //! a zeroed replica buffer that `reduce` sends to the owner.
+    template <class Experts>
+    detail::parameter_t<Experts>* gradients(Experts& experts, std::size_t i) {
+      using P = detail::parameter_t<Experts>;
+      if (owns(i)) return experts.gradients(local_index(i));
+      return reinterpret_cast<P*>(replica_grads_.data()) + static_cast<std::int64_t>(i) * experts.parameter_count();
+    }
+
+    //! Sums every rank's gradient of each shadowed expert into its owner's, in ascending rank.
+    template <class Experts>
+    void reduce(Experts& experts) {
+      for (std::size_t i = 0; i < shadowed_.size(); ++i)
+        gradient_reduce(path_, be_, groups_->world(), everyone_of(i), gradients(experts, i), experts.parameter_count());
+    }
+
+    //! The last step's decision: shadowed experts, predicted latencies, tokens per rank before and after.
+    [[nodiscard]] shadow_decision const& decision() const { return decision_; }
+    //! The last step's gathered `[R][E]` counts, before shadowing.
+    [[nodiscard]] std::vector<std::int64_t> const& counts() const { return counts_; }
+    [[nodiscard]] fastermoe_cost_model const& model() const { return model_; }
+
+   private:
+    static fastermoe_cost_model with_hidden(fastermoe_cost_params params, std::int64_t hidden) {
+      params.hidden = hidden;
+      return fastermoe_cost_model(params);
+    }
+    static std::vector<std::int32_t> owners(std::int32_t num_experts, std::int32_t ranks) {
+      contiguous_placement const placement(num_experts, ranks);
+      std::vector<std::int32_t> owner(static_cast<std::size_t>(num_experts));
+      for (std::int32_t e = 0; e < num_experts; ++e) owner[static_cast<std::size_t>(e)] = placement.rank_of(e);
+      return owner;
+    }
+    [[nodiscard]] std::int32_t owner_of(std::size_t i) const { return owners_[static_cast<std::size_t>(shadowed_[i])]; }
+    [[nodiscard]] bool owns(std::size_t i) const { return owner_of(i) == groups_->world().rank(); }
+    [[nodiscard]] std::int32_t local_index(std::size_t i) const {
+      return shadowed_[i] % (static_cast<std::int32_t>(owners_.size()) / groups_->world().size());
+    }
+    [[nodiscard]] replica_set everyone_of(std::size_t i) const {
+      return replica_set::everyone(owner_of(i), groups_->world().size());
+    }
+
+    Path path_;
+    Planner planner_;
+    fastermoe_cost_model model_;
+    Backend be_;
+    exchange_groups<Comm>* groups_;
+    std::vector<std::int32_t> owners_;
+    std::vector<std::int64_t> counts_;
+    shadow_decision decision_;
+    std::vector<std::int32_t> shadowed_;  //!< ascending, as the dispatcher's home experts
+    typename Backend::template buffer_type<char> replica_params_, replica_grads_;
+  };
+};
+
+MOECOMM_NAMESPACE_END
