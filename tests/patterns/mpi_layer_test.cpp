@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The expert-parallel layer across 4 MPI processes (2 nodes x 2) equals the single-process oracle,
 // for every capacity policy and all-to-all algorithm: the same check as the in-process test
-// (layer_cases.hpp), each process running its own rank.
+// (layer_cases.hpp), each process running its own rank. And FasterMoE's shadowed layer equals the
+// plain one (shadow_cases.hpp), over both replica paths.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "layer_cases.hpp"
+#include "shadow_cases.hpp"
 
 #include <moecomm/comm/mpi.hpp>
 
@@ -28,6 +30,20 @@ void check_mpi_layer(Algorithm const& algorithm) {
 TEST_CASE("the expert-parallel layer over MPI equals the oracle: flat") { check_mpi_layer(moecomm::flat{}); }
 TEST_CASE("the expert-parallel layer over MPI equals the oracle: hierarchical_2d") { check_mpi_layer(moecomm::hierarchical_2d{}); }
 TEST_CASE("the expert-parallel layer over MPI equals the oracle: pairwise") { check_mpi_layer(moecomm::pairwise{1}); }
+
+template <class Path>
+void check_mpi_shadowing(Path const& path, bool exact) {
+  moecomm::mpi_communicator comm(MPI_COMM_WORLD, {});
+  REQUIRE(comm.size() == 4);
+  shadow_case const c{4, 2, 8, 2, 16, {60, 45, 0, 70}, 1.2, exact};
+  auto const in = make_shadow_inputs<float>(c);
+  auto const home = check_shadowed_equals_plain(comm, c, in, moecomm::fastermoe_shadowing<Path>{small_model(), path, {}},
+                                                moecomm::dropless{}, moecomm::pairwise{2});
+  CHECK(!home.empty());
+}
+
+TEST_CASE("FasterMoE over MPI: shadowed == plain, point-to-point replicas") { check_mpi_shadowing(moecomm::point_to_point_path{256}, true); }
+TEST_CASE("FasterMoE over MPI: shadowed == plain, collective replicas") { check_mpi_shadowing(moecomm::collective_path{}, false); }
 
 }  // namespace test
 
