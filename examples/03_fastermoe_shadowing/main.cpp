@@ -1,0 +1,889 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Example 03: FasterMoE's expert shadowing, beside plain expert parallelism.
+//!
+//! With skewed routing the owner of a popular expert receives and computes far more token rows
+//! than the other ranks. FasterMoE (Lei et al., PPoPP'22, §4.1) "shadows" such experts: their
+//! owners broadcast their parameters to every rank, every rank computes its own tokens of them
+//! (those rows never cross the network), and in the backward every rank's gradient of them is
+//! summed back into the owner's. Each step its Algorithm 1 picks the set from the all-gathered
+//! token counts with a cost model (plan/cost_model.hpp, plan/shadow_selection.hpp).
+//!
+//! R ranks run as R threads of this process (`inproc_world`), as N nodes of G ranks. The experts
+//! are FasterMoE's: 2-layer MLPs H -> alpha*H -> H with ReLU, written below with plain loops as
+//! parametric experts (patterns/experts.hpp). Every step, each rank routes fresh tokens (Zipf
+//! gate) through two layers that differ in one policy type:
+//!   expert_parallel_layer<float, host_backend, inproc_communicator, dropless, pairwise, weighted, no_shadowing>
+//!   expert_parallel_layer<float, host_backend, inproc_communicator, dropless, pairwise, weighted,
+//!   fastermoe_shadowing<>>
+//! with fresh, identical copies of the experts' parameters. The program reports the shadow set,
+//! the rows each rank computes, the bytes of parameters moved against the bytes of tokens no longer
+//! sent, the model's predicted layer time (calibrated on this machine) beside the measured one,
+//! and checks that outputs and gradients agree with plain expert parallelism.
+//!
+//! Run with --help for the flags.
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <moecomm/moecomm.hpp>
+#include <moecomm/patterns/fastermoe.hpp>
+#include <new>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using moecomm::inproc_communicator;
+using moecomm::matrix_view;
+using std::int32_t;
+using std::int64_t;
+
+// ---- options ------------------------------------------------------------------------------------
+
+struct options {
+  int32_t ranks = 8;
+  int32_t nodes = 2;
+  int32_t experts = 16;
+  int32_t topk = 2;
+  int64_t tokens = 1024;  // per rank
+  int64_t hidden = 64;
+  int32_t alpha = 2;  // the experts' hidden layer is alpha * H wide
+  double zipf = 1.2;
+  std::uint64_t seed = 1;
+  int steps = 3;
+  int timeout = 60;  // seconds, the in-process world's collective timeout
+};
+
+constexpr char const* program = "example_03_fastermoe_shadowing";
+
+void print_usage() {
+  options const d;
+  std::printf(
+      "usage: %s [flags]\n"
+      "\n"
+      "Runs an MoE layer of 2-layer MLP experts, expert parallel over R in-process ranks (threads),\n"
+      "with and without FasterMoE's shadowing of hot experts, on the same inputs: reports the shadow\n"
+      "set of each step, the rows each rank computes, parameter bytes moved against token bytes saved,\n"
+      "the cost model's predicted time beside the measured one, and checks that outputs and gradients\n"
+      "agree with plain expert parallelism.\n"
+      "\n"
+      "flags (--flag value or --flag=value):\n"
+      "  --ranks R     in-process ranks, one thread each (default %d)\n"
+      "  --nodes N     nodes; must divide R, each holds R / N ranks (default %d)\n"
+      "  --experts E   experts; a multiple of R, E / R per rank (default %d)\n"
+      "  --topk K      distinct experts per token, K <= E (default %d)\n"
+      "  --tokens T    tokens per rank and step (default %" PRId64
+      ")\n"
+      "  --hidden H    elements per token row (default %" PRId64
+      ")\n"
+      "  --alpha A     expert MLP H -> A*H -> H (default %d)\n"
+      "  --zipf s      gate skew: P(expert e) ~ 1/(e+1)^s, the same on every rank; 0 is uniform (default %.1f)\n"
+      "  --seed N      seed of the gate, the rows and the parameters (default %" PRIu64
+      ")\n"
+      "  --steps N     steps, each with fresh tokens; one untimed warm-up step comes first (default %d)\n"
+      "  --timeout S   seconds a rank may wait in a collective before the run aborts (default %d)\n"
+      "  --help        this text\n",
+      program, d.ranks, d.nodes, d.experts, d.topk, d.tokens, d.hidden, d.alpha, d.zipf, d.seed, d.steps, d.timeout);
+}
+
+[[noreturn]] void usage_error(std::string const& message) {
+  std::fprintf(stderr, "%s: %s\nRun '%s --help' for the list of flags.\n", program, message.c_str(), program);
+  std::exit(2);
+}
+
+int64_t parse_int(std::string const& flag, std::string const& text, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  long long const v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE) usage_error(flag + " expects an integer, got '" + text + "'");
+  if (v < lo || v > hi)
+    usage_error(flag + " = " + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+double parse_real(std::string const& flag, std::string const& text, double lo, double hi) {
+  char* end = nullptr;
+  double const v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
+    char range[96];
+    std::snprintf(range, sizeof range, "a number in [%g, %g]", lo, hi);
+    usage_error(flag + " expects " + range + ", got '" + text + "'");
+  }
+  return v;
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h") arg = "--help";
+    if (arg.rfind("--", 0) != 0) usage_error("unexpected argument '" + arg + "' (flags start with --)");
+    std::string value;
+    bool has_value = false;
+    if (auto const eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::string const& {
+      if (!has_value) {
+        if (i + 1 >= argc) usage_error("flag " + arg + " needs a value");
+        value = argv[++i];
+        has_value = true;
+      }
+      return value;
+    };
+    if (arg == "--help") {
+      print_usage();
+      std::exit(0);
+    } else if (arg == "--ranks") {
+      o.ranks = static_cast<int32_t>(parse_int(arg, next(), 1, 64));
+    } else if (arg == "--nodes") {
+      o.nodes = static_cast<int32_t>(parse_int(arg, next(), 1, 64));
+    } else if (arg == "--experts") {
+      o.experts = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 12));
+    } else if (arg == "--topk") {
+      o.topk = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 12));
+    } else if (arg == "--tokens") {
+      o.tokens = parse_int(arg, next(), 1, 1 << 20);
+    } else if (arg == "--hidden") {
+      o.hidden = parse_int(arg, next(), 1, 4096);
+    } else if (arg == "--alpha") {
+      o.alpha = static_cast<int32_t>(parse_int(arg, next(), 1, 16));
+    } else if (arg == "--zipf") {
+      o.zipf = parse_real(arg, next(), 0.0, 16.0);
+    } else if (arg == "--seed") {
+      std::string const& text = next();
+      char* end = nullptr;
+      errno = 0;
+      unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
+      if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
+        usage_error("--seed expects a non-negative integer, got '" + text + "'");
+      o.seed = v;
+    } else if (arg == "--steps") {
+      o.steps = static_cast<int>(parse_int(arg, next(), 1, 1000));
+    } else if (arg == "--timeout") {
+      o.timeout = static_cast<int>(parse_int(arg, next(), 1, 3600));
+    } else {
+      usage_error("unknown flag '" + arg + "'");
+    }
+  }
+  auto const str = [](auto v) { return std::to_string(v); };
+  if (o.ranks % o.nodes != 0)
+    usage_error("--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +
+                ": every node holds the same number of ranks");
+  if (o.experts % o.ranks != 0)
+    usage_error("--experts " + str(o.experts) + " is not a multiple of --ranks " + str(o.ranks) +
+                ": each rank holds E / R experts");
+  if (o.topk > o.experts)
+    usage_error("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts) +
+                ": every token picks K distinct experts");
+  return o;
+}
+
+// ---- formatting ---------------------------------------------------------------------------------
+
+std::string format(char const* fmt, double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, fmt, v);
+  return text;
+}
+
+std::string format_time(double seconds) {
+  if (seconds >= 1.0) return format("%.3f s", seconds);
+  if (seconds >= 1e-3) return format("%.2f ms", seconds * 1e3);
+  if (seconds >= 1e-6) return format("%.1f us", seconds * 1e6);
+  return format("%.0f ns", seconds * 1e9);
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024) return format("%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  if (bytes >= 1024.0 * 1024) return format("%.1f MiB", bytes / (1024.0 * 1024));
+  if (bytes >= 1024.0) return format("%.1f KiB", bytes / 1024.0);
+  return format("%.0f B", bytes);
+}
+
+std::string bar(double value, double max_value, int width) {
+  int const n = max_value > 0 ? static_cast<int>(std::lround(width * value / max_value)) : 0;
+  return std::string(static_cast<std::size_t>(std::max(n, value > 0 ? 1 : 0)), '#');
+}
+
+// ---- timing -------------------------------------------------------------------------------------
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+// ---- the experts: FasterMoE's 2-layer MLP, as parametric experts ----------------------------------
+
+//! y[j] += a * x[j]. Every loop of the experts is this one: each output element is a sum whose
+//! terms come in a fixed order, one per call, so a row's result does not depend on which other
+//! rows share its batch (the shadowed layer hands an expert other batches than plain EP does), and
+//! the compiler may vectorise over j without changing a bit (-ffp-contract=off: no FMA either).
+void axpy(float a, float const* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += a * x[j];
+}
+
+//! One rank's experts: expert(x) = relu(x W1 + b1) W2 + b2, W1 [H][I], W2 [I][H], I = alpha * H.
+//! One expert's flat parameters (and gradient accumulator) are W1, b1, W2, b2 in that order.
+struct mlp_experts {
+  int64_t hidden = 0, inner = 0;     //!< H, I
+  std::vector<float> params, grads;  //!< [local expert][parameter_count()]
+
+  [[nodiscard]] int64_t parameter_count() const { return 2 * hidden * inner + inner + hidden; }
+  float* parameters(int32_t l) { return params.data() + l * parameter_count(); }
+  float* gradients(int32_t l) { return grads.data() + l * parameter_count(); }
+
+  void forward(float const* p, matrix_view<float const> in, matrix_view<float> out) const {
+    std::vector<float> z(static_cast<std::size_t>(inner));
+    float const* const w2 = p + hidden * inner + inner;
+    float const* const b2 = w2 + inner * hidden;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      hidden_layer(p, in.row(r), z.data());
+      float* const y = out.row(r);
+      std::copy(b2, b2 + hidden, y);
+      for (int64_t j = 0; j < inner; ++j)
+        axpy(std::max(z[static_cast<std::size_t>(j)], 0.0f), w2 + j * hidden, y, hidden);
+    }
+  }
+
+  //! Writes d_in and adds this batch's gradient to d_p, row by row. The hidden layer is computed
+  //! again (the interface passes the inputs, not the activations).
+  void backward(float const* p, matrix_view<float const> in, matrix_view<float const> d_out, matrix_view<float> d_in,
+                float* d_p) const {
+    auto const I = static_cast<std::size_t>(inner);
+    float const* const w1 = p;
+    float const* const w2 = p + hidden * inner + inner;
+    // Transposed copies, so that d_a = W2 g and d_x = W1 d_z are axpys over contiguous rows too.
+    std::vector<float> w1t(I * static_cast<std::size_t>(hidden)), w2t(w1t.size());
+    for (int64_t i = 0; i < hidden; ++i)
+      for (int64_t j = 0; j < inner; ++j) {
+        w1t[static_cast<std::size_t>(j * hidden + i)] = w1[i * inner + j];
+        w2t[static_cast<std::size_t>(i * inner + j)] = w2[j * hidden + i];
+      }
+    float* const dw1 = d_p;
+    float* const db1 = dw1 + hidden * inner;
+    float* const dw2 = db1 + inner;
+    float* const db2 = dw2 + inner * hidden;
+    std::vector<float> z(I), d_a(I), d_z(I);
+    for (int64_t r = 0; r < in.rows; ++r) {
+      float const* const x = in.row(r);
+      float const* const g = d_out.row(r);
+      hidden_layer(p, x, z.data());
+      axpy(1.0f, g, db2, hidden);
+      for (int64_t j = 0; j < inner; ++j)
+        axpy(std::max(z[static_cast<std::size_t>(j)], 0.0f), g, dw2 + j * hidden, hidden);
+      std::fill(d_a.begin(), d_a.end(), 0.0f);
+      for (int64_t k = 0; k < hidden; ++k) axpy(g[k], w2t.data() + k * inner, d_a.data(), inner);
+      for (std::size_t j = 0; j < I; ++j) d_z[j] = z[j] > 0.0f ? d_a[j] : 0.0f;
+      axpy(1.0f, d_z.data(), db1, inner);
+      for (int64_t i = 0; i < hidden; ++i) axpy(x[i], d_z.data(), dw1 + i * inner, inner);
+      float* const dx = d_in.row(r);
+      std::fill(dx, dx + hidden, 0.0f);
+      for (int64_t j = 0; j < inner; ++j) axpy(d_z[static_cast<std::size_t>(j)], w1t.data() + j * hidden, dx, hidden);
+    }
+  }
+
+ private:
+  //! z = x W1 + b1, before the ReLU.
+  void hidden_layer(float const* p, float const* x, float* z) const {
+    float const* const b1 = p + hidden * inner;
+    std::copy(b1, b1 + inner, z);
+    for (int64_t i = 0; i < hidden; ++i) axpy(x[i], p + i * inner, z, inner);
+  }
+};
+
+//! 4*alpha*H^2: FLOPs of one row through one expert, forward (the cost model's count).
+double forward_flops_per_row(int64_t hidden, int32_t alpha) {
+  return 4.0 * alpha * static_cast<double>(hidden) * static_cast<double>(hidden);
+}
+
+// ---- calibration: the cost model's machine constants, measured --------------------------------
+
+//! FLOP/s of one thread running an expert's forward on a block of rows (~50 MFLOP), best of 5.
+double expert_flop_rate(int64_t hidden, int32_t alpha) {
+  int64_t const rows = std::max<int64_t>(16, static_cast<int64_t>(5e7 / forward_flops_per_row(hidden, alpha)));
+  mlp_experts experts;
+  experts.hidden = hidden;
+  experts.inner = alpha * hidden;
+  experts.params.assign(static_cast<std::size_t>(experts.parameter_count()), 0.01f);
+  std::vector<float> in(static_cast<std::size_t>(rows * hidden), 0.5f), out(in.size());
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 5; ++i) {
+    auto const start = clock_type::now();
+    experts.forward(experts.parameters(0), {in.data(), rows, hidden}, {out.data(), rows, hidden});
+    best = std::min(best, seconds_since(start));
+    in[static_cast<std::size_t>(i)] = out.back();  // keep the results observable
+  }
+  return static_cast<double>(rows) * forward_flops_per_row(hidden, alpha) / best;
+}
+
+//! Bytes one thread copies per second with std::memcpy: 64 MiB into 64 MiB, both written first,
+//! best of 5. In-process, a message between ranks is such a memcpy by its receiver.
+double memcpy_bandwidth() {
+  std::size_t const n = std::size_t{64} << 20;
+  std::vector<char> src(n, 1), dst(n, 2);
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 5; ++i) {
+    auto const start = clock_type::now();
+    std::memcpy(dst.data(), src.data(), n);
+    best = std::min(best, seconds_since(start));
+    src[static_cast<std::size_t>(i)] = dst[n - 1];  // keep the copies observable
+  }
+  return static_cast<double>(n) / best;
+}
+
+// ---- the gate (the one of examples 01 and 02) ---------------------------------------------------
+
+//! `[T][K]` expert ids and weights, host memory (which is what host_backend reads).
+struct routing_data {
+  std::vector<int32_t> idx;
+  std::vector<float> weights;
+};
+
+//! Each token draws K distinct experts, without replacement, from P(e) ~ 1/(e+1)^s, and gets
+//! random positive gate scores normalised to sum to 1. Slots are ordered by weight, descending,
+//! as a top-k gate returns them.
+routing_data route_tokens(int64_t tokens, int32_t experts, int32_t topk, double s, std::mt19937_64& rng) {
+  std::vector<double> p(static_cast<std::size_t>(experts));
+  for (int32_t e = 0; e < experts; ++e) p[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -s);
+  double const total = std::accumulate(p.begin(), p.end(), 0.0);
+
+  routing_data r;
+  r.idx.resize(static_cast<std::size_t>(tokens * topk));
+  r.weights.resize(static_cast<std::size_t>(tokens * topk));
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<char> taken(static_cast<std::size_t>(experts));
+  std::vector<std::pair<float, int32_t>> picks(static_cast<std::size_t>(topk));  // (weight, expert)
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::fill(taken.begin(), taken.end(), 0);
+    double remaining = total;
+    float score_sum = 0.0f;
+    for (auto& pick : picks) {
+      double u = uniform(rng) * remaining;
+      int32_t chosen = -1;  // the last free expert, should rounding run u past the end
+      for (int32_t e = 0; e < experts; ++e) {
+        if (taken[static_cast<std::size_t>(e)]) continue;
+        chosen = e;
+        if (u < p[static_cast<std::size_t>(e)]) break;
+        u -= p[static_cast<std::size_t>(e)];
+      }
+      taken[static_cast<std::size_t>(chosen)] = 1;
+      remaining -= p[static_cast<std::size_t>(chosen)];
+      pick = {0.05f + 0.95f * static_cast<float>(uniform(rng)), chosen};  // a positive score
+      score_sum += pick.first;
+    }
+    for (auto& pick : picks) pick.first /= score_sum;
+    std::sort(picks.begin(), picks.end(), [](auto const& a, auto const& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    for (int32_t k = 0; k < topk; ++k) {
+      auto const slot = static_cast<std::size_t>(t * topk + k);
+      r.weights[slot] = picks[static_cast<std::size_t>(k)].first;
+      r.idx[slot] = picks[static_cast<std::size_t>(k)].second;
+    }
+  }
+  return r;
+}
+
+// ---- the problem: every step's inputs and the experts' parameters, made on the main thread --------
+
+//! One rank's inputs of one step.
+struct rank_inputs {
+  routing_data gate;
+  std::vector<float> x, d_out;  //!< [T][H]: the tokens, and the gradient of the layer's output
+};
+
+struct problem {
+  options o;
+  int32_t per_node = 1, local_experts = 1;
+  int64_t inner = 0;                            //!< the experts' hidden width, alpha * H
+  std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up + steps][rank]
+  std::vector<std::vector<float>> parameters;   //!< [E][parameter count]: every expert's initial values
+};
+
+//! Rows of uniform values in [-1, 1), multiples of 2^-15.
+std::vector<float> random_rows(int64_t n, std::mt19937_64& rng) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& f : v) f = static_cast<float>(static_cast<std::int16_t>(rng() >> 48)) * 0x1p-15f;
+  return v;
+}
+
+//! Expert e's parameters: uniform in +-1/sqrt(fan-in) for the weights, +-0.1 for the biases, from
+//! a generator of its own (the same values whichever rank or layer copies them).
+std::vector<float> initial_parameters(options const& o, int64_t inner, int32_t e) {
+  std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(o.seed >> 32), 0x5eedu,
+                    static_cast<std::uint32_t>(e)};
+  std::mt19937_64 rng(seq);
+  int64_t const H = o.hidden;
+  auto const uniform = [&](std::vector<float>& v, int64_t n, double limit) {
+    std::uniform_real_distribution<float> u(static_cast<float>(-limit), static_cast<float>(limit));
+    for (int64_t i = 0; i < n; ++i) v.push_back(u(rng));
+  };
+  std::vector<float> p;
+  uniform(p, H * inner, 1.0 / std::sqrt(static_cast<double>(H)));      // W1
+  uniform(p, inner, 0.1);                                              // b1
+  uniform(p, inner * H, 1.0 / std::sqrt(static_cast<double>(inner)));  // W2
+  uniform(p, H, 0.1);                                                  // b2
+  return p;
+}
+
+problem make_problem(options const& o) {
+  problem p;
+  p.o = o;
+  p.per_node = o.ranks / o.nodes;
+  p.local_experts = o.experts / o.ranks;
+  p.inner = o.alpha * o.hidden;
+  for (int s = 0; s <= o.steps; ++s) {  // step 0 is the warm-up
+    p.steps.emplace_back();
+    for (int32_t r = 0; r < o.ranks; ++r) {
+      std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(o.seed >> 32),
+                        static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(s)};
+      std::mt19937_64 rng(seq);
+      rank_inputs in;
+      in.gate = route_tokens(o.tokens, o.experts, o.topk, o.zipf, rng);
+      in.x = random_rows(o.tokens * o.hidden, rng);
+      in.d_out = random_rows(o.tokens * o.hidden, rng);
+      p.steps.back().push_back(std::move(in));
+    }
+  }
+  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(initial_parameters(o, p.inner, e));
+  return p;
+}
+
+//! Rank r's experts with their initial parameters and zeroed gradients: a fresh copy per layer.
+mlp_experts experts_of_rank(problem const& p, int32_t r) {
+  mlp_experts m;
+  m.hidden = p.o.hidden;
+  m.inner = p.inner;
+  for (int32_t l = 0; l < p.local_experts; ++l) {
+    auto const& init = p.parameters[static_cast<std::size_t>(r * p.local_experts + l)];
+    m.params.insert(m.params.end(), init.begin(), init.end());
+  }
+  m.grads.assign(m.params.size(), 0.0f);
+  return m;
+}
+
+// ---- one step on one rank: both layers, then the comparison -------------------------------------
+
+//! What one layer produced on one rank in one step.
+struct layer_step {
+  std::vector<float> out, d_x, d_w;
+  mlp_experts experts;     //!< with the owners' parameter gradients, after the reduction
+  double seconds = 0;      //!< forward + backward, this rank's wall clock
+  int64_t rows = 0;        //!< rows this rank's experts computed (received + home)
+  int64_t home_rows = 0;   //!< of which rows of its own tokens for shadowed experts
+  int64_t sent_bytes = 0;  //!< the step's 4 all-to-alls, report().exchange
+};
+
+template <class Layer>
+layer_step run_layer(Layer& layer, inproc_communicator& comm, problem const& p, rank_inputs const& in) {
+  int64_t const T = p.o.tokens, H = p.o.hidden;
+  layer_step res;
+  res.out.resize(static_cast<std::size_t>(T * H));
+  res.d_x.resize(res.out.size());
+  res.d_w.resize(static_cast<std::size_t>(T * p.o.topk));
+  res.experts = experts_of_rank(p, comm.rank());
+  moecomm::routing_view const routing{in.gate.idx.data(), in.gate.weights.data(), T, p.o.topk};
+  comm.barrier();  // every rank starts the layer together
+  auto const start = clock_type::now();
+  layer.forward(routing, {in.x.data(), T, H}, {res.out.data(), T, H}, res.experts);
+  layer.backward({in.d_out.data(), T, H}, {res.d_x.data(), T, H}, res.d_w.data(), res.experts);
+  res.seconds = seconds_since(start);
+  auto const& report = layer.dispatch_state().report();
+  res.rows = report.received_rows + report.home_rows;
+  res.home_rows = report.home_rows;
+  res.sent_bytes = report.exchange.bytes();
+  return res;
+}
+
+//! How far the shadowed layer's gradient of one owned expert is from plain EP's.
+struct gradient_gap {
+  bool same = true;    //!< bit for bit
+  double max_abs = 0;  //!< max |shadowed - plain|
+  double largest = 0;  //!< max |plain|, the scale of the gradient
+};
+
+//! What one rank found in one step.
+struct rank_record {
+  double plain_s = 0, shadowed_s = 0;
+  int64_t plain_rows = 0, shadowed_rows = 0, home_rows = 0;
+  int64_t plain_bytes = 0, shadowed_bytes = 0;
+  bool out_same = false, d_x_same = false, d_w_same = false;
+  std::vector<gradient_gap> gradients;  //!< per local expert
+};
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+rank_record compare(layer_step const& plain, layer_step const& shadowed, int32_t local_experts) {
+  rank_record r;
+  r.plain_s = plain.seconds;
+  r.shadowed_s = shadowed.seconds;
+  r.plain_rows = plain.rows;
+  r.shadowed_rows = shadowed.rows;
+  r.home_rows = shadowed.home_rows;
+  r.plain_bytes = plain.sent_bytes;
+  r.shadowed_bytes = shadowed.sent_bytes;
+  r.out_same = same_bits(shadowed.out, plain.out);
+  r.d_x_same = same_bits(shadowed.d_x, plain.d_x);
+  r.d_w_same = same_bits(shadowed.d_w, plain.d_w);
+  int64_t const n = plain.experts.parameter_count();
+  for (int32_t l = 0; l < local_experts; ++l) {
+    gradient_gap g;
+    for (int64_t i = l * n; i < (l + 1) * n; ++i) {
+      float const a = shadowed.experts.grads[static_cast<std::size_t>(i)];
+      float const b = plain.experts.grads[static_cast<std::size_t>(i)];
+      g.same = g.same && std::memcmp(&a, &b, sizeof a) == 0;
+      g.max_abs = std::max(g.max_abs, std::fabs(static_cast<double>(a) - b));
+      g.largest = std::max(g.largest, std::fabs(static_cast<double>(b)));
+    }
+    r.gradients.push_back(g);
+  }
+  return r;
+}
+
+//! One step, every rank: what the ranks found, and the shadowing decision (the same on every rank).
+struct step_record {
+  std::vector<rank_record> ranks;
+  moecomm::shadow_decision decision;
+  std::vector<int64_t> counts;  //!< [R][E] rows each rank routed to each expert
+};
+
+//! Runs every step (after an untimed warm-up) on R in-process ranks.
+std::vector<step_record> run_steps(problem const& p, moecomm::fastermoe_cost_params const& model) {
+  using plain_layer =
+      moecomm::expert_parallel_layer<float, moecomm::host_backend, inproc_communicator, moecomm::dropless,
+                                     moecomm::pairwise, moecomm::weighted, moecomm::no_shadowing>;
+  using shadowed_layer =
+      moecomm::expert_parallel_layer<float, moecomm::host_backend, inproc_communicator, moecomm::dropless,
+                                     moecomm::pairwise, moecomm::weighted, moecomm::fastermoe_shadowing<>>;
+  options const& o = p.o;
+  std::vector<step_record> steps(static_cast<std::size_t>(o.steps));
+  for (auto& s : steps) s.ranks.resize(static_cast<std::size_t>(o.ranks));
+  moecomm::inproc_world const world(o.ranks, std::chrono::seconds(o.timeout));
+  moecomm::topology const topo(o.ranks, p.per_node);
+  world.run([&](inproc_communicator comm) {
+    int32_t const me = comm.rank();
+    moecomm::host_backend const be;  // one thread per rank: the ranks are the parallelism
+    moecomm::exchange_groups<inproc_communicator> groups(comm, topo);
+    plain_layer plain(be, groups, o.experts, o.hidden, {}, moecomm::pairwise{1});
+    shadowed_layer shadowed(be, groups, o.experts, o.hidden, {}, moecomm::pairwise{1}, {},
+                            moecomm::fastermoe_shadowing<>{model, {}, {}});
+    for (int s = 0; s <= o.steps; ++s) {  // step 0 warms the heap and the caches, and is not reported
+      rank_inputs const& in = p.steps[static_cast<std::size_t>(s)][static_cast<std::size_t>(me)];
+      layer_step const a = run_layer(plain, comm, p, in);
+      layer_step const b = run_layer(shadowed, comm, p, in);
+      if (s == 0) continue;
+      step_record& rec = steps[static_cast<std::size_t>(s - 1)];
+      rec.ranks[static_cast<std::size_t>(me)] = compare(a, b, p.local_experts);
+      if (me == 0) {
+        rec.decision = shadowed.shadow_state().decision();
+        rec.counts = shadowed.shadow_state().counts();
+      }
+    }
+  });
+  return steps;
+}
+
+// ---- the report ---------------------------------------------------------------------------------
+
+double max_of(std::vector<int64_t> const& v) { return static_cast<double>(*std::max_element(v.begin(), v.end())); }
+double mean_of(std::vector<int64_t> const& v) {
+  return static_cast<double>(std::accumulate(v.begin(), v.end(), int64_t{0})) / static_cast<double>(v.size());
+}
+
+//! Per rank: rows computed with and without shadowing (the layers' reports), beside the model's B_w.
+//! Returns whether the layers computed what the model assumed.
+bool print_rows_table(problem const& p, step_record const& rec) {
+  int32_t const L = p.local_experts;
+  std::vector<int64_t> before, after;
+  for (auto const& r : rec.ranks) {
+    before.push_back(r.plain_rows);
+    after.push_back(r.shadowed_rows);
+  }
+  bool const as_modelled = before == rec.decision.tokens_unshadowed && after == rec.decision.tokens;
+  double const widest = max_of(before);
+  std::printf(
+      "   rows computed per rank: report().received_rows + home_rows, a row = one (token, expert) pair;\n"
+      "   home_rows, in brackets, are the rank's own rows of shadowed experts\n");
+  std::printf("     %-4s %-4s %-7s %7s %-16s %9s %-16s %s\n", "rank", "node", "experts", "plain", "", "shadowed", "",
+              "(home)");
+  for (int32_t w = 0; w < p.o.ranks; ++w) {
+    auto const& r = rec.ranks[static_cast<std::size_t>(w)];
+    std::string const held =
+        L == 1 ? std::to_string(w * L) : std::to_string(w * L) + "-" + std::to_string(w * L + L - 1);
+    std::printf("     %4d %4d %-7s %7" PRId64 " %-16s %9" PRId64 " %-16s (%" PRId64 ")\n", w, w / p.per_node,
+                held.c_str(), r.plain_rows, bar(static_cast<double>(r.plain_rows), widest, 16).c_str(), r.shadowed_rows,
+                bar(static_cast<double>(r.shadowed_rows), widest, 16).c_str(), r.home_rows);
+  }
+  std::printf("     max %.0f -> %.0f rows, mean %.0f -> %.0f, max/mean %.2f -> %.2f%s\n", max_of(before), max_of(after),
+              mean_of(before), mean_of(after), max_of(before) / mean_of(before), max_of(after) / mean_of(after),
+              as_modelled ? " (= the model's B_w and B'_w)" : " (DIFFERS from the model's B_w / B'_w!)");
+  return as_modelled;
+}
+
+//! Parameter bytes broadcast against token bytes no longer sent, from the gathered counts; and the
+//! all-to-all bytes the layers' reports measured, which must differ by the latter.
+void print_traffic(problem const& p, step_record const& rec, int64_t parameter_bytes) {
+  options const& o = p.o;
+  int64_t saved_rows = 0;
+  for (int32_t e : rec.decision.shadowed)
+    for (int32_t s = 0; s < o.ranks; ++s)
+      if (s != e / p.local_experts) saved_rows += rec.counts[static_cast<std::size_t>(s) * o.experts + e];
+  auto const shadowed = static_cast<int64_t>(rec.decision.shadowed.size());
+  int64_t const broadcast = shadowed * parameter_bytes * (o.ranks - 1);
+  int64_t const row_bytes = o.hidden * static_cast<int64_t>(sizeof(float));
+  int64_t const saved = saved_rows * row_bytes * 4;
+  int64_t plain_sent = 0, shadowed_sent = 0;
+  for (auto const& r : rec.ranks) plain_sent += r.plain_bytes, shadowed_sent += r.shadowed_bytes;
+  std::printf("   bytes, all ranks:\n");
+  std::printf("     parameters broadcast  %10s = %" PRId64
+              " expert%s x %s x (R-1 = %d), and as many gradient\n"
+              "                                        bytes reduced to the owners\n",
+              format_bytes(static_cast<double>(broadcast)).c_str(), shadowed, shadowed == 1 ? "" : "s",
+              format_bytes(static_cast<double>(parameter_bytes)).c_str(), o.ranks - 1);
+  std::printf("     token rows not sent   %10s = %" PRId64 " rows of non-owner ranks x %" PRId64
+              " B x 4 (dispatch, combine; fwd, bwd)\n",
+              format_bytes(static_cast<double>(saved)).c_str(), saved_rows, row_bytes);
+  std::printf(
+      "     all-to-alls measured  %10s sent by plain EP, %s shadowed (report().exchange):\n"
+      "                                        %s less%s\n",
+      format_bytes(static_cast<double>(plain_sent)).c_str(), format_bytes(static_cast<double>(shadowed_sent)).c_str(),
+      format_bytes(static_cast<double>(plain_sent - shadowed_sent)).c_str(),
+      plain_sent - shadowed_sent == saved ? ", exactly the token rows not sent" : " (DIFFERS from the rows not sent!)");
+}
+
+//! The model's prediction, the compute the CPUs of this machine allow, and the measured time.
+//! The measured layer times of a step, plain and shadowed: the slowest rank's.
+std::pair<double, double> measured_times(step_record const& rec) {
+  double plain = 0, shadowed = 0;
+  for (auto const& r : rec.ranks) plain = std::max(plain, r.plain_s), shadowed = std::max(shadowed, r.shadowed_s);
+  return {plain, shadowed};
+}
+
+void print_times(problem const& p, step_record const& rec, moecomm::fastermoe_cost_model const& model, unsigned cpus) {
+  auto const [plain, shadowed] = measured_times(rec);
+  auto const& d = rec.decision;
+  // The ranks' threads share the CPUs: no layer computes faster than all its rows on all CPUs.
+  int64_t const cores = std::min<int64_t>(p.o.ranks, cpus);
+  auto const compute_floor = [&](std::vector<int64_t> const& rows) {
+    int64_t const total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+    return model.training_compute_time(
+        std::max(*std::max_element(rows.begin(), rows.end()), (total + cores - 1) / cores));
+  };
+  double const floor_plain = compute_floor(d.tokens_unshadowed), floor_shadowed = compute_floor(d.tokens);
+  auto const line = [](std::string const& what, double a, double b) {
+    std::printf("     %-40s %10s %10s %8.2fx\n", what.c_str(), format_time(a).c_str(), format_time(b).c_str(), a / b);
+  };
+  std::printf("   %-42s %10s %10s %9s\n", "layer time, forward + backward", "plain", "shadowed", "speed-up");
+  line("model: Lat(none), Lat(shadow set)", d.latency_unshadowed, d.latency);
+  line("compute alone, " + std::to_string(p.o.ranks) + " ranks sharing " + std::to_string(cores) + " CPUs", floor_plain,
+       floor_shadowed);
+  line("measured: wall clock, max over ranks", plain, shadowed);
+}
+
+//! Prints the checks of one step; returns whether outputs and input / weight gradients agree bit for bit.
+bool print_checks(problem const& p, step_record const& rec) {
+  bool out = true, d_x = true, d_w = true;
+  int32_t shadowed_same = 0, shadowed_count = 0, others_differ = 0;
+  double max_abs = 0, max_rel = 0;
+  auto const& set = rec.decision.shadowed;
+  for (int32_t w = 0; w < p.o.ranks; ++w) {
+    auto const& r = rec.ranks[static_cast<std::size_t>(w)];
+    out = out && r.out_same, d_x = d_x && r.d_x_same, d_w = d_w && r.d_w_same;
+    for (int32_t l = 0; l < p.local_experts; ++l) {
+      gradient_gap const& g = r.gradients[static_cast<std::size_t>(l)];
+      if (std::find(set.begin(), set.end(), w * p.local_experts + l) == set.end()) {
+        others_differ += g.same ? 0 : 1;
+        continue;
+      }
+      ++shadowed_count;
+      shadowed_same += g.same ? 1 : 0;
+      max_abs = std::max(max_abs, g.max_abs);
+      max_rel = std::max(max_rel, g.largest > 0 ? g.max_abs / g.largest : 0.0);
+    }
+  }
+  auto const verdict = [](bool same) { return same ? "bit for bit" : "DIFFERENT"; };
+  std::printf("   shadowed vs plain EP: output %s, input gradient %s, routing-weight gradient %s\n", verdict(out),
+              verdict(d_x), verdict(d_w));
+  std::printf("     owners' parameter gradients after the reduction: unshadowed experts %s",
+              others_differ == 0 ? "bit for bit" : (std::to_string(others_differ) + " DIFFERENT").c_str());
+  if (shadowed_count > 0)
+    std::printf(";\n     shadowed experts %d of %d bit for bit, max |diff| %.2g = %.2g x the largest |gradient|",
+                shadowed_same, shadowed_count, max_abs, max_rel);
+  std::printf("\n");
+  return out && d_x && d_w;
+}
+
+//! Rows routed to expert e, in all and from ranks other than its owner.
+std::pair<int64_t, int64_t> rows_of_expert(problem const& p, step_record const& rec, int32_t e) {
+  int64_t total = 0, from_others = 0;
+  for (int32_t s = 0; s < p.o.ranks; ++s) {
+    int64_t const c = rec.counts[static_cast<std::size_t>(s) * p.o.experts + e];
+    total += c;
+    from_others += s == e / p.local_experts ? 0 : c;
+  }
+  return {total, from_others};
+}
+
+//! The shadow set, and the expert whose shadowing the model rejected (which ends Algorithm 1's search).
+void print_shadow_set(problem const& p, step_record const& rec, moecomm::fastermoe_cost_model const& model) {
+  int32_t const L = p.local_experts;
+  auto const& d = rec.decision;
+  std::printf("   shadow set%s\n", d.shadowed.empty() ? ": none" : ", in Algorithm 1's order (descending rows):");
+  for (int32_t e : d.shadowed) {
+    auto const [total, from_others] = rows_of_expert(p, rec, e);
+    std::printf("     expert %2d, owner rank %d (node %d): %5" PRId64 " rows routed to it, %5" PRId64
+                " of them from other ranks\n",
+                e, e / L, e / L / p.per_node, total, from_others);
+  }
+  // The next expert by load (ties: smaller id) is the one the model turned down.
+  std::vector<int32_t> order;
+  for (int32_t e = 0; e < p.o.experts; ++e)
+    if (rows_of_expert(p, rec, e).first > 0 && std::find(d.shadowed.begin(), d.shadowed.end(), e) == d.shadowed.end())
+      order.push_back(e);
+  if (order.empty()) return;
+  int32_t const next = *std::min_element(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    int64_t const ra = rows_of_expert(p, rec, a).first, rb = rows_of_expert(p, rec, b).first;
+    return ra != rb ? ra > rb : a < b;
+  });
+  std::vector<int32_t> with_next = d.shadowed;
+  with_next.push_back(next);
+  double const latency =
+      moecomm::predicted_latency(model, moecomm::topology(p.o.ranks, p.per_node),
+                                 moecomm::contiguous_placement(p.o.experts, p.o.ranks), rec.counts.data(), with_next);
+  std::printf("     next by rows: expert %d (owner rank %d, %" PRId64
+              " rows); shadowing it too, the model predicts\n"
+              "     %s, not below %s, so Algorithm 1 stopped there\n",
+              next, next / L, rows_of_expert(p, rec, next).first, format_time(latency).c_str(),
+              format_time(d.latency).c_str());
+}
+
+int run(options const& o) {
+  auto const wall = clock_type::now();
+  problem const p = make_problem(o);
+  int32_t const R = o.ranks, N = o.nodes, G = p.per_node, L = p.local_experts;
+  unsigned const cpus = std::max(1u, std::thread::hardware_concurrency());
+  mlp_experts const shape = experts_of_rank(p, 0);
+  int64_t const parameter_bytes = shape.parameter_count() * static_cast<int64_t>(sizeof(float));
+
+  std::printf("moecomm %d.%d.%d - example 03: FasterMoE shadowing of hot experts, over in-process ranks\n",
+              MOECOMM_VERSION_MAJOR, MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
+  std::printf("==============================================================================\n");
+  std::printf(
+      "With a skewed gate the owner of a popular expert computes far more rows than the other ranks.\n"
+      "FasterMoE (PPoPP'22, sec. 4.1) shadows such experts: each step it picks them from the all-gathered\n"
+      "[rank][expert] token counts (Algorithm 1: hottest first, while its cost model predicts a faster\n"
+      "layer); their owners broadcast their parameters to every rank; every rank computes its own tokens\n"
+      "of them (those rows are never sent); in the backward their gradients are reduced to the owners.\n"
+      "Each step below runs the same tokens through plain expert parallelism and through the shadowed\n"
+      "layer (one policy type apart: no_shadowing vs fastermoe_shadowing<>), each with fresh, identical\n"
+      "copies of the experts.\n\n");
+
+  std::printf("1. Setup\n");
+  std::printf("   ranks R = %d as %d node%s x %d; one thread per rank (inproc_world), %u CPU%s here\n", R, N,
+              N == 1 ? "" : "s", G, cpus, cpus == 1 ? "" : "s");
+  std::printf(
+      "   experts E = %d, %d per rank (rank r owns experts %d*r..%d*r+%d), top-K = %d, gate Zipf(s = %.2f),"
+      " seed %" PRIu64 "\n",
+      o.experts, L, L, L, L - 1, o.topk, o.zipf, o.seed);
+  std::printf("   tokens: %" PRId64 " per rank and step, fp32 rows of H = %" PRId64 "; dropless, pairwise all-to-all\n",
+              o.tokens, o.hidden);
+  std::printf("   expert: relu(x W1 + b1) W2 + b2, H -> %" PRId64 " -> H (alpha = %d); %" PRId64
+              " parameters = %s per expert\n",
+              p.inner, o.alpha, shape.parameter_count(), format_bytes(static_cast<double>(parameter_bytes)).c_str());
+  std::printf("   steps: %d, fresh tokens each, after one untimed warm-up step\n\n", o.steps);
+
+  // The cost model, calibrated to this machine before the run.
+  moecomm::fastermoe_cost_params model;
+  model.alpha = o.alpha;
+  model.hidden = o.hidden;
+  model.gemm_flops = expert_flop_rate(o.hidden, o.alpha);
+  model.net_bandwidth = model.local_bandwidth = memcpy_bandwidth();
+  moecomm::fastermoe_cost_model const m(model);
+  std::printf("2. The cost model (FasterMoE eqs. 7-8), calibrated here\n");
+  std::printf("   P       = %.2f GFLOP/s: one thread running the expert forward above (4*alpha*H^2 FLOP a row)\n",
+              model.gemm_flops / 1e9);
+  std::printf(
+      "   W_net   = W_local = %.2f GB/s: one thread's memcpy (64 MiB); in-process, the 'links' between\n"
+      "             ranks are memcpys between threads, within and across the simulated nodes alike\n",
+      model.net_bandwidth / 1e9);
+  std::printf(
+      "   so: a row's forward + backward %s (12*alpha*H^2/P), its 4 trips over a link %s,\n"
+      "       moving one expert's weights twice (broadcast + reduce, 2*2*alpha*H^2*s bytes) %s\n",
+      format_time(m.training_compute_time(1)).c_str(), format_time(m.token_transfer_time(0, 1)).c_str(),
+      format_time(m.shadow_transfer_time(1)).c_str());
+  std::printf(
+      "   Lat(S), the layer's predicted time with shadow set S (eq. 7 for S = none, else eq. 8; in\n"
+      "   decision(): latency_unshadowed, latency) =\n"
+      "     max over ranks w of (rows w computes x 12*alpha*H^2/P + rows w receives x 4*H*s/W)\n"
+      "     + |S| x 2 transfers x 2*alpha*H^2*s / W_net\n");
+  std::printf(
+      "   the model gives every rank a CPU of its own; here %d ranks share %u, so each step also shows\n"
+      "   'compute alone' = max(B_max, all rows / CPUs) x 12*alpha*H^2/P, a floor under both layers' time.\n"
+      "   And this backward computes the hidden layer again (2.5x the forward; the model says 2x).\n\n",
+      R, std::min<unsigned>(cpus, static_cast<unsigned>(R)));
+
+  std::vector<step_record> const steps = run_steps(p, model);
+
+  std::printf("3. Steps\n");
+  bool all_same = true, all_as_modelled = true;
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    std::printf("Step %zu\n", s + 1);
+    print_shadow_set(p, steps[s], m);
+    all_as_modelled = print_rows_table(p, steps[s]) && all_as_modelled;
+    print_traffic(p, steps[s], parameter_bytes);
+    print_times(p, steps[s], m, cpus);
+    all_same = print_checks(p, steps[s]) && all_same;
+    std::printf("\n");
+  }
+  std::printf("4. Summary\n");
+  std::printf("   %-4s %-16s %-22s %-20s %s\n", "step", "shadowed experts", "busiest rank max/mean",
+              "predicted speed-up", "measured speed-up");
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    auto const& d = steps[s].decision;
+    std::string set;
+    for (int32_t e : d.shadowed) set += (set.empty() ? "" : ",") + std::to_string(e);
+    auto const [plain, shadowed] = measured_times(steps[s]);
+    std::printf("   %4zu %-16s %5.2f -> %-13.2f %8.2fx %19.2fx\n", s + 1, set.empty() ? "none" : set.c_str(),
+                max_of(d.tokens_unshadowed) / mean_of(d.tokens_unshadowed), max_of(d.tokens) / mean_of(d.tokens),
+                d.latency_unshadowed / d.latency, plain / shadowed);
+  }
+  std::printf("   outputs, input and routing-weight gradients equal plain EP's bit for bit in every step: %s\n",
+              all_same ? "yes" : "NO");
+  std::printf(
+      "   (the owners' parameter gradients of shadowed experts are sums of the same terms grouped per rank,\n"
+      "    then across ranks, so they differ from plain EP's single pass in the last bits)\n");
+  if (!all_as_modelled) std::printf("   note: the rows computed differ from the model's B_w in some step\n");
+  std::printf("   ran in %.2f s\n", seconds_since(wall));
+  return all_same ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options const o = parse_options(argc, argv);
+  try {
+    return run(o);
+  } catch (moecomm::error const& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+  } catch (std::bad_alloc const&) {
+    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or --ranks, or a smaller --hidden)\n", program);
+  }
+  return 1;
+}
