@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 namespace test {
 
@@ -33,6 +34,7 @@ TEST_CASE("the expert-parallel layer equals the single-process oracle") {
     check_all_capacities<float>(c, moecomm::flat{});
     check_all_capacities<float>(c, moecomm::hierarchical_2d{});
     check_all_capacities<float>(c, moecomm::pairwise{1});
+    check_all_capacities<float>(c, moecomm::smart_schedule{c.per_node});
   }
 }
 
@@ -71,7 +73,9 @@ TEST_CASE("dispatch before route is an error, not a crash") {
   });
 }
 
-TEST_CASE("an expert that throws on one rank stops every rank with an error, not a hang") {
+template <class Algorithm>
+void check_throwing_expert_stops_every_rank(Algorithm const& algorithm) {
+  CAPTURE(Algorithm::name);
   layer_case const c{4, 2, 8, 2, 16, {20, 20, 20, 20}, 0.0};
   auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
   moecomm::inproc_world const world(4, std::chrono::seconds(20));
@@ -79,8 +83,8 @@ TEST_CASE("an expert that throws on one rank stops every rank with an error, not
   auto const start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(world.run([&](moecomm::inproc_communicator comm) {
     moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
-    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator> layer(
-        moecomm::host_backend{}, groups, 8, 16);
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, Algorithm>
+        layer(moecomm::host_backend{}, groups, 8, 16, {}, algorithm);
     auto const& r = in.routing[comm.rank()];
     std::vector<float> out(static_cast<std::size_t>(r.tokens * 16));
     auto experts = [&](int32_t l, moecomm::matrix_view<float const> a, moecomm::matrix_view<float> b) {
@@ -97,6 +101,50 @@ TEST_CASE("an expert that throws on one rank stops every rank with an error, not
   }), "expert 5 ran out of memory", std::runtime_error);
   CHECK(stopped == 3);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("an expert that throws on one rank stops every rank with an error, not a hang") {
+  check_throwing_expert_stops_every_rank(moecomm::flat{});
+  check_throwing_expert_stops_every_rank(moecomm::smart_schedule{2});  // thrown on the worker thread
+}
+
+TEST_CASE("the smart schedule runs the experts on a worker thread, one step's sources at a time, in step order") {
+  // 8 ranks in 4 groups of 2, one expert per rank; every element of rank s's tokens is s, so an
+  // expert's input tells which source rank's chunk it is.
+  std::int32_t const ranks = 8, group = 2, tokens = 40, hidden = 4;
+  moecomm::inproc_world const world(ranks, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    std::int32_t const me = comm.rank();
+    auto const routing = make_routing({tokens, 2, ranks, 0.0, false, 0.0, static_cast<std::uint32_t>(900 + me)});
+    std::vector<float> const x(static_cast<std::size_t>(tokens * hidden), static_cast<float>(me));
+    std::vector<float> out(x.size());
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(ranks, 4));
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless,
+                                   moecomm::smart_schedule>
+        layer(moecomm::host_backend{}, groups, ranks, hidden, {}, moecomm::smart_schedule{group});
+    std::vector<std::int32_t> sources;  // the source rank of each call, in call order
+    bool on_caller_thread = false;
+    auto const caller = std::this_thread::get_id();
+    auto experts = [&](int32_t l, moecomm::matrix_view<float const> a, moecomm::matrix_view<float> b) {
+      on_caller_thread = on_caller_thread || std::this_thread::get_id() == caller;
+      sources.push_back(static_cast<std::int32_t>(a.data[0]));
+      scale_experts<float>{me}(l, a, b);
+    };
+    layer.forward({routing.idx.data(), routing.w.data(), tokens, 2}, {x.data(), tokens, hidden}, {out.data(), tokens, hidden},
+                  experts);
+    CHECK_FALSE(on_caller_thread);
+    // Step j brings the rows of group (mine - j) mod 4: sources in that order, ascending in a group.
+    std::vector<std::int32_t> order;
+    for (std::int32_t step = 0; step < ranks / group; ++step)
+      for (std::int32_t i = 0; i < group; ++i) order.push_back(((me / group - step + 4) % 4) * group + i);
+    std::size_t next = 0;
+    for (std::int32_t s : sources) {
+      while (next < order.size() && order[next] != s) ++next;
+      REQUIRE_MESSAGE(next < order.size(), "rank ", me, ": source ", s, " computed out of step order");
+      ++next;
+    }
+    CHECK(sources.size() >= 6);  // nearly every source sends this expert rows
+  });
 }
 
 TEST_CASE("ranks that disagree on the number of experts get an error on every rank") {

@@ -10,9 +10,11 @@
 
 namespace test {
 
-template <class T, class Shadowing, class Capacity, class Algorithm>
+// Shadowed (with `algorithm`) against plain expert parallelism (with `plain_algorithm`) on every
+// rank; returns the shadow set, checked to be the same on every rank.
+template <class T, class Shadowing, class Capacity, class Algorithm, class PlainAlgorithm>
 std::vector<std::int32_t> run_equivalence(shadow_case const& c, Shadowing const& shadowing, Capacity const& capacity,
-                                          Algorithm const& algorithm) {
+                                          Algorithm const& algorithm, PlainAlgorithm const& plain_algorithm) {
   CAPTURE(c.ranks);
   CAPTURE(c.zipf);
   CAPTURE(c.exact);
@@ -22,10 +24,17 @@ std::vector<std::int32_t> run_equivalence(shadow_case const& c, Shadowing const&
   std::vector<std::vector<std::int32_t>> home(static_cast<std::size_t>(c.ranks));
   moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
   world.run([&](moecomm::inproc_communicator comm) {
-    home[static_cast<std::size_t>(comm.rank())] = check_shadowed_equals_plain(comm, c, in, shadowing, capacity, algorithm);
+    home[static_cast<std::size_t>(comm.rank())] =
+        check_shadowed_equals_plain(comm, c, in, shadowing, capacity, algorithm, plain_algorithm);
   });
   for (auto const& h : home) CHECK(h == home[0]);  // every rank reached the same decision
   return home[0];
+}
+
+template <class T, class Shadowing, class Capacity, class Algorithm>
+std::vector<std::int32_t> run_equivalence(shadow_case const& c, Shadowing const& shadowing, Capacity const& capacity,
+                                          Algorithm const& algorithm) {
+  return run_equivalence<T>(c, shadowing, capacity, algorithm, algorithm);
 }
 
 shadow_case const skewed4{4, 2, 8, 2, 16, {60, 45, 0, 70}, 1.2, true};
@@ -71,6 +80,23 @@ TEST_CASE("FasterMoE: any shadow set, over either replica path, gives plain expe
                                  moecomm::hierarchical_2d{}) == set);
     CHECK(run_equivalence<float>(uniform8, p2p, moecomm::receiver_budget{100}, moecomm::flat{}) == set);
   }
+}
+
+TEST_CASE("FasterMoE: shadowing with the smart schedule equals plain pairwise expert parallelism") {
+  moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
+  for (shadow_case const& c : {skewed4, skewed8, extreme8}) {
+    for (std::int32_t group : {1, 2, 4}) {
+      CAPTURE(group);
+      run_equivalence<float>(c, shadowing, moecomm::dropless{}, moecomm::smart_schedule{group}, moecomm::pairwise{group});
+    }
+    run_equivalence<float>(c, shadowing, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, true, {}},
+                           moecomm::smart_schedule{2}, moecomm::flat{});
+  }
+  shadow_case inexact = skewed8;
+  inexact.exact = false;
+  run_equivalence<__nv_bfloat16>(inexact, shadowing, moecomm::dropless{}, moecomm::smart_schedule{4}, moecomm::flat{});
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_planner> const none{small_model(), {}, {{}}};
+  run_equivalence<float>(skewed8, none, moecomm::receiver_budget{100}, moecomm::smart_schedule{2}, moecomm::flat{});
 }
 
 TEST_CASE("FasterMoE: uniform routing shadows nothing; the planner never predicts a slower layer") {

@@ -2,7 +2,7 @@
 // The expert-parallel layer across 4 MPI processes (2 nodes x 2) equals the single-process oracle,
 // for every capacity policy and all-to-all algorithm: the same check as the in-process test
 // (layer_cases.hpp), each process running its own rank. And FasterMoE's shadowed layer equals the
-// plain one (shadow_cases.hpp), over both replica paths.
+// plain one (shadow_cases.hpp), over both replica paths, with the smart schedule.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "layer_cases.hpp"
@@ -38,7 +38,7 @@ void check_mpi_shadowing(Path const& path, bool exact) {
   shadow_case const c{4, 2, 8, 2, 16, {60, 45, 0, 70}, 1.2, exact};
   auto const in = make_shadow_inputs<float>(c);
   auto const home = check_shadowed_equals_plain(comm, c, in, moecomm::fastermoe_shadowing<Path>{small_model(), path, {}},
-                                                moecomm::dropless{}, moecomm::pairwise{2});
+                                                moecomm::dropless{}, moecomm::smart_schedule{2}, moecomm::pairwise{2});
   CHECK(!home.empty());
 }
 

@@ -161,16 +161,16 @@ inline moecomm::fastermoe_cost_params small_model() {
   return p;
 }
 
-// One rank: plain EP, then the shadowed layer (policy `shadowing`), on the same inputs; compared.
-// Returns the shadowed layer's home experts.
-template <class T, class Shadowing, class Capacity, class Algorithm, class Comm>
+// One rank: plain EP (with `plain_algorithm`), then the shadowed layer (policy `shadowing`, with
+// `algorithm`), on the same inputs; compared. Returns the shadowed layer's home experts.
+template <class T, class Shadowing, class Capacity, class Algorithm, class PlainAlgorithm, class Comm>
 std::vector<std::int32_t> check_shadowed_equals_plain(Comm& comm, shadow_case const& c, shadow_inputs<T> const& in,
                                                       Shadowing const& shadowing, Capacity const& capacity,
-                                                      Algorithm const& algorithm) {
+                                                      Algorithm const& algorithm, PlainAlgorithm const& plain_algorithm) {
   moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
   std::int32_t const me = comm.rank();
-  moecomm::expert_parallel_layer<T, moecomm::host_backend, Comm, Capacity, Algorithm> plain(
-      moecomm::host_backend{}, groups, c.experts, c.hidden, capacity, algorithm);
+  moecomm::expert_parallel_layer<T, moecomm::host_backend, Comm, Capacity, PlainAlgorithm> plain(
+      moecomm::host_backend{}, groups, c.experts, c.hidden, capacity, plain_algorithm);
   auto const want = run_step(plain, me, c, in);
   moecomm::expert_parallel_layer<T, moecomm::host_backend, Comm, Capacity, Algorithm, moecomm::weighted, Shadowing> shadowed(
       moecomm::host_backend{}, groups, c.experts, c.hidden, capacity, algorithm, {}, shadowing);

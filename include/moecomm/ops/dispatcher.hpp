@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <future>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -153,9 +154,7 @@ class dispatcher {
   template <class T>
   void dispatch(matrix_view<std::add_const_t<T>> x, matrix_view<T> expert_rows, matrix_view<T> home) {
     require_routed("dispatch");
-    auto sent = rows_buffer<T>(plan_->num_rows(), x.hidden);
-    permute(be_, *plan_, x, as_rows<T>(sent, plan_->num_rows(), x.hidden));
-    be_.copy(home.data, home_tail<T>(sent, home, x.hidden, "dispatch", "home_rows"), home_rows() * x.hidden);
+    auto sent = permuted_rows<T>(x, home, "dispatch");
     exchange_forward<T>(sent.data(), expert_rows, "dispatch");
   }
 
@@ -186,12 +185,7 @@ class dispatcher {
   void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, matrix_view<T> d_home,
                         float* d_weights) {
     require_routed("combine_backward");
-    detail::require(d_weights == nullptr || returned_.size() > 0 || plan_->num_rows() == 0, "dispatcher::combine_backward",
-                    "the weight gradient needs the rows of a previous combine");
-    auto d_rows = rows_buffer<T>(plan_->num_rows(), d_out.hidden);
-    unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, plan_->num_rows(), d_out.hidden),
-                                  d_weights != nullptr ? returned_view<T>(d_out.hidden) : matrix_view<T const>{}, d_weights);
-    be_.copy(d_home.data, home_tail<T>(d_rows, d_home, d_out.hidden, "combine_backward", "d_home_rows"), home_rows() * d_out.hidden);
+    auto d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home, d_weights, "combine_backward");
     exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
   }
 
@@ -210,6 +204,42 @@ class dispatcher {
     permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_->num_rows(), d_x.hidden)), d_x);
   }
 
+  //! The smart schedule (`Algorithm` = `smart_schedule`): `dispatch`, the experts and `combine`
+  //! as one call, whose exchanges run in pairwise steps while the experts work on the rows of
+  //! earlier steps (FasterMoE §4.2). `arrived` and `produced` hold `received_rows()` rows in
+  //! rank-major order (by source rank, then local expert; `rank_major_offsets()`). A worker thread
+  //! runs, in order, `compute_home()` (`home` -> `home_out`) and, once step j's rows are in,
+  //! `compute(first_source, sources)` (their rows of `arrived` -> `produced`); each step's results
+  //! go back as soon as they are computed. Collective.
+  template <class Weighting = weighted, class T, class ComputeHome, class Compute>
+  void forward_pipelined(matrix_view<std::add_const_t<T>> x, matrix_view<T> arrived, matrix_view<T> produced,
+                         matrix_view<T> home, matrix_view<T> home_out, matrix_view<T> out, ComputeHome&& compute_home,
+                         Compute&& compute) {
+    require_routed("forward_pipelined");
+    auto sent = permuted_rows<T>(x, home, "forward_pipelined");
+    returned_ = rows_buffer<T>(plan_->num_rows(), x.hidden);
+    pipelined_exchange<T>(sent.data(), arrived, produced, returned_.data(), compute_home, compute, "forward_pipelined");
+    be_.copy(home_tail<T>(returned_, home_out, x.hidden, "forward_pipelined", "home_out"), home_out.data,
+             home_rows() * x.hidden);
+    unpermute<Weighting>(be_, *plan_, returned_view<T>(out.hidden), out);
+  }
+
+  //! The backward of `forward_pipelined`, pipelined the same way: `combine_backward`, the experts'
+  //! backward (`compute_home()`: `d_home_out` -> `d_home_in`; `compute(first_source, sources)`:
+  //! `d_arrived` -> `d_produced`) and `dispatch_backward`. Collective.
+  template <class Weighting = weighted, class T, class ComputeHome, class Compute>
+  void backward_pipelined(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_arrived, matrix_view<T> d_produced,
+                          matrix_view<T> d_home_out, matrix_view<T> d_home_in, matrix_view<T> d_x, float* d_weights,
+                          ComputeHome&& compute_home, Compute&& compute) {
+    require_routed("backward_pipelined");
+    auto d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home_out, d_weights, "backward_pipelined");
+    auto d_back = rows_buffer<T>(plan_->num_rows(), d_x.hidden);
+    pipelined_exchange<T>(d_rows.data(), d_arrived, d_produced, d_back.data(), compute_home, compute, "backward_pipelined");
+    be_.copy(home_tail<T>(d_back, d_home_in, d_x.hidden, "backward_pipelined", "d_home_in"), d_home_in.data,
+             home_rows() * d_x.hidden);
+    permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_back, plan_->num_rows(), d_x.hidden)), d_x);
+  }
+
   //! Rows this rank's experts receive (padding rows included).
   [[nodiscard]] std::int64_t received_rows() const { return report_.received_rows; }
   //! Rows of this rank's tokens for the home experts (padding included).
@@ -220,6 +250,9 @@ class dispatcher {
   [[nodiscard]] std::vector<std::int64_t> const& home_expert_offsets() const { return home_offsets_; }
   //! `[L + 1]` host offsets of each local expert's rows in `expert_rows`.
   [[nodiscard]] std::vector<std::int64_t> const& local_expert_offsets() const { return local_offsets_; }
+  //! `[R * L + 1]` host offsets of the rows from source rank s for local expert l (index s * L + l)
+  //! in the rank-major order of the pipelined calls.
+  [[nodiscard]] std::vector<std::int64_t> const& rank_major_offsets() const { return rank_major_offsets_; }
   //! `rows_from(s, e)`: rows source rank s sends global expert e (after capacity, with padding;
   //! 0 for home experts, whose rows stay at their source).
   [[nodiscard]] std::int64_t rows_from(std::int32_t source, std::int32_t expert) const {
@@ -248,6 +281,63 @@ class dispatcher {
     detail::check_rows(home, home_rows(), op, name, "dispatcher.home_rows()");
     detail::require(home.hidden == hidden, op, "argument '", name, "' has hidden = ", home.hidden, ", the token rows ", hidden);
     return reinterpret_cast<T*>(permuted.data()) + (plan_->num_rows() - home_rows()) * home.hidden;
+  }
+
+  //! This rank's rows in plan order (the exchanged ones, then the home ones), the home ones also
+  //! copied to `home`.
+  template <class T>
+  bytes_t permuted_rows(matrix_view<std::add_const_t<T>> x, matrix_view<T> home, char const* op) {
+    auto sent = rows_buffer<T>(plan_->num_rows(), x.hidden);
+    permute(be_, *plan_, x, as_rows<T>(sent, plan_->num_rows(), x.hidden));
+    be_.copy(home.data, home_tail<T>(sent, home, x.hidden, op, "home_rows"), home_rows() * x.hidden);
+    return sent;
+  }
+
+  //! The gradient of every row in plan order from that of the combined tokens (and the weight
+  //! gradient), the home ones also copied to `d_home`.
+  template <class Weighting, class T>
+  bytes_t combine_gradient_rows(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_home, float* d_weights,
+                                char const* op) {
+    detail::require(d_weights == nullptr || returned_.size() > 0 || plan_->num_rows() == 0, "dispatcher::", op,
+                    ": the weight gradient needs the rows of a previous combine");
+    auto d_rows = rows_buffer<T>(plan_->num_rows(), d_out.hidden);
+    unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, plan_->num_rows(), d_out.hidden),
+                                  d_weights != nullptr ? returned_view<T>(d_out.hidden) : matrix_view<T const>{}, d_weights);
+    be_.copy(d_home.data, home_tail<T>(d_rows, d_home, d_out.hidden, op, "d_home_rows"), home_rows() * d_out.hidden);
+    return d_rows;
+  }
+
+  //! The smart schedule's exchanges: S_0 .. S_{n-1} (rows to the experts' ranks, pairwise steps),
+  //! each followed by its compute on the worker; then R_0 .. R_{n-1} (results back), R_j as soon
+  //! as step j's compute is done. Computes run one at a time, in order, after `compute_home`.
+  template <class T, class ComputeHome, class Compute>
+  void pipelined_exchange(char const* send, matrix_view<T> arrived, matrix_view<T> produced, char* returned,
+                          ComputeHome& compute_home, Compute& compute, char const* op) {
+    static_assert(std::is_same_v<Algorithm, smart_schedule>,
+                  "moecomm::dispatcher: the pipelined calls need the smart_schedule algorithm");
+    detail::check_rows(arrived, received_rows(), op, "arrived", "dispatcher.received_rows()");
+    detail::check_rows(produced, received_rows(), op, "produced", "dispatcher.received_rows()");
+    std::int32_t const group_size = algorithm_.group_size;
+    detail::validate_group_size(op, group_size, ranks_);
+    std::int32_t const me = groups_->world().rank(), steps = ranks_ / group_size;
+    byte_matrix const there = row_matrix(arrived.row_bytes()), back = there.transposed();
+    detail::copy_self_block(be_, there, me, send, arrived.data);
+    std::shared_future<void> last = std::async(std::launch::async, [&compute_home] { compute_home(); }).share();
+    std::vector<std::shared_future<void>> computed;
+    for (std::int32_t step = 0; step < steps; ++step) {
+      detail::source_ranks const from = detail::pairwise_step(group_size, *groups_, there, send, arrived.data, step, report_.exchange);
+      last = std::async(std::launch::async, [last, from, &compute] {
+               last.get();  // one compute at a time, in step order; rethrows an earlier failure
+               compute(from.first, from.count);
+             }).share();
+      computed.push_back(last);
+    }
+    for (std::int32_t step = 0; step < steps; ++step) {
+      computed[static_cast<std::size_t>(step)].get();
+      if (step == 0) detail::copy_self_block(be_, back, me, produced.data, returned);
+      // R_j returns to the group whose rows step j brought: pairwise step (n - j) mod n.
+      detail::pairwise_step(group_size, *groups_, back, produced.data, returned, (steps - step) % steps, report_.exchange);
+    }
   }
 
   //! Makes `chosen` the home experts: relabels them to sort after every other expert (so their
@@ -375,6 +465,8 @@ class dispatcher {
       }
     for (std::int32_t l = 0; l < local_experts_; ++l)
       local_offsets_[static_cast<std::size_t>(l) + 1] += local_offsets_[static_cast<std::size_t>(l)];
+    rank_major_offsets_.assign(chunk_counts_.size() + 1, 0);
+    for (std::size_t i = 0; i < chunk_counts_.size(); ++i) rank_major_offsets_[i + 1] = rank_major_offsets_[i] + chunk_counts_[i];
     report_.received_rows = local_offsets_.back();
   }
 
@@ -424,6 +516,7 @@ class dispatcher {
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
   std::vector<std::int64_t> local_offsets_;
+  std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_
   std::vector<std::int32_t> home_;           //!< home experts, ascending
   std::vector<std::int64_t> home_offsets_;   //!< [home_.size() + 1] rows of each home expert
   bytes_t returned_;  //!< combine's returned rows, kept for combine_backward's weight gradient

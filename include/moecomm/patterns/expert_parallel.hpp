@@ -16,6 +16,7 @@
 #include <moecomm/patterns/experts.hpp>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,7 +35,8 @@ struct no_shadowing {
 //! One MoE layer's communication, with the experts supplied by the caller (patterns/experts.hpp).
 //! @tparam T element type of the token rows.
 //! @tparam Capacity `dropless`, `capacity<rule>` or `receiver_budget`; @tparam Algorithm `flat`,
-//! `hierarchical_2d`, `pairwise`; @tparam Weighting `weighted` (weights applied at combine) or
+//! `hierarchical_2d`, `pairwise` or `smart_schedule` (pairwise, with the experts' work overlapping
+//! the exchanges, on a worker thread); @tparam Weighting `weighted` (weights applied at combine) or
 //! `unweighted`; @tparam Shadowing `no_shadowing` or `fastermoe_shadowing<Path>`, which needs
 //! parametric experts.
 //!
@@ -69,16 +71,25 @@ class expert_parallel_layer {
     home_in_ = allocate(home);
     auto expert_out = allocate(rows);
     auto home_out = allocate(home);
-    dispatcher_.template dispatch<T>(x, view(expert_in_, rows), view(home_in_, home));
-    for_each_expert([&](std::int32_t l, std::int64_t begin, std::int64_t n) {
-      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, begin, n), rows_at(expert_out, begin, n));
-    });
-    if constexpr (Shadowing::shadows)
-      for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
-        experts.forward(shadow_.parameters(experts, i), matrix_view<T const>(rows_at(home_in_, begin, n)),
-                        rows_at(home_out, begin, n));
-      });
-    dispatcher_.template combine<Weighting, T>(view(expert_out, rows), view(home_out, home), out);
+    auto run_home = [&] {
+      if constexpr (Shadowing::shadows)
+        for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
+          experts.forward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), rows_at(home_out, begin, n));
+        });
+    };
+    auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
+      detail::run_local_expert<T>(experts, l, input_rows(expert_in_, begin, n), rows_at(expert_out, begin, n));
+    };
+    if constexpr (pipelined) {
+      dispatcher_.template forward_pipelined<Weighting, T>(
+          x, view(expert_in_, rows), view(expert_out, rows), view(home_in_, home), view(home_out, home), out, run_home,
+          [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
+    } else {
+      dispatcher_.template dispatch<T>(x, view(expert_in_, rows), view(home_in_, home));
+      for_each_expert(run_local);
+      run_home();
+      dispatcher_.template combine<Weighting, T>(view(expert_out, rows), view(home_out, home), out);
+    }
   }
 
   //! The gradient of `x` (and, with `weighted`, of the routing weights; `d_weights` `[T][K]`,
@@ -91,20 +102,28 @@ class expert_parallel_layer {
     auto d_expert_in = allocate(rows);
     auto d_home_out = allocate(home);
     auto d_home_in = allocate(home);
-    dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home), d_weights);
-    for_each_expert([&](std::int32_t l, std::int64_t begin, std::int64_t n) {
-      detail::run_local_expert_backward<T>(experts, l, rows_at(expert_in_, begin, n), rows_at(d_expert_out, begin, n),
-                                        rows_at(d_expert_in, begin, n));
-    });
-    if constexpr (Shadowing::shadows) {
-      for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
-        experts.backward(shadow_.parameters(experts, i), matrix_view<T const>(rows_at(home_in_, begin, n)),
-                         matrix_view<T const>(rows_at(d_home_out, begin, n)), rows_at(d_home_in, begin, n),
-                         shadow_.gradients(experts, i));
-      });
-      shadow_.reduce(experts);
+    auto run_home = [&] {
+      if constexpr (Shadowing::shadows)
+        for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
+          experts.backward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), input_rows(d_home_out, begin, n),
+                           rows_at(d_home_in, begin, n), shadow_.gradients(experts, i));
+        });
+    };
+    auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
+      detail::run_local_expert_backward<T>(experts, l, input_rows(expert_in_, begin, n), input_rows(d_expert_out, begin, n),
+                                           rows_at(d_expert_in, begin, n));
+    };
+    if constexpr (pipelined) {
+      dispatcher_.template backward_pipelined<Weighting, T>(
+          d_out, view(d_expert_out, rows), view(d_expert_in, rows), view(d_home_out, home), view(d_home_in, home), d_x,
+          d_weights, run_home, [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
+    } else {
+      dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home), d_weights);
+      for_each_expert(run_local);
+      run_home();
+      dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x);
     }
-    dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x);
+    if constexpr (Shadowing::shadows) shadow_.reduce(experts);
   }
 
   //! The dispatcher: the step's report (capacity, drops, received and home rows, messages), counts, plan.
@@ -114,16 +133,31 @@ class expert_parallel_layer {
 
  private:
   using rows_t = typename Backend::template buffer_type<T>;
+  //! The smart schedule runs dispatch, experts and combine as one pipelined call.
+  static constexpr bool pipelined = std::is_same_v<Algorithm, smart_schedule>;
 
   rows_t allocate(std::int64_t rows) const { return dispatcher_.backend().template allocate<T>(rows * hidden_); }
   matrix_view<T> view(rows_t& b, std::int64_t rows) const { return {b.data(), rows, hidden_}; }
   matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
+  matrix_view<T const> input_rows(rows_t& b, std::int64_t begin, std::int64_t n) const { return rows_at(b, begin, n); }
 
   template <class F>
   void for_each_expert(F&& f) const {
     auto const& offsets = dispatcher_.local_expert_offsets();
     for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l)
       f(l, offsets[static_cast<std::size_t>(l)], offsets[static_cast<std::size_t>(l) + 1] - offsets[static_cast<std::size_t>(l)]);
+  }
+
+  //! The rank-major chunks of sources `[first, first + sources)`, one call per (source, local expert).
+  template <class F>
+  void for_each_chunk(std::int32_t first, std::int32_t sources, F&& f) const {
+    auto const& offsets = dispatcher_.rank_major_offsets();
+    std::int32_t const experts = dispatcher_.num_local_experts();
+    for (std::int32_t s = first; s < first + sources; ++s)
+      for (std::int32_t l = 0; l < experts; ++l) {
+        std::size_t const i = static_cast<std::size_t>(s) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(l);
+        if (offsets[i + 1] > offsets[i]) f(l, offsets[i], offsets[i + 1] - offsets[i]);
+      }
   }
 
   template <class F>

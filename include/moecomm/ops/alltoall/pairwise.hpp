@@ -19,6 +19,48 @@
 
 MOECOMM_NAMESPACE_BEGIN
 
+namespace detail {
+
+//! The ranks a pairwise step received from: `[first, first + count)`.
+struct source_ranks {
+  std::int32_t first;
+  std::int32_t count;
+};
+
+//! Step `step` of the pairwise exchange of `m`: this rank's group sends to group `g + step` and
+//! receives from group `g - step` (groups of `group_size` consecutive ranks; the self block is
+//! not part of any step). One round.
+template <class Comm>
+source_ranks pairwise_step(std::int32_t group_size, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send,
+                           void* recv, std::int32_t step, alltoall_stats& stats) {
+  Comm& comm = groups.world();
+  std::int32_t const me = comm.rank();
+  std::int32_t const num_groups = m.ranks() / group_size;
+  std::int32_t const mine = me / group_size;
+  std::int32_t const to = (mine + step) % num_groups;
+  std::int32_t const from = (mine - step % num_groups + num_groups) % num_groups;
+  std::vector<send_block> sends;
+  std::vector<recv_block> recvs;
+  for (std::int32_t i = 0; i < group_size; ++i) {
+    std::int32_t const dst = to * group_size + i, src = from * group_size + i;
+    if (dst != me && m.bytes(me, dst) > 0)
+      sends.push_back({dst, static_cast<char const*>(send) + m.send_offset(me, dst), m.bytes(me, dst)});
+    if (src != me && m.bytes(src, me) > 0)
+      recvs.push_back({src, static_cast<char*>(recv) + m.recv_offset(src, me), m.bytes(src, me)});
+    stats.record(groups.topo(), me, dst, m.bytes(me, dst));
+  }
+  comm.exchange(sends, recvs);
+  stats.rounds += 1;
+  return {from * group_size, group_size};
+}
+
+inline void validate_group_size(char const* op, std::int32_t group_size, std::int32_t ranks) {
+  require(group_size > 0 && ranks % group_size == 0, op, "group_size = ", group_size,
+          " must be positive and divide the ", ranks, " ranks");
+}
+
+}  // namespace detail
+
 //! R / group_size rounds; the same messages as `flat`, in a fixed order.
 struct pairwise {
   static constexpr char const* name = "pairwise";
@@ -27,29 +69,25 @@ struct pairwise {
   template <class Backend, class Comm>
   void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,
            alltoall_stats& stats) const {
-    Comm& comm = groups.world();
-    std::int32_t const me = comm.rank();
-    detail::require(group_size > 0 && m.ranks() % group_size == 0, "alltoallv<pairwise>", "group_size = ", group_size,
-                    " must be positive and divide the ", m.ranks(), " ranks");
-    std::int32_t const num_groups = m.ranks() / group_size;
-    std::int32_t const mine = me / group_size;
-    detail::copy_self_block(be, m, me, send, recv);
-    for (std::int32_t step = 0; step < num_groups; ++step) {
-      std::int32_t const to = (mine + step) % num_groups;
-      std::int32_t const from = (mine - step + num_groups) % num_groups;
-      std::vector<send_block> sends;
-      std::vector<recv_block> recvs;
-      for (std::int32_t i = 0; i < group_size; ++i) {
-        std::int32_t const dst = to * group_size + i, src = from * group_size + i;
-        if (dst != me && m.bytes(me, dst) > 0)
-          sends.push_back({dst, static_cast<char const*>(send) + m.send_offset(me, dst), m.bytes(me, dst)});
-        if (src != me && m.bytes(src, me) > 0)
-          recvs.push_back({src, static_cast<char*>(recv) + m.recv_offset(src, me), m.bytes(src, me)});
-        stats.record(groups.topo(), me, dst, m.bytes(me, dst));
-      }
-      comm.exchange(sends, recvs);
-      stats.rounds += 1;
-    }
+    detail::validate_group_size("alltoallv<pairwise>", group_size, m.ranks());
+    detail::copy_self_block(be, m, groups.world().rank(), send, recv);
+    for (std::int32_t step = 0; step < m.ranks() / group_size; ++step)
+      detail::pairwise_step(group_size, groups, m, send, recv, step, stats);
+  }
+};
+
+//! FasterMoE's smart schedule (§4.2): the `pairwise` steps, with the experts' work on step j's
+//! rows overlapping the exchange of step j + 1, and each step's results returned as soon as they
+//! are computed. `expert_parallel_layer` runs its forward and backward so; as a plain all-to-all
+//! (`alltoallv`) it is `pairwise`.
+struct smart_schedule {
+  static constexpr char const* name = "smart_schedule";
+  std::int32_t group_size = 1;  //!< ranks per group; must divide R (fastmoe's FMOE_FASTER_GROUP_SIZE)
+
+  template <class Backend, class Comm>
+  void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,
+           alltoall_stats& stats) const {
+    pairwise{group_size}.run(be, groups, m, send, recv, stats);
   }
 };
 
