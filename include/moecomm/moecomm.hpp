@@ -23,10 +23,17 @@
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/dispatch_layout.hpp>
 #include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/ops/gradient_reduce.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
+#include <moecomm/ops/replica/replica_set.hpp>
+#include <moecomm/ops/replica_broadcast.hpp>
 #include <moecomm/ops/sort_chunks.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/ops/validate_routing.hpp>
 
 #include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/patterns/experts.hpp>
+#include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/plan/cost_model.hpp>
+#include <moecomm/plan/shadow_selection.hpp>

@@ -10,6 +10,8 @@
 
 #include <moecomm/backend/cuda.cuh>
 #include <moecomm/comm/nccl.cuh>
+#include <moecomm/ops/gradient_reduce.hpp>
+#include <moecomm/ops/replica_broadcast.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -170,6 +172,27 @@ TEST_CASE("nccl collectives compute what they promise across all devices") {
 
     comm.barrier();
     comm.wait();
+  });
+}
+
+// Replica broadcast and gradient reduction on device memory, both paths, several chunks: integer
+// valued floats, so every order gives the same sum.
+template <class Path>
+void check_replicas(nccl_communicator& comm, Path const& path) {
+  int const n = comm.size(), me = comm.rank();
+  moecomm::replica_set const set = moecomm::replica_set::everyone(n - 1, n);
+  device_vector<float> params(comm, std::vector<float>(1000, me == n - 1 ? 3.0f : -1.0f));
+  moecomm::replica_broadcast(path, comm, set, params.data(), 1000 * sizeof(float));
+  CHECK(params.read() == std::vector<float>(1000, 3.0f));
+  device_vector<float> grads(comm, std::vector<float>(1000, float(me + 1)));
+  moecomm::gradient_reduce(path, params.backend, comm, set, grads.data(), 1000);
+  CHECK(grads.read() == std::vector<float>(1000, me == n - 1 ? float(n * (n + 1) / 2) : float(me + 1)));
+}
+
+TEST_CASE("nccl: replica_broadcast and gradient_reduce move device buffers in chunks, both paths") {
+  run_on_all_devices([](nccl_communicator& comm) {
+    check_replicas(comm, moecomm::point_to_point_path{1024});
+    check_replicas(comm, moecomm::collective_path{1024});
   });
 }
 

@@ -109,10 +109,12 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
       else if (set.holds(me))
         sends.push_back({set.owner, mine, bytes});
       comm.exchange(sends, recvs);
-      if (me == set.owner)
+      if (me == set.owner) {
         be.for_each_index(piece.bytes, detail::sum_in_rank_order<T>{staged.data(), chunk_rows,
                                                                     static_cast<std::int32_t>(members.size()),
                                                                     owner_position, mine});
+        be.synchronize();  // the next piece's messages land in the same staging rows
+      }
     }
   }
   be.synchronize();
