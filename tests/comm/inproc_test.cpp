@@ -37,6 +37,10 @@ TEST_CASE("inproc collectives compute what they promise for 1, 2, 4 and 8 ranks"
       double x = me + 0.5, biggest = 0;
       comm.allreduce(&x, &biggest, 1, moecomm::reduce_op::max);
       REQUIRE(biggest == ranks - 0.5);
+      // reduce to the last rank, in place there; the others' recv stays untouched (or null)
+      std::vector<std::int64_t> r{me, 1};
+      comm.reduce(r.data(), me == ranks - 1 ? r.data() : nullptr, 2, moecomm::reduce_op::sum, ranks - 1);
+      REQUIRE(r == (me == ranks - 1 ? std::vector<std::int64_t>{total, ranks} : std::vector<std::int64_t>{me, 1}));
       // broadcast from the last rank
       std::int32_t word = me == ranks - 1 ? 4242 : -1;
       comm.broadcast(&word, sizeof(word), ranks - 1);
@@ -132,6 +136,19 @@ TEST_CASE("ranks calling different collectives all get an error naming the opera
     CHECK(codes[r] == moecomm::status::invalid_usage);
     CHECK(messages[r].find("ranks disagree: world rank 0 called allreduce") != std::string::npos);
     CHECK(messages[r].find("world rank 2 called broadcast") != std::string::npos);
+  }
+}
+
+TEST_CASE("ranks that name different roots for a reduce all get an error") {
+  std::vector<moecomm::status> codes;
+  auto const messages = errors_on_every_rank(3, milliseconds(5000), [](inproc_communicator comm) {
+    float v = 1.0f;
+    comm.reduce(&v, &v, 1, moecomm::reduce_op::sum, comm.rank() == 2 ? 1 : 0);
+  }, &codes);
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(codes[r] == moecomm::status::invalid_usage);
+    CHECK(messages[r].find("called reduce") != std::string::npos);
   }
 }
 

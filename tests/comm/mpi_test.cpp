@@ -96,6 +96,10 @@ TEST_CASE("mpi collectives compute what they promise, checked and unchecked, who
       std::vector<float> f(5, static_cast<float>(me + 1)), fsum(5, 0.0f);
       comm.allreduce(f.data(), fsum.data(), 5, moecomm::reduce_op::sum);
       REQUIRE(fsum == std::vector<float>(5, static_cast<float>(ranks * (ranks + 1) / 2)));
+      // reduce to rank 1: in place there, and nothing written elsewhere
+      std::vector<double> r{double(me), 0.5};
+      comm.reduce(r.data(), me == 1 ? r.data() : nullptr, 2, moecomm::reduce_op::sum, 1);
+      REQUIRE(r == (me == 1 ? std::vector<double>{double(total), 0.5 * ranks} : std::vector<double>{double(me), 0.5}));
       // broadcast from the last rank, one word and 100 bytes
       std::int32_t word = me == ranks - 1 ? 4242 : -1;
       comm.broadcast(&word, sizeof(word), ranks - 1);

@@ -12,6 +12,7 @@
 //! | `void exchange(std::vector<send_block> const&, std::vector<recv_block> const&)` | grouped point-to-point: each rank posts sends and receives; rank i's send to j must match j's receive from i in bytes |
 //! | `void allgather(void const* send, void* recv, std::int64_t bytes)` | `recv[r * bytes ...]` = rank r's `send` |
 //! | `void allreduce(T const* send, T* recv, std::int64_t count, reduce_op)` | elementwise over ranks; `send == recv` allowed; T = int32, int64, float, double. Integer results and max/min are exact; float sums follow the transport's order (ascending rank in-process; MPI's and NCCL's own order otherwise) |
+//! | `void reduce(T const* send, T* recv, std::int64_t count, reduce_op, int root)` | as `allreduce`, but only `root`'s `recv` receives the result (others may pass null) |
 //! | `void broadcast(void* data, std::int64_t bytes, int root)` | root's bytes to every rank |
 //! | `void barrier()` | |
 //! | `C split(int color, int key)` | sub-group of the ranks with the same `color`, ordered by (key, rank) |
@@ -40,17 +41,17 @@ struct recv_block {
   std::int64_t bytes;
 };
 
-//! Reduction of `allreduce`.
+//! Reduction of `allreduce` and `reduce`.
 enum class reduce_op { sum, max, min };
 
 namespace detail {
 
-//! The element types `allreduce` supports, as a small code so ranks can compare calls.
+//! The element types `allreduce` and `reduce` support, as a small code so ranks can compare calls.
 template <class T>
 constexpr int reduce_type_code() {
   static_assert(std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t> || std::is_same_v<T, float> ||
                     std::is_same_v<T, double>,
-                "moecomm: allreduce supports int32, int64, float and double");
+                "moecomm: allreduce and reduce support int32, int64, float and double");
   return std::is_same_v<T, std::int32_t> ? 1 : std::is_same_v<T, std::int64_t> ? 2 : std::is_same_v<T, float> ? 3 : 4;
 }
 

@@ -37,7 +37,7 @@ namespace detail {
 struct inproc_call {
   char const* op = "";
   std::int64_t size = 0;   //!< bytes, or element count
-  std::int64_t extra = 0;  //!< root, or element type and reduction
+  std::int64_t extra = 0;  //!< root, or element type and reduction (+ 64 x root for reduce)
   void const* send = nullptr;
   void* recv = nullptr;
   std::vector<send_block> sends;  //!< copies: the poster may unwind while peers still check them
@@ -147,13 +147,26 @@ class inproc_communicator {
     call.send = send;
     arrive(call, op);
     detail::inproc_problem const problem = check_same_operation();
-    std::vector<T> result(static_cast<std::size_t>(count));
-    for (int r = 0; r < size() && !problem; ++r) {
-      auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
-      for (std::int64_t i = 0; i < count; ++i)
-        result[static_cast<std::size_t>(i)] = r == 0 ? peer[i] : detail::reduce(result[static_cast<std::size_t>(i)], peer[i], reduction);
-    }
+    std::vector<T> const result = problem ? std::vector<T>{} : reduce_sends<T>(count, reduction);
     finish(op, problem);  // every rank has read every send buffer: now recv (maybe == send) may change
+    std::copy(result.begin(), result.end(), recv);
+  }
+
+  //! As `allreduce`, computed and written on `root` only; `recv` may be null on the other ranks.
+  template <class T>
+  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
+    char const* op = "reduce";
+    detail::require(root >= 0 && root < size(), "inproc_communicator::reduce", "root = ", root,
+                    " is not a rank of this group of ", size());
+    detail::inproc_call call;
+    call.op = op;
+    call.size = count;
+    call.extra = detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + 64 * std::int64_t{root};
+    call.send = send;
+    arrive(call, op);
+    detail::inproc_problem const problem = check_same_operation();
+    std::vector<T> const result = problem || rank_ != root ? std::vector<T>{} : reduce_sends<T>(count, reduction);
+    finish(op, problem);
     std::copy(result.begin(), result.end(), recv);
   }
 
@@ -207,6 +220,19 @@ class inproc_communicator {
  private:
   friend class inproc_world;
   explicit inproc_communicator(std::shared_ptr<detail::inproc_state> state) : state_(std::move(state)) {}
+
+  //! Every rank's `send` reduced elementwise, left to right in ascending rank. Reads the other
+  //! ranks' buffers, so it runs between `arrive` and `finish`.
+  template <class T>
+  std::vector<T> reduce_sends(std::int64_t count, reduce_op reduction) const {
+    std::vector<T> result(static_cast<std::size_t>(count));
+    for (int r = 0; r < size(); ++r) {
+      auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
+      for (std::int64_t i = 0; i < count; ++i)
+        result[static_cast<std::size_t>(i)] = r == 0 ? peer[i] : detail::reduce(result[static_cast<std::size_t>(i)], peer[i], reduction);
+    }
+    return result;
+  }
 
   //! Posts `call` and waits until every rank of the group has posted (phase 1 of a collective).
   void arrive(detail::inproc_call const& call, char const* op) {

@@ -95,12 +95,12 @@ struct mpi_options {
 namespace detail {
 
 //! The operations that the checked mode's fingerprint compares.
-enum class mpi_op : std::int64_t { exchange = 1, allgather, allreduce, broadcast, barrier, split };
+enum class mpi_op : std::int64_t { exchange = 1, allgather, allreduce, broadcast, barrier, split, reduce };
 
 //! Name of an operation code taken from a (possibly foreign) fingerprint.
 inline char const* mpi_op_name(std::int64_t code) {
-  static char const* const names[] = {"exchange", "allgather", "allreduce", "broadcast", "barrier", "split"};
-  return code >= 1 && code <= 6 ? names[code - 1] : "an unknown operation";
+  static char const* const names[] = {"exchange", "allgather", "allreduce", "broadcast", "barrier", "split", "reduce"};
+  return code >= 1 && code <= 7 ? names[code - 1] : "an unknown operation";
 }
 
 //! The MPI datatype of an `allreduce` element type.
@@ -255,25 +255,13 @@ class mpi_communicator {
   //! int64, float or double. Floating-point sums follow MPI's reduction order (see the file comment).
   template <class T>
   void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
-    char const* const op = "allreduce";
-    auto const deadline = start(op);
-    agree(detail::mpi_op::allreduce, count, detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction),
-          local_check([&](char const* here) {
-            detail::validate_size(here, "count", count);
-            detail::validate_buffer(here, "send", send, count);
-            detail::validate_buffer(here, "recv", recv, count);
-          }, op),
-          deadline);
-    std::int64_t const per_chunk =
-        std::max<std::int64_t>(1, options_.max_message_bytes / static_cast<std::int64_t>(sizeof(T)));
-    std::vector<MPI_Request> requests;
-    for (detail::byte_chunk const& chunk : detail::split_into_chunks(count, per_chunk)) {  // in elements
-      void const* const from = send == recv ? MPI_IN_PLACE : static_cast<void const*>(send + chunk.offset);
-      check(MPI_Iallreduce(from, recv + chunk.offset, static_cast<int>(chunk.bytes), detail::mpi_datatype<T>(),
-                           detail::mpi_reduction(reduction), comm_, &requests.emplace_back()),
-            op, "MPI_Iallreduce");
-    }
-    wait(requests, deadline, op, "reducing");
+    reduce_chunks(send, recv, count, reduction, -1, "allreduce");
+  }
+
+  //! As `allreduce`, into `root`'s `recv` only (`MPI_Ireduce`); `recv` may be null elsewhere.
+  template <class T>
+  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
+    reduce_chunks(send, recv, count, reduction, root, "reduce");
   }
 
   //! The root's `bytes` at `data` to every rank's `data`.
@@ -452,6 +440,40 @@ class mpi_communicator {
       return e;
     }
     return std::nullopt;
+  }
+
+  //! `allreduce` (root < 0) or `reduce` to `root`, in chunks of at most max_message_bytes.
+  template <class T>
+  void reduce_chunks(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root, char const* op) {
+    bool const all = root < 0;
+    auto const deadline = start(op);
+    agree(all ? detail::mpi_op::allreduce : detail::mpi_op::reduce, count,
+          detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + (all ? 0 : 64 * root),
+          local_check([&](char const* here) {
+            detail::validate_size(here, "count", count);
+            detail::validate_buffer(here, "send", send, count);
+            if (!all) detail::validate_root(here, root, size_);
+            if (all || rank_ == root) detail::validate_buffer(here, "recv", recv, count);
+          }, op),
+          deadline);
+    std::int64_t const per_chunk =
+        std::max<std::int64_t>(1, options_.max_message_bytes / static_cast<std::int64_t>(sizeof(T)));
+    bool const receives = all || rank_ == root;
+    std::vector<MPI_Request> requests;
+    for (detail::byte_chunk const& chunk : detail::split_into_chunks(count, per_chunk)) {  // in elements
+      void const* const from = receives && send == recv ? MPI_IN_PLACE : static_cast<void const*>(send + chunk.offset);
+      void* const to = receives ? static_cast<void*>(recv + chunk.offset) : nullptr;
+      auto const n = static_cast<int>(chunk.bytes);
+      if (all)
+        check(MPI_Iallreduce(from, to, n, detail::mpi_datatype<T>(), detail::mpi_reduction(reduction), comm_,
+                             &requests.emplace_back()),
+              op, "MPI_Iallreduce");
+      else
+        check(MPI_Ireduce(from, to, n, detail::mpi_datatype<T>(), detail::mpi_reduction(reduction), root, comm_,
+                          &requests.emplace_back()),
+              op, "MPI_Ireduce");
+    }
+    wait(requests, deadline, op, "reducing");
   }
 
   //! The checked mode: all-gathers this rank's fingerprint, then throws on every rank if a rank passed

@@ -283,6 +283,22 @@ class nccl_communicator {
     wait_for(op);
   }
 
+  //! As `allreduce`, into `root`'s `recv` only (`ncclReduce`); `recv` may be null elsewhere.
+  template <class T>
+  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
+    constexpr ncclDataType_t type = detail::nccl_type<T>();
+    char const* op = "nccl_communicator::reduce";
+    ensure_ready(op);
+    detail::validate_size(op, "count", count);
+    detail::validate_buffer(op, "send", send, count);
+    detail::validate_root(op, root, size());
+    if (rank() == root) detail::validate_buffer(op, "recv", recv, count);
+    check_call(ncclReduce(send, recv, static_cast<std::size_t>(count), type, detail::nccl_op(reduction), root, comm_,
+                          stream_),
+               op, "ncclReduce");
+    wait_for(op);
+  }
+
   //! The root's `bytes` at `data` to every rank's `data` (`ncclBroadcast`, in place), then `wait()`.
   //! @throws error (invalid_argument) if `root` is not a rank of the group; nothing is sent.
   void broadcast(void* data, std::int64_t bytes, int root) {

@@ -69,8 +69,8 @@ void validate_reduce(char const* op, Path const& path, replica_set const& set, s
 //! buffers are left unchanged. Collective over `comm`, as `replica_broadcast`.
 //!
 //! Order: `point_to_point_path` sums on the owner in exactly that order on every transport.
-//! `collective_path` uses the communicator's `allreduce`: the same order in-process; MPI's and
-//! NCCL's own (fixed for a fixed configuration) otherwise.
+//! `collective_path` uses the communicator's `reduce`: the same order in-process; MPI's and NCCL's
+//! own (fixed for a fixed configuration) otherwise.
 //! @tparam T float or double.
 //! @param be the back-end that owns `grads`' memory (it runs the sum and holds the staging chunks).
 template <class Path, class Backend, class Comm, class T>
@@ -82,18 +82,17 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
   detail::validate_reduce(op, path, set, ranks, me, grads, count);
   if (set.replicas.empty()) return;
   std::int64_t const chunk = detail::chunk_elements<T>(path);
-  std::int64_t const chunk_rows = count < chunk ? count : chunk;
   // split_into_chunks counts elements here: `piece.bytes` is the piece's length in elements.
   auto const pieces = detail::split_into_chunks(count, chunk);
   if constexpr (std::is_same_v<Path, collective_path>) {
-    auto scratch = be.template allocate<T>(me == set.owner ? 0 : chunk_rows);  // non-owners' unused result
     for (detail::byte_chunk const piece : pieces)
-      comm.allreduce(grads + piece.offset, me == set.owner ? grads + piece.offset : scratch.data(), piece.bytes,
-                     reduce_op::sum);
+      comm.reduce(grads + piece.offset, me == set.owner ? grads + piece.offset : nullptr, piece.bytes, reduce_op::sum,
+                  set.owner);
   } else {
     static_assert(std::is_same_v<Path, point_to_point_path>,
                   "moecomm::gradient_reduce: the path must be collective_path or point_to_point_path");
     auto const replicas = static_cast<std::int64_t>(set.replicas.size());
+    std::int64_t const chunk_rows = count < chunk ? count : chunk;
     auto staged = be.template allocate<T>(me == set.owner ? chunk_rows * replicas : 0);
     std::vector<std::int32_t> const members = set.members();
     std::int32_t owner_position = 0;
