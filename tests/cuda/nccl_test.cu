@@ -120,9 +120,9 @@ void check_allreduce(nccl_communicator& comm) {
   CHECK(recv.read() == std::vector<T>{T(n - 1), T(2 * (n - 1) + 1), T(0), T(7)});
   comm.allreduce(send.data(), send.data(), 4, reduce_op::min);  // in place
   CHECK(send.read() == std::vector<T>{T(0), T(1), T(-(n - 1)), T(7)});
-  device_vector<T> to_root(comm, std::vector<T>(mine.size(), T(-99)));
+  device_vector<T> to_root(comm, std::vector<T>(mine.size(), T(-99)));  // send holds the min of every rank now
   comm.reduce(send.data(), me == n - 1 ? to_root.data() : nullptr, 4, reduce_op::max, n - 1);
-  CHECK(to_root.read() == (me == n - 1 ? std::vector<T>{T(0), T(1), T(0), T(7)} : std::vector<T>(4, T(-99))));
+  CHECK(to_root.read() == (me == n - 1 ? std::vector<T>{T(0), T(1), T(-(n - 1)), T(7)} : std::vector<T>(4, T(-99))));
 }
 
 TEST_CASE("nccl collectives compute what they promise across all devices") {
