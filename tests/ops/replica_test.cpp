@@ -134,6 +134,23 @@ TEST_CASE("gradient_reduce sums every member's gradient into the owner's in asce
   }
 }
 
+TEST_CASE("gradient_reduce reuses one workspace across calls of growing and shrinking sizes and sets") {
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::host_backend const be;
+    moecomm::replica_workspace<moecomm::host_backend> workspace;
+    std::uint32_t seed = 20;
+    for (std::int64_t count : {std::int64_t{10}, std::int64_t{1000}, std::int64_t{3}, std::int64_t{257}}) {
+      for (moecomm::replica_set const& set : {moecomm::replica_set::everyone(2, 4), moecomm::replica_set{0, {3}}}) {
+        auto grads = gradient_of<float>(comm.rank(), count, ++seed);
+        moecomm::gradient_reduce(moecomm::point_to_point_path{100}, be, comm, set, grads.data(), count, workspace);
+        CAPTURE(count);
+        if (comm.rank() == set.owner) check_same_bits(grads, ordered_sum<float>(set, count, seed), "ordered sum");
+      }
+    }
+  });
+}
+
 TEST_CASE("replica_allreduce leaves the same ordered sum on every member") {
   for (std::int32_t ranks : {1, 4, 8}) {
     CAPTURE(ranks);

@@ -64,6 +64,22 @@ void validate_reduce(char const* op, Path const& path, replica_set const& set, s
 
 }  // namespace detail
 
+//! The point-to-point path's staging memory, kept between calls so that repeated reductions (one
+//! per shadowed expert per step) do not allocate and fault in fresh pages each time. Grows, never
+//! shrinks. One per thread of calls; not shared between concurrent reductions.
+template <class Backend>
+class replica_workspace {
+ public:
+  //! At least `bytes` bytes of the back-end's memory, aligned for any element type.
+  [[nodiscard]] char* bytes(Backend const& be, std::int64_t bytes) {
+    if (staging_.size() < bytes) staging_ = be.template allocate<char>(bytes);
+    return staging_.data();
+  }
+
+ private:
+  typename Backend::template buffer_type<char> staging_;
+};
+
 //! The owner's `grads[0, count)` becomes the sum of every member's `grads`, added left to right in
 //! ascending rank (the owner's own value at its place): bitwise the same on every run. Replicas'
 //! buffers are left unchanged. Collective over `comm`, as `replica_broadcast`.
@@ -73,9 +89,10 @@ void validate_reduce(char const* op, Path const& path, replica_set const& set, s
 //! own (fixed for a fixed configuration) otherwise.
 //! @tparam T float or double.
 //! @param be the back-end that owns `grads`' memory (it runs the sum and holds the staging chunks).
+//! @param workspace the staging of the point-to-point path, reused between calls.
 template <class Path, class Backend, class Comm, class T>
 void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                     std::int64_t count) {
+                     std::int64_t count, replica_workspace<Backend>& workspace) {
   detail::require_gradient_type<T>();
   char const* op = "gradient_reduce";
   std::int32_t const ranks = comm.size(), me = comm.rank();
@@ -93,7 +110,8 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
                   "moecomm::gradient_reduce: the path must be collective_path or point_to_point_path");
     auto const replicas = static_cast<std::int64_t>(set.replicas.size());
     std::int64_t const chunk_rows = count < chunk ? count : chunk;
-    auto staged = be.template allocate<T>(me == set.owner ? chunk_rows * replicas : 0);
+    T* const staged = me == set.owner ? reinterpret_cast<T*>(workspace.bytes(be, chunk_rows * replicas * std::int64_t(sizeof(T))))
+                                      : nullptr;
     std::vector<std::int32_t> const members = set.members();
     std::int32_t owner_position = 0;
     while (members[static_cast<std::size_t>(owner_position)] != set.owner) ++owner_position;
@@ -104,12 +122,12 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
       std::vector<recv_block> recvs;
       if (me == set.owner)
         for (std::int64_t j = 0; j < replicas; ++j)
-          recvs.push_back({set.replicas[static_cast<std::size_t>(j)], staged.data() + j * chunk_rows, bytes});
+          recvs.push_back({set.replicas[static_cast<std::size_t>(j)], staged + j * chunk_rows, bytes});
       else if (set.holds(me))
         sends.push_back({set.owner, mine, bytes});
       comm.exchange(sends, recvs);
       if (me == set.owner) {
-        be.for_each_index(piece.bytes, detail::sum_in_rank_order<T>{staged.data(), chunk_rows,
+        be.for_each_index(piece.bytes, detail::sum_in_rank_order<T>{staged, chunk_rows,
                                                                     static_cast<std::int32_t>(members.size()),
                                                                     owner_position, mine});
         be.synchronize();  // the next piece's messages land in the same staging rows
@@ -117,6 +135,14 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
     }
   }
   be.synchronize();
+}
+
+//! `gradient_reduce` with staging of its own, allocated for this call.
+template <class Path, class Backend, class Comm, class T>
+void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
+                     std::int64_t count) {
+  replica_workspace<Backend> workspace;
+  gradient_reduce(path, be, comm, set, grads, count, workspace);
 }
 
 //! Every member's `grads` becomes the sum of all members' (the order of `gradient_reduce`), the

@@ -105,7 +105,8 @@ struct fastermoe_shadowing {
     template <class Experts>
     void reduce(Experts& experts) {
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
-        gradient_reduce(path_, be_, groups_->world(), everyone_of(i), gradients(experts, i), experts.parameter_count());
+        gradient_reduce(path_, be_, groups_->world(), everyone_of(i), gradients(experts, i), experts.parameter_count(),
+                        workspace_);
     }
 
     //! The last step's decision: shadowed experts, predicted latencies, tokens per rank before and after.
@@ -144,6 +145,7 @@ struct fastermoe_shadowing {
     shadow_decision decision_;
     std::vector<std::int32_t> shadowed_;  //!< ascending, as the dispatcher's home experts
     typename Backend::template buffer_type<char> replica_params_, replica_grads_;
+    replica_workspace<Backend> workspace_;  //!< gradient_reduce's staging, kept between steps
   };
 };
 
