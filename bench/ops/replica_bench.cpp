@@ -147,6 +147,7 @@ void bm_replica(benchmark::State& state, op_kind op, Path path, layout lay, set_
       bool const member = set.holds(me);
       auto buf = be.allocate<float>(member ? count : 0);
       float* const data = member ? buf.data() : nullptr;  // outside the set: null, as documented
+      moecomm::replica_workspace<moecomm::host_backend> workspace;  // reused across calls, as a layer does
 
       auto const initialise = [&] {
         if (!member) return;
@@ -157,9 +158,9 @@ void bm_replica(benchmark::State& state, op_kind op, Path path, layout lay, set_
         if (op == op_kind::broadcast)
           moecomm::replica_broadcast(path, comm, set, data, bytes);
         else if (op == op_kind::reduce)
-          moecomm::gradient_reduce(path, be, comm, set, data, count);
+          moecomm::gradient_reduce(path, be, comm, set, data, count, workspace);
         else
-          moecomm::replica_allreduce(path, be, comm, set, data, count);
+          moecomm::replica_allreduce(path, be, comm, set, data, count, workspace);
       };
       //! The expected value of element i on this rank after one call on initialised buffers.
       auto const expected = [&](std::int64_t i) {

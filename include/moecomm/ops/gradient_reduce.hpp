@@ -149,7 +149,7 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
 //! same bits on every member. `point_to_point_path`: reduce to the owner, then broadcast from it.
 template <class Path, class Backend, class Comm, class T>
 void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                       std::int64_t count) {
+                       std::int64_t count, replica_workspace<Backend>& workspace) {
   detail::require_gradient_type<T>();
   char const* op = "replica_allreduce";
   detail::validate_reduce(op, path, set, comm.size(), comm.rank(), grads, count);
@@ -157,10 +157,17 @@ void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_
     for (detail::byte_chunk const piece : detail::split_into_chunks(count, detail::chunk_elements<T>(path)))
       comm.allreduce(grads + piece.offset, grads + piece.offset, piece.bytes, reduce_op::sum);  // bytes: elements
   } else {
-    gradient_reduce(path, be, comm, set, grads, count);
-    be.synchronize();
+    gradient_reduce(path, be, comm, set, grads, count, workspace);
     replica_broadcast(path, comm, set, grads, count * static_cast<std::int64_t>(sizeof(T)));
   }
+}
+
+//! `replica_allreduce` with staging of its own, allocated for this call.
+template <class Path, class Backend, class Comm, class T>
+void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
+                       std::int64_t count) {
+  replica_workspace<Backend> workspace;
+  replica_allreduce(path, be, comm, set, grads, count, workspace);
 }
 
 MOECOMM_NAMESPACE_END
