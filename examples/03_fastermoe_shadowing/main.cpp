@@ -32,6 +32,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include "../common/format.hpp"
+#include "../common/zipf_gate.hpp"
+
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <new>
@@ -43,6 +46,8 @@
 #include <vector>
 
 namespace {
+
+using namespace example_support;  // format, bars, the Zipf gate (examples/common/)
 
 using moecomm::inproc_communicator;
 using moecomm::matrix_view;
@@ -192,33 +197,6 @@ options parse_options(int argc, char** argv) {
   return o;
 }
 
-// ---- formatting ---------------------------------------------------------------------------------
-
-std::string format(char const* fmt, double v) {
-  char text[64];
-  std::snprintf(text, sizeof text, fmt, v);
-  return text;
-}
-
-std::string format_time(double seconds) {
-  if (seconds >= 1.0) return format("%.3f s", seconds);
-  if (seconds >= 1e-3) return format("%.2f ms", seconds * 1e3);
-  if (seconds >= 1e-6) return format("%.1f us", seconds * 1e6);
-  return format("%.0f ns", seconds * 1e9);
-}
-
-std::string format_bytes(double bytes) {
-  if (bytes >= 1024.0 * 1024 * 1024) return format("%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-  if (bytes >= 1024.0 * 1024) return format("%.1f MiB", bytes / (1024.0 * 1024));
-  if (bytes >= 1024.0) return format("%.1f KiB", bytes / 1024.0);
-  return format("%.0f B", bytes);
-}
-
-std::string bar(double value, double max_value, int width) {
-  int const n = max_value > 0 ? static_cast<int>(std::lround(width * value / max_value)) : 0;
-  return std::string(static_cast<std::size_t>(std::max(n, value > 0 ? 1 : 0)), '#');
-}
-
 // ---- timing -------------------------------------------------------------------------------------
 
 using clock_type = std::chrono::steady_clock;
@@ -344,59 +322,6 @@ double memcpy_bandwidth() {
     src[static_cast<std::size_t>(i)] = dst[n - 1];  // keep the copies observable
   }
   return static_cast<double>(n) / best;
-}
-
-// ---- the gate (the one of examples 01 and 02) ---------------------------------------------------
-
-//! `[T][K]` expert ids and weights, host memory (which is what host_backend reads).
-struct routing_data {
-  std::vector<int32_t> idx;
-  std::vector<float> weights;
-};
-
-//! Each token draws K distinct experts, without replacement, from P(e) ~ 1/(e+1)^s, and gets
-//! random positive gate scores normalised to sum to 1. Slots are ordered by weight, descending,
-//! as a top-k gate returns them.
-routing_data route_tokens(int64_t tokens, int32_t experts, int32_t topk, double s, std::mt19937_64& rng) {
-  std::vector<double> p(static_cast<std::size_t>(experts));
-  for (int32_t e = 0; e < experts; ++e) p[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -s);
-  double const total = std::accumulate(p.begin(), p.end(), 0.0);
-
-  routing_data r;
-  r.idx.resize(static_cast<std::size_t>(tokens * topk));
-  r.weights.resize(static_cast<std::size_t>(tokens * topk));
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  std::vector<char> taken(static_cast<std::size_t>(experts));
-  std::vector<std::pair<float, int32_t>> picks(static_cast<std::size_t>(topk));  // (weight, expert)
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::fill(taken.begin(), taken.end(), 0);
-    double remaining = total;
-    float score_sum = 0.0f;
-    for (auto& pick : picks) {
-      double u = uniform(rng) * remaining;
-      int32_t chosen = -1;  // the last free expert, should rounding run u past the end
-      for (int32_t e = 0; e < experts; ++e) {
-        if (taken[static_cast<std::size_t>(e)]) continue;
-        chosen = e;
-        if (u < p[static_cast<std::size_t>(e)]) break;
-        u -= p[static_cast<std::size_t>(e)];
-      }
-      taken[static_cast<std::size_t>(chosen)] = 1;
-      remaining -= p[static_cast<std::size_t>(chosen)];
-      pick = {0.05f + 0.95f * static_cast<float>(uniform(rng)), chosen};  // a positive score
-      score_sum += pick.first;
-    }
-    for (auto& pick : picks) pick.first /= score_sum;
-    std::sort(picks.begin(), picks.end(), [](auto const& a, auto const& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
-    for (int32_t k = 0; k < topk; ++k) {
-      auto const slot = static_cast<std::size_t>(t * topk + k);
-      r.weights[slot] = picks[static_cast<std::size_t>(k)].first;
-      r.idx[slot] = picks[static_cast<std::size_t>(k)].second;
-    }
-  }
-  return r;
 }
 
 // ---- the problem: every step's inputs and the experts' parameters, made on the main thread --------
