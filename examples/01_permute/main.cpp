@@ -11,6 +11,7 @@
 //!
 //! Run with --help for the flags. Everything runs on one CPU thread.
 
+#include "../common/flags.hpp"
 #include "../common/format.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -35,7 +36,7 @@
 
 namespace {
 
-using namespace example_support;  // format, bars, the Zipf gate (examples/common/)
+using namespace example_support;  // flag checks, formatting, the Zipf gate (examples/common/)
 
 // ---- options ------------------------------------------------------------------------------------
 
@@ -82,28 +83,12 @@ void print_usage() {
       program, d.tokens, d.hidden, d.experts, d.topk, d.zipf, d.seed, dtype_choices, d.dtype.c_str(), d.iters);
 }
 
-[[noreturn]] void usage_error(std::string const& message) {
-  std::fprintf(stderr, "%s: %s\nRun '%s --help' for the list of flags.\n", program, message.c_str(), program);
-  std::exit(2);
-}
-
-std::int64_t parse_int(std::string const& flag, std::string const& text, std::int64_t lo, std::int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  long long const v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE)
-    usage_error(flag + " expects an integer, got '" + text + "'");
-  if (v < lo || v > hi)
-    usage_error(flag + " = " + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
-
 options parse_options(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h") arg = "--help";
-    if (arg.rfind("--", 0) != 0) usage_error("unexpected argument '" + arg + "' (flags start with --)");
+    if (arg.rfind("--", 0) != 0) usage_error(program, "unexpected argument '" + arg + "' (flags start with --)");
     std::string value;
     bool has_value = false;
     if (auto const eq = arg.find('='); eq != std::string::npos) {
@@ -113,7 +98,7 @@ options parse_options(int argc, char** argv) {
     }
     auto next = [&]() -> std::string const& {
       if (!has_value) {
-        if (i + 1 >= argc) usage_error("flag " + arg + " needs a value");
+        if (i + 1 >= argc) usage_error(program, "flag " + arg + " needs a value");
         value = argv[++i];
         has_value = true;
       }
@@ -124,42 +109,42 @@ options parse_options(int argc, char** argv) {
       print_usage();
       std::exit(0);
     } else if (arg == "--tokens") {
-      o.tokens = parse_int(arg, next(), 0, int32_max);
+      o.tokens = parse_int(program, arg, next(), 0, int32_max);
     } else if (arg == "--hidden") {
-      o.hidden = parse_int(arg, next(), 1, std::int64_t{1} << 24);
+      o.hidden = parse_int(program, arg, next(), 1, std::int64_t{1} << 24);
     } else if (arg == "--experts") {
-      o.experts = static_cast<std::int32_t>(parse_int(arg, next(), 1, 1 << 16));
+      o.experts = static_cast<std::int32_t>(parse_int(program, arg, next(), 1, 1 << 16));
     } else if (arg == "--topk") {
-      o.topk = static_cast<std::int32_t>(parse_int(arg, next(), 1, 1 << 16));
+      o.topk = static_cast<std::int32_t>(parse_int(program, arg, next(), 1, 1 << 16));
     } else if (arg == "--zipf") {
       std::string const& text = next();
       char* end = nullptr;
       o.zipf = std::strtod(text.c_str(), &end);
       if (text.empty() || *end != '\0' || !std::isfinite(o.zipf) || o.zipf < 0 || o.zipf > 16)
-        usage_error("--zipf expects an exponent in [0, 16], got '" + text + "'");
+        usage_error(program, "--zipf expects an exponent in [0, 16], got '" + text + "'");
     } else if (arg == "--seed") {
       std::string const& text = next();
       char* end = nullptr;
       errno = 0;
       unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
       if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
-        usage_error("--seed expects a non-negative integer, got '" + text + "'");
+        usage_error(program, "--seed expects a non-negative integer, got '" + text + "'");
       o.seed = v;
     } else if (arg == "--dtype") {
       o.dtype = next();
       bool const known = o.dtype == "float" || (MOECOMM_HAS_CUDA_FP16() && o.dtype == "bf16");
-      if (!known) usage_error("--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
+      if (!known) usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
     } else if (arg == "--iters") {
-      o.iters = static_cast<int>(parse_int(arg, next(), 1, 100000));
+      o.iters = static_cast<int>(parse_int(program, arg, next(), 1, 100000));
     } else {
-      usage_error("unknown flag '" + arg + "'");
+      usage_error(program, "unknown flag '" + arg + "'");
     }
   }
   if (o.topk > o.experts)
-    usage_error("--topk " + std::to_string(o.topk) + " exceeds --experts " + std::to_string(o.experts) +
+    usage_error(program, "--topk " + std::to_string(o.topk) + " exceeds --experts " + std::to_string(o.experts) +
                 ": every token picks K distinct experts");
   if (o.tokens * o.topk > std::numeric_limits<std::int32_t>::max())
-    usage_error("--tokens x --topk = " + std::to_string(o.tokens * o.topk) +
+    usage_error(program, "--tokens x --topk = " + std::to_string(o.tokens * o.topk) +
                 " slots exceed moecomm's int32 row ids (2^31 - 1)");
   return o;
 }

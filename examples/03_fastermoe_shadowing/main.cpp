@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include "../common/flags.hpp"
 #include "../common/format.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -47,7 +48,7 @@
 
 namespace {
 
-using namespace example_support;  // format, bars, the Zipf gate (examples/common/)
+using namespace example_support;  // flag checks, formatting, the Zipf gate (examples/common/)
 
 using moecomm::inproc_communicator;
 using moecomm::matrix_view;
@@ -102,38 +103,12 @@ void print_usage() {
       program, d.ranks, d.nodes, d.experts, d.topk, d.tokens, d.hidden, d.alpha, d.zipf, d.seed, d.steps, d.timeout);
 }
 
-[[noreturn]] void usage_error(std::string const& message) {
-  std::fprintf(stderr, "%s: %s\nRun '%s --help' for the list of flags.\n", program, message.c_str(), program);
-  std::exit(2);
-}
-
-int64_t parse_int(std::string const& flag, std::string const& text, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  long long const v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE) usage_error(flag + " expects an integer, got '" + text + "'");
-  if (v < lo || v > hi)
-    usage_error(flag + " = " + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
-
-double parse_real(std::string const& flag, std::string const& text, double lo, double hi) {
-  char* end = nullptr;
-  double const v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
-    char range[96];
-    std::snprintf(range, sizeof range, "a number in [%g, %g]", lo, hi);
-    usage_error(flag + " expects " + range + ", got '" + text + "'");
-  }
-  return v;
-}
-
 options parse_options(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h") arg = "--help";
-    if (arg.rfind("--", 0) != 0) usage_error("unexpected argument '" + arg + "' (flags start with --)");
+    if (arg.rfind("--", 0) != 0) usage_error(program, "unexpected argument '" + arg + "' (flags start with --)");
     std::string value;
     bool has_value = false;
     if (auto const eq = arg.find('='); eq != std::string::npos) {
@@ -143,7 +118,7 @@ options parse_options(int argc, char** argv) {
     }
     auto next = [&]() -> std::string const& {
       if (!has_value) {
-        if (i + 1 >= argc) usage_error("flag " + arg + " needs a value");
+        if (i + 1 >= argc) usage_error(program, "flag " + arg + " needs a value");
         value = argv[++i];
         has_value = true;
       }
@@ -153,46 +128,46 @@ options parse_options(int argc, char** argv) {
       print_usage();
       std::exit(0);
     } else if (arg == "--ranks") {
-      o.ranks = static_cast<int32_t>(parse_int(arg, next(), 1, 64));
+      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
     } else if (arg == "--nodes") {
-      o.nodes = static_cast<int32_t>(parse_int(arg, next(), 1, 64));
+      o.nodes = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
     } else if (arg == "--experts") {
-      o.experts = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 12));
+      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 12));
     } else if (arg == "--topk") {
-      o.topk = static_cast<int32_t>(parse_int(arg, next(), 1, 1 << 12));
+      o.topk = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 12));
     } else if (arg == "--tokens") {
-      o.tokens = parse_int(arg, next(), 1, 1 << 20);
+      o.tokens = parse_int(program, arg, next(), 1, 1 << 20);
     } else if (arg == "--hidden") {
-      o.hidden = parse_int(arg, next(), 1, 4096);
+      o.hidden = parse_int(program, arg, next(), 1, 4096);
     } else if (arg == "--alpha") {
-      o.alpha = static_cast<int32_t>(parse_int(arg, next(), 1, 16));
+      o.alpha = static_cast<int32_t>(parse_int(program, arg, next(), 1, 16));
     } else if (arg == "--zipf") {
-      o.zipf = parse_real(arg, next(), 0.0, 16.0);
+      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
     } else if (arg == "--seed") {
       std::string const& text = next();
       char* end = nullptr;
       errno = 0;
       unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
       if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
-        usage_error("--seed expects a non-negative integer, got '" + text + "'");
+        usage_error(program, "--seed expects a non-negative integer, got '" + text + "'");
       o.seed = v;
     } else if (arg == "--steps") {
-      o.steps = static_cast<int>(parse_int(arg, next(), 1, 1000));
+      o.steps = static_cast<int>(parse_int(program, arg, next(), 1, 1000));
     } else if (arg == "--timeout") {
-      o.timeout = static_cast<int>(parse_int(arg, next(), 1, 3600));
+      o.timeout = static_cast<int>(parse_int(program, arg, next(), 1, 3600));
     } else {
-      usage_error("unknown flag '" + arg + "'");
+      usage_error(program, "unknown flag '" + arg + "'");
     }
   }
   auto const str = [](auto v) { return std::to_string(v); };
   if (o.ranks % o.nodes != 0)
-    usage_error("--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +
+    usage_error(program, "--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +
                 ": every node holds the same number of ranks");
   if (o.experts % o.ranks != 0)
-    usage_error("--experts " + str(o.experts) + " is not a multiple of --ranks " + str(o.ranks) +
+    usage_error(program, "--experts " + str(o.experts) + " is not a multiple of --ranks " + str(o.ranks) +
                 ": each rank holds E / R experts");
   if (o.topk > o.experts)
-    usage_error("--topk " + str(o.topk) + " exceeds --experts " + str(o.experts) +
+    usage_error(program, "--topk " + str(o.topk) + " exceeds --experts " + str(o.experts) +
                 ": every token picks K distinct experts");
   return o;
 }
