@@ -4,7 +4,8 @@
 //! per rank): the forward (route + dispatch + experts + combine) and the forward plus backward,
 //! for T = 4096 tokens per rank, H = 4096, K = 2, E = 16, float, on R = 4 (2 nodes x 2) and
 //! R = 8 (2 x 4), with identity experts (each expert copies its rows, and its backward copies the
-//! gradient), dropless and `capacity<drop_by_position>{1.0}`, for each all-to-all algorithm.
+//! gradient), dropless and `capacity<drop_by_position>{1.0}`, for each all-to-all algorithm and
+//! the smart schedule.
 //!
 //! Timing is that of bench_alltoall (see bench/comm/alltoall_bench.cpp): the ranks' threads start
 //! once per run and rank 0 drives Google Benchmark's loop; each iteration is
@@ -404,6 +405,7 @@ void register_algorithms(layout lay, Capacity capacity, std::string const& capac
   register_case(lay, capacity, capacity_name, moecomm::flat{}, "flat");
   register_case(lay, capacity, capacity_name, moecomm::hierarchical_2d{}, "hierarchical_2d");
   register_case(lay, capacity, capacity_name, moecomm::pairwise{1}, "pairwise1");
+  register_case(lay, capacity, capacity_name, moecomm::smart_schedule{1}, "smart_schedule1");
 }
 
 void register_all() {
@@ -427,6 +429,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("shape", "T = 4096 tokens per rank, H = 4096, K = 2, E = 16, float, identity experts");
   benchmark::AddCustomContext("capacity1.0", "moecomm::capacity<drop_by_position>{1.0}");
   benchmark::AddCustomContext("pairwise1", "moecomm::pairwise{1}");
+  benchmark::AddCustomContext("smart_schedule1", "moecomm::smart_schedule{1}: pairwise1, experts on a worker thread");
 
   register_all();
   return moecomm_bench::finish("bench_layer");
