@@ -96,6 +96,7 @@ class dispatcher {
   template <class ChooseHome>
   void route(routing_view const& routing, ChooseHome&& choose_home) {
     report_ = {};
+    combined_ = false;
     home_.clear();
     relabeled_idx_.reset();
     kept_idx_.reset();
@@ -154,7 +155,7 @@ class dispatcher {
   template <class T>
   void dispatch(matrix_view<std::add_const_t<T>> x, matrix_view<T> expert_rows, matrix_view<T> home) {
     require_routed("dispatch");
-    auto sent = permuted_rows<T>(x, home, "dispatch");
+    bytes_t& sent = permuted_rows<T>(x, home, "dispatch");
     exchange_forward<T>(sent.data(), expert_rows, "dispatch");
   }
 
@@ -168,7 +169,8 @@ class dispatcher {
   template <class Weighting = weighted, class T>
   void combine(matrix_view<std::add_const_t<T>> expert_rows, matrix_view<std::add_const_t<T>> home, matrix_view<T> out) {
     require_routed("combine");
-    returned_ = exchange_back<T>(expert_rows, "combine");
+    exchange_back<T>(expert_rows, returned_, "combine");
+    combined_ = true;
     be_.copy(home_tail<T>(returned_, home, out.hidden, "combine", "home_rows"), home.data, home_rows() * out.hidden);
     unpermute<Weighting>(be_, *plan_, returned_view<T>(out.hidden), out);
   }
@@ -185,7 +187,7 @@ class dispatcher {
   void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, matrix_view<T> d_home,
                         float* d_weights) {
     require_routed("combine_backward");
-    auto d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home, d_weights, "combine_backward");
+    bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home, d_weights, "combine_backward");
     exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
   }
 
@@ -199,7 +201,7 @@ class dispatcher {
   void dispatch_backward(matrix_view<std::add_const_t<T>> d_expert_rows, matrix_view<std::add_const_t<T>> d_home,
                          matrix_view<T> d_x) {
     require_routed("dispatch_backward");
-    auto d_rows = exchange_back<T>(d_expert_rows, "dispatch_backward");
+    bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, "dispatch_backward");
     be_.copy(home_tail<T>(d_rows, d_home, d_x.hidden, "dispatch_backward", "d_home_rows"), d_home.data, home_rows() * d_x.hidden);
     permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_->num_rows(), d_x.hidden)), d_x);
   }
@@ -216,8 +218,9 @@ class dispatcher {
                          matrix_view<T> home, matrix_view<T> home_out, matrix_view<T> out, ComputeHome&& compute_home,
                          Compute&& compute) {
     require_routed("forward_pipelined");
-    auto sent = permuted_rows<T>(x, home, "forward_pipelined");
-    returned_ = rows_buffer<T>(plan_->num_rows(), x.hidden);
+    bytes_t& sent = permuted_rows<T>(x, home, "forward_pipelined");
+    rows_buffer<T>(returned_, plan_->num_rows(), x.hidden);
+    combined_ = true;
     pipelined_exchange<T>(sent.data(), arrived, produced, returned_.data(), compute_home, compute, "forward_pipelined");
     be_.copy(home_tail<T>(returned_, home_out, x.hidden, "forward_pipelined", "home_out"), home_out.data,
              home_rows() * x.hidden);
@@ -232,8 +235,8 @@ class dispatcher {
                           matrix_view<T> d_home_out, matrix_view<T> d_home_in, matrix_view<T> d_x, float* d_weights,
                           ComputeHome&& compute_home, Compute&& compute) {
     require_routed("backward_pipelined");
-    auto d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home_out, d_weights, "backward_pipelined");
-    auto d_back = rows_buffer<T>(plan_->num_rows(), d_x.hidden);
+    bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home_out, d_weights, "backward_pipelined");
+    bytes_t& d_back = rows_buffer<T>(d_back_, plan_->num_rows(), d_x.hidden);
     pipelined_exchange<T>(d_rows.data(), d_arrived, d_produced, d_back.data(), compute_home, compute, "backward_pipelined");
     be_.copy(home_tail<T>(d_back, d_home_in, d_x.hidden, "backward_pipelined", "d_home_in"), d_home_in.data,
              home_rows() * d_x.hidden);
@@ -286,8 +289,8 @@ class dispatcher {
   //! This rank's rows in plan order (the exchanged ones, then the home ones), the home ones also
   //! copied to `home`.
   template <class T>
-  bytes_t permuted_rows(matrix_view<std::add_const_t<T>> x, matrix_view<T> home, char const* op) {
-    auto sent = rows_buffer<T>(plan_->num_rows(), x.hidden);
+  bytes_t& permuted_rows(matrix_view<std::add_const_t<T>> x, matrix_view<T> home, char const* op) {
+    bytes_t& sent = rows_buffer<T>(sent_, plan_->num_rows(), x.hidden);
     permute(be_, *plan_, x, as_rows<T>(sent, plan_->num_rows(), x.hidden));
     be_.copy(home.data, home_tail<T>(sent, home, x.hidden, op, "home_rows"), home_rows() * x.hidden);
     return sent;
@@ -296,11 +299,11 @@ class dispatcher {
   //! The gradient of every row in plan order from that of the combined tokens (and the weight
   //! gradient), the home ones also copied to `d_home`.
   template <class Weighting, class T>
-  bytes_t combine_gradient_rows(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_home, float* d_weights,
-                                char const* op) {
-    detail::require(d_weights == nullptr || returned_.size() > 0 || plan_->num_rows() == 0, "dispatcher::", op,
+  bytes_t& combine_gradient_rows(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_home, float* d_weights,
+                                 char const* op) {
+    detail::require(d_weights == nullptr || combined_ || plan_->num_rows() == 0, "dispatcher::", op,
                     ": the weight gradient needs the rows of a previous combine");
-    auto d_rows = rows_buffer<T>(plan_->num_rows(), d_out.hidden);
+    bytes_t& d_rows = rows_buffer<T>(sent_, plan_->num_rows(), d_out.hidden);  // dispatch is done with sent_
     unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, plan_->num_rows(), d_out.hidden),
                                   d_weights != nullptr ? returned_view<T>(d_out.hidden) : matrix_view<T const>{}, d_weights);
     be_.copy(d_home.data, home_tail<T>(d_rows, d_home, d_out.hidden, op, "d_home_rows"), home_rows() * d_out.hidden);
@@ -376,9 +379,13 @@ class dispatcher {
     derive_local_counts();
   }
 
+  //! `slot`, grown to hold `rows` rows of T when it is smaller: the dispatcher's row buffers are
+  //! kept from step to step, so a steady state allocates (and page-faults) nothing.
   template <class T>
-  bytes_t rows_buffer(std::int64_t rows, std::int64_t hidden) const {
-    return be_.template allocate<char>(rows * hidden * static_cast<std::int64_t>(sizeof(T)));
+  bytes_t& rows_buffer(bytes_t& slot, std::int64_t rows, std::int64_t hidden) const {
+    std::int64_t const bytes = rows * hidden * static_cast<std::int64_t>(sizeof(T));
+    if (slot.size() < bytes) slot = be_.template allocate<char>(bytes);
+    return slot;
   }
 
   //! Rows of T over a byte buffer (its memory comes from the allocator, aligned for any T).
@@ -484,21 +491,21 @@ class dispatcher {
   void exchange_forward(char const* permuted, matrix_view<T> expert_rows, char const* op) {
     detail::check_rows(expert_rows, received_rows(), op, "expert_rows", "dispatcher.received_rows()");
     std::int64_t const row_bytes = expert_rows.row_bytes();
-    auto arrived = rows_buffer<T>(received_rows(), expert_rows.hidden);
+    bytes_t& arrived = rows_buffer<T>(arrived_, received_rows(), expert_rows.hidden);
     alltoallv(algorithm_, be_, *groups_, row_matrix(row_bytes), permuted, arrived.data(), report_.exchange);
     sort_chunks(be_, matrix_view<T const>(as_rows<T>(arrived, received_rows(), expert_rows.hidden)), expert_rows, chunk_counts_.data(), ranks_, local_experts_, chunk_order::rank_major_to_expert_major);
   }
 
-  //! Expert-major rows at the experts' ranks -> permuted rows back at their source rank.
+  //! Expert-major rows at the experts' ranks -> permuted rows back at their source rank, in `back`.
   template <class T>
-  bytes_t exchange_back(matrix_view<std::add_const_t<T>> expert_rows, char const* op) {
+  bytes_t& exchange_back(matrix_view<std::add_const_t<T>> expert_rows, bytes_t& back, char const* op) {
     detail::check_rows(expert_rows, received_rows(), op, "expert_rows", "dispatcher.received_rows()");
     std::int64_t const hidden = expert_rows.hidden;
-    auto rank_major = rows_buffer<T>(received_rows(), hidden);
+    bytes_t& rank_major = rows_buffer<T>(rank_major_, received_rows(), hidden);
     sort_chunks(be_, matrix_view<T const>{expert_rows.data, received_rows(), hidden},
                 as_rows<T>(rank_major, received_rows(), hidden), chunk_counts_.data(),
                 ranks_, local_experts_, chunk_order::expert_major_to_rank_major);
-    auto back = rows_buffer<T>(plan_->num_rows(), hidden);
+    rows_buffer<T>(back, plan_->num_rows(), hidden);
     alltoallv(algorithm_, be_, *groups_, row_matrix(hidden * static_cast<std::int64_t>(sizeof(T))).transposed(),
               rank_major.data(), back.data(), report_.exchange);
     return back;
@@ -519,7 +526,11 @@ class dispatcher {
   std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_
   std::vector<std::int32_t> home_;           //!< home experts, ascending
   std::vector<std::int64_t> home_offsets_;   //!< [home_.size() + 1] rows of each home expert
-  bytes_t returned_;  //!< combine's returned rows, kept for combine_backward's weight gradient
+  // Row buffers kept between steps (they only grow): this rank's permuted rows (then their
+  // gradient), arrivals and rank-major staging of the exchanges, the combine's returned rows (kept
+  // for combine_backward's weight gradient), and the returned gradient rows.
+  bytes_t sent_, arrived_, rank_major_, returned_, d_back_;
+  bool combined_ = false;  //!< returned_ holds this routing's combine
   dispatch_report report_;
 };
 

@@ -67,10 +67,10 @@ class expert_parallel_layer {
       dispatcher_.route(routing);
     }
     std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
-    expert_in_ = allocate(rows);
-    home_in_ = allocate(home);
-    auto expert_out = allocate(rows);
-    auto home_out = allocate(home);
+    grow(expert_in_, rows);
+    grow(home_in_, home);
+    rows_t& expert_out = grow(expert_out_, rows);
+    rows_t& home_out = grow(home_out_, home);
     auto run_home = [&] {
       if constexpr (Shadowing::shadows)
         for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
@@ -98,10 +98,10 @@ class expert_parallel_layer {
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, matrix_view<T> d_x, float* d_weights, ExpertsBackward&& experts) {
     std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
-    auto d_expert_out = allocate(rows);
-    auto d_expert_in = allocate(rows);
-    auto d_home_out = allocate(home);
-    auto d_home_in = allocate(home);
+    rows_t& d_expert_out = grow(d_expert_out_, rows);
+    rows_t& d_expert_in = grow(d_expert_in_, rows);
+    rows_t& d_home_out = grow(d_home_out_, home);
+    rows_t& d_home_in = grow(d_home_in_, home);
     auto run_home = [&] {
       if constexpr (Shadowing::shadows)
         for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
@@ -136,7 +136,11 @@ class expert_parallel_layer {
   //! The smart schedule runs dispatch, experts and combine as one pipelined call.
   static constexpr bool pipelined = std::is_same_v<Algorithm, smart_schedule>;
 
-  rows_t allocate(std::int64_t rows) const { return dispatcher_.backend().template allocate<T>(rows * hidden_); }
+  //! `b`, grown to `rows` rows when smaller: the layer's row buffers are kept from step to step.
+  rows_t& grow(rows_t& b, std::int64_t rows) const {
+    if (b.size() < rows * hidden_) b = dispatcher_.backend().template allocate<T>(rows * hidden_);
+    return b;
+  }
   matrix_view<T> view(rows_t& b, std::int64_t rows) const { return {b.data(), rows, hidden_}; }
   matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
   matrix_view<T const> input_rows(rows_t& b, std::int64_t begin, std::int64_t n) const { return rows_at(b, begin, n); }
@@ -171,6 +175,7 @@ class expert_parallel_layer {
   std::int64_t hidden_;
   rows_t expert_in_;  //!< the experts' input rows, kept for their backward
   rows_t home_in_;    //!< the home (shadowed) experts' input rows, likewise
+  rows_t expert_out_, home_out_, d_expert_out_, d_expert_in_, d_home_out_, d_home_in_;  //!< reused each step
 };
 
 MOECOMM_NAMESPACE_END

@@ -76,8 +76,11 @@ struct fastermoe_shadowing {
       using P = detail::parameter_t<Experts>;
       std::int64_t const count = experts.parameter_count();
       std::size_t const r = shadowed_.size();
-      replica_params_ = be_.template allocate<char>(static_cast<std::int64_t>(r) * count * std::int64_t(sizeof(P)));
-      replica_grads_ = be_.template allocate<char>(static_cast<std::int64_t>(r) * count * std::int64_t(sizeof(P)));
+      std::int64_t const bytes = static_cast<std::int64_t>(r) * count * std::int64_t(sizeof(P));
+      if (replica_params_.size() < bytes) {  // kept from step to step; grows with the shadow set
+        replica_params_ = be_.template allocate<char>(bytes);
+        replica_grads_ = be_.template allocate<char>(bytes);
+      }
       be_.for_each_index(static_cast<std::int64_t>(r) * count,
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
       for (std::size_t i = 0; i < r; ++i)
