@@ -11,12 +11,13 @@
 //! once per run and rank 0 drives Google Benchmark's loop; each iteration is
 //! barrier; step on every rank; barrier, timed on rank 0 with steady_clock (`UseManualTime`).
 //! Untimed steps run first (one, or two with the cache on). Nothing is hoisted out of the step:
-//! `route` (capacity, plan, count exchange) runs every iteration, and the layer allocates its row
-//! buffers per call as it does in use. Two allocators (see "an optional caching host allocator"):
-//!   layer<malloc>  the default allocation functions: the layer's 128 MiB buffers are mmap'ed and
-//!                  page-faulted in on every step;
+//! `route` (capacity, plan, count exchange) runs every iteration. Two allocators (see "an optional
+//! caching host allocator"):
+//!   layer<malloc>  the default allocation functions. The layer and dispatcher keep their row
+//!                  buffers between steps (since the FasterMoE work), so only what is still made per
+//!                  step (the plan's arrays, hierarchical_2d's staging) is mmap'ed and faulted in;
 //!   layer<cached>  freed blocks of >= 1 MiB are kept and reused for the same size, as a caching
-//!                  allocator or a reused workspace would: no page faults in steady state.
+//!                  allocator would: no page faults in steady state.
 //!
 //! Bytes: "payload" is what a rank's all-to-alls deliver per step, its own block included (as
 //! nccl-tests' all-to-all "size"): rows it dispatches (kept slots) plus rows it returns in the
@@ -61,7 +62,8 @@
 // ---- an optional caching host allocator ------------------------------------------------------
 //
 // `host_backend` allocates through `host_allocator`, i.e. `::operator new(bytes, align_val_t{64})`,
-// and the layer allocates its row buffers per call (128 MiB each here). glibc serves blocks above
+// and before the layer kept its row buffers it allocated them per call (128 MiB each here; the plan
+// and hierarchical_2d's staging still are). glibc serves blocks above
 // its mmap threshold (which it caps at 32 MiB) with mmap and unmaps them when they are freed, so
 // every step faults every page of them in again. This binary replaces the aligned `operator new` /
 // `operator delete` (the only allocation functions host_allocator uses) so that the `layer<cached>`
