@@ -170,7 +170,14 @@ struct device_routing {
 
 // ---- comparison ----------------------------------------------------------------------------
 
-// Bitwise equality of two matrices; on failure reports the first differing (row, column).
+// A value as a number doctest can print: doubles as they are, other element types through fp32.
+template <class T>
+double printable(T v) {
+  if constexpr (std::is_same_v<T, double>) return v; else return oracle::f32(v);
+}
+
+// Bitwise equality of two matrices (any element type, double included); on failure reports the
+// first differing (row, column).
 template <class T>
 void check_bitwise(std::vector<T> const& got, std::vector<T> const& want, int64_t hidden, char const* what) {
   REQUIRE(got.size() >= want.size());
@@ -178,7 +185,7 @@ void check_bitwise(std::vector<T> const& got, std::vector<T> const& want, int64_
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
       int64_t const h = hidden > 0 ? hidden : 1;
       FAIL_CHECK(std::string(what), ": first mismatch at row ", static_cast<int64_t>(i) / h, ", column ",
-                 static_cast<int64_t>(i) % h, " (got ", oracle::f32(got[i]), ", want ", oracle::f32(want[i]), ")");
+                 static_cast<int64_t>(i) % h, " (got ", printable(got[i]), ", want ", printable(want[i]), ")");
       return;
     }
   }

@@ -57,4 +57,13 @@ class buffer {
   std::int64_t size_ = 0;
 };
 
+//! Grow-only reuse: `b` itself when it holds at least `n` elements, else `b` replaced by a new
+//! allocation of `n` from the back-end `be` (contents not kept). Buffers kept from step to step
+//! this way allocate, and page-fault, nothing in a steady state.
+template <class Backend, class T, class Allocator>
+buffer<T, Allocator>& grow(Backend const& be, buffer<T, Allocator>& b, std::int64_t n) {
+  if (b.size() < n) b = be.template allocate<T>(n);
+  return b;
+}
+
 MOECOMM_NAMESPACE_END

@@ -6,6 +6,7 @@
 //! all-to-all -> sort_chunks, and the exact inverse for the combine; plus both backward passes.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/buffer.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/routing.hpp>
@@ -69,7 +70,8 @@ struct dispatch_report {
 //! every slot of a token in slot order, so outputs are bit for bit those of plain dispatch.
 //! @tparam Capacity `dropless`, `capacity<drop_by_position | drop_by_probability | drop_random>` or
 //!         `receiver_budget`.
-//! @tparam Algorithm `flat`, `hierarchical_2d` or `pairwise`.
+//! @tparam Algorithm `flat`, `hierarchical_2d`, `pairwise` or `smart_schedule` (which adds the
+//!         pipelined calls).
 template <class Backend, class Comm, class Capacity = dropless, class Algorithm = flat>
 class dispatcher {
  public:
@@ -379,13 +381,10 @@ class dispatcher {
     derive_local_counts();
   }
 
-  //! `slot`, grown to hold `rows` rows of T when it is smaller: the dispatcher's row buffers are
-  //! kept from step to step, so a steady state allocates (and page-faults) nothing.
+  //! `slot`, grown to hold `rows` rows of T: the dispatcher's row buffers are kept between steps.
   template <class T>
   bytes_t& rows_buffer(bytes_t& slot, std::int64_t rows, std::int64_t hidden) const {
-    std::int64_t const bytes = rows * hidden * static_cast<std::int64_t>(sizeof(T));
-    if (slot.size() < bytes) slot = be_.template allocate<char>(bytes);
-    return slot;
+    return grow(be_, slot, rows * hidden * static_cast<std::int64_t>(sizeof(T)));
   }
 
   //! Rows of T over a byte buffer (its memory comes from the allocator, aligned for any T).

@@ -8,6 +8,7 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/core/buffer.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/replica/replica_set.hpp>
 #include <moecomm/ops/replica_broadcast.hpp>
@@ -71,10 +72,7 @@ template <class Backend>
 class replica_workspace {
  public:
   //! At least `bytes` bytes of the back-end's memory, aligned for any element type.
-  [[nodiscard]] char* bytes(Backend const& be, std::int64_t bytes) {
-    if (staging_.size() < bytes) staging_ = be.template allocate<char>(bytes);
-    return staging_.data();
-  }
+  [[nodiscard]] char* bytes(Backend const& be, std::int64_t bytes) { return grow(be, staging_, bytes).data(); }
 
  private:
   typename Backend::template buffer_type<char> staging_;

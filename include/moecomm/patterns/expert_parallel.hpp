@@ -7,6 +7,7 @@
 //! shadowing policy it becomes FasterMoE's layer.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/buffer.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/ops/alltoall.hpp>
@@ -67,10 +68,10 @@ class expert_parallel_layer {
       dispatcher_.route(routing);
     }
     std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
-    grow(expert_in_, rows);
-    grow(home_in_, home);
-    rows_t& expert_out = grow(expert_out_, rows);
-    rows_t& home_out = grow(home_out_, home);
+    grow_rows(expert_in_, rows);
+    grow_rows(home_in_, home);
+    rows_t& expert_out = grow_rows(expert_out_, rows);
+    rows_t& home_out = grow_rows(home_out_, home);
     auto run_home = [&] {
       if constexpr (Shadowing::shadows)
         for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
@@ -98,10 +99,10 @@ class expert_parallel_layer {
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, matrix_view<T> d_x, float* d_weights, ExpertsBackward&& experts) {
     std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
-    rows_t& d_expert_out = grow(d_expert_out_, rows);
-    rows_t& d_expert_in = grow(d_expert_in_, rows);
-    rows_t& d_home_out = grow(d_home_out_, home);
-    rows_t& d_home_in = grow(d_home_in_, home);
+    rows_t& d_expert_out = grow_rows(d_expert_out_, rows);
+    rows_t& d_expert_in = grow_rows(d_expert_in_, rows);
+    rows_t& d_home_out = grow_rows(d_home_out_, home);
+    rows_t& d_home_in = grow_rows(d_home_in_, home);
     auto run_home = [&] {
       if constexpr (Shadowing::shadows)
         for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
@@ -136,11 +137,8 @@ class expert_parallel_layer {
   //! The smart schedule runs dispatch, experts and combine as one pipelined call.
   static constexpr bool pipelined = std::is_same_v<Algorithm, smart_schedule>;
 
-  //! `b`, grown to `rows` rows when smaller: the layer's row buffers are kept from step to step.
-  rows_t& grow(rows_t& b, std::int64_t rows) const {
-    if (b.size() < rows * hidden_) b = dispatcher_.backend().template allocate<T>(rows * hidden_);
-    return b;
-  }
+  //! `b`, grown to `rows` rows: the layer's row buffers are kept from step to step.
+  rows_t& grow_rows(rows_t& b, std::int64_t rows) const { return grow(dispatcher_.backend(), b, rows * hidden_); }
   matrix_view<T> view(rows_t& b, std::int64_t rows) const { return {b.data(), rows, hidden_}; }
   matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
   matrix_view<T const> input_rows(rows_t& b, std::int64_t begin, std::int64_t n) const { return rows_at(b, begin, n); }

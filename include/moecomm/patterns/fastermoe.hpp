@@ -10,6 +10,7 @@
 //! `expert_parallel_layer<T, B, C, dropless, pairwise, weighted, fastermoe_shadowing<>>`.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/buffer.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/placement.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
@@ -58,7 +59,8 @@ struct fastermoe_shadowing {
           model_(with_hidden(policy.model, hidden)),
           be_(std::move(be)),
           groups_(&groups),
-          owners_(owners(num_experts, groups.world().size())) {}
+          placement_(num_experts, groups.world().size()),
+          owners_(detail::owners_of("fastermoe_shadowing", placement_, groups.topo())) {}
 
     //! Algorithm 1 on the gathered `[R][E]` counts; returns the shadowed experts.
     std::vector<std::int32_t> choose(std::vector<std::int64_t> const& counts) {
@@ -77,10 +79,8 @@ struct fastermoe_shadowing {
       std::int64_t const count = experts.parameter_count();
       std::size_t const r = shadowed_.size();
       std::int64_t const bytes = static_cast<std::int64_t>(r) * count * std::int64_t(sizeof(P));
-      if (replica_params_.size() < bytes) {  // kept from step to step; grows with the shadow set
-        replica_params_ = be_.template allocate<char>(bytes);
-        replica_grads_ = be_.template allocate<char>(bytes);
-      }
+      grow(be_, replica_params_, bytes);  // kept from step to step; grows with the shadow set
+      grow(be_, replica_grads_, bytes);
       be_.for_each_index(static_cast<std::int64_t>(r) * count,
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
       for (std::size_t i = 0; i < r; ++i)
@@ -123,17 +123,9 @@ struct fastermoe_shadowing {
       params.hidden = hidden;
       return fastermoe_cost_model(params);
     }
-    static std::vector<std::int32_t> owners(std::int32_t num_experts, std::int32_t ranks) {
-      contiguous_placement const placement(num_experts, ranks);
-      std::vector<std::int32_t> owner(static_cast<std::size_t>(num_experts));
-      for (std::int32_t e = 0; e < num_experts; ++e) owner[static_cast<std::size_t>(e)] = placement.rank_of(e);
-      return owner;
-    }
-    [[nodiscard]] std::int32_t owner_of(std::size_t i) const { return owners_[static_cast<std::size_t>(shadowed_[i])]; }
+    [[nodiscard]] std::int32_t owner_of(std::size_t i) const { return placement_.rank_of(shadowed_[i]); }
     [[nodiscard]] bool owns(std::size_t i) const { return owner_of(i) == groups_->world().rank(); }
-    [[nodiscard]] std::int32_t local_index(std::size_t i) const {
-      return shadowed_[i] % (static_cast<std::int32_t>(owners_.size()) / groups_->world().size());
-    }
+    [[nodiscard]] std::int32_t local_index(std::size_t i) const { return placement_.local_index_of(shadowed_[i]); }
     [[nodiscard]] replica_set everyone_of(std::size_t i) const {
       return replica_set::everyone(owner_of(i), groups_->world().size());
     }
@@ -143,7 +135,8 @@ struct fastermoe_shadowing {
     fastermoe_cost_model model_;
     Backend be_;
     exchange_groups<Comm>* groups_;
-    std::vector<std::int32_t> owners_;
+    contiguous_placement placement_;
+    std::vector<std::int32_t> owners_;  //!< placement_.rank_of(e) for every e, as the planner takes it
     std::vector<std::int64_t> counts_;
     shadow_decision decision_;
     std::vector<std::int32_t> shadowed_;  //!< ascending, as the dispatcher's home experts
