@@ -7,9 +7,11 @@
 #include <moecomm/error.hpp>
 #include <moecomm/version.hpp>
 
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/core/matrix.hpp>
+#include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/placement.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/topology.hpp>

@@ -5,6 +5,7 @@
 //! work, each naming the operation and the argument.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/error.hpp>
 
@@ -20,6 +21,13 @@ void check_rows(matrix_view<T> const& m, std::int64_t rows, char const* op, char
   require(m.rows >= rows, op, "argument '", name, "' has ", m.rows, " rows; needs at least ", rows, " (", why, ")");
   require(rows == 0 || m.hidden == 0 || m.data != nullptr, op, "argument '", name, "' is null but must hold ", rows,
           " rows");
+}
+
+//! `v` must hold at least `n` elements (and memory behind them).
+template <class T>
+void check_elements(array_view<T> const& v, std::int64_t n, char const* op, char const* name, char const* why) {
+  require(v.size >= n, op, "argument '", name, "' has ", v.size, " elements; needs at least ", n, " (", why, ")");
+  require(n == 0 || v.data != nullptr, op, "argument '", name, "' is null but must hold ", n, " elements");
 }
 
 //! Two matrices must have the same row width.
