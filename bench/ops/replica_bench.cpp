@@ -147,7 +147,7 @@ void bm_replica(benchmark::State& state, op_kind op, Path path, layout lay, set_
       bool const member = set.holds(me);
       auto buf = be.allocate<float>(member ? count : 0);
       float* const data = member ? buf.data() : nullptr;  // outside the set: null, as documented
-      moecomm::replica_workspace<moecomm::host_backend> workspace;  // reused across calls, as a layer does
+      moecomm::workspace<moecomm::host_backend> workspace;  // reused across calls, as a layer does
 
       auto const initialise = [&] {
         if (!member) return;

@@ -15,6 +15,7 @@
 #include <moecomm/core/placement.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/topology.hpp>
+#include <moecomm/core/workspace.hpp>
 
 #include <moecomm/backend/host.hpp>
 

@@ -129,7 +129,7 @@ TEST_CASE("gradient_reduce reuses one workspace across calls of growing and shri
   moecomm::inproc_world const world(4, std::chrono::seconds(30));
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::host_backend const be;
-    moecomm::replica_workspace<moecomm::host_backend> workspace;
+    moecomm::workspace<moecomm::host_backend> workspace;
     std::uint32_t seed = 20;
     for (std::int64_t count : {std::int64_t{10}, std::int64_t{1000}, std::int64_t{3}, std::int64_t{257}}) {
       for (moecomm::replica_set const& set : {moecomm::replica_set::everyone(2, 4), moecomm::replica_set{0, {3}}}) {

@@ -9,6 +9,7 @@
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/replica/replica_set.hpp>
 #include <moecomm/ops/replica_broadcast.hpp>
@@ -65,19 +66,6 @@ void validate_reduce(char const* op, Path const& path, replica_set const& set, s
 
 }  // namespace detail
 
-//! The point-to-point path's staging memory, kept between calls so that repeated reductions (one
-//! per shadowed expert per step) do not allocate and fault in fresh pages each time. Grows, never
-//! shrinks. One per thread of calls; not shared between concurrent reductions.
-template <class Backend>
-class replica_workspace {
- public:
-  //! At least `bytes` bytes of the back-end's memory, aligned for any element type.
-  [[nodiscard]] char* bytes(Backend const& be, std::int64_t bytes) { return grow(be, staging_, bytes).data(); }
-
- private:
-  typename Backend::template buffer_type<char> staging_;
-};
-
 //! The owner's `grads[0, count)` becomes the sum of every member's `grads`, added left to right in
 //! ascending rank (the owner's own value at its place): bitwise the same on every run. Replicas'
 //! buffers are left unchanged. Collective over `comm`, as `replica_broadcast`.
@@ -87,10 +75,10 @@ class replica_workspace {
 //! own (fixed for a fixed configuration) otherwise.
 //! @tparam T float or double.
 //! @param be the back-end that owns `grads`' memory (it runs the sum and holds the staging chunks).
-//! @param workspace the staging of the point-to-point path, reused between calls.
+//! @param scratch the staging of the point-to-point path, reused between calls.
 template <class Path, class Backend, class Comm, class T>
 void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                     std::int64_t count, replica_workspace<Backend>& workspace) {
+                     std::int64_t count, workspace<Backend>& scratch) {
   detail::require_gradient_type<T>();
   char const* op = "gradient_reduce";
   std::int32_t const ranks = comm.size(), me = comm.rank();
@@ -108,7 +96,7 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
                   "moecomm::gradient_reduce: the path must be collective_path or point_to_point_path");
     auto const replicas = static_cast<std::int64_t>(set.replicas.size());
     std::int64_t const chunk_rows = count < chunk ? count : chunk;
-    T* const staged = me == set.owner ? reinterpret_cast<T*>(workspace.bytes(be, chunk_rows * replicas * std::int64_t(sizeof(T))))
+    T* const staged = me == set.owner ? scratch.template get<T>(be, chunk_rows * replicas)
                                       : nullptr;
     std::vector<std::int32_t> const members = set.members();
     std::int32_t owner_position = 0;
@@ -139,15 +127,15 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
 template <class Path, class Backend, class Comm, class T>
 void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
                      std::int64_t count) {
-  replica_workspace<Backend> workspace;
-  gradient_reduce(path, be, comm, set, grads, count, workspace);
+  workspace<Backend> scratch;
+  gradient_reduce(path, be, comm, set, grads, count, scratch);
 }
 
 //! Every member's `grads` becomes the sum of all members' (the order of `gradient_reduce`), the
 //! same bits on every member. `point_to_point_path`: reduce to the owner, then broadcast from it.
 template <class Path, class Backend, class Comm, class T>
 void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                       std::int64_t count, replica_workspace<Backend>& workspace) {
+                       std::int64_t count, workspace<Backend>& scratch) {
   detail::require_gradient_type<T>();
   char const* op = "replica_allreduce";
   detail::validate_reduce(op, path, set, comm.size(), comm.rank(), grads, count);
@@ -155,7 +143,7 @@ void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_
     for (detail::byte_chunk const piece : detail::split_into_chunks(count, detail::chunk_elements<T>(path)))
       comm.allreduce(grads + piece.offset, grads + piece.offset, piece.bytes, reduce_op::sum);  // bytes: elements
   } else {
-    gradient_reduce(path, be, comm, set, grads, count, workspace);
+    gradient_reduce(path, be, comm, set, grads, count, scratch);
     replica_broadcast(path, comm, set, grads, count * static_cast<std::int64_t>(sizeof(T)));
   }
 }
@@ -164,8 +152,8 @@ void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_
 template <class Path, class Backend, class Comm, class T>
 void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
                        std::int64_t count) {
-  replica_workspace<Backend> workspace;
-  replica_allreduce(path, be, comm, set, grads, count, workspace);
+  workspace<Backend> scratch;
+  replica_allreduce(path, be, comm, set, grads, count, scratch);
 }
 
 MOECOMM_NAMESPACE_END

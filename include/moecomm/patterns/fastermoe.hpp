@@ -141,7 +141,7 @@ struct fastermoe_shadowing {
     shadow_decision decision_;
     std::vector<std::int32_t> shadowed_;  //!< ascending, as the dispatcher's home experts
     typename Backend::template buffer_type<char> replica_params_, replica_grads_;
-    replica_workspace<Backend> workspace_;  //!< gradient_reduce's staging, kept between steps
+    workspace<Backend> workspace_;  //!< gradient_reduce's staging, kept between steps
   };
 };
 
