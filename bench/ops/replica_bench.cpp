@@ -146,7 +146,8 @@ void bm_replica(benchmark::State& state, op_kind op, Path path, layout lay, set_
       std::int32_t const me = comm.rank();
       bool const member = set.holds(me);
       auto buf = be.allocate<float>(member ? count : 0);
-      float* const data = member ? buf.data() : nullptr;  // outside the set: null, as documented
+      float* const data = member ? buf.data() : nullptr;  // outside the set: empty, as documented
+      moecomm::array_view<float> const view{data, member ? count : 0};
       moecomm::workspace<moecomm::host_backend> workspace;  // reused across calls, as a layer does
 
       auto const initialise = [&] {
@@ -156,11 +157,11 @@ void bm_replica(benchmark::State& state, op_kind op, Path path, layout lay, set_
       };
       auto const call = [&] {
         if (op == op_kind::broadcast)
-          moecomm::replica_broadcast(path, comm, set, data, bytes);
+          moecomm::replica_broadcast(comm, set, count, view, path);
         else if (op == op_kind::reduce)
-          moecomm::gradient_reduce(path, be, comm, set, data, count, workspace);
+          moecomm::gradient_reduce(be, comm, set, count, view, workspace, path);
         else
-          moecomm::replica_allreduce(path, be, comm, set, data, count, workspace);
+          moecomm::replica_allreduce(be, comm, set, count, view, workspace, path);
       };
       //! The expected value of element i on this rank after one call on initialised buffers.
       auto const expected = [&](std::int64_t i) {

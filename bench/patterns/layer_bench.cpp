@@ -338,7 +338,7 @@ void bm_layer(benchmark::State& state, layout lay, Capacity capacity, Algorithm 
       auto const step = [&] {
         layer.forward(routing, {d.x.data(), kTokens, kHidden}, {d.out.data(), kTokens, kHidden}, identity);
         if (backward)
-          layer.backward({d.d_out.data(), kTokens, kHidden}, {d.d_x.data(), kTokens, kHidden}, d.d_w.data(),
+          layer.backward({d.d_out.data(), kTokens, kHidden}, {d.d_x.data(), kTokens, kHidden}, d.d_w,
                          identity_backward);
       };
       // Untimed steps first: with the cache on, two of them leave it holding every block a step

@@ -575,7 +575,7 @@ run_result run_layer(problem<T> const& p, Capacity capacity, Algorithm algorithm
       comm.barrier();
       auto const start = clock_type::now();
       layer.forward(routing, x, {out.data(), tokens, H}, experts);
-      layer.backward(d_out, {d_x.data(), tokens, H}, d_w.data(), experts);
+      layer.backward(d_out, moecomm::matrix_view<T>{d_x.data(), tokens, H}, d_w, experts);
       comm.barrier();
       double const seconds = seconds_since(start);
       if (me == 0) res.step_s.push_back(seconds);

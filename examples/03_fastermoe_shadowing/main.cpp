@@ -401,7 +401,7 @@ layer_step run_layer(Layer& layer, inproc_communicator& comm, problem const& p, 
   comm.barrier();  // every rank starts the layer together
   auto const start = clock_type::now();
   layer.forward(routing, {in.x.data(), T, H}, {res.out.data(), T, H}, res.experts);
-  layer.backward({in.d_out.data(), T, H}, {res.d_x.data(), T, H}, res.d_w.data(), res.experts);
+  layer.backward({in.d_out.data(), T, H}, {res.d_x.data(), T, H}, res.d_w, res.experts);
   res.seconds = seconds_since(start);
   auto const& report = layer.dispatch_state().report();
   res.rows = report.received_rows + report.home_rows;

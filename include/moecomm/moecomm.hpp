@@ -38,5 +38,6 @@
 #include <moecomm/patterns/expert_parallel.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/plan/cost_model.hpp>
 #include <moecomm/plan/shadow_selection.hpp>

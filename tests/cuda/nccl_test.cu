@@ -185,10 +185,11 @@ void check_replicas(nccl_communicator& comm, Path const& path) {
   int const n = comm.size(), me = comm.rank();
   moecomm::replica_set const set = moecomm::replica_set::everyone(n - 1, n);
   device_vector<float> params(comm, std::vector<float>(1000, me == n - 1 ? 3.0f : -1.0f));
-  moecomm::replica_broadcast(path, comm, set, params.data(), 1000 * sizeof(float));
+  moecomm::replica_broadcast(comm, set, 1000, moecomm::array_view<float>{params.data(), 1000}, path);
   CHECK(params.read() == std::vector<float>(1000, 3.0f));
   device_vector<float> grads(comm, std::vector<float>(1000, float(me + 1)));
-  moecomm::gradient_reduce(path, params.backend, comm, set, grads.data(), 1000);
+  moecomm::workspace<decltype(params.backend)> scratch;
+  moecomm::gradient_reduce(params.backend, comm, set, 1000, moecomm::array_view<float>{grads.data(), 1000}, scratch, path);
   CHECK(grads.read() == std::vector<float>(1000, me == n - 1 ? float(n * (n + 1) / 2) : float(me + 1)));
 }
 

@@ -17,7 +17,7 @@ TEST_CASE("README layer snippet runs") {
     moecomm::routing_view routing;
     moecomm::matrix_view<float const> x, d_out;
     moecomm::matrix_view<float> out, d_x;
-    float* d_w;
+    moecomm::array_view<float> d_w;
   };
   std::vector<std::vector<float>> out(8), d_x(8), d_w(8);
   std::vector<rank_data> data;
@@ -28,7 +28,7 @@ TEST_CASE("README layer snippet runs") {
     d_w[r].resize(static_cast<std::size_t>(rt.tokens * 2));
     data.push_back({{rt.idx.data(), rt.w.data(), rt.tokens, 2}, {in.x[r].data(), rt.tokens, H},
                     {in.d_out[r].data(), rt.tokens, H}, {out[r].data(), rt.tokens, H}, {d_x[r].data(), rt.tokens, H},
-                    d_w[r].data()});
+                    d_w[r]});
   }
   // example-begin readme-layer
   moecomm::inproc_world const world(/*ranks=*/8);  // ranks as threads; MPI and NCCL communicators work alike

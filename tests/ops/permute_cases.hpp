@@ -76,7 +76,7 @@ TEST_CASE_TEMPLATE_DEFINE("a plan padded to capacity reproduces semantics exampl
   auto out = upload(be, poisoned<T>(9 * hidden));
   auto out_w = upload(be, poisoned<float>(9));
   moecomm::permute(be, plan, moecomm::matrix_view<T const>{x.data(), 4, hidden}, moecomm::matrix_view<T>{out.data(), 9, hidden},
-                   out_w.data());
+                   moecomm::array_view<float>{out_w.data(), out_w.size()});
   auto const got = download(be, out.data(), out.size());
   auto const got_w = download(be, out_w.data(), 9);
   for (int64_t row : {5, 8}) {
@@ -113,7 +113,8 @@ void check_permute_family(typename Config::backend const& be, routing_spec const
   auto out = upload(be, poisoned<T>((rows + slack) * hidden));
   auto out_w = upload(be, poisoned<float>(rows + slack));
   moecomm::permute(be, plan, moecomm::matrix_view<T const>{x.data(), tokens, hidden},
-                   moecomm::matrix_view<T>{out.data(), rows + slack, hidden}, out_w.data());
+                   moecomm::matrix_view<T>{out.data(), rows + slack, hidden},
+                   moecomm::array_view<float>{out_w.data(), out_w.size()});
   auto const got = download(be, out.data(), out.size());
   check_bitwise(got, oracle::permute(x_host, hidden, m), hidden, "permute");
   check_untouched(got, static_cast<std::size_t>(rows * hidden), "permute");
@@ -148,7 +149,8 @@ void check_permute_family(typename Config::backend const& be, routing_spec const
   auto dx = upload(be, poisoned<T>(tokens * hidden));
   auto dw = upload(be, poisoned<float>(tokens * spec.top_k));
   moecomm::permute_backward(be, plan, moecomm::matrix_view<T const>{dp.data(), rows, hidden},
-                            moecomm::matrix_view<T>{dx.data(), tokens, hidden}, dpw.data(), dw.data());
+                            moecomm::array_view<float const>{dpw.data(), rows}, moecomm::matrix_view<T>{dx.data(), tokens, hidden},
+                            moecomm::array_view<float>{dw.data(), dw.size()});
   check_bitwise(download(be, dx.data(), dx.size()), oracle::unpermute(dp_host, hidden, r, m, false), hidden,
                 "permute_backward d_x");
   std::vector<float> want_dw;
@@ -165,8 +167,8 @@ void check_permute_family(typename Config::backend const& be, routing_spec const
     moecomm::matrix_view<T const> const dv{dout.data(), tokens, hidden};
     moecomm::matrix_view<T> const dyv{dy.data(), rows + slack, hidden};
     if (weighted) {
-      moecomm::unpermute_backward<moecomm::weighted>(be, plan, dv, dyv,
-                                                     moecomm::matrix_view<T const>{y.data(), rows, hidden}, dwu.data());
+      moecomm::unpermute_backward(be, plan, dv, moecomm::matrix_view<T const>{y.data(), rows, hidden}, dyv,
+                                  moecomm::array_view<float>{dwu.data(), dwu.size()});
       auto const got_dw = download(be, dwu.data(), dwu.size());
       auto const want = oracle::weight_grad(y_host, dout_host, hidden, r, m);
       for (std::size_t i = 0; i < want.size(); ++i)

@@ -60,7 +60,7 @@ void check_broadcasts(Path const& path, std::int32_t ranks, double p, std::uint3
         for (std::int64_t i = 0; i < bytes; ++i) owners[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(set.owner * 37 + i * 11 + (i >> 8));
         std::vector<std::uint8_t> data(static_cast<std::size_t>(bytes) + 3, 0xA5);  // poisoned, with a tail
         if (me == set.owner) std::copy(owners.begin(), owners.end(), data.begin());
-        moecomm::replica_broadcast(path, comm, set, data.data(), bytes);
+        moecomm::replica_broadcast(comm, set, bytes, moecomm::array_view<std::uint8_t>(data), path);
         for (std::int64_t i = 0; i < bytes; ++i)
           REQUIRE_MESSAGE(data[static_cast<std::size_t>(i)] == (set.holds(me) ? owners[static_cast<std::size_t>(i)] : 0xA5),
                           "rank ", me, " byte ", i, (set.holds(me) ? " (in the set)" : " (outside the set)"));
@@ -97,7 +97,8 @@ void check_reduces(Path const& path, Op const& reduce_or_allreduce, bool everyon
         std::int32_t const me = comm.rank();
         auto const mine = gradient_of<T>(me, count, seed);
         auto grads = mine;
-        reduce_or_allreduce(path, moecomm::host_backend{}, comm, set, grads.data(), count);
+        moecomm::workspace<moecomm::host_backend> scratch;
+        reduce_or_allreduce(moecomm::host_backend{}, comm, set, count, moecomm::array_view<T>(grads), scratch, path);
         bool const gets_sum = me == set.owner || (everyone_gets_it && set.holds(me));
         CAPTURE(me);
         check_bitwise(grads, gets_sum ? want : mine, 1, gets_sum ? "ordered sum" : "untouched gradient");
@@ -134,7 +135,8 @@ TEST_CASE("gradient_reduce reuses one workspace across calls of growing and shri
     for (std::int64_t count : {std::int64_t{10}, std::int64_t{1000}, std::int64_t{3}, std::int64_t{257}}) {
       for (moecomm::replica_set const& set : {moecomm::replica_set::everyone(2, 4), moecomm::replica_set{0, {3}}}) {
         auto grads = gradient_of<float>(comm.rank(), count, ++seed);
-        moecomm::gradient_reduce(moecomm::point_to_point_path{100}, be, comm, set, grads.data(), count, workspace);
+        moecomm::gradient_reduce(be, comm, set, count, moecomm::array_view<float>(grads), workspace,
+                                 moecomm::point_to_point_path{100});
         CAPTURE(count);
         if (comm.rank() == set.owner) check_bitwise(grads, ordered_sum<float>(set, count, seed), 1, "ordered sum");
       }
@@ -156,9 +158,10 @@ TEST_CASE("replica operations reject bad sets and buffers, naming the argument")
   std::vector<float> g(8, 1.0f);
   auto expect = [&](moecomm::replica_set const& set, auto const& path, std::vector<std::string> const& fragments) {
     world.run([&](moecomm::inproc_communicator comm) {
-      check_error([&] { moecomm::replica_broadcast(path, comm, set, g.data(), 32); }, moecomm::status::invalid_argument,
-                  fragments);
-      check_error([&] { moecomm::gradient_reduce(path, moecomm::host_backend{}, comm, set, g.data(), 8); },
+      check_error([&] { moecomm::replica_broadcast(comm, set, 8, moecomm::array_view<float>(g), path); },
+                  moecomm::status::invalid_argument, fragments);
+      moecomm::workspace<moecomm::host_backend> scratch;
+      check_error([&] { moecomm::gradient_reduce(moecomm::host_backend{}, comm, set, 8, moecomm::array_view<float>(g), scratch, path); },
                   moecomm::status::invalid_argument, fragments);
     });
   };
@@ -170,11 +173,19 @@ TEST_CASE("replica operations reject bad sets and buffers, naming the argument")
   expect({0, {-1}}, p2p, {"replicas[0] = -1 is not a rank"});
   expect({0, {1}}, moecomm::point_to_point_path{0}, {"point_to_point_path.chunk_bytes = 0 must be positive"});
   expect({0, {1, 3}}, moecomm::collective_path{}, {"collective_path needs every rank", "rank 2 is not"});
-  // A member without a buffer fails on that rank; the others stop instead of waiting for it.
+  // A member with a buffer too small fails on that rank; the others stop instead of waiting for it.
   CHECK_THROWS_WITH_AS(world.run([&](moecomm::inproc_communicator comm) {
-    moecomm::replica_broadcast(p2p, comm, {0, {1, 2}}, comm.rank() == 2 ? nullptr : g.data(), 32);
+    moecomm::array_view<float> const data{g.data(), comm.rank() == 2 ? 7 : 8};
+    moecomm::replica_broadcast(comm, {0, {1, 2}}, 8, data, p2p);
   }),
-                       doctest::Contains("data is null on rank 2"), moecomm::error);
+                       doctest::Contains("argument 'data' has 7 elements; needs at least 8"), moecomm::error);
+  moecomm::inproc_world const fresh(4, std::chrono::seconds(20));  // a failed run leaves its world aborted
+  CHECK_THROWS_WITH_AS(fresh.run([&](moecomm::inproc_communicator comm) {
+    moecomm::array_view<float> const grads{comm.rank() == 1 ? nullptr : g.data(), 8};
+    moecomm::workspace<moecomm::host_backend> scratch;
+    moecomm::gradient_reduce(moecomm::host_backend{}, comm, {0, {1, 2}}, 8, grads, scratch, p2p);
+  }),
+                       doctest::Contains("argument 'grads' is null but must hold 8 elements"), moecomm::error);
 }
 
 }  // namespace test

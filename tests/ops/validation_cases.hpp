@@ -117,11 +117,25 @@ TEST_CASE_TEMPLATE_DEFINE("bad buffers are rejected before anything is written",
   check_error([&] { moecomm::unpermute<moecomm::weighted>(be, plain, moecomm::matrix_view<T const>{out.data(), 6, hidden},
                                                           moecomm::matrix_view<T>{combined.data(), 3, hidden}); },
               status::invalid_argument, {"weighted combine needs topk_weights"});
+  // The weight gradients hold T * K = 6 slots: a buffer of T = 3 (the trainer's mistake that once
+  // overflowed the heap) is rejected before anything is written.
+  auto const weighted_plan = moecomm::make_permute_plan(be, no_weights.view, 4);
   auto dw = upload(be, poisoned<float>(6));
-  check_error([&] { moecomm::unpermute_backward<moecomm::unweighted>(
-                        be, plain, moecomm::matrix_view<T const>{combined.data(), 3, hidden},
-                        moecomm::matrix_view<T>{out.data(), 6, hidden}, moecomm::matrix_view<T const>{}, dw.data()); },
-              status::invalid_argument, {"'d_weights' was given, but an unweighted combine has no weight gradient"});
+  auto d_rows = upload(be, poisoned<T>(6 * hidden));
+  moecomm::matrix_view<T const> const d_combined{combined.data(), 3, hidden};
+  check_error([&] { moecomm::unpermute_backward(be, weighted_plan, d_combined, moecomm::matrix_view<T const>{out.data(), 6, hidden},
+                                                moecomm::matrix_view<T>{d_rows.data(), 6, hidden},
+                                                moecomm::array_view<float>{dw.data(), 3}); },
+              status::invalid_argument, {"unpermute_backward", "argument 'd_weights' has 3 elements; needs at least 6"});
+  check_error([&] { moecomm::permute_backward(be, weighted_plan, moecomm::matrix_view<T const>{out.data(), 6, hidden},
+                                              moecomm::array_view<float const>{dw.data(), 6},
+                                              moecomm::matrix_view<T>{d_rows.data(), 3, hidden},
+                                              moecomm::array_view<float>{dw.data(), 5}); },
+              status::invalid_argument, {"permute_backward", "argument 'd_weights' has 5 elements; needs at least 6"});
+  check_error([&] { moecomm::permute(be, weighted_plan, moecomm::matrix_view<T const>{d_rows.data(), 3, hidden},
+                                     moecomm::matrix_view<T>{out.data(), 6, hidden}, moecomm::array_view<float>{dw.data(), 5}); },
+              status::invalid_argument, {"permute", "argument 'out_weights' has 5 elements; needs at least 6"});
+  check_bitwise(download(be, dw.data(), dw.size()), poisoned<float>(6), 1, "d_weights after rejected calls");
 }
 
 TEST_CASE_TEMPLATE_DEFINE("sort_chunks rejects bad counts and short buffers", Config, validation_sort_chunks) {
@@ -131,11 +145,17 @@ TEST_CASE_TEMPLATE_DEFINE("sort_chunks rejects bad counts and short buffers", Co
   auto out = upload(be, poisoned<T>(4 * 2));
   std::vector<int32_t> const bad{1, -2, 1, 1};
   check_error([&] { moecomm::sort_chunks(be, moecomm::matrix_view<T const>{in.data(), 4, 2},
-                                         moecomm::matrix_view<T>{out.data(), 4, 2}, bad.data(), 2, 2); },
+                                         moecomm::array_view<int32_t const>(bad), 2, 2, moecomm::matrix_view<T>{out.data(), 4, 2}); },
               status::invalid_argument, {"counts[0][1] = -2 is negative", "source rank 0, local expert 1"});
   std::vector<int32_t> const big{1, 2, 1, 1};
   check_error([&] { moecomm::sort_chunks(be, moecomm::matrix_view<T const>{in.data(), 4, 2},
-                                         moecomm::matrix_view<T>{out.data(), 4, 2}, big.data(), 2, 2); },
+                                         moecomm::array_view<int32_t const>(big), 2, 2, moecomm::matrix_view<T>{out.data(), 4, 2}); },
+              status::invalid_argument, {"argument 'in' has 4 rows; needs at least 5"});
+  check_error([&] { moecomm::sort_chunks(be, moecomm::matrix_view<T const>{in.data(), 4, 2},
+                                         moecomm::array_view<int32_t const>{big.data(), 3}, 2, 2, moecomm::matrix_view<T>{out.data(), 4, 2}); },
+              status::invalid_argument, {"argument 'counts' has 3 elements; needs at least 4"});
+  check_error([&] { moecomm::sort_chunks(be, moecomm::matrix_view<T const>{in.data(), 4, 2},
+                                         moecomm::array_view<int32_t const>(big), 2, 2, moecomm::matrix_view<T>{out.data(), 4, 2}); },
               status::invalid_argument, {"argument 'in' has 4 rows; needs at least 5"});
 }
 

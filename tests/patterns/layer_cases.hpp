@@ -132,7 +132,7 @@ void check_layer_step(Layer& layer, int32_t me, layer_case const& c, layer_input
   CHECK(layer.dispatch_state().report().dropped_slots == in.want[me].dropped);
   auto d_x = poisoned<T>(tokens * c.hidden);
   auto d_w = poisoned<float>(tokens * r.top_k);
-  layer.backward({in.d_out[me].data(), tokens, c.hidden}, {d_x.data(), tokens, c.hidden}, d_w.data(), experts);
+  layer.backward({in.d_out[me].data(), tokens, c.hidden}, {d_x.data(), tokens, c.hidden}, d_w, experts);
   check_bitwise(d_x, in.want[me].d_x, c.hidden, "input gradient");
   for (std::size_t i = 0; i < d_w.size(); ++i)
     REQUIRE_MESSAGE(std::fabs(d_w[i] - in.want[me].d_w[i]) <= 1e-5f * std::fabs(in.want[me].d_w[i]) + 1e-6f * float(c.hidden),

@@ -133,7 +133,7 @@ layer_result<T> run_step(Layer& layer, std::int32_t me, shadow_case const& c, sh
   layer_result<T> res{poisoned<T>(tokens * c.hidden), poisoned<T>(tokens * c.hidden), poisoned<float>(tokens * r.top_k), {}};
   layer.forward(view, {in.x[static_cast<std::size_t>(me)].data(), tokens, c.hidden}, {res.out.data(), tokens, c.hidden}, experts);
   layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), tokens, c.hidden}, {res.d_x.data(), tokens, c.hidden},
-                 res.d_w.data(), experts);
+                 res.d_w, experts);
   res.grads = experts.grads;
   return res;
 }

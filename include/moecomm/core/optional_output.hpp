@@ -7,6 +7,9 @@
 
 #include <moecomm/config.hpp>
 
+#include <type_traits>
+#include <utility>
+
 MOECOMM_NAMESPACE_BEGIN
 
 //! The type of `not_needed`.
@@ -21,6 +24,17 @@ template <class View>
 class optional_output {
  public:
   optional_output(View view) : view_(view), wanted_(true) {}  // NOLINT: implicit on purpose
+  //! Anything the view converts from (e.g. a `std::vector` for an `array_view`).
+  template <class Source, class = std::enable_if_t<std::is_convertible_v<Source&&, View> &&
+                                                   !std::is_same_v<std::decay_t<Source>, View> &&
+                                                   !std::is_same_v<std::decay_t<Source>, not_needed_t> &&
+                                                   !std::is_same_v<std::decay_t<Source>, optional_output>>>
+  optional_output(Source&& source) : view_(std::forward<Source>(source)), wanted_(true) {}  // NOLINT: implicit on purpose
+  //! The view's own fields, so `{data, rows, hidden}` works as it does for the view.
+  template <class First, class Second, class... Rest,
+            class = std::enable_if_t<std::is_constructible_v<View, First&&, Second&&, Rest&&...>>>
+  optional_output(First&& first, Second&& second, Rest&&... rest)  // NOLINT: implicit on purpose
+      : view_(std::forward<First>(first), std::forward<Second>(second), std::forward<Rest>(rest)...), wanted_(true) {}
   optional_output(not_needed_t) : view_(), wanted_(false) {}   // NOLINT: implicit on purpose
 
   [[nodiscard]] bool wanted() const { return wanted_; }

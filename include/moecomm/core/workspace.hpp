@@ -7,7 +7,9 @@
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 
 MOECOMM_NAMESPACE_BEGIN
 
@@ -24,8 +26,28 @@ class workspace {
     return reinterpret_cast<T*>(grow(be, bytes_, n * static_cast<std::int64_t>(sizeof(T))).data());
   }
 
+  //! At least `n` elements of `T` of host memory, for tables a call builds on the host before it
+  //! copies them to the back-end (the same memory as `get` on the host back-end is not assumed).
+  template <class T>
+  [[nodiscard]] T* host(std::int64_t n) {
+    static_assert(alignof(T) <= alignof(std::max_align_t), "moecomm::workspace::host: over-aligned type");
+    return reinterpret_cast<T*>(grow(staging_backend{}, host_bytes_, n * static_cast<std::int64_t>(sizeof(T))).data());
+  }
+
  private:
+  //! Plain host memory, aligned for any fundamental type.
+  struct staging_allocator {
+    void* allocate(std::size_t bytes) const { return ::operator new(bytes); }
+    void deallocate(void* p, std::size_t) const noexcept { ::operator delete(p); }
+  };
+  //! What `grow` needs of a back-end to allocate host staging.
+  struct staging_backend {
+    template <class T>
+    [[nodiscard]] buffer<T, staging_allocator> allocate(std::int64_t n) const { return {staging_allocator{}, n}; }
+  };
+
   typename Backend::template buffer_type<char> bytes_;
+  buffer<char, staging_allocator> host_bytes_;
 };
 
 MOECOMM_NAMESPACE_END

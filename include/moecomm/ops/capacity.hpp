@@ -7,14 +7,20 @@
 //! output and zero gradient from the dropped slot.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/functional.hpp>
+#include <moecomm/core/workspace.hpp>
 #include <moecomm/core/philox.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
 #include <moecomm/ops/permute_plan.hpp>
 #include <moecomm/ops/validate_routing.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 MOECOMM_NAMESPACE_BEGIN
 
@@ -89,12 +95,11 @@ struct keep_receiver_prefix {
   }
 };
 
-//! This rank's capacity before agreement (semantics §7): IEEE double, division first.
-inline std::int64_t local_capacity(std::int64_t tokens, std::int32_t top_k, std::int32_t experts, double factor,
-                                   std::int64_t min_capacity) {
-  auto const c = static_cast<std::int64_t>(std::ceil((static_cast<double>(tokens * top_k) / experts) * factor));
-  return c > min_capacity ? c : min_capacity;
-}
+//! 1 for a slot the kept routing still sends somewhere.
+struct is_kept_slot {
+  std::int32_t const* idx;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t i) const { return idx[i] >= 0 ? 1 : 0; }
+};
 
 //! The score a slot competes with; larger survives.
 struct position_score {
@@ -163,5 +168,87 @@ struct keep_top_capacity {
 };
 
 }  // namespace detail
+
+//! This rank's capacity before agreement (semantics §7): `C = max(ceil((double(T·K) / E) ·
+//! factor), min_capacity)`, IEEE double, division first. Ranks agree on the maximum of theirs.
+//! @throws error (invalid_argument) for a factor that is NaN, infinite or negative, a negative
+//!         `min_capacity`, or a capacity beyond int64, naming the argument and its value.
+[[nodiscard]] inline std::int64_t expert_capacity(std::int64_t num_tokens, std::int32_t top_k, std::int32_t num_experts,
+                                                  double factor, std::int64_t min_capacity) {
+  char const* op = "expert_capacity";
+  detail::require(num_tokens >= 0 && top_k > 0 && num_experts > 0, op, "num_tokens = ", num_tokens, ", top_k = ", top_k,
+                  ", num_experts = ", num_experts, ": need num_tokens >= 0, top_k > 0 and num_experts > 0");
+  detail::require(std::isfinite(factor) && factor >= 0.0, op, "capacity factor = ", factor,
+                  " must be a finite number >= 0");
+  detail::require(min_capacity >= 0, op, "min_capacity = ", min_capacity, " must be >= 0");
+  detail::require(num_tokens <= std::numeric_limits<std::int64_t>::max() / top_k, op, "num_tokens * top_k = ", num_tokens,
+                  " * ", top_k, " overflows int64");
+  double const c = std::ceil((static_cast<double>(num_tokens * top_k) / num_experts) * factor);
+  detail::require(c < 0x1p62, op, "capacity factor = ", factor, " gives a capacity of ", c,
+                  " rows per expert, beyond int64 (", num_tokens, " tokens, top_k = ", top_k, ", ", num_experts,
+                  " experts)");
+  auto const rows = static_cast<std::int64_t>(c);
+  return rows > min_capacity ? rows : min_capacity;
+}
+
+//! The checks of a capacity policy's fields, before any communication.
+template <class Rule>
+void validate_capacity_policy(capacity<Rule> const& policy, char const* op) {
+  detail::require(std::isfinite(policy.factor) && policy.factor >= 0.0, op, "capacity.factor = ", policy.factor,
+                  " must be a finite number >= 0");
+  detail::require(policy.min_capacity >= 0, op, "capacity.min_capacity = ", policy.min_capacity, " must be >= 0");
+}
+
+//! What `drop_to_capacity` kept.
+struct capacity_result {
+  std::int64_t kept_slots = 0;     //!< valid slots within capacity
+  std::int64_t dropped_slots = 0;  //!< valid slots dropped
+};
+
+//! Capacity as a standalone step (semantics §8): for every expert, keeps the `capacity` slots that
+//! rank first under `rule` and writes the kept routing's ids, `kept_topk_idx[t][k]` = the expert,
+//! or -1 where the slot is dropped or was masked. Everything downstream takes the kept routing
+//! (`routing_view` with `topk_idx = kept_topk_idx`, the same weights) as an ordinary one; with
+//! `pad_to_capacity`, build its plan with `padded_capacity = capacity`.
+//! @param plan the dropless plan of the routing (`make_permute_plan`): its per-expert (t, k) order
+//!        is the competition.
+//! @param capacity C, rows per expert (agree it across ranks first, e.g. `allreduce(max)`).
+//! @param kept_topk_idx `[>= T * K]` output.
+//! @param scratch the slots' scores, kept between calls.
+//! @param rule `drop_by_position`, `drop_by_probability` (needs weights) or `drop_random`.
+//! @param first_token for `drop_random`: the global index of this rank's token 0 (Philox counter).
+template <class Backend, class Rule = drop_by_position>
+capacity_result drop_to_capacity(Backend const& be, permute_plan<Backend> const& plan, std::int64_t capacity,
+                                 array_view<std::int32_t> kept_topk_idx, workspace<Backend>& scratch, Rule const& rule = {},
+                                 std::int64_t first_token = 0) {
+  char const* op = "drop_to_capacity";
+  routing_view const& routing = plan.routing();
+  std::int64_t const slots = routing.num_tokens * routing.top_k;
+  detail::require(capacity >= 0, op, "capacity = ", capacity, " must be >= 0");
+  detail::require(plan.padded_capacity() == 0, op, "the plan must be the routing's dropless plan, not a padded one");
+  detail::check_elements(kept_topk_idx, slots, op, "kept_topk_idx", "one per slot: num_tokens * top_k");
+  auto survivors = [&](auto score) {
+    float* const scores = scratch.template get<float>(be, slots);
+    be.for_each_index(slots, detail::score_slots<decltype(score)>{score, routing.top_k, scores});
+    be.for_each_index(slots, detail::keep_top_capacity{routing.topk_idx, plan.row_of(), plan.token_of(), plan.slot_of(),
+                                                       plan.expert_offsets(), scores, routing.top_k, capacity,
+                                                       kept_topk_idx.data});
+  };
+  if constexpr (std::is_same_v<Rule, drop_by_position>) {
+    survivors(detail::position_score{});
+  } else if constexpr (std::is_same_v<Rule, drop_by_probability>) {
+    detail::require(routing.num_tokens == 0 || routing.topk_weights != nullptr, op,
+                    "drop_by_probability needs topk_weights in the plan's routing");
+    survivors(detail::weight_score{routing.topk_weights, routing.top_k});
+  } else {
+    static_assert(std::is_same_v<Rule, drop_random>, "moecomm::drop_to_capacity: unknown drop rule");
+    detail::require(first_token >= 0, op, "first_token = ", first_token, " must be >= 0");
+    survivors(detail::random_score{rule.seed, rule.layer, first_token});
+  }
+  capacity_result result;
+  result.kept_slots = be.reduce(slots, std::int64_t{0}, detail::is_kept_slot{kept_topk_idx.data}, detail::plus{});
+  result.dropped_slots = plan.num_rows() - result.kept_slots;
+  return result;
+}
 
 MOECOMM_NAMESPACE_END

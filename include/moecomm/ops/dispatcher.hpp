@@ -6,10 +6,13 @@
 //! all-to-all -> sort_chunks, and the exact inverse for the combine; plus both backward passes.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/matrix.hpp>
+#include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/capacity.hpp>
@@ -39,11 +42,6 @@ struct relabel_experts {
     std::int32_t const e = idx[i];
     out[i] = is_valid_expert(e, num_experts) ? label[e] : e;
   }
-};
-
-struct is_kept_slot {
-  std::int32_t const* idx;
-  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t i) const { return idx[i] >= 0 ? 1 : 0; }
 };
 
 }  // namespace detail
@@ -100,8 +98,6 @@ class dispatcher {
     report_ = {};
     combined_ = false;
     home_.clear();
-    relabeled_idx_.reset();
-    kept_idx_.reset();
     plan_.reset();
     std::int64_t padded = 0;
     if constexpr (detail::is_dropless_v<Capacity>) {
@@ -113,34 +109,35 @@ class dispatcher {
       plan_.emplace(make_permute_plan(be_, routing, num_experts_, checks_));
       exchange_counts();  // the dropless counts of every rank
       std::vector<std::int64_t> const allowance = receiver_prefix_allowance();
-      auto allowed = be_.template allocate<std::int64_t>(ranks_);
-      be_.copy(allowed.data(), allowance.data(), ranks_);
+      std::int64_t* const allowed = scratch_.template get<std::int64_t>(be_, ranks_);
+      be_.copy(allowed, allowance.data(), ranks_);
       std::int64_t const slots = routing.num_tokens * routing.top_k;
-      kept_idx_.emplace(be_.template allocate<std::int32_t>(slots));
+      std::int32_t* const kept_idx = grow(be_, kept_idx_, slots).data();
       be_.for_each_index(slots, detail::keep_receiver_prefix{routing.topk_idx, plan_->row_of(), plan_->expert_offsets(),
-                                                             allowed.data(), local_experts_, kept_idx_->data()});
+                                                             allowed, local_experts_, kept_idx});
       routing_view kept = routing;
-      kept.topk_idx = kept_idx_->data();
+      kept.topk_idx = kept_idx;
       std::int64_t const valid = plan_->num_rows();
       plan_.emplace(make_permute_plan(be_, kept, num_experts_, unchecked_routing));
       report_.capacity = capacity_.rows_per_rank;
       report_.kept_slots = plan_->num_rows();
       report_.dropped_slots = valid - report_.kept_slots;
     } else {
+      validate_capacity_policy(capacity_, "dispatcher::route");
       auto const all = make_permute_plan(be_, routing, num_experts_, checks_);  // validates, orders (t, k) per expert
-      std::int64_t c = detail::local_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor,
-                                              capacity_.min_capacity);
+      std::int64_t c = expert_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor,
+                                       capacity_.min_capacity);
       groups_->world().allreduce(&c, &c, 1, reduce_op::max);
       report_.capacity = c;
       std::int64_t const slots = routing.num_tokens * routing.top_k;
-      kept_idx_.emplace(be_.template allocate<std::int32_t>(slots));
-      select_survivors(routing, all, c);
+      array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
+      capacity_result const result = drop_to_capacity(be_, all, c, kept_idx, scratch_, capacity_.rule, first_token(routing));
       routing_view kept = routing;
-      kept.topk_idx = kept_idx_->data();
+      kept.topk_idx = kept_idx.data;
       padded = capacity_.pad_to_capacity ? c : 0;
       plan_.emplace(make_permute_plan(be_, kept, num_experts_, unchecked_routing, padded));
-      report_.kept_slots = be_.reduce(slots, std::int64_t{0}, detail::is_kept_slot{kept_idx_->data()}, detail::plus{});
-      report_.dropped_slots = all.num_rows() - report_.kept_slots;
+      report_.kept_slots = result.kept_slots;
+      report_.dropped_slots = result.dropped_slots;
     }
     exchange_counts();
     keep_home(choose_home(counts_), padded);
@@ -181,31 +178,36 @@ class dispatcher {
   //! and, when `Weighting` is `weighted`, of the routing weights (`d_weights`, `[T][K]`, optional;
   //! 0 for dropped and masked slots). Collective.
   template <class Weighting = weighted, class T>
-  void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, float* d_weights = nullptr) {
+  void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows,
+                        optional_output<array_view<float>> d_weights = not_needed) {
     combine_backward<Weighting, T>(d_out, d_expert_rows, no_home_rows<T>(d_out.hidden), d_weights);
   }
   //! With home experts: the gradient of their output rows goes to `d_home_rows`.
   template <class Weighting = weighted, class T>
   void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, matrix_view<T> d_home,
-                        float* d_weights) {
+                        optional_output<array_view<float>> d_weights) {
     require_routed("combine_backward");
     bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home, d_weights, "combine_backward");
     exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
   }
 
   //! The backward of `dispatch`: the gradient of the token rows from that of the expert input rows.
+  //! With `d_x = not_needed` the rank still takes part in the exchange (its peers need it).
   template <class T>
-  void dispatch_backward(matrix_view<std::add_const_t<T>> d_expert_rows, matrix_view<T> d_x) {
-    dispatch_backward<T>(d_expert_rows, no_home_rows<T const>(d_x.hidden), d_x);
+  void dispatch_backward(matrix_view<std::add_const_t<T>> d_expert_rows, optional_output<matrix_view<T>> d_x) {
+    dispatch_backward<T>(d_expert_rows, no_home_rows<T const>(d_expert_rows.hidden), d_x);
   }
   //! With home experts: the gradient of their input rows comes from `d_home_rows`.
   template <class T>
   void dispatch_backward(matrix_view<std::add_const_t<T>> d_expert_rows, matrix_view<std::add_const_t<T>> d_home,
-                         matrix_view<T> d_x) {
-    require_routed("dispatch_backward");
-    bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, "dispatch_backward");
-    be_.copy(home_tail<T>(d_rows, d_home, d_x.hidden, "dispatch_backward", "d_home_rows"), d_home.data, home_rows() * d_x.hidden);
-    permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_->num_rows(), d_x.hidden)), d_x);
+                         optional_output<matrix_view<T>> d_x) {
+    char const* op = "dispatch_backward";
+    require_routed(op);
+    std::int64_t const hidden = d_expert_rows.hidden;
+    check_token_rows(d_x, hidden, op, "d_x");
+    bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, op);
+    be_.copy(home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), d_home.data, home_rows() * hidden);
+    if (d_x.wanted()) permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_->num_rows(), hidden)), d_x.view());
   }
 
   //! The smart schedule (`Algorithm` = `smart_schedule`): `dispatch`, the experts and `combine`
@@ -234,15 +236,17 @@ class dispatcher {
   //! `d_arrived` -> `d_produced`) and `dispatch_backward`. Collective.
   template <class Weighting = weighted, class T, class ComputeHome, class Compute>
   void backward_pipelined(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_arrived, matrix_view<T> d_produced,
-                          matrix_view<T> d_home_out, matrix_view<T> d_home_in, matrix_view<T> d_x, float* d_weights,
-                          ComputeHome&& compute_home, Compute&& compute) {
-    require_routed("backward_pipelined");
-    bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home_out, d_weights, "backward_pipelined");
-    bytes_t& d_back = rows_buffer<T>(d_back_, plan_->num_rows(), d_x.hidden);
-    pipelined_exchange<T>(d_rows.data(), d_arrived, d_produced, d_back.data(), compute_home, compute, "backward_pipelined");
-    be_.copy(home_tail<T>(d_back, d_home_in, d_x.hidden, "backward_pipelined", "d_home_in"), d_home_in.data,
-             home_rows() * d_x.hidden);
-    permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_back, plan_->num_rows(), d_x.hidden)), d_x);
+                          matrix_view<T> d_home_out, matrix_view<T> d_home_in, optional_output<matrix_view<T>> d_x,
+                          optional_output<array_view<float>> d_weights, ComputeHome&& compute_home, Compute&& compute) {
+    char const* op = "backward_pipelined";
+    require_routed(op);
+    std::int64_t const hidden = d_out.hidden;
+    check_token_rows(d_x, hidden, op, "d_x");
+    bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home_out, d_weights, op);
+    bytes_t& d_back = rows_buffer<T>(d_back_, plan_->num_rows(), hidden);
+    pipelined_exchange<T>(d_rows.data(), d_arrived, d_produced, d_back.data(), compute_home, compute, op);
+    be_.copy(home_tail<T>(d_back, d_home_in, hidden, op, "d_home_in"), d_home_in.data, home_rows() * hidden);
+    if (d_x.wanted()) permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_back, plan_->num_rows(), hidden)), d_x.view());
   }
 
   //! Rows this rank's experts receive (padding rows included).
@@ -275,6 +279,16 @@ class dispatcher {
     if (!plan_) detail::fail(status::invalid_usage, "dispatcher", op, " was called before route()");
   }
 
+  //! A wanted token-row output holds a row per token of the routing.
+  template <class T>
+  void check_token_rows(optional_output<matrix_view<T>> const& rows, std::int64_t hidden, char const* op,
+                        char const* name) const {
+    if (!rows.wanted()) return;
+    detail::check_rows(rows.view(), plan_->routing().num_tokens, op, name, "one row per token");
+    detail::require(rows.view().hidden == hidden, op, "argument '", name, "' has hidden = ", rows.view().hidden,
+                    ", the gradient rows ", hidden);
+  }
+
   template <class T>
   static matrix_view<T> no_home_rows(std::int64_t hidden) {
     return {nullptr, 0, hidden};
@@ -301,14 +315,24 @@ class dispatcher {
   //! The gradient of every row in plan order from that of the combined tokens (and the weight
   //! gradient), the home ones also copied to `d_home`.
   template <class Weighting, class T>
-  bytes_t& combine_gradient_rows(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_home, float* d_weights,
-                                 char const* op) {
-    detail::require(d_weights == nullptr || combined_ || plan_->num_rows() == 0, "dispatcher::", op,
+  bytes_t& combine_gradient_rows(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_home,
+                                 optional_output<array_view<float>> d_weights, char const* op) {
+    detail::require(!d_weights.wanted() || detail::is_weighted<Weighting>(), "dispatcher::", op,
+                    ": argument 'd_weights' was given, but an unweighted combine has no weight gradient");
+    detail::require(!d_weights.wanted() || combined_ || plan_->num_rows() == 0, "dispatcher::", op,
                     ": the weight gradient needs the rows of a previous combine");
-    bytes_t& d_rows = rows_buffer<T>(sent_, plan_->num_rows(), d_out.hidden);  // dispatch is done with sent_
-    unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, plan_->num_rows(), d_out.hidden),
-                                  d_weights != nullptr ? returned_view<T>(d_out.hidden) : matrix_view<T const>{}, d_weights);
-    be_.copy(d_home.data, home_tail<T>(d_rows, d_home, d_out.hidden, op, "d_home_rows"), home_rows() * d_out.hidden);
+    std::int64_t const rows = plan_->num_rows(), hidden = d_out.hidden;
+    bytes_t& d_rows = rows_buffer<T>(sent_, rows, hidden);  // dispatch is done with sent_
+    if constexpr (detail::is_weighted<Weighting>()) {
+      if (d_weights.wanted()) {
+        unpermute_backward(be_, *plan_, d_out, returned_view<T>(hidden), as_rows<T>(d_rows, rows, hidden), d_weights.view());
+      } else {
+        unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, rows, hidden));
+      }
+    } else {
+      unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, rows, hidden));
+    }
+    be_.copy(d_home.data, home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), home_rows() * hidden);
     return d_rows;
   }
 
@@ -369,12 +393,11 @@ class dispatcher {
         if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label[static_cast<std::size_t>(e)] = next++;
     routing_view relabeled = plan_->routing();
     std::int64_t const slots = relabeled.num_tokens * relabeled.top_k;
-    auto device_label = be_.template allocate<std::int32_t>(num_experts_);
-    be_.copy(device_label.data(), label.data(), num_experts_);
-    relabeled_idx_.emplace(be_.template allocate<std::int32_t>(slots));
-    be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label.data(), num_experts_,
-                                                      relabeled_idx_->data()});
-    relabeled.topk_idx = relabeled_idx_->data();
+    std::int32_t* const device_label = scratch_.template get<std::int32_t>(be_, num_experts_);
+    be_.copy(device_label, label.data(), num_experts_);
+    std::int32_t* const relabeled_idx = grow(be_, relabeled_idx_, slots).data();
+    be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label, num_experts_, relabeled_idx});
+    relabeled.topk_idx = relabeled_idx;
     plan_.emplace(make_permute_plan(be_, relabeled, num_experts_, unchecked_routing, padded));
     for (std::int32_t s = 0; s < ranks_; ++s)
       for (std::int32_t e : home_) counts_[static_cast<std::size_t>(s) * num_experts_ + e] = 0;
@@ -398,32 +421,18 @@ class dispatcher {
     return {reinterpret_cast<T const*>(returned_.data()), plan_->num_rows(), hidden};
   }
 
-  template <class Score>
-  void survivors_by(routing_view const& routing, permute_plan<Backend> const& all, std::int64_t c, Score score) {
-    std::int64_t const slots = routing.num_tokens * routing.top_k;
-    auto scores = be_.template allocate<float>(slots);
-    be_.for_each_index(slots, detail::score_slots<Score>{score, routing.top_k, scores.data()});
-    be_.for_each_index(slots, detail::keep_top_capacity{routing.topk_idx, all.row_of(), all.token_of(), all.slot_of(),
-                                                        all.expert_offsets(), scores.data(), routing.top_k, c,
-                                                        kept_idx_->data()});
-  }
-
-  void select_survivors(routing_view const& routing, permute_plan<Backend> const& all, std::int64_t c) {
-    using rule = decltype(capacity_.rule);
-    if constexpr (std::is_same_v<rule, drop_by_position>) {
-      survivors_by(routing, all, c, detail::position_score{});
-    } else if constexpr (std::is_same_v<rule, drop_by_probability>) {
-      detail::require(routing.num_tokens == 0 || routing.topk_weights != nullptr, "dispatcher::route",
-                      "drop_by_probability needs topk_weights");
-      survivors_by(routing, all, c, detail::weight_score{routing.topk_weights, routing.top_k});
+  //! The global index of this rank's token 0, for `drop_random`'s Philox counter (one all-gather);
+  //! 0 for the other rules, which need no agreement.
+  std::int64_t first_token(routing_view const& routing) {
+    if constexpr (!std::is_same_v<decltype(capacity_.rule), drop_random>) {
+      return 0;
     } else {
-      static_assert(std::is_same_v<rule, drop_random>, "moecomm::capacity: unknown drop rule");
-      std::vector<std::int64_t> tokens(static_cast<std::size_t>(ranks_));  // t_global of each rank's token 0
-      std::int64_t const mine = routing.num_tokens;
-      groups_->world().allgather(&mine, tokens.data(), sizeof(mine));
+      std::int64_t* const tokens = scratch_.template host<std::int64_t>(ranks_ + 1);
+      tokens[ranks_] = routing.num_tokens;
+      groups_->world().allgather(tokens + ranks_, tokens, sizeof(std::int64_t));
       std::int64_t first = 0;
-      for (std::int32_t s = 0; s < groups_->world().rank(); ++s) first += tokens[static_cast<std::size_t>(s)];
-      survivors_by(routing, all, c, detail::random_score{capacity_.rule.seed, capacity_.rule.layer, first});
+      for (std::int32_t s = 0; s < groups_->world().rank(); ++s) first += tokens[s];
+      return first;
     }
   }
 
@@ -476,6 +485,10 @@ class dispatcher {
     report_.received_rows = local_offsets_.back();
   }
 
+  [[nodiscard]] array_view<std::int32_t const> chunk_counts() const {
+    return {chunk_counts_.data(), static_cast<std::int64_t>(chunk_counts_.size())};
+  }
+
   //! Bytes rank s sends rank d, for rows of `row_bytes`.
   [[nodiscard]] byte_matrix row_matrix(std::int64_t row_bytes) const {
     std::vector<std::int64_t> cells(static_cast<std::size_t>(ranks_) * ranks_, 0);
@@ -492,7 +505,8 @@ class dispatcher {
     std::int64_t const row_bytes = expert_rows.row_bytes();
     bytes_t& arrived = rows_buffer<T>(arrived_, received_rows(), expert_rows.hidden);
     alltoallv(algorithm_, be_, *groups_, row_matrix(row_bytes), permuted, arrived.data(), report_.exchange);
-    sort_chunks(be_, matrix_view<T const>(as_rows<T>(arrived, received_rows(), expert_rows.hidden)), expert_rows, chunk_counts_.data(), ranks_, local_experts_, chunk_order::rank_major_to_expert_major);
+    sort_chunks(be_, matrix_view<T const>(as_rows<T>(arrived, received_rows(), expert_rows.hidden)), chunk_counts(), ranks_,
+                local_experts_, expert_rows, scratch_, chunk_order::rank_major_to_expert_major);
   }
 
   //! Expert-major rows at the experts' ranks -> permuted rows back at their source rank, in `back`.
@@ -501,9 +515,9 @@ class dispatcher {
     detail::check_rows(expert_rows, received_rows(), op, "expert_rows", "dispatcher.received_rows()");
     std::int64_t const hidden = expert_rows.hidden;
     bytes_t& rank_major = rows_buffer<T>(rank_major_, received_rows(), hidden);
-    sort_chunks(be_, matrix_view<T const>{expert_rows.data, received_rows(), hidden},
-                as_rows<T>(rank_major, received_rows(), hidden), chunk_counts_.data(),
-                ranks_, local_experts_, chunk_order::expert_major_to_rank_major);
+    sort_chunks(be_, matrix_view<T const>{expert_rows.data, received_rows(), hidden}, chunk_counts(), ranks_,
+                local_experts_, as_rows<T>(rank_major, received_rows(), hidden), scratch_,
+                chunk_order::expert_major_to_rank_major);
     rows_buffer<T>(back, plan_->num_rows(), hidden);
     alltoallv(algorithm_, be_, *groups_, row_matrix(hidden * static_cast<std::int64_t>(sizeof(T))).transposed(),
               rank_major.data(), back.data(), report_.exchange);
@@ -516,8 +530,9 @@ class dispatcher {
   Algorithm algorithm_;
   routing_checks checks_;
   std::int32_t num_experts_, ranks_, local_experts_ = 1;
-  std::optional<typename Backend::template buffer_type<std::int32_t>> kept_idx_;
-  std::optional<typename Backend::template buffer_type<std::int32_t>> relabeled_idx_;  //!< home experts sorted last
+  typename Backend::template buffer_type<std::int32_t> kept_idx_;       //!< the kept routing's ids
+  typename Backend::template buffer_type<std::int32_t> relabeled_idx_;  //!< home experts sorted last
+  workspace<Backend> scratch_;  //!< the steps' small tables (scores, labels, chunk tables), kept between steps
   std::optional<permute_plan<Backend>> plan_;
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts

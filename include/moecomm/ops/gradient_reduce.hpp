@@ -8,9 +8,11 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
 #include <moecomm/ops/replica/replica_set.hpp>
 #include <moecomm/ops/replica_broadcast.hpp>
 
@@ -54,13 +56,12 @@ std::int64_t chunk_elements(Path const& path) {
   return n > 0 ? n : 1;
 }
 
-template <class Path>
+template <class Path, class T>
 void validate_reduce(char const* op, Path const& path, replica_set const& set, std::int32_t ranks, std::int32_t me,
-                     void const* grads, std::int64_t count) {
+                     std::int64_t count, array_view<T> grads) {
   validate_replica_set(op, path, set, ranks);
   require(count >= 0, op, "count = ", count, " must be >= 0");
-  require(grads != nullptr || count == 0 || !set.holds(me), op, "grads is null on rank ", me,
-          ", which is in the replica set, but count = ", count);
+  if (set.holds(me)) check_elements(grads, count, op, "grads", "count, on a rank of the replica set");
   if constexpr (std::is_same_v<Path, collective_path>) require_whole_group(op, set, ranks);
 }
 
@@ -68,41 +69,42 @@ void validate_reduce(char const* op, Path const& path, replica_set const& set, s
 
 //! The owner's `grads[0, count)` becomes the sum of every member's `grads`, added left to right in
 //! ascending rank (the owner's own value at its place): bitwise the same on every run. Replicas'
-//! buffers are left unchanged. Collective over `comm`, as `replica_broadcast`.
+//! buffers are left unchanged. Collective over `comm`, as `replica_broadcast`; ranks outside the
+//! set may pass an empty view.
 //!
 //! Order: `point_to_point_path` sums on the owner in exactly that order on every transport.
 //! `collective_path` uses the communicator's `reduce`: the same order in-process; MPI's and NCCL's
 //! own (fixed for a fixed configuration) otherwise.
 //! @tparam T float or double.
 //! @param be the back-end that owns `grads`' memory (it runs the sum and holds the staging chunks).
+//! @param grads `[>= count]` on the owner and the replicas.
 //! @param scratch the staging of the point-to-point path, reused between calls.
-template <class Path, class Backend, class Comm, class T>
-void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                     std::int64_t count, workspace<Backend>& scratch) {
+template <class Backend, class Comm, class T, class Path = point_to_point_path>
+void gradient_reduce(Backend const& be, Comm& comm, replica_set const& set, std::int64_t count, array_view<T> grads,
+                     workspace<Backend>& scratch, Path const& path = {}) {
   detail::require_gradient_type<T>();
   char const* op = "gradient_reduce";
   std::int32_t const ranks = comm.size(), me = comm.rank();
-  detail::validate_reduce(op, path, set, ranks, me, grads, count);
+  detail::validate_reduce(op, path, set, ranks, me, count, grads);
   if (set.replicas.empty()) return;
   std::int64_t const chunk = detail::chunk_elements<T>(path);
   // split_into_chunks counts elements here: `piece.bytes` is the piece's length in elements.
   auto const pieces = detail::split_into_chunks(count, chunk);
   if constexpr (std::is_same_v<Path, collective_path>) {
     for (detail::byte_chunk const piece : pieces)
-      comm.reduce(grads + piece.offset, me == set.owner ? grads + piece.offset : nullptr, piece.bytes, reduce_op::sum,
-                  set.owner);
+      comm.reduce(grads.data + piece.offset, me == set.owner ? grads.data + piece.offset : nullptr, piece.bytes,
+                  reduce_op::sum, set.owner);
   } else {
     static_assert(std::is_same_v<Path, point_to_point_path>,
                   "moecomm::gradient_reduce: the path must be collective_path or point_to_point_path");
     auto const replicas = static_cast<std::int64_t>(set.replicas.size());
     std::int64_t const chunk_rows = count < chunk ? count : chunk;
-    T* const staged = me == set.owner ? scratch.template get<T>(be, chunk_rows * replicas)
-                                      : nullptr;
+    T* const staged = me == set.owner ? scratch.template get<T>(be, chunk_rows * replicas) : nullptr;
     std::vector<std::int32_t> const members = set.members();
     std::int32_t owner_position = 0;
     while (members[static_cast<std::size_t>(owner_position)] != set.owner) ++owner_position;
     for (detail::byte_chunk const piece : pieces) {
-      T* const mine = grads + piece.offset;
+      T* const mine = grads.data + piece.offset;
       std::int64_t const bytes = piece.bytes * static_cast<std::int64_t>(sizeof(T));
       std::vector<send_block> sends;
       std::vector<recv_block> recvs;
@@ -123,37 +125,22 @@ void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_se
   be.synchronize();
 }
 
-//! `gradient_reduce` with staging of its own, allocated for this call.
-template <class Path, class Backend, class Comm, class T>
-void gradient_reduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                     std::int64_t count) {
-  workspace<Backend> scratch;
-  gradient_reduce(path, be, comm, set, grads, count, scratch);
-}
-
-//! Every member's `grads` becomes the sum of all members' (the order of `gradient_reduce`), the
-//! same bits on every member. `point_to_point_path`: reduce to the owner, then broadcast from it.
-template <class Path, class Backend, class Comm, class T>
-void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                       std::int64_t count, workspace<Backend>& scratch) {
+//! Every member's `grads[0, count)` becomes the sum of all members' (the order of
+//! `gradient_reduce`), the same bits on every member. `point_to_point_path`: reduce to the owner,
+//! then broadcast from it.
+template <class Backend, class Comm, class T, class Path = point_to_point_path>
+void replica_allreduce(Backend const& be, Comm& comm, replica_set const& set, std::int64_t count, array_view<T> grads,
+                       workspace<Backend>& scratch, Path const& path = {}) {
   detail::require_gradient_type<T>();
   char const* op = "replica_allreduce";
-  detail::validate_reduce(op, path, set, comm.size(), comm.rank(), grads, count);
+  detail::validate_reduce(op, path, set, comm.size(), comm.rank(), count, grads);
   if constexpr (std::is_same_v<Path, collective_path>) {
     for (detail::byte_chunk const piece : detail::split_into_chunks(count, detail::chunk_elements<T>(path)))
-      comm.allreduce(grads + piece.offset, grads + piece.offset, piece.bytes, reduce_op::sum);  // bytes: elements
+      comm.allreduce(grads.data + piece.offset, grads.data + piece.offset, piece.bytes, reduce_op::sum);  // bytes: elements
   } else {
-    gradient_reduce(path, be, comm, set, grads, count, scratch);
-    replica_broadcast(path, comm, set, grads, count * static_cast<std::int64_t>(sizeof(T)));
+    gradient_reduce(be, comm, set, count, grads, scratch, path);
+    replica_broadcast(comm, set, count, grads, path);
   }
-}
-
-//! `replica_allreduce` with staging of its own, allocated for this call.
-template <class Path, class Backend, class Comm, class T>
-void replica_allreduce(Path const& path, Backend const& be, Comm& comm, replica_set const& set, T* grads,
-                       std::int64_t count) {
-  workspace<Backend> scratch;
-  replica_allreduce(path, be, comm, set, grads, count, scratch);
 }
 
 MOECOMM_NAMESPACE_END

@@ -4,6 +4,8 @@
 //! `permute`: token rows into expert-major order, and its backward (semantics §4, §6).
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/error.hpp>
@@ -47,11 +49,12 @@ struct scatter_slot_weight_grads {
 //! bit, for `r < plan.num_rows()`; rows of `out` beyond that are not touched.
 //! @param x `[>= T][H]` token rows.
 //! @param out `[>= P][H]` permuted rows; must not overlap `x`.
-//! @param out_weights optional `[>= P]`: the routing weight of each row's slot (needs weights in the plan's routing).
+//! @param out_weights `[>= P]`: the routing weight of each row's slot (needs weights in the plan's
+//!        routing), or `not_needed`.
 //! @throws error (invalid_argument) naming the argument, before anything is written.
 template <class Backend, class T>
 void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> x, matrix_view<T> out,
-             float* out_weights = nullptr) {
+             optional_output<array_view<float>> out_weights = not_needed) {
   static_assert(is_supported_dtype_v<T>, "moecomm::permute: unsupported element type");
   char const* op = "permute";
   std::int64_t const tokens = plan.routing().num_tokens;
@@ -60,46 +63,68 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
   detail::check_rows(out, rows, op, "out", "one row per kept slot: plan.num_rows()");
   detail::check_same_hidden(x, "x", out, "out", op);
   detail::check_no_overlap(x, tokens, "x", out, rows, "out", op);
-  detail::require(out_weights == nullptr || tokens == 0 || plan.routing().topk_weights != nullptr, op,
-                  "argument 'out_weights' was given but the plan's routing has no topk_weights");
+  if (out_weights.wanted()) {
+    detail::check_elements(out_weights.view(), rows, op, "out_weights", "one weight per kept slot: plan.num_rows()");
+    detail::require(tokens == 0 || plan.routing().topk_weights != nullptr, op,
+                    "argument 'out_weights' was given but the plan's routing has no topk_weights");
+  }
   detail::with_fragment_width<T>(x.hidden, {x.data, out.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
     be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::no_scale>{
                               x.data, out.data, x.hidden, {plan.token_of()}, {},
                               rows * out.row_bytes() >= detail::streaming_store_min_bytes});
   });
-  if (out_weights != nullptr)
+  if (out_weights.wanted())
     be.for_each_index(rows, detail::gather_slot_weights{plan.routing().topk_weights, plan.token_of(), plan.slot_of(),
-                                                        plan.routing().top_k, out_weights});
+                                                        plan.routing().top_k, out_weights.view().data});
 }
 
-//! The backward of `permute`: `d_x[t] = sum of d_out over the token's rows` (fp32, ascending k,
-//! one rounding), and optionally `d_weights[t][k] = d_out_weights[row_of[t][k]]` (0 without a row).
-//! @param d_out `[>= P][H]` gradient of the permuted rows.
-//! @param d_x `[>= T][H]` gradient of the token rows; every token row is written (zeros when it has no kept slot).
-//! @param d_out_weights `[>= P]` gradient of `permute`'s `out_weights`; needed with `d_weights`.
-//! @param d_weights optional `[T][K]` gradient of the routing weights.
+namespace detail {
+
 template <class Backend, class T>
-void permute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
-                      matrix_view<T> d_x, float const* d_out_weights = nullptr, float* d_weights = nullptr) {
+void check_permute_backward(permute_plan<Backend> const& plan, matrix_view<T const> d_out,
+                           matrix_view<T> d_x, char const* op) {
   static_assert(is_supported_dtype_v<T>, "moecomm::permute_backward: unsupported element type");
-  char const* op = "permute_backward";
   std::int64_t const tokens = plan.routing().num_tokens;
   std::int64_t const rows = plan.num_rows();
-  detail::check_rows(d_out, rows, op, "d_out", "one row per kept slot: plan.num_rows()");
-  detail::check_rows(d_x, tokens, op, "d_x", "one row per token");
-  detail::check_same_hidden(d_out, "d_out", d_x, "d_x", op);
-  detail::check_no_overlap(d_out, rows, "d_out", d_x, tokens, "d_x", op);
-  detail::require(d_weights == nullptr || rows == 0 || d_out_weights != nullptr, op,
-                  "argument 'd_weights' needs 'd_out_weights', the gradient of the permuted weights");
+  check_rows(d_out, rows, op, "d_out", "one row per kept slot: plan.num_rows()");
+  check_rows(d_x, tokens, op, "d_x", "one row per token");
+  check_same_hidden(d_out, "d_out", d_x, "d_x", op);
+  check_no_overlap(d_out, rows, "d_out", d_x, tokens, "d_x", op);
+}
+
+}  // namespace detail
+
+//! The backward of `permute`: `d_x[t] = sum of d_out over the token's rows` (fp32, ascending k,
+//! one rounding).
+//! @param d_out `[>= P][H]` gradient of the permuted rows.
+//! @param d_x `[>= T][H]` gradient of the token rows; every token row is written (zeros when it has no kept slot).
+template <class Backend, class T>
+void permute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
+                      matrix_view<T> d_x) {
+  detail::check_permute_backward<Backend, T>(plan, d_out, d_x, "permute_backward");
   detail::with_fragment_width<T>(d_x.hidden, {d_out.data, d_x.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
-    be.for_each_row(tokens, detail::combine_rows_kernel<T, n, false>{d_out.data, d_x.data, d_x.hidden, plan.row_of(),
-                                                                     nullptr, plan.routing().top_k});
+    be.for_each_row(plan.routing().num_tokens, detail::combine_rows_kernel<T, n, false>{
+                                                   d_out.data, d_x.data, d_x.hidden, plan.row_of(), nullptr,
+                                                   plan.routing().top_k});
   });
-  if (d_weights != nullptr)
-    be.for_each_index(tokens * plan.routing().top_k,
-                      detail::scatter_slot_weight_grads{d_out_weights, plan.row_of(), d_weights});
+}
+
+//! The same, and the gradient of `permute`'s `out_weights`: `d_weights[t][k] =
+//! d_out_weights[row_of[t][k]]` (0 for a slot without a row).
+//! @param d_out_weights `[>= P]` gradient of `permute`'s `out_weights`.
+//! @param d_weights `[>= T * K]` gradient of the routing weights.
+template <class Backend, class T>
+void permute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
+                      array_view<float const> d_out_weights, matrix_view<T> d_x, array_view<float> d_weights) {
+  char const* op = "permute_backward";
+  std::int64_t const slots = plan.routing().num_tokens * plan.routing().top_k;
+  detail::check_permute_backward<Backend, T>(plan, d_out, d_x, op);
+  detail::check_elements(d_out_weights, plan.num_rows(), op, "d_out_weights", "one per kept slot: plan.num_rows()");
+  detail::check_elements(d_weights, slots, op, "d_weights", "one per slot: num_tokens * top_k");
+  permute_backward(be, plan, d_out, d_x);
+  be.for_each_index(slots, detail::scatter_slot_weight_grads{d_out_weights.data, plan.row_of(), d_weights.data});
 }
 
 MOECOMM_NAMESPACE_END

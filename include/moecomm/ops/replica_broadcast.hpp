@@ -7,32 +7,39 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
 #include <moecomm/ops/replica/replica_set.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
 
-//! Copies the owner's `bytes` at `data` into `data` on every replica, bit for bit, in chunks of at
+//! Copies the owner's `data[0, count)` into `data` on every replica, bit for bit, in chunks of at
 //! most `path.chunk_bytes`. Collective over `comm`: every rank calls it with the same `set` and
-//! `bytes`; ranks outside the set may pass a null `data` and receive nothing.
+//! `count`; ranks outside the set may pass an empty view and receive nothing.
+//! @param data `[>= count]` on the owner and the replicas.
 //! @param path `collective_path{}` (comm is exactly the set) or `point_to_point_path{}` (any subset).
 //! @throws error (invalid_argument) naming the bad argument, before any message is sent.
-template <class Path, class Comm>
-void replica_broadcast(Path const& path, Comm& comm, replica_set const& set, void* data, std::int64_t bytes) {
+template <class Comm, class T, class Path = point_to_point_path>
+void replica_broadcast(Comm& comm, replica_set const& set, std::int64_t count, array_view<T> data, Path const& path = {}) {
+  static_assert(std::is_trivially_copyable_v<T> && !std::is_const_v<T>,
+                "moecomm::replica_broadcast: data must be a writable view of trivially copyable elements");
   char const* op = "replica_broadcast";
   std::int32_t const ranks = comm.size(), me = comm.rank();
   detail::validate_replica_set(op, path, set, ranks);
-  detail::require(bytes >= 0, op, "bytes = ", bytes, " must be >= 0");
-  detail::require(data != nullptr || bytes == 0 || !set.holds(me), op, "data is null on rank ", me,
-                  ", which is in the replica set, but bytes = ", bytes);
+  detail::require(count >= 0, op, "count = ", count, " must be >= 0");
+  detail::require(count <= std::numeric_limits<std::int64_t>::max() / std::int64_t(sizeof(T)), op, "count = ", count,
+                  " elements of ", sizeof(T), " bytes overflow int64");
+  if (set.holds(me)) detail::check_elements(data, count, op, "data", "count, on a rank of the replica set");
   if constexpr (std::is_same_v<Path, collective_path>) detail::require_whole_group(op, set, ranks);
   if (set.replicas.empty()) return;  // every rank knows the set: nobody has anything to move
-  auto* const base = static_cast<char*>(data);
-  for (detail::byte_chunk const chunk : detail::split_into_chunks(bytes, path.chunk_bytes)) {
+  auto* const base = reinterpret_cast<char*>(data.data);
+  for (detail::byte_chunk const chunk : detail::split_into_chunks(count * std::int64_t(sizeof(T)), path.chunk_bytes)) {
     if constexpr (std::is_same_v<Path, collective_path>) {
       comm.broadcast(base + chunk.offset, chunk.bytes, set.owner);
     } else {

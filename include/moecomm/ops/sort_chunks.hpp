@@ -5,6 +5,8 @@
 //! and back (semantics §10, Megatron-LM's `sort_chunks_by_idxs`).
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/workspace.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/error.hpp>
@@ -13,7 +15,7 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <vector>
+#include <limits>
 
 MOECOMM_NAMESPACE_BEGIN
 
@@ -28,35 +30,40 @@ enum class chunk_order {
 //! `(0,0), (0,1), …, (R-1,L-1)`; expert-major is `(0,0), (1,0), …, (R-1,L-1)`. Rows keep their
 //! order inside a chunk; the move is a bit copy.
 //! @param in `[>= total][H]`, `total` = the sum of `counts`.
+//! @param counts host array `[>= num_ranks * num_local_experts]`, each `>= 0`.
 //! @param out `[>= total][H]`; must not overlap `in`.
-//! @param counts host array `[num_ranks * num_local_experts]`, each `>= 0`.
+//! @param scratch the chunk table's memory, kept between calls.
 //! @throws error (invalid_argument) naming the argument (and the chunk for a bad count).
 template <class Backend, class T>
-void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, matrix_view<T> out, std::int32_t const* counts,
-                 std::int32_t num_ranks, std::int32_t num_local_experts,
+void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_view<std::int32_t const> counts,
+                 std::int32_t num_ranks, std::int32_t num_local_experts, matrix_view<T> out, workspace<Backend>& scratch,
                  chunk_order order = chunk_order::rank_major_to_expert_major) {
   static_assert(is_supported_dtype_v<T>, "moecomm::sort_chunks: unsupported element type");
   char const* op = "sort_chunks";
   detail::require(num_ranks > 0, op, "num_ranks = ", num_ranks, " must be positive");
   detail::require(num_local_experts > 0, op, "num_local_experts = ", num_local_experts, " must be positive");
-  detail::require(counts != nullptr, op, "argument 'counts' is null");
-  std::int32_t const chunks = num_ranks * num_local_experts;
-  auto const count = [&](std::int32_t s, std::int32_t l) { return counts[s * num_local_experts + l]; };
-  // First row of chunk (s, l), indexed s * L + l, in each of the two orders.
-  std::vector<std::int64_t> rank_major(static_cast<std::size_t>(chunks));
-  std::vector<std::int64_t> expert_major(static_cast<std::size_t>(chunks));
+  std::int64_t const chunks = std::int64_t{num_ranks} * num_local_experts;
+  detail::require(chunks <= std::numeric_limits<std::int32_t>::max(), op, "num_ranks * num_local_experts = ", num_ranks,
+                  " * ", num_local_experts, " chunks exceed int32");
+  detail::check_elements(counts, chunks, op, "counts", "one count per (source rank, local expert)");
+  auto const count = [&](std::int64_t s, std::int64_t l) -> std::int64_t { return counts.data[s * num_local_experts + l]; };
+  // The chunk table, listed in destination order: [dst_begin (chunks + 1) | src_begin (chunks)],
+  // built on the host after the first row of chunk (s, l), indexed s * L + l, in each order.
+  std::int64_t* const table = scratch.template host<std::int64_t>(4 * chunks + 1);
+  std::int64_t* const rank_major = table + 2 * chunks + 1;
+  std::int64_t* const expert_major = rank_major + chunks;
   std::int64_t total = 0;
-  for (std::int32_t s = 0; s < num_ranks; ++s)
-    for (std::int32_t l = 0; l < num_local_experts; ++l) {
+  for (std::int64_t s = 0; s < num_ranks; ++s)
+    for (std::int64_t l = 0; l < num_local_experts; ++l) {
       detail::require(count(s, l) >= 0, op, "counts[", s, "][", l, "] = ", count(s, l),
                       " is negative (source rank ", s, ", local expert ", l, ")");
-      rank_major[static_cast<std::size_t>(s * num_local_experts + l)] = total;
+      rank_major[s * num_local_experts + l] = total;
       total += count(s, l);
     }
   std::int64_t position = 0;
-  for (std::int32_t l = 0; l < num_local_experts; ++l)
-    for (std::int32_t s = 0; s < num_ranks; ++s) {
-      expert_major[static_cast<std::size_t>(s * num_local_experts + l)] = position;
+  for (std::int64_t l = 0; l < num_local_experts; ++l)
+    for (std::int64_t s = 0; s < num_ranks; ++s) {
+      expert_major[s * num_local_experts + l] = position;
       position += count(s, l);
     }
   detail::check_rows(in, total, op, "in", "the sum of counts");
@@ -64,26 +71,33 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, matrix_
   detail::check_same_hidden(in, "in", out, "out", op);
   detail::check_no_overlap(in, total, "in", out, total, "out", op);
 
-  // The chunk table, listed in destination order: [dst_begin (chunks + 1) | src_begin (chunks)].
   bool const to_expert_major = order == chunk_order::rank_major_to_expert_major;
-  std::vector<std::int64_t> const& dst = to_expert_major ? expert_major : rank_major;
-  std::vector<std::int64_t> const& src = to_expert_major ? rank_major : expert_major;
-  std::vector<std::int64_t> table(2 * static_cast<std::size_t>(chunks) + 1);
-  for (std::int32_t d = 0; d < chunks; ++d) {
-    std::int32_t const c = to_expert_major ? (d % num_ranks) * num_local_experts + d / num_ranks : d;
-    table[static_cast<std::size_t>(d)] = dst[static_cast<std::size_t>(c)];
-    table[static_cast<std::size_t>(chunks + 1 + d)] = src[static_cast<std::size_t>(c)];
+  std::int64_t const* dst = to_expert_major ? expert_major : rank_major;
+  std::int64_t const* src = to_expert_major ? rank_major : expert_major;
+  for (std::int64_t d = 0; d < chunks; ++d) {
+    std::int64_t const c = to_expert_major ? (d % num_ranks) * num_local_experts + d / num_ranks : d;
+    table[d] = dst[c];
+    table[chunks + 1 + d] = src[c];
   }
-  table[static_cast<std::size_t>(chunks)] = total;
-  auto device_table = be.template allocate<std::int64_t>(static_cast<std::int64_t>(table.size()));
-  be.copy(device_table.data(), table.data(), static_cast<std::int64_t>(table.size()));
-  detail::chunk_source const source{device_table.data(), device_table.data() + chunks + 1, chunks};
+  table[chunks] = total;
+  std::int64_t* const device_table = scratch.template get<std::int64_t>(be, 2 * chunks + 1);
+  be.copy(device_table, table, 2 * chunks + 1);
+  detail::chunk_source const source{device_table, device_table + chunks + 1, static_cast<std::int32_t>(chunks)};
   detail::with_fragment_width<T>(out.hidden, {in.data, out.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
     be.for_each_row(total, detail::gather_rows_kernel<T, n, detail::chunk_source, detail::no_scale>{
                                in.data, out.data, out.hidden, source, {}});
   });
-  be.synchronize();  // the table's memory is released on return
+  be.synchronize();  // the table's memory is reused by the next call
+}
+
+//! `sort_chunks` with a table of its own, allocated for this call.
+template <class Backend, class T>
+void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_view<std::int32_t const> counts,
+                 std::int32_t num_ranks, std::int32_t num_local_experts, matrix_view<T> out,
+                 chunk_order order = chunk_order::rank_major_to_expert_major) {
+  workspace<Backend> scratch;
+  sort_chunks(be, in, counts, num_ranks, num_local_experts, out, scratch, order);
 }
 
 MOECOMM_NAMESPACE_END

@@ -5,6 +5,7 @@
 //! backward (semantics §5, §6).
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/error.hpp>
@@ -63,39 +64,38 @@ void unpermute(Backend const& be, permute_plan<Backend> const& plan, matrix_view
   });
 }
 
+namespace detail {
+
+template <class Weighting, class Backend, class T>
+void check_unpermute_backward(permute_plan<Backend> const& plan, matrix_view<T const> d_out, matrix_view<T> d_y,
+                              char const* op) {
+  static_assert(is_supported_dtype_v<T>, "moecomm::unpermute_backward: unsupported element type");
+  std::int64_t const tokens = plan.routing().num_tokens;
+  std::int64_t const rows = plan.num_rows();
+  check_rows(d_out, tokens, op, "d_out", "one row per token");
+  check_rows(d_y, rows, op, "d_y", "one row per kept slot: plan.num_rows()");
+  check_same_hidden(d_out, "d_out", d_y, "d_y", op);
+  check_no_overlap(d_out, tokens, "d_out", d_y, rows, "d_y", op);
+  require(!is_weighted<Weighting>() || tokens == 0 || plan.routing().topk_weights != nullptr, op,
+          "the weighted combine needs topk_weights, but the plan's routing has none");
+}
+
+}  // namespace detail
+
 //! The backward of `unpermute`. Writes `d_y[r]` for every `r < P`: `w[t][k] * d_out[t]` (fp32
-//! multiply, one rounding) when `weighted`, a bit copy of `d_out[t]` when `unweighted`. With
-//! `weighted`, optionally also the weight gradient `d_weights[t][k] = <y[row_of[t][k]], d_out[t]>`
-//! (fp32; 0 for masked slots), which needs the forward's `y`.
+//! multiply, one rounding) when `weighted`, a bit copy of `d_out[t]` when `unweighted`.
 //! @param d_out `[>= T][H]` gradient of the combined rows.
 //! @param d_y `[>= P][H]` gradient of the expert outputs; must not overlap `d_out`.
-//! @param y `[>= P][H]` the forward's expert outputs; needed only with `d_weights`.
-//! @param d_weights optional `[T][K]` weight gradient (`weighted` only).
 template <class Weighting = weighted, class Backend, class T>
 void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
-                        matrix_view<T> d_y, matrix_view<std::add_const_t<T>> y = {}, float* d_weights = nullptr) {
-  static_assert(is_supported_dtype_v<T>, "moecomm::unpermute_backward: unsupported element type");
-  char const* op = "unpermute_backward";
-  constexpr bool is_weighted = detail::is_weighted<Weighting>();
+                        matrix_view<T> d_y) {
+  detail::check_unpermute_backward<Weighting, Backend, T>(plan, d_out, d_y, "unpermute_backward");
   routing_view const& routing = plan.routing();
-  std::int64_t const tokens = routing.num_tokens;
   std::int64_t const rows = plan.num_rows();
-  detail::check_rows(d_out, tokens, op, "d_out", "one row per token");
-  detail::check_rows(d_y, rows, op, "d_y", "one row per kept slot: plan.num_rows()");
-  detail::check_same_hidden(d_out, "d_out", d_y, "d_y", op);
-  detail::check_no_overlap(d_out, tokens, "d_out", d_y, rows, "d_y", op);
-  detail::require(!is_weighted || tokens == 0 || routing.topk_weights != nullptr, op,
-                  "the weighted combine needs topk_weights, but the plan's routing has none");
-  detail::require(is_weighted || d_weights == nullptr, op,
-                  "argument 'd_weights' was given, but an unweighted combine has no weight gradient");
-  if (d_weights != nullptr) {
-    detail::check_rows(y, rows, op, "y", "the forward's expert outputs, needed for d_weights");
-    detail::check_same_hidden(d_out, "d_out", y, "y", op);
-  }
   detail::with_fragment_width<T>(d_y.hidden, {d_out.data, d_y.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
     detail::indexed_source const source{plan.token_of()};
-    if constexpr (is_weighted) {
+    if constexpr (detail::is_weighted<Weighting>()) {
       be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::slot_weight_scale>{
                                 d_out.data, d_y.data, d_y.hidden, source,
                                 {routing.topk_weights, plan.token_of(), plan.slot_of(), routing.top_k}});
@@ -104,13 +104,28 @@ void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, ma
                                 d_out.data, d_y.data, d_y.hidden, source, {}});
     }
   });
-  if (d_weights != nullptr) {
-    detail::with_fragment_width<T>(y.hidden, {y.data, d_out.data}, [&](auto width) {
-      constexpr int n = decltype(width)::value;
-      be.for_each_row(tokens * routing.top_k, detail::slot_dot_kernel<T, n>{y.data, d_out.data, d_weights, y.hidden,
-                                                                            plan.row_of(), routing.top_k});
-    });
-  }
+}
+
+//! The weighted backward with the weight gradient too: `d_weights[t][k] = <y[row_of[t][k]],
+//! d_out[t]>` (fp32; 0 for masked slots), which needs the forward's expert outputs `y`.
+//! @param y `[>= P][H]` the forward's expert outputs.
+//! @param d_weights `[>= T * K]` gradient of the routing weights.
+template <class Backend, class T>
+void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
+                        matrix_view<std::add_const_t<T>> y, matrix_view<T> d_y, array_view<float> d_weights) {
+  char const* op = "unpermute_backward";
+  routing_view const& routing = plan.routing();
+  std::int64_t const slots = routing.num_tokens * routing.top_k;
+  detail::check_unpermute_backward<weighted, Backend, T>(plan, d_out, d_y, op);
+  detail::check_rows(y, plan.num_rows(), op, "y", "the forward's expert outputs, needed for d_weights");
+  detail::check_same_hidden(d_out, "d_out", y, "y", op);
+  detail::check_elements(d_weights, slots, op, "d_weights", "one per slot: num_tokens * top_k");
+  unpermute_backward<weighted>(be, plan, d_out, d_y);
+  detail::with_fragment_width<T>(y.hidden, {y.data, d_out.data}, [&](auto width) {
+    constexpr int n = decltype(width)::value;
+    be.for_each_row(slots, detail::slot_dot_kernel<T, n>{y.data, d_out.data, d_weights.data, y.hidden, plan.row_of(),
+                                                         routing.top_k});
+  });
 }
 
 MOECOMM_NAMESPACE_END

@@ -7,12 +7,15 @@
 //! shadowing policy it becomes FasterMoE's layer.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/matrix.hpp>
+#include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/patterns/experts.hpp>
 
@@ -56,8 +59,12 @@ class expert_parallel_layer {
 
   //! `out[t] = combine over t's kept slots of expert(e)(x[t])`. Collective. `routing` and `x` must
   //! stay alive and unchanged until `backward` is done.
+  //! @param x `[>= T][hidden]` this rank's token rows (T = `routing.num_tokens`).
+  //! @param out `[>= T][hidden]`; written only once every exchange has succeeded.
+  //! @throws error (invalid_argument) naming the argument, before any communication.
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
+    check_forward_arguments(routing, x, out);
     static_assert(!Shadowing::shadows || detail::is_parametric_experts_v<Experts>,
                   "moecomm: a shadowing layer needs parametric experts (parameter_count, parameters, gradients, "
                   "forward, backward; see patterns/experts.hpp)");
@@ -67,6 +74,7 @@ class expert_parallel_layer {
     } else {
       dispatcher_.route(routing);
     }
+    routed_ = false;
     std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
     grow_rows(expert_in_, rows);
     grow_rows(home_in_, home);
@@ -91,13 +99,32 @@ class expert_parallel_layer {
       run_home();
       dispatcher_.template combine<Weighting, T>(view(expert_out, rows), view(home_out, home), out);
     }
+    routed_ = true;
   }
 
-  //! The gradient of `x` (and, with `weighted`, of the routing weights; `d_weights` `[T][K]`,
-  //! optional) from that of `out`; parametric experts also get their parameter gradients (the
-  //! replicas' summed into the owner's, when shadowed). Collective.
+  //! The gradient of `x` and, with `weighted`, of the routing weights, from that of `out`, for the
+  //! last `forward`; parametric experts also get their parameter gradients (the replicas' summed
+  //! into the owner's, when shadowed). Collective: every rank calls it, also one that needs no
+  //! gradient. `d_x` and `d_weights` are written together at the end, when nothing can fail any
+  //! more: after an error neither holds a partial result (parameter gradients may).
+  //! @param d_out `[>= T][hidden]` the gradient of the forward's `out`.
+  //! @param d_x `[>= T][hidden]`, or `not_needed`.
+  //! @param d_weights `[>= T * K]` (weighted layers only), or `not_needed`.
+  //! @throws error (invalid_argument) naming the argument, before any communication; (invalid_usage)
+  //!         before a forward.
   template <class ExpertsBackward>
-  void backward(matrix_view<T const> d_out, matrix_view<T> d_x, float* d_weights, ExpertsBackward&& experts) {
+  void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
+    check_backward_arguments(d_out, d_x, d_weights);
+    std::int64_t const slots = dispatcher_.plan().routing().num_tokens * dispatcher_.plan().routing().top_k;
+    std::int64_t const tokens = dispatcher_.plan().routing().num_tokens;
+    optional_output<array_view<float>> const d_weights_staged =
+        d_weights.wanted() ? optional_output<array_view<float>>(array_view<float>{grow(dispatcher_.backend(), d_weights_, slots).data(), slots})
+                           : optional_output<array_view<float>>(not_needed);
+    // The smart schedule writes d_x before the shadowed gradients are reduced, which may fail: stage it.
+    constexpr bool stage_d_x = pipelined && Shadowing::shadows;
+    optional_output<matrix_view<T>> const d_x_staged =
+        stage_d_x && d_x.wanted() ? optional_output<matrix_view<T>>(view(grow_rows(d_x_, tokens), tokens)) : d_x;
     std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
     rows_t& d_expert_out = grow_rows(d_expert_out_, rows);
     rows_t& d_expert_in = grow_rows(d_expert_in_, rows);
@@ -116,15 +143,24 @@ class expert_parallel_layer {
     };
     if constexpr (pipelined) {
       dispatcher_.template backward_pipelined<Weighting, T>(
-          d_out, view(d_expert_out, rows), view(d_expert_in, rows), view(d_home_out, home), view(d_home_in, home), d_x,
-          d_weights, run_home, [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
+          d_out, view(d_expert_out, rows), view(d_expert_in, rows), view(d_home_out, home), view(d_home_in, home),
+          d_x_staged, d_weights_staged, run_home,
+          [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
     } else {
-      dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home), d_weights);
+      dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home),
+                                                          d_weights_staged);
       for_each_expert(run_local);
       run_home();
-      dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x);
+      if constexpr (Shadowing::shadows) shadow_.reduce(experts);
+      dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x_staged);
     }
-    if constexpr (Shadowing::shadows) shadow_.reduce(experts);
+    if constexpr (pipelined && Shadowing::shadows) shadow_.reduce(experts);
+    // Nothing can fail from here on (dispatch_backward's last step writes d_x after its exchange).
+    Backend const& be = dispatcher_.backend();
+    if constexpr (stage_d_x)
+      if (d_x.wanted()) be.copy(d_x.view().data, d_x_staged.view().data, tokens * hidden_);
+    if (d_weights.wanted()) be.copy(d_weights.view().data, d_weights_staged.view().data, slots);
+    be.synchronize();
   }
 
   //! The dispatcher: the step's report (capacity, drops, received and home rows, messages), counts, plan.
@@ -134,6 +170,38 @@ class expert_parallel_layer {
 
  private:
   using rows_t = typename Backend::template buffer_type<T>;
+
+  void check_forward_arguments(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out) const {
+    char const* op = "expert_parallel_layer::forward";
+    detail::require(routing.num_tokens >= 0, op, "routing.num_tokens = ", routing.num_tokens, " is negative");
+    detail::check_rows(x, routing.num_tokens, op, "x", "one row per token: routing.num_tokens");
+    detail::require(x.hidden == hidden_, op, "argument 'x' has hidden = ", x.hidden, ", the layer's hidden = ", hidden_);
+    detail::check_rows(out, routing.num_tokens, op, "out", "one row per token: routing.num_tokens");
+    detail::require(out.hidden == hidden_, op, "argument 'out' has hidden = ", out.hidden, ", the layer's hidden = ", hidden_);
+    detail::check_no_overlap(x, routing.num_tokens, "x", out, routing.num_tokens, "out", op);
+  }
+
+  void check_backward_arguments(matrix_view<T const> d_out, optional_output<matrix_view<T>> const& d_x,
+                                optional_output<array_view<float>> const& d_weights) const {
+    char const* op = "expert_parallel_layer::backward";
+    if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
+    routing_view const& routing = dispatcher_.plan().routing();
+    detail::check_rows(d_out, routing.num_tokens, op, "d_out", "one row per token of the last forward");
+    detail::require(d_out.hidden == hidden_, op, "argument 'd_out' has hidden = ", d_out.hidden, ", the layer's hidden = ",
+                    hidden_);
+    if (d_x.wanted()) {
+      detail::check_rows(d_x.view(), routing.num_tokens, op, "d_x", "one row per token of the last forward");
+      detail::require(d_x.view().hidden == hidden_, op, "argument 'd_x' has hidden = ", d_x.view().hidden,
+                      ", the layer's hidden = ", hidden_);
+    }
+    if (d_weights.wanted()) {
+      detail::require(detail::is_weighted<Weighting>(), op,
+                      "argument 'd_weights' was given, but an unweighted layer has no routing-weight gradient; pass "
+                      "moecomm::not_needed");
+      detail::check_elements(d_weights.view(), routing.num_tokens * routing.top_k, op, "d_weights",
+                             "one per routing slot of the last forward: num_tokens * top_k");
+    }
+  }
   //! The smart schedule runs dispatch, experts and combine as one pipelined call.
   static constexpr bool pipelined = std::is_same_v<Algorithm, smart_schedule>;
 
@@ -174,6 +242,9 @@ class expert_parallel_layer {
   rows_t expert_in_;  //!< the experts' input rows, kept for their backward
   rows_t home_in_;    //!< the home (shadowed) experts' input rows, likewise
   rows_t expert_out_, home_out_, d_expert_out_, d_expert_in_, d_home_out_, d_home_in_;  //!< reused each step
+  rows_t d_x_;  //!< `d_x` staged until the backward can no longer fail (smart schedule with shadowing)
+  typename Backend::template buffer_type<float> d_weights_;  //!< `d_weights`, likewise
+  bool routed_ = false;  //!< a forward completed: backward has its routing
 };
 
 MOECOMM_NAMESPACE_END

@@ -84,7 +84,7 @@ struct fastermoe_shadowing {
       be_.for_each_index(static_cast<std::int64_t>(r) * count,
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
       for (std::size_t i = 0; i < r; ++i)
-        replica_broadcast(path_, groups_->world(), everyone_of(i), parameters(experts, i), count * std::int64_t(sizeof(P)));
+        replica_broadcast(groups_->world(), everyone_of(i), count, array_view<P>{parameters(experts, i), count}, path_);
     }
 
     //! The parameters shadowed expert `i` (in ascending id) is computed with on this rank.
@@ -108,8 +108,9 @@ struct fastermoe_shadowing {
     template <class Experts>
     void reduce(Experts& experts) {
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
-        gradient_reduce(path_, be_, groups_->world(), everyone_of(i), gradients(experts, i), experts.parameter_count(),
-                        workspace_);
+        gradient_reduce(be_, groups_->world(), everyone_of(i), experts.parameter_count(),
+                        array_view<detail::parameter_t<Experts>>{gradients(experts, i), experts.parameter_count()}, workspace_,
+                        path_);
     }
 
     //! The last step's decision: shadowed experts, predicted latencies, tokens per rank before and after.

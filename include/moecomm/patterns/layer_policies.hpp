@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `make_expert_parallel_layer`: a layer built from only the policies that differ from the
+//! defaults, given as values in any order (as Kokkos takes execution-policy properties), with the
+//! communicator deduced from the exchange groups:
+//!
+//! ```cpp
+//! auto layer = moecomm::make_expert_parallel_layer<float>(be, groups, E, H, moecomm::hierarchical_2d{},
+//!                                                         moecomm::fastermoe_shadowing<>{model});
+//! ```
+//!
+//! Each policy belongs to one kind, recognised by the traits below (specialise them for a policy
+//! of your own): capacity (default `dropless`), all-to-all algorithm (`flat`), weighting
+//! (`weighted`), shadowing (`no_shadowing`) and `routing_checks` (all on). The full positional form
+//! `expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, Weighting, Shadowing>` stays; the
+//! type of a layer made here is `expert_parallel_layer_of<T, Backend, Comm, Policies...>`.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/capacity.hpp>
+#include <moecomm/ops/unpermute.hpp>
+#include <moecomm/patterns/expert_parallel.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! Capacity policies: `dropless`, `capacity<rule>`, `receiver_budget`.
+template <class P>
+struct is_capacity_policy : std::bool_constant<detail::is_dropless_v<P> || detail::is_receiver_budget_v<P>> {};
+template <class Rule>
+struct is_capacity_policy<capacity<Rule>> : std::true_type {};
+
+//! All-to-all algorithms: `flat`, `hierarchical_2d`, `pairwise`, `smart_schedule`.
+template <class P>
+struct is_alltoall_algorithm : std::bool_constant<std::is_same_v<P, flat> || std::is_same_v<P, hierarchical_2d> ||
+                                                  std::is_same_v<P, pairwise> || std::is_same_v<P, smart_schedule>> {};
+
+//! Weighting policies: `weighted`, `unweighted`.
+template <class P>
+struct is_weighting_policy : std::bool_constant<std::is_same_v<P, weighted> || std::is_same_v<P, unweighted>> {};
+
+//! Shadowing policies: any type with a `static constexpr bool shadows` (`no_shadowing`,
+//! `fastermoe_shadowing<...>`).
+template <class P, class = void>
+struct is_shadowing_policy : std::false_type {};
+template <class P>
+struct is_shadowing_policy<P, std::void_t<decltype(P::shadows)>> : std::true_type {};
+
+//! The routing value scans.
+template <class P>
+struct is_routing_checks : std::is_same<P, routing_checks> {};
+
+namespace detail {
+
+//! How many of `Policies` are of the kind `Is`.
+template <template <class...> class Is, class... Policies>
+inline constexpr int count_of_kind = (0 + ... + (Is<Policies>::value ? 1 : 0));
+
+//! The policy of kind `Is` among `Policies`, or `Default`.
+template <template <class...> class Is, class Default, class... Policies>
+struct policy_of {
+  using type = Default;
+};
+template <template <class...> class Is, class Default, class First, class... Rest>
+struct policy_of<Is, Default, First, Rest...> {
+  using type = std::conditional_t<Is<First>::value, First, typename policy_of<Is, Default, Rest...>::type>;
+};
+template <template <class...> class Is, class Default, class... Policies>
+using policy_of_t = typename policy_of<Is, Default, Policies...>::type;
+
+//! The value of the policy of kind `Is` among `policies`, or `fallback`.
+template <template <class...> class Is, class Default>
+Default policy_value(Default const& fallback) {
+  return fallback;
+}
+template <template <class...> class Is, class Default, class First, class... Rest>
+auto policy_value(Default const& fallback, First const& first, Rest const&... rest) {
+  if constexpr (Is<First>::value) return first;
+  else return policy_value<Is>(fallback, rest...);
+}
+
+template <class Policy>
+inline constexpr int kinds_of = is_capacity_policy<Policy>::value + is_alltoall_algorithm<Policy>::value +
+                                is_weighting_policy<Policy>::value + is_shadowing_policy<Policy>::value +
+                                is_routing_checks<Policy>::value;
+
+//! One static_assert per mistake, naming it.
+template <class... Policies>
+constexpr bool check_layer_policies() {
+  static_assert(((kinds_of<Policies> == 1) && ...),
+                "moecomm::make_expert_parallel_layer: an argument after `hidden` is not a layer policy (a capacity "
+                "policy, an all-to-all algorithm, weighted/unweighted, a shadowing policy or routing_checks); "
+                "specialise moecomm::is_capacity_policy (or the trait of its kind) for a policy of your own");
+  static_assert(count_of_kind<is_capacity_policy, Policies...> <= 1,
+                "moecomm::make_expert_parallel_layer: two capacity policies given; name each kind at most once");
+  static_assert(count_of_kind<is_alltoall_algorithm, Policies...> <= 1,
+                "moecomm::make_expert_parallel_layer: two all-to-all algorithms given; name each kind at most once");
+  static_assert(count_of_kind<is_weighting_policy, Policies...> <= 1,
+                "moecomm::make_expert_parallel_layer: two weighting policies given; name each kind at most once");
+  static_assert(count_of_kind<is_shadowing_policy, Policies...> <= 1,
+                "moecomm::make_expert_parallel_layer: two shadowing policies given; name each kind at most once");
+  static_assert(count_of_kind<is_routing_checks, Policies...> <= 1,
+                "moecomm::make_expert_parallel_layer: routing_checks given twice");
+  return true;
+}
+
+}  // namespace detail
+
+//! The layer type `make_expert_parallel_layer<T>(be, groups, E, H, policies...)` returns.
+template <class T, class Backend, class Comm, class... Policies>
+using expert_parallel_layer_of =
+    expert_parallel_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
+                          detail::policy_of_t<is_alltoall_algorithm, flat, Policies...>,
+                          detail::policy_of_t<is_weighting_policy, weighted, Policies...>,
+                          detail::policy_of_t<is_shadowing_policy, no_shadowing, Policies...>>;
+
+//! An expert-parallel layer of element type `T` with the given policies, in any order, each kind
+//! at most once; every kind not named takes its default. Collective (as the constructor).
+template <class T, class Backend, class Comm, class... Policies>
+[[nodiscard]] expert_parallel_layer_of<T, Backend, Comm, Policies...> make_expert_parallel_layer(
+    Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden, Policies const&... policies) {
+  static_assert(detail::check_layer_policies<Policies...>());
+  return {std::move(be),
+          groups,
+          num_experts,
+          hidden,
+          detail::policy_value<is_capacity_policy>(dropless{}, policies...),
+          detail::policy_value<is_alltoall_algorithm>(flat{}, policies...),
+          detail::policy_value<is_routing_checks>(routing_checks{}, policies...),
+          detail::policy_value<is_shadowing_policy>(no_shadowing{}, policies...)};
+}
+
+MOECOMM_NAMESPACE_END
