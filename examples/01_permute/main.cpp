@@ -13,13 +13,13 @@
 
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/moecomm.hpp>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -36,7 +36,7 @@
 
 namespace {
 
-using namespace example_support;  // flag checks, formatting, the Zipf gate (examples/common/)
+using namespace example_support;  // flag checks, formatting, timing, the Zipf gate (examples/common/)
 
 // ---- options ------------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ void print_usage() {
       "  --zipf s     gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
       "  --seed N     seed of the std::mt19937_64 generator (default %" PRIu64 ")\n"
       "  --dtype D    element type: %s (default %s)\n"
-      "  --iters N    timing repetitions; the median is shown (default %d)\n"
+      "  --iters N    timing repetitions; the median and min-max are shown (default %d)\n"
       "  --help       this text\n",
       program, d.tokens, d.hidden, d.experts, d.topk, d.zipf, d.seed, dtype_choices, d.dtype.c_str(), d.iters);
 }
@@ -147,21 +147,6 @@ options parse_options(int argc, char** argv) {
     usage_error(program, "--tokens x --topk = " + std::to_string(o.tokens * o.topk) +
                 " slots exceed moecomm's int32 row ids (2^31 - 1)");
   return o;
-}
-
-// ---- timing -------------------------------------------------------------------------------------
-
-template <class F>
-double seconds_of(F&& f) {
-  auto const start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  std::size_t const n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 void copy_bytes(void* dst, void const* src, std::size_t n) {
@@ -346,7 +331,7 @@ int run(options const& o) {
     copy_bytes(perm_bytes, perm_bytes + half, n - n / 2);
   };
 
-  std::printf("4. Timing (median of %d call%s, steady_clock; bytes = read + written)\n", o.iters,
+  std::printf("4. Timing (median (min-max) of %d call%s, steady_clock; bytes = read + written)\n", o.iters,
               o.iters == 1 ? "" : "s");
   if (P == 0) {
     std::printf("   nothing to time: no rows to move\n\n");
@@ -362,25 +347,28 @@ int run(options const& o) {
 
   struct row {
     char const* name;
-    double bytes, measured, predicted;
+    double bytes;
+    spread measured;
+    double predicted;
   };
-  row const results[] = {{"permute", permute_bytes, median(t_permute), median(t_copy_p)},
-                         {"unpermute", unpermute_bytes, median(t_unpermute), median(t_copy_u)}};
-  std::printf("   %-9s  %11s  %11s  %7s  %17s   %s\n", "op", "bytes", "time", "GB/s", "memcpy same bytes",
+  row const results[] = {{"permute", permute_bytes, spread_of(t_permute), spread_of(t_copy_p).median},
+                         {"unpermute", unpermute_bytes, spread_of(t_unpermute), spread_of(t_copy_u).median}};
+  std::printf("   %-9s  %11s  %26s  %7s  %17s   %s\n", "op", "bytes", "time", "GB/s", "memcpy same bytes",
               "vs memcpy");
   for (row const& r : results) {
-    std::string const gbs = r.measured > 0 ? format("%.2f", r.bytes / r.measured / 1e9) : "-";
-    std::string const ratio = r.measured > 0 ? format("%.2fx memcpy", r.predicted / r.measured) : "-";
-    std::printf("   %-9s  %11s  %11s  %7s  %17s   %s\n", r.name, format_bytes(r.bytes).c_str(),
-                format_time(r.measured).c_str(), gbs.c_str(), format_time(r.predicted).c_str(), ratio.c_str());
+    double const measured = r.measured.median;
+    std::string const gbs = measured > 0 ? format("%.2f", r.bytes / measured / 1e9) : "-";
+    std::string const ratio = measured > 0 ? format("%.2fx memcpy", r.predicted / measured) : "-";
+    std::printf("   %-9s  %11s  %26s  %7s  %17s   %s\n", r.name, format_bytes(r.bytes).c_str(),
+                format_spread(r.measured).c_str(), gbs.c_str(), format_time(r.predicted).c_str(), ratio.c_str());
   }
   if (permute_bytes < 64.0 * 1024 * 1024)
     std::printf("   (a working set this small can stay in the CPU caches: these are not DRAM numbers)\n");
   std::printf("\n   model: both ops only move bytes, so a memcpy of the same bytes, timed in this run, predicts them\n");
   for (row const& r : results)
     std::printf("   %-10s predicted (memcpy-bound): %s, measured: %s\n", (std::string(r.name) + ":").c_str(),
-                format_time(r.predicted).c_str(), format_time(r.measured).c_str());
-  if (permute_bytes >= 64.0 * 1024 * 1024 && results[1].predicted < 0.5 * results[1].measured)
+                format_time(r.predicted).c_str(), format_time(r.measured.median).c_str());
+  if (permute_bytes >= 64.0 * 1024 * 1024 && results[1].predicted < 0.5 * results[1].measured.median)
     std::printf("   (unpermute misses the bound: on one core, converting and FMA-ing each element costs more\n"
                 "    than moving it, so this op is limited by arithmetic, not by memory)\n");
   std::printf("\n");

@@ -17,6 +17,7 @@
 
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/moecomm.hpp>
@@ -103,7 +104,7 @@ struct options {
   double zipf = 1.2;
   std::uint64_t seed = 1;
   std::string dtype = "float";
-  int iters = 1;     // one step per configuration keeps the default run short; --iters 5 for steadier medians
+  int iters = 3;     // timed steps per configuration: a median and a range, in a default run of ~1 minute
   int timeout = 60;  // seconds, the in-process world's collective timeout
 
   std::vector<algo_id> algorithms;  // resolved from `algorithm`
@@ -137,8 +138,8 @@ void print_usage() {
       "  --zipf s             gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
       "  --seed N             seed of the gate, the rows and drop_random (default %" PRIu64 ")\n"
       "  --dtype D            element type: %s (default %s)\n"
-      "  --iters N            timed steps per configuration, the first one checked; the median is\n"
-      "                       shown (default %d: the default run has 12 configurations)\n"
+      "  --iters N            timed steps per configuration, the first one checked; the median and\n"
+      "                       min-max are shown (default %d: the default run has 12 configurations)\n"
       "  --timeout S          seconds a rank may wait in a collective before the run aborts (default %d)\n"
       "  --help               this text\n",
       program, d.ranks, d.nodes, d.experts, d.topk, d.tokens, d.hidden, d.capacity_factor, d.algorithm.c_str(),
@@ -254,19 +255,6 @@ std::string percent(int64_t part, int64_t whole) { return whole > 0 ? format("%.
 
 // ---- timing -------------------------------------------------------------------------------------
 
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  std::size_t const n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 //! Bytes one thread copies per second with std::memcpy: 64 MiB into 64 MiB, both written first,
 //! best of 5. This is the model's link bandwidth: an in-process message is such a memcpy.
 double memcpy_bandwidth() {
@@ -297,7 +285,7 @@ double barrier_latency(int32_t ranks, std::chrono::seconds timeout) {
       if (comm.rank() == 0) batches.push_back(seconds_since(start) / 100);
     }
   });
-  return median(batches);
+  return spread_of(batches).median;
 }
 
 // ---- the problem: every rank's inputs, made once on the main thread ------------------------------
@@ -852,8 +840,8 @@ int run(options const& o) {
   // -- 5. time per step beside the model ----------------------------------------------------------
   double const f = static_cast<double>(R) / std::min<double>(R, cpus);
   std::printf(
-      "5. Time per layer step (forward + backward), %s, wall clock on rank 0 between barriers\n",
-      o.iters == 1 ? "one step (--iters N: the median of N)" : ("median of " + std::to_string(o.iters)).c_str());
+      "5. Time per layer step (forward + backward), median (min-max) of %d, wall clock on rank 0 between barriers\n",
+      o.iters);
   std::printf("   model of the step's 4 all-to-alls:  t = rounds * alpha + f * B / beta\n");
   std::printf("     alpha = %s  latency of one %d-rank in-process barrier, measured here (a round is one rendezvous)\n",
               format_time(alpha).c_str(), R);
@@ -878,7 +866,7 @@ int run(options const& o) {
       "   what the model predicts, plus local copies it leaves out: each rank's block to itself and, for\n"
       "   hierarchical_2d, 3 reorderings of all its blocks per all-to-all. The step adds the layer's local\n"
       "   work: permute, experts, sort_chunks, combine, and their backward.\n");
-  std::printf("   %-16s %-12s %6s %10s %10s %18s %11s\n", "algorithm", "policy", "rounds", "B", "model",
+  std::printf("   %-16s %-12s %6s %10s %10s %32s %26s\n", "algorithm", "policy", "rounds", "B", "model",
               "all-to-alls alone", "step");
   for (algo_id a : o.algorithms)
     for (policy_id pol : o.policies) {
@@ -887,12 +875,12 @@ int run(options const& o) {
       for (auto const& rr : res.ranks) most = std::max(most, rr.report.exchange.bytes());
       int64_t const rounds = res.ranks[0].report.exchange.rounds;
       double const model = static_cast<double>(rounds) * alpha + f * static_cast<double>(most) / beta;
-      double const alone = median(res.exchange_s);
+      spread const alone = spread_of(res.exchange_s);
       std::string const ratio =
-          most > 0 ? format("(%4.1fx)", alone / model) : "(   - )";  // no messages: local copies only
-      std::printf("   %-16s %-12s %6" PRId64 " %10s %10s %10s %s %11s\n", name_of(a), name_of(pol), rounds,
+          most > 0 ? format("(%4.1fx)", alone.median / model) : "(   - )";  // no messages: local copies only
+      std::printf("   %-16s %-12s %6" PRId64 " %10s %10s %24s %s %26s\n", name_of(a), name_of(pol), rounds,
                   format_bytes(static_cast<double>(most)).c_str(), format_time(model).c_str(),
-                  format_time(alone).c_str(), ratio.c_str(), format_time(median(res.step_s)).c_str());
+                  format_spread(alone).c_str(), ratio.c_str(), format_spread(spread_of(res.step_s)).c_str());
     }
   std::printf("   (%zu configurations ran in %.2f s, checks and a first untimed step of %s / %s included)\n\n",
               results.size(), wall_s, name_of(warm_algo), name_of(warm_policy));

@@ -17,8 +17,9 @@
 //!   fastermoe_shadowing<>>
 //! with fresh, identical copies of the experts' parameters. The program reports the shadow set,
 //! the rows each rank computes, the bytes of parameters moved against the bytes of tokens no longer
-//! sent, the model's predicted layer time (calibrated on this machine) beside the measured one,
-//! and checks that outputs and gradients agree with plain expert parallelism.
+//! sent, the model's predicted layer time (calibrated on this machine by measure/calibration.hpp)
+//! beside the measured one (median and range of --iters runs), and checks that outputs and
+//! gradients agree with plain expert parallelism.
 //!
 //! Run with --help for the flags.
 
@@ -34,11 +35,14 @@
 #include <limits>
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/moecomm.hpp>
+#include <moecomm/measure/calibration.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <new>
+#include <optional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -48,7 +52,7 @@
 
 namespace {
 
-using namespace example_support;  // flag checks, formatting, the Zipf gate (examples/common/)
+using namespace example_support;  // flag checks, formatting, timing, the Zipf gate (examples/common/)
 
 using moecomm::inproc_communicator;
 using moecomm::matrix_view;
@@ -68,6 +72,7 @@ struct options {
   double zipf = 1.2;
   std::uint64_t seed = 1;
   int steps = 3;
+  int iters = 5;     // timed runs of each step's layers: a median and a range
   int timeout = 60;  // seconds, the in-process world's collective timeout
 };
 
@@ -98,9 +103,12 @@ void print_usage() {
       "  --seed N      seed of the gate, the rows and the parameters (default %" PRIu64
       ")\n"
       "  --steps N     steps, each with fresh tokens; one untimed warm-up step comes first (default %d)\n"
+      "  --iters N     timed runs of each step's layers, the first one checked; the median and\n"
+      "                min-max are shown (default %d)\n"
       "  --timeout S   seconds a rank may wait in a collective before the run aborts (default %d)\n"
       "  --help        this text\n",
-      program, d.ranks, d.nodes, d.experts, d.topk, d.tokens, d.hidden, d.alpha, d.zipf, d.seed, d.steps, d.timeout);
+      program, d.ranks, d.nodes, d.experts, d.topk, d.tokens, d.hidden, d.alpha, d.zipf, d.seed, d.steps, d.iters,
+      d.timeout);
 }
 
 options parse_options(int argc, char** argv) {
@@ -153,6 +161,8 @@ options parse_options(int argc, char** argv) {
       o.seed = v;
     } else if (arg == "--steps") {
       o.steps = static_cast<int>(parse_int(program, arg, next(), 1, 1000));
+    } else if (arg == "--iters") {
+      o.iters = static_cast<int>(parse_int(program, arg, next(), 1, 1000));
     } else if (arg == "--timeout") {
       o.timeout = static_cast<int>(parse_int(program, arg, next(), 1, 3600));
     } else {
@@ -170,14 +180,6 @@ options parse_options(int argc, char** argv) {
     usage_error(program, "--topk " + str(o.topk) + " exceeds --experts " + str(o.experts) +
                 ": every token picks K distinct experts");
   return o;
-}
-
-// ---- timing -------------------------------------------------------------------------------------
-
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
 // ---- the experts: FasterMoE's 2-layer MLP, as parametric experts ----------------------------------
@@ -264,39 +266,35 @@ double forward_flops_per_row(int64_t hidden, int32_t alpha) {
   return 4.0 * alpha * static_cast<double>(hidden) * static_cast<double>(hidden);
 }
 
-// ---- calibration: the cost model's machine constants, measured --------------------------------
+// ---- calibration: the cost model's machine constants, measured ----------------------------------
 
-//! FLOP/s of one thread running an expert's forward on a block of rows (~50 MFLOP), best of 5.
-double expert_flop_rate(int64_t hidden, int32_t alpha) {
-  int64_t const rows = std::max<int64_t>(16, static_cast<int64_t>(5e7 / forward_flops_per_row(hidden, alpha)));
+//! The time of one thread running an expert's forward, fitted over 3 row counts up to ~50 MFLOP.
+moecomm::compute_calibration measure_expert_rate(int64_t hidden, int32_t alpha) {
+  double const flops_per_row = forward_flops_per_row(hidden, alpha);
+  int64_t const rows = std::max<int64_t>(16, static_cast<int64_t>(5e7 / flops_per_row));
   mlp_experts experts;
   experts.hidden = hidden;
   experts.inner = alpha * hidden;
   experts.params.assign(static_cast<std::size_t>(experts.parameter_count()), 0.01f);
   std::vector<float> in(static_cast<std::size_t>(rows * hidden), 0.5f), out(in.size());
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 5; ++i) {
-    auto const start = clock_type::now();
-    experts.forward(experts.parameters(0), {in.data(), rows, hidden}, {out.data(), rows, hidden});
-    best = std::min(best, seconds_since(start));
-    in[static_cast<std::size_t>(i)] = out.back();  // keep the results observable
-  }
-  return static_cast<double>(rows) * forward_flops_per_row(hidden, alpha) / best;
+  auto const forward = [&](int64_t n) {
+    experts.forward(experts.parameters(0), {in.data(), n, hidden}, {out.data(), n, hidden});
+  };
+  return moecomm::measure_compute_rate(forward, flops_per_row, {{rows / 16, rows / 4, rows}, 5});
 }
 
-//! Bytes one thread copies per second with std::memcpy: 64 MiB into 64 MiB, both written first,
-//! best of 5. In-process, a message between ranks is such a memcpy by its receiver.
-double memcpy_bandwidth() {
-  std::size_t const n = std::size_t{64} << 20;
-  std::vector<char> src(n, 1), dst(n, 2);
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 5; ++i) {
-    auto const start = clock_type::now();
-    std::memcpy(dst.data(), src.data(), n);
-    best = std::min(best, seconds_since(start));
-    src[static_cast<std::size_t>(i)] = dst[n - 1];  // keep the copies observable
-  }
-  return static_cast<double>(n) / best;
+//! Both link classes of R in-process ranks as N nodes: ring exchanges of 16 KiB to 4 MiB, every
+//! rank at once, agreed across ranks (the same on every rank; rank 0's is returned).
+moecomm::link_calibration measure_rank_links(options const& o, int32_t per_node) {
+  moecomm::link_calibration links;
+  moecomm::inproc_world const world(o.ranks, std::chrono::seconds(o.timeout));
+  moecomm::topology const topo(o.ranks, per_node);
+  world.run([&](inproc_communicator comm) {
+    moecomm::exchange_groups<inproc_communicator> groups(comm, topo);
+    auto const mine = moecomm::measure_links(moecomm::host_backend{}, groups, {{16 << 10, 256 << 10, 4 << 20}, 5});
+    if (comm.rank() == 0) links = mine;
+  });
+  return links;
 }
 
 // ---- the problem: every step's inputs and the experts' parameters, made on the main thread --------
@@ -419,7 +417,6 @@ struct gradient_gap {
 
 //! What one rank found in one step.
 struct rank_record {
-  double plain_s = 0, shadowed_s = 0;
   int64_t plain_rows = 0, shadowed_rows = 0, home_rows = 0;
   int64_t plain_bytes = 0, shadowed_bytes = 0;
   bool out_same = false, d_x_same = false, d_w_same = false;
@@ -432,8 +429,6 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
 
 rank_record compare(layer_step const& plain, layer_step const& shadowed, int32_t local_experts) {
   rank_record r;
-  r.plain_s = plain.seconds;
-  r.shadowed_s = shadowed.seconds;
   r.plain_rows = plain.rows;
   r.shadowed_rows = shadowed.rows;
   r.home_rows = shadowed.home_rows;
@@ -462,6 +457,7 @@ struct step_record {
   std::vector<rank_record> ranks;
   moecomm::shadow_decision decision;
   std::vector<int64_t> counts;  //!< [R][E] rows each rank routed to each expert
+  std::vector<std::vector<double>> plain_s, shadowed_s;  //!< [iteration][rank]: the layers' times
 };
 
 //! Runs every step (after an untimed warm-up) on R in-process ranks.
@@ -474,7 +470,11 @@ std::vector<step_record> run_steps(problem const& p, moecomm::fastermoe_cost_par
                                      moecomm::pairwise, moecomm::weighted, moecomm::fastermoe_shadowing<>>;
   options const& o = p.o;
   std::vector<step_record> steps(static_cast<std::size_t>(o.steps));
-  for (auto& s : steps) s.ranks.resize(static_cast<std::size_t>(o.ranks));
+  for (auto& s : steps) {
+    s.ranks.resize(static_cast<std::size_t>(o.ranks));
+    s.plain_s.assign(static_cast<std::size_t>(o.iters), std::vector<double>(static_cast<std::size_t>(o.ranks)));
+    s.shadowed_s = s.plain_s;
+  }
   moecomm::inproc_world const world(o.ranks, std::chrono::seconds(o.timeout));
   moecomm::topology const topo(o.ranks, p.per_node);
   world.run([&](inproc_communicator comm) {
@@ -486,14 +486,20 @@ std::vector<step_record> run_steps(problem const& p, moecomm::fastermoe_cost_par
                             moecomm::fastermoe_shadowing<>{model, {}, {}});
     for (int s = 0; s <= o.steps; ++s) {  // step 0 warms the heap and the caches, and is not reported
       rank_inputs const& in = p.steps[static_cast<std::size_t>(s)][static_cast<std::size_t>(me)];
-      layer_step const a = run_layer(plain, comm, p, in);
-      layer_step const b = run_layer(shadowed, comm, p, in);
-      if (s == 0) continue;
-      step_record& rec = steps[static_cast<std::size_t>(s - 1)];
-      rec.ranks[static_cast<std::size_t>(me)] = compare(a, b, p.local_experts);
-      if (me == 0) {
-        rec.decision = shadowed.shadow_state().decision();
-        rec.counts = shadowed.shadow_state().counts();
+      for (int it = 0; it < (s == 0 ? 1 : o.iters); ++it) {  // the same inputs, fresh experts each time
+        layer_step const a = run_layer(plain, comm, p, in);
+        layer_step const b = run_layer(shadowed, comm, p, in);
+        if (s == 0) continue;
+        step_record& rec = steps[static_cast<std::size_t>(s - 1)];
+        auto const i = static_cast<std::size_t>(it), mine = static_cast<std::size_t>(me);
+        rec.plain_s[i][mine] = a.seconds;
+        rec.shadowed_s[i][mine] = b.seconds;
+        if (it > 0) continue;  // the first run is the one checked and reported
+        rec.ranks[mine] = compare(a, b, p.local_experts);
+        if (me == 0) {
+          rec.decision = shadowed.shadow_state().decision();
+          rec.counts = shadowed.shadow_state().counts();
+        }
       }
     }
   });
@@ -568,14 +574,17 @@ void print_traffic(problem const& p, step_record const& rec, int64_t parameter_b
       plain_sent - shadowed_sent == saved ? ", exactly the token rows not sent" : " (DIFFERS from the rows not sent!)");
 }
 
-//! The model's prediction, the compute the CPUs of this machine allow, and the measured time.
-//! The measured layer times of a step, plain and shadowed: the slowest rank's.
-std::pair<double, double> measured_times(step_record const& rec) {
-  double plain = 0, shadowed = 0;
-  for (auto const& r : rec.ranks) plain = std::max(plain, r.plain_s), shadowed = std::max(shadowed, r.shadowed_s);
-  return {plain, shadowed};
+//! The measured layer times of a step, plain and shadowed: the slowest rank's in each run, over the runs.
+std::pair<spread, spread> measured_times(step_record const& rec) {
+  auto const slowest = [](std::vector<std::vector<double>> const& runs) {
+    std::vector<double> max_over_ranks;
+    for (auto const& ranks : runs) max_over_ranks.push_back(*std::max_element(ranks.begin(), ranks.end()));
+    return spread_of(max_over_ranks);
+  };
+  return {slowest(rec.plain_s), slowest(rec.shadowed_s)};
 }
 
+//! The model's prediction, the compute the CPUs of this machine allow, and the measured time.
 void print_times(problem const& p, step_record const& rec, moecomm::fastermoe_cost_model const& model, unsigned cpus) {
   auto const [plain, shadowed] = measured_times(rec);
   auto const& d = rec.decision;
@@ -587,14 +596,16 @@ void print_times(problem const& p, step_record const& rec, moecomm::fastermoe_co
         std::max(*std::max_element(rows.begin(), rows.end()), (total + cores - 1) / cores));
   };
   double const floor_plain = compute_floor(d.tokens_unshadowed), floor_shadowed = compute_floor(d.tokens);
-  auto const line = [](std::string const& what, double a, double b) {
-    std::printf("     %-40s %10s %10s %8.2fx\n", what.c_str(), format_time(a).c_str(), format_time(b).c_str(), a / b);
+  auto const line = [](std::string const& what, std::string const& a, std::string const& b, double speed_up) {
+    std::printf("     %-40s %24s %24s %8.2fx\n", what.c_str(), a.c_str(), b.c_str(), speed_up);
   };
-  std::printf("   %-42s %10s %10s %9s\n", "layer time, forward + backward", "plain", "shadowed", "speed-up");
-  line("model: Lat(none), Lat(shadow set)", d.latency_unshadowed, d.latency);
-  line("compute alone, " + std::to_string(p.o.ranks) + " ranks sharing " + std::to_string(cores) + " CPUs", floor_plain,
-       floor_shadowed);
-  line("measured: wall clock, max over ranks", plain, shadowed);
+  auto const times = [&](std::string const& what, double a, double b) { line(what, format_time(a), format_time(b), a / b); };
+  std::printf("   %-42s %24s %24s %9s\n", "layer time, forward + backward", "plain", "shadowed", "speed-up");
+  times("model: Lat(none), Lat(shadow set)", d.latency_unshadowed, d.latency);
+  times("compute alone, " + std::to_string(p.o.ranks) + " ranks sharing " + std::to_string(cores) + " CPUs",
+        floor_plain, floor_shadowed);
+  line("measured: slowest rank, median (min-max)", format_spread(plain), format_spread(shadowed),
+       plain.median / shadowed.median);
 }
 
 //! Prints the checks of one step; returns whether outputs and input / weight gradients agree bit for bit.
@@ -674,6 +685,38 @@ void print_shadow_set(problem const& p, step_record const& rec, moecomm::fasterm
               format_time(d.latency).c_str());
 }
 
+//! "rows 25, 100, 400" or "16.0 KiB, 256.0 KiB, 4.0 MiB", and the fit's residual.
+std::string fitted_on(moecomm::linear_fit const& fit, bool bytes) {
+  std::string text = bytes ? "" : "rows ";
+  for (std::size_t i = 0; i < fit.sizes.size(); ++i)
+    text += (i == 0 ? "" : ", ") + (bytes ? format_bytes(static_cast<double>(fit.sizes[i])) : std::to_string(fit.sizes[i]));
+  return text + format(", residual %.1f%%", 100 * fit.relative_residual);
+}
+
+void print_link(char const* symbol, std::optional<moecomm::linear_fit> const& link, char const* how) {
+  if (!link) return;
+  std::printf("   %-7s = %.2f GB/s (latency %s): %s\n             fitted on %s\n", symbol, 1e-9 / link->slope,
+              format_time(link->intercept).c_str(), how, fitted_on(*link, true).c_str());
+}
+
+void print_calibration(moecomm::compute_calibration const& compute, moecomm::link_calibration const& links,
+                       moecomm::fastermoe_cost_params const& model) {
+  std::printf("2. The cost model (FasterMoE eqs. 7-8), calibrated here (moecomm/measure/calibration.hpp)\n");
+  std::printf(
+      "   P       = %.2f GFLOP/s: one thread running the expert forward above, 4*alpha*H^2 FLOP a row over the\n"
+      "             slope of time = a + b*rows, fitted on %s\n",
+      model.gemm_flops / 1e9, fitted_on(compute.time, false).c_str());
+  print_link("W_local", links.intra_node, "every rank sends to the next rank of its node, all at once");
+  print_link("W_net", links.inter_node, "every rank sends to its peer on the next node, all at once");
+  if (!links.intra_node && links.inter_node) std::printf("   W_local = W_net: one rank per node, no intra-node link\n");
+  if (links.intra_node && !links.inter_node) std::printf("   W_net   = W_local: one node, no inter-node link\n");
+  if (!links.intra_node && !links.inter_node)
+    std::printf("   W_net = W_local = %.2f GB/s, the default: one rank, no links\n", model.net_bandwidth / 1e9);
+  std::printf(
+      "   a message's time is the slowest rank's; in-process, it is a memcpy by the receiving thread, and\n"
+      "   the ranks' threads share the CPUs. The model has no latency term: latencies are shown, not used.\n");
+}
+
 int run(options const& o) {
   auto const wall = clock_type::now();
   problem const p = make_problem(o);
@@ -707,22 +750,18 @@ int run(options const& o) {
   std::printf("   expert: relu(x W1 + b1) W2 + b2, H -> %" PRId64 " -> H (alpha = %d); %" PRId64
               " parameters = %s per expert\n",
               p.inner, o.alpha, shape.parameter_count(), format_bytes(static_cast<double>(parameter_bytes)).c_str());
-  std::printf("   steps: %d, fresh tokens each, after one untimed warm-up step\n\n", o.steps);
+  std::printf("   steps: %d, fresh tokens each, after one untimed warm-up step; each step's layers run %d time%s\n\n",
+              o.steps, o.iters, o.iters == 1 ? "" : "s");
 
   // The cost model, calibrated to this machine before the run.
-  moecomm::fastermoe_cost_params model;
-  model.alpha = o.alpha;
-  model.hidden = o.hidden;
-  model.gemm_flops = expert_flop_rate(o.hidden, o.alpha);
-  model.net_bandwidth = model.local_bandwidth = memcpy_bandwidth();
+  moecomm::fastermoe_cost_params base;
+  base.alpha = o.alpha;
+  base.hidden = o.hidden;
+  moecomm::compute_calibration const compute = measure_expert_rate(o.hidden, o.alpha);
+  moecomm::link_calibration const links = measure_rank_links(o, G);
+  moecomm::fastermoe_cost_params const model = moecomm::to_fastermoe_cost_params(compute, links, base);
   moecomm::fastermoe_cost_model const m(model);
-  std::printf("2. The cost model (FasterMoE eqs. 7-8), calibrated here\n");
-  std::printf("   P       = %.2f GFLOP/s: one thread running the expert forward above (4*alpha*H^2 FLOP a row)\n",
-              model.gemm_flops / 1e9);
-  std::printf(
-      "   W_net   = W_local = %.2f GB/s: one thread's memcpy (64 MiB); in-process, the 'links' between\n"
-      "             ranks are memcpys between threads, within and across the simulated nodes alike\n",
-      model.net_bandwidth / 1e9);
+  print_calibration(compute, links, model);
   std::printf(
       "   so: a row's forward + backward %s (12*alpha*H^2/P), its 4 trips over a link %s,\n"
       "       moving one expert's weights twice (broadcast + reduce, 2*2*alpha*H^2*s bytes) %s\n",
@@ -753,16 +792,18 @@ int run(options const& o) {
     std::printf("\n");
   }
   std::printf("4. Summary\n");
-  std::printf("   %-4s %-16s %-22s %-20s %s\n", "step", "shadowed experts", "busiest rank max/mean",
-              "predicted speed-up", "measured speed-up");
+  std::printf("   %-4s %-18s %-22s %-20s %s\n", "step", "shadow set", "busiest rank max/mean",
+              "predicted speed-up", "measured speed-up (medians)");
   for (std::size_t s = 0; s < steps.size(); ++s) {
     auto const& d = steps[s].decision;
-    std::string set;
-    for (int32_t e : d.shadowed) set += (set.empty() ? "" : ",") + std::to_string(e);
+    std::string ids;
+    for (int32_t e : d.shadowed) ids += (ids.empty() ? "" : ",") + std::to_string(e);
+    // Expert ids are named as such: a bare "0" would read as "no expert shadowed".
+    std::string const set = d.shadowed.empty() ? "none" : (d.shadowed.size() == 1 ? "expert " : "experts ") + ids;
     auto const [plain, shadowed] = measured_times(steps[s]);
-    std::printf("   %4zu %-16s %5.2f -> %-13.2f %8.2fx %19.2fx\n", s + 1, set.empty() ? "none" : set.c_str(),
+    std::printf("   %4zu %-18s %5.2f -> %-13.2f %8.2fx %19.2fx\n", s + 1, set.c_str(),
                 max_of(d.tokens_unshadowed) / mean_of(d.tokens_unshadowed), max_of(d.tokens) / mean_of(d.tokens),
-                d.latency_unshadowed / d.latency, plain / shadowed);
+                d.latency_unshadowed / d.latency, plain.median / shadowed.median);
   }
   std::printf("   outputs, input and routing-weight gradients equal plain EP's bit for bit in every step: %s\n",
               all_same ? "yes" : "NO");

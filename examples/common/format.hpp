@@ -16,11 +16,23 @@ inline std::string format(char const* fmt, double v) {
   return text;
 }
 
+//! The unit a time is shown in, and its digits.
+struct time_unit {
+  double per_second;
+  char const* name;
+  char const* digits;
+};
+
+inline time_unit time_unit_of(double seconds) {
+  if (seconds >= 1.0) return {1.0, "s", "%.3f"};
+  if (seconds >= 1e-3) return {1e3, "ms", "%.2f"};
+  if (seconds >= 1e-6) return {1e6, "us", "%.1f"};
+  return {1e9, "ns", "%.0f"};
+}
+
 inline std::string format_time(double seconds) {
-  if (seconds >= 1.0) return format("%.3f s", seconds);
-  if (seconds >= 1e-3) return format("%.2f ms", seconds * 1e3);
-  if (seconds >= 1e-6) return format("%.1f us", seconds * 1e6);
-  return format("%.0f ns", seconds * 1e9);
+  time_unit const u = time_unit_of(seconds);
+  return format(u.digits, seconds * u.per_second) + " " + u.name;
 }
 
 inline std::string format_bytes(double bytes) {

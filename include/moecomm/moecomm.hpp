@@ -39,5 +39,6 @@
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
+#include <moecomm/measure/calibration.hpp>
 #include <moecomm/plan/cost_model.hpp>
 #include <moecomm/plan/shadow_selection.hpp>
