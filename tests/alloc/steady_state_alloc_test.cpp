@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// A layer's steady state allocates nothing on the host back-end: every `operator new` on a rank's
+// thread is counted (a replaced global operator new; hence a binary of its own), and from the
+// second step on, one forward + backward must count 0 — for plain flat, hierarchical_2d, the smart
+// schedule, a capacity policy, and FasterMoE shadowing. The routing changes every step (so do the
+// row counts), within sizes the first steps have seen.
+
+#include "../patterns/layer_cases.hpp"
+#include "../patterns/shadow_cases.hpp"
+
+#include <moecomm/comm/inproc.hpp>
+#include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/patterns/layer_policies.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+namespace {
+thread_local bool counting = false;
+thread_local std::int64_t allocations = 0;
+
+void* counted(std::size_t bytes, std::size_t alignment) {
+  if (counting) ++allocations;
+  void* p = alignment > alignof(std::max_align_t) ? std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment)
+                                                  : std::malloc(bytes ? bytes : 1);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(std::size_t bytes) { return counted(bytes, 0); }
+void* operator new[](std::size_t bytes) { return counted(bytes, 0); }
+void* operator new(std::size_t bytes, std::align_val_t a) { return counted(bytes, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t bytes, std::align_val_t a) { return counted(bytes, static_cast<std::size_t>(a)); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace test {
+
+// Allocations on this thread while `f` runs.
+template <class F>
+std::int64_t allocations_in(F&& f) {
+  allocations = 0;
+  counting = true;
+  f();
+  counting = false;
+  return allocations;
+}
+
+// Steps with routing that changes each step (seeded per step), sizes bounded by the first step's.
+template <class Layer, class Experts>
+std::vector<std::int64_t> count_steps(Layer& layer, moecomm::inproc_communicator& comm, Experts& experts, int steps) {
+  std::int32_t const me = comm.rank();
+  std::int64_t const T = 64, H = 16;
+  std::int32_t const K = 2, E = 8;
+  std::vector<std::int64_t> counts;
+  std::vector<float> x = finite_rows<float>(T, H, 7 + me), d_out = finite_rows<float>(T, H, 9 + me);
+  std::vector<float> out(T * H), d_x(T * H), d_w(T * K);
+  std::vector<std::int32_t> idx(T * K);
+  std::vector<float> w(T * K);
+  for (int step = 0; step < steps; ++step) {
+    auto const r = make_routing({step == 0 ? T : T - step, K, E, 0.1, true, 1.0, static_cast<std::uint32_t>(100 * step + me)});
+    std::copy(r.idx.begin(), r.idx.end(), idx.begin());
+    std::copy(r.w.begin(), r.w.end(), w.begin());
+    moecomm::routing_view const routing{idx.data(), w.data(), r.tokens, K};
+    counts.push_back(allocations_in([&] {
+      layer.forward(routing, {x.data(), r.tokens, H}, {out.data(), r.tokens, H}, experts);
+      layer.backward({d_out.data(), r.tokens, H}, {d_x.data(), r.tokens, H}, moecomm::array_view<float>{d_w.data(), r.tokens * K},
+                     experts);
+    }));
+  }
+  return counts;
+}
+
+template <class... Policies>
+void check_no_allocation_after_warmup(char const* name, Policies const&... policies) {
+  CAPTURE(name);
+  std::vector<std::vector<std::int64_t>> counts(4);
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, 8, 16, policies...);
+    scale_experts<float> experts{comm.rank() * 2};
+    counts[comm.rank()] = count_steps(layer, comm, experts, 5);
+  });
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    CAPTURE(r);
+    MESSAGE("rank ", r, " allocations per step: ", counts[r][0], ", ", counts[r][1], ", ", counts[r][2], ", ", counts[r][3], ", ",
+            counts[r][4]);
+    for (std::size_t step = 2; step < counts[r].size(); ++step) CHECK(counts[r][step] == 0);
+  }
+}
+
+TEST_CASE("a layer step allocates nothing once warm: plain flat") { check_no_allocation_after_warmup("flat"); }
+
+TEST_CASE("a layer step allocates nothing once warm: hierarchical_2d with capacity") {
+  check_no_allocation_after_warmup("hierarchical_2d", moecomm::hierarchical_2d{},
+                                   moecomm::capacity<moecomm::drop_by_probability>{1.0, 0, true, {}});
+}
+
+TEST_CASE("a layer step allocates nothing once warm: smart schedule") {
+  check_no_allocation_after_warmup("smart_schedule", moecomm::smart_schedule{2});
+}
+
+}  // namespace test
