@@ -266,28 +266,33 @@ class inproc_communicator {
     collective(post("barrier", 0, 0, nullptr, [](char const*) {}), [] { return detail::inproc_problem{}; });
   }
 
-  //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`.
+  //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`. The
+  //! groups of one split get their ids in ascending color, so messages name them the same every run.
   [[nodiscard]] inproc_communicator split(int color, int key) {
     std::int32_t const mine[2] = {color, key};
-    std::vector<std::pair<std::int32_t, int>> order;  // (key, group rank) of my color
+    std::map<std::int32_t, std::vector<std::pair<std::int32_t, int>>> by_color;  // color -> (key, group rank)
     collective(post("split", 0, 0, mine, [&](char const* here) { detail::validate_split(here, color); }), [&] {
       for (int r = 0; r < size(); ++r) {
         auto const* theirs = static_cast<std::int32_t const*>(group_->calls[static_cast<std::size_t>(r)].send);
-        if (theirs[0] == color) order.emplace_back(theirs[1], r);
+        by_color[theirs[0]].emplace_back(theirs[1], r);
       }
       return detail::inproc_problem{};
     });
-    std::sort(order.begin(), order.end());
-    std::vector<int> members;
     inproc_communicator sub(state_);
-    for (auto const& [k, r] : order) {
-      if (r == rank_) sub.rank_ = static_cast<int>(members.size());
-      members.push_back(group_->members[static_cast<std::size_t>(r)]);
-    }
     std::lock_guard<std::mutex> lock(state_->mutex);
-    auto& group = state_->splits[std::make_tuple(group_->id, splits_made_, color)];
-    if (!group) group = state_->make_group(std::move(members));
-    sub.group_ = group;
+    for (auto& [c, order] : by_color) {  // the first rank here makes every group of this split
+      std::sort(order.begin(), order.end());
+      auto& group = state_->splits[std::make_tuple(group_->id, splits_made_, c)];
+      if (!group) {
+        std::vector<int> members;
+        for (auto const& key_rank : order) members.push_back(group_->members[static_cast<std::size_t>(key_rank.second)]);
+        group = state_->make_group(std::move(members));
+      }
+      if (c != color) continue;
+      sub.group_ = group;
+      for (std::size_t i = 0; i < order.size(); ++i)
+        if (order[i].second == rank_) sub.rank_ = static_cast<int>(i);
+    }
     ++splits_made_;
     return sub;
   }
