@@ -222,7 +222,7 @@ std::int64_t env_or(char const* name, std::int64_t fallback) {
 }  // namespace fuzz
 
 TEST_CASE("fuzz: every communicator call over 2-4 in-process ranks ends with the oracle's result or the expected error") {
-  std::int64_t const runs = fuzz::env_or("MOECOMM_FUZZ_RUNS", 600);
+  std::int64_t const runs = fuzz::env_or("MOECOMM_FUZZ_RUNS", 3000);
   auto const seed = static_cast<std::uint32_t>(fuzz::env_or("MOECOMM_FUZZ_SEED", 1));
   std::mt19937 rng(seed);
   std::int64_t made = 0, correct = 0, clean_errors = 0, hangs = 0, wrong = 0;
