@@ -17,6 +17,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <thread>
 
 namespace test {
 
@@ -317,6 +318,22 @@ TEST_CASE("a rank that returns from run while the others wait for it: they throw
     });
   }, status::invalid_usage, {"no rank can go on: world ranks 0-2 wait in allreduce on group 1 {0,1,2,3}; world rank 3 has returned from run"});
   CHECK(std::chrono::steady_clock::now() - start < milliseconds(5000));
+}
+
+TEST_CASE("a world reused after run: ranks that returned from the last run are not taken as gone") {
+  inproc_world const world(3, milliseconds(20000));
+  for (int again = 0; again < 3; ++again) {
+    world.run([](inproc_communicator comm) {
+      // The last rank starts late: the others wait for it, and must not be told it has returned.
+      if (comm.rank() == 2) std::this_thread::sleep_for(milliseconds(50));
+      comm.barrier();
+    });
+    auto const outcomes = on_every_rank(world, [](inproc_communicator comm) {
+      if (comm.rank() == 0) std::this_thread::sleep_for(milliseconds(50));
+      comm.barrier();
+    });
+    for (auto const& o : outcomes) CHECK_MESSAGE(o.code == status::success, o.message);
+  }
 }
 
 TEST_CASE("messages from a sub-group name it by its id and world ranks") {

@@ -509,6 +509,7 @@ class inproc_world {
         first_is_cause = cause;
       }
     };
+    forget_returns();  // a rank that returned from an earlier run is back
     std::vector<std::thread> threads;
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
@@ -530,10 +531,16 @@ class inproc_world {
         }
       });
     for (auto& t : threads) t.join();
+    forget_returns();  // the ranks may go on without run, on threads of the caller's own
     if (first) std::rethrow_exception(first);
   }
 
  private:
+  void forget_returns() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::fill(state_->returned.begin(), state_->returned.end(), false);
+  }
+
   std::shared_ptr<detail::inproc_state> state_;
   std::shared_ptr<detail::inproc_group> group_;
   int size_;
