@@ -27,6 +27,7 @@
 #include <moecomm/ops/dispatch_layout.hpp>
 #include <moecomm/ops/dispatcher.hpp>
 #include <moecomm/ops/gradient_reduce.hpp>
+#include <moecomm/ops/ordered_allreduce.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
 #include <moecomm/ops/replica/replica_set.hpp>

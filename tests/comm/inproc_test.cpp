@@ -3,7 +3,7 @@
 // (mismatched collectives and sizes name the ranks on every rank; a failing or absent rank turns
 // into an error on every other rank within the timeout, never a hang).
 
-#include "../support/test_support.hpp"
+#include "inproc_support.hpp"
 
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/core/topology.hpp>
@@ -100,28 +100,6 @@ TEST_CASE("topology maps ranks to nodes, contiguously or as given") {
   check_error([] { moecomm::topology(8, 3); }, moecomm::status::invalid_argument, {"ranks_per_node = 3"});
   check_error([] { moecomm::topology(std::vector<std::int32_t>{0, 0, 1}); }, moecomm::status::invalid_argument,
               {"node 1 has 1 ranks but node 0 has 2"});
-}
-
-// Runs `body` on every rank of a fresh world and returns each rank's error message ("" if none).
-template <class F>
-std::vector<std::string> errors_on_every_rank(int ranks, milliseconds timeout, F body,
-                                              std::vector<moecomm::status>* codes = nullptr) {
-  inproc_world const world(ranks, timeout);
-  std::vector<std::string> messages(static_cast<std::size_t>(ranks));
-  std::vector<moecomm::status> status(static_cast<std::size_t>(ranks), moecomm::status::success);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(world.communicator(r));
-      } catch (moecomm::error const& e) {
-        messages[static_cast<std::size_t>(r)] = e.what();
-        status[static_cast<std::size_t>(r)] = e.code();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (codes != nullptr) *codes = status;
-  return messages;
 }
 
 TEST_CASE("ranks calling different collectives all get an error naming the operation and the ranks") {

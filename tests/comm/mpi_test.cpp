@@ -2,22 +2,28 @@
 // The MPI communicator, run as `mpiexec -n 4 moecomm_mpi_tests`: every collective's result (checked and
 // unchecked, whole and cut into 7-byte chunks), sub-groups, and the failure contract (mismatched
 // collectives, sizes and exchange pairs, and bad arguments, throw on every rank; a rank that skips a
-// collective makes the others time out). Every rank runs every test case and asserts on its own. The
-// exit code is the worst over the ranks.
+// collective makes the others time out; negative and overflowing sizes), ordered_allreduce bitwise
+// against the sequential oracle, and hierarchical_2d's world-level agreement. Every rank runs every test
+// case and asserts on its own. The exit code is the worst over the ranks.
 //
 // The test case "timeout - ..." leaves a collective pending forever, so it must run last. It uses a
 // communicator of its own, and ctest runs it in a separate mpiexec (host.mpi.timeout).
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../support/test_support.hpp"
+#include "ordered_values.hpp"
 
 #include <moecomm/comm/mpi.hpp>
 #include <moecomm/core/topology.hpp>
+#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/ordered_allreduce.hpp>
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
+#include <limits>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -305,6 +311,84 @@ TEST_CASE("mpi a bad argument on one rank fails that rank and aborts the call on
   test::check_error([] { mpi_communicator bad(test_comm, mpi_options{milliseconds(100), true, 0}); },
                     moecomm::status::invalid_argument, {"options.max_message_bytes = 0"});
   test::check_error([] { mpi_communicator bad(MPI_COMM_NULL); }, moecomm::status::invalid_argument, {"MPI_COMM_NULL"});
+  CHECK(comm.usable());
+  comm.barrier();
+}
+
+TEST_CASE("mpi negative and overflowing sizes and reduce to root -1 are invalid_argument naming the argument") {
+  mpi_communicator comm(test_comm, options());
+  MOECOMM_REQUIRE_FOUR_RANKS(comm);
+  std::int64_t const max = std::numeric_limits<std::int64_t>::max();
+  std::vector<double> v(8, 1.0);
+  // On every rank: every rank throws its own invalid_argument.
+  test::check_error([&] { comm.allgather(v.data(), v.data() + 4, max / 4 + 1); }, moecomm::status::invalid_argument,
+                    {"mpi_communicator::allgather: bytes = 2305843009213693952 is too large: bytes x 4 ranks overflows a 64-bit byte count"});
+  test::check_error([&] { comm.allreduce(v.data(), v.data(), max / 8 + 1, moecomm::reduce_op::sum); },
+                    moecomm::status::invalid_argument, {"count = 1152921504606846976 is too large: count x 8 bytes per element"});
+  test::check_error([&] { comm.broadcast(v.data(), -3, 0); }, moecomm::status::invalid_argument, {"broadcast: bytes = -3 must be >= 0"});
+  // A reduce to root -1 used to run as an allreduce.
+  test::check_error([&] { comm.reduce(v.data(), v.data(), 2, moecomm::reduce_op::sum, -1); }, moecomm::status::invalid_argument,
+                    {"mpi_communicator::reduce: root = -1 is not a rank of this group of 4"});
+  CHECK(v == std::vector<double>(8, 1.0));
+  // A negative size on one rank is its invalid_argument (not "ranks disagree"); the others are aborted.
+  auto const [code, message] = error_of([&] { comm.allgather(v.data(), v.data() + 4, comm.rank() == 1 ? -8 : 8); });
+  CHECK(code == (comm.rank() == 1 ? moecomm::status::invalid_argument : moecomm::status::aborted));
+  CHECK_MESSAGE(message.find(comm.rank() == 1 ? "allgather: bytes = -8 must be >= 0" : "world rank 1 passed an invalid argument to allgather") !=
+                    std::string::npos,
+                message);
+  CHECK(comm.usable());
+  comm.barrier();
+}
+
+TEST_CASE("mpi ordered_allreduce equals the sequential sum in ascending rank, bit for bit, checked and unchecked") {
+  for (bool checked : {true, false}) {
+    CAPTURE(checked);
+    mpi_communicator comm(test_comm, options(checked, 7));  // 7-byte messages: the gathers are chunked too
+    MOECOMM_REQUIRE_FOUR_RANKS(comm);
+    moecomm::host_backend const be;
+    moecomm::workspace<moecomm::host_backend> scratch;
+    for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{5}, std::int64_t{2039}})
+      for (std::int64_t chunk : {std::int64_t{3}, std::int64_t{64}, moecomm::ordered_allreduce_chunk}) {
+        CAPTURE(count);
+        CAPTURE(chunk);
+        std::vector<float> f = test::rank_values<float>(comm.rank(), count);
+        moecomm::ordered_allreduce(be, comm, moecomm::array_view<float>(f), scratch, chunk);
+        test::check_bitwise(f, test::sequential_sum<float>(ranks, count), 1, "ordered_allreduce<float> over MPI");
+        std::vector<double> d = test::rank_values<double>(comm.rank(), count);
+        moecomm::ordered_allreduce(be, comm, moecomm::array_view<double>(d), scratch, chunk);
+        test::check_bitwise(d, test::sequential_sum<double>(ranks, count), 1, "ordered_allreduce<double> over MPI");
+      }
+    // A bad argument on rank 2: it throws invalid_argument, the others aborted; nothing is written.
+    std::vector<float> f(4, 2.5f);
+    auto const [code, message] = error_of([&] {
+      moecomm::ordered_allreduce(be, comm, moecomm::array_view<float>(comm.rank() == 2 ? nullptr : f.data(), 4), scratch, 2);
+    });
+    CHECK(code == (comm.rank() == 2 ? moecomm::status::invalid_argument : moecomm::status::aborted));
+    CHECK_MESSAGE(message.find(comm.rank() == 2 ? "ordered_allreduce: data.data is null but its size is 4"
+                                                : "ordered_allreduce: rank 2 passed an invalid argument") != std::string::npos,
+                  message);
+    CHECK(f == std::vector<float>(4, 2.5f));
+  }
+}
+
+TEST_CASE("mpi hierarchical_2d: ranks with different byte matrices throw invalid_usage before the sub-group phases (checked mode)") {
+  mpi_communicator comm(test_comm, options());
+  MOECOMM_REQUIRE_FOUR_RANKS(comm);
+  moecomm::host_backend const be;
+  moecomm::exchange_groups<mpi_communicator> groups(comm, moecomm::topology(ranks, 2));
+  std::vector<std::int64_t> cells(16, 4);
+  if (comm.rank() == 2) cells[5] = 8;  // rank 2 believes rank 1 sends itself 8 bytes
+  std::vector<char> send(64, 'x'), recv(64, '#');
+  moecomm::alltoall_stats stats;
+  test::check_error([&] { moecomm::alltoallv(moecomm::hierarchical_2d{}, be, groups, moecomm::byte_matrix(4, cells), send.data(), recv.data(), stats); },
+                    moecomm::status::invalid_usage,
+                    {"moecomm::hierarchical_2d: ranks disagree before the sub-group phases: rank 0 has (nodes 2, ranks per node 2",
+                     "but rank 2 has"});
+  CHECK(recv == std::vector<char>(64, '#'));
+  // The same matrix everywhere: the exchange runs, and everything is still usable.
+  cells[5] = 4;
+  moecomm::alltoallv(moecomm::hierarchical_2d{}, be, groups, moecomm::byte_matrix(4, cells), send.data(), recv.data(), stats);
+  CHECK(std::count(recv.begin(), recv.begin() + 16, 'x') == 16);
   CHECK(comm.usable());
   comm.barrier();
 }

@@ -3,15 +3,35 @@
 //! @file
 //! `inproc_communicator`: N ranks as N threads of one process, made by an `inproc_world`.
 //!
-//! Every collective is a rendezvous in two phases: each rank posts what it called (operation,
-//! sizes, buffers) and waits for all; every rank then checks that all ranks called the same
-//! operation with consistent sizes, reads its peers' buffers directly, and waits again so no buffer
-//! is reused while a peer still reads it. A disagreement throws the same error on every rank,
-//! naming the operation and the ranks. Every wait is bounded by the world's timeout; a rank that
-//! times out, or fails inside `inproc_world::run`, aborts the world, so every other rank gets an
-//! error instead of a hang.
+//! Every collective is a rendezvous in two phases. Each rank checks its own arguments with the
+//! checks MPI and NCCL run (`<moecomm/comm/detail/p2p_chunks.hpp>`), then posts what it called
+//! (operation, sizes, buffers, and the bad argument it found, if any) and waits for all. Every rank
+//! then checks the posted calls, in this order, and finds the same problem:
+//! - a rank posted a bad argument: that rank throws its `invalid_argument` (the same message as MPI's),
+//!   every other rank throws `aborted` naming it; no buffer is read;
+//! - ranks called different operations or sizes (`invalid_usage`, naming two of them);
+//! - for `exchange`, a pair (i, j) whose sizes differ (`invalid_usage`).
+//! Only if nothing is wrong does a rank read its peers' buffers. It then waits again, so no buffer is
+//! reused while a peer still reads it, and only then throws. Messages from a sub-group name it
+//! ("group 3 {4,5,6,7}": its id and world ranks).
+//!
+//! Every wait is bounded by the world's timeout. A rank that times out, or fails inside
+//! `inproc_world::run`, aborts the world, so every other rank gets an error instead of a hang. The
+//! world also knows every group: when every rank of the world is blocked in a wait that cannot
+//! complete (ranks waiting in different groups or operations, or a rank that has returned from
+//! `run`), every blocked rank throws `invalid_usage` at once, naming the operations, the groups and
+//! their world ranks. Ranks run on threads of the caller's own (not by `run`) are never known to
+//! have returned; a rank that skips a collective there is caught by the timeout only.
+//!
+//! After a failure:
+//! - `invalid_argument` or `invalid_usage` (a bad argument, ranks that disagree, or blocked ranks):
+//!   every rank of the call stopped at the same point and nothing was written, so the same
+//!   communicators are usable and give the same results as before.
+//! - `timeout` or `aborted`: the world is dead. Every later call on any of its communicators throws
+//!   `aborted` at once; make a new `inproc_world`.
 
 #include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 
@@ -24,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -39,41 +60,80 @@ struct inproc_call {
   std::int64_t size = 0;   //!< bytes, or element count
   std::int64_t extra = 0;  //!< root, or element type and reduction (+ 64 x root for reduce)
   void const* send = nullptr;
-  void* recv = nullptr;
   std::vector<send_block> sends;  //!< copies: the poster may unwind while peers still check them
   std::vector<recv_block> recvs;
+  std::optional<error> bad;  //!< the invalid argument this rank found in its own call
 };
 
-//! A disagreement found by a collective's check; every rank finds the same one.
+//! The failure a collective's check found; every rank finds the same one.
 struct inproc_problem {
   status code = status::success;
-  std::string message;
+  std::string message;  //!< the whole `what()`
   explicit operator bool() const { return code != status::success; }
 };
 
+//! "0-3, 6": world ranks, ascending, with runs shortened.
+inline std::string rank_ranges(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
 struct inproc_group {
   int id = 0;
+  std::vector<int> members;                //!< world rank of each group rank
   std::vector<inproc_call> calls;          //!< per group rank
   std::vector<std::uint64_t> arrived_for;  //!< per group rank: the phase it last arrived for
   std::uint64_t phase = 0;                 //!< completed phases
   int arrived = 0;
+
+  //! "group 3 {4,5,6,7}".
+  [[nodiscard]] std::string describe() const {
+    std::string list;
+    for (int m : members) list += (list.empty() ? "" : ",") + std::to_string(m);
+    return concat("group ", id, " {", list, "}");
+  }
 };
 
-//! Shared by every group of one world: the lock, the abort flag and the split registry.
+//! Where a world rank is blocked: a group it has arrived in, waiting for the others.
+struct inproc_wait {
+  inproc_group* group = nullptr;  //!< null: not blocked
+  char const* op = "";
+  int group_rank = 0;
+};
+
+//! Shared by every group of one world: the lock, the abort flag, the split registry, and where
+//! every rank is, so that a wait that can never complete is found without waiting for the timeout.
 struct inproc_state {
+  static constexpr int world_group_id = 1;  //!< the group of every rank, made first
+
   std::mutex mutex;
   std::condition_variable wake;
   std::chrono::milliseconds timeout{60000};
   bool aborted = false;
   std::string abort_reason;
-  int next_group_id = 1;
+  int next_group_id = world_group_id;
   std::map<std::tuple<int, int, int>, std::shared_ptr<inproc_group>> splits;  //!< (parent, split #, color)
+  std::vector<inproc_wait> waits;       //!< per world rank
+  std::vector<bool> returned;           //!< per world rank: its function in `inproc_world::run` returned
+  std::vector<std::string> stuck;       //!< per world rank: why its wait can never complete
 
-  std::shared_ptr<inproc_group> make_group(int size) {
+  explicit inproc_state(int ranks)
+      : waits(static_cast<std::size_t>(ranks)), returned(static_cast<std::size_t>(ranks), false),
+        stuck(static_cast<std::size_t>(ranks)) {}
+
+  std::shared_ptr<inproc_group> make_group(std::vector<int> members) {
     auto g = std::make_shared<inproc_group>();
     g->id = next_group_id++;
-    g->calls.resize(static_cast<std::size_t>(size));
-    g->arrived_for.assign(static_cast<std::size_t>(size), 0);
+    g->calls.resize(members.size());
+    g->arrived_for.assign(members.size(), 0);
+    g->members = std::move(members);
     return g;
   }
 
@@ -82,6 +142,51 @@ struct inproc_state {
     if (!aborted) {
       aborted = true;
       abort_reason = std::move(reason);
+    }
+    wake.notify_all();
+  }
+
+  //! Called when group `g` completes a phase: its members are no longer blocked. Needs the lock.
+  void release_locked(inproc_group const& g) {
+    for (int m : g.members)
+      if (waits[static_cast<std::size_t>(m)].group == &g) waits[static_cast<std::size_t>(m)] = {};
+    wake.notify_all();
+  }
+
+  //! If every rank of the world is blocked or has returned (and one is blocked), no wait can complete
+  //! (a blocked rank's group always lacks a rank, and nobody is left to arrive): each blocked rank
+  //! withdraws its arrival and is told why, so it throws instead of waiting. Needs the lock.
+  void detect_deadlock_locked() {
+    if (aborted) return;
+    std::map<std::pair<int, std::string>, std::vector<int>> waiting;  // (group id, op) -> world ranks
+    std::map<int, inproc_group const*> groups;
+    std::vector<int> gone;
+    for (std::size_t w = 0; w < waits.size(); ++w) {
+      if (returned[w]) {
+        gone.push_back(static_cast<int>(w));
+      } else if (waits[w].group == nullptr) {
+        return;  // this rank runs, and may still arrive
+      } else {
+        waiting[{waits[w].group->id, waits[w].op}].push_back(static_cast<int>(w));
+        groups[waits[w].group->id] = waits[w].group;
+      }
+    }
+    if (waiting.empty()) return;
+    std::string why = "no rank can go on: ";
+    for (auto const& [where, ranks] : waiting)
+      why += concat(ranks.size() > 1 ? "world ranks " : "world rank ", rank_ranges(ranks),
+                    ranks.size() > 1 ? " wait in " : " waits in ", where.second, " on ",
+                    groups[where.first]->describe(), "; ");
+    why += gone.empty() ? std::string("every rank waits for a rank that waits elsewhere")
+                        : concat(gone.size() > 1 ? "world ranks " : "world rank ", rank_ranges(gone),
+                                 gone.size() > 1 ? " have" : " has", " returned from run");
+    for (std::size_t w = 0; w < waits.size(); ++w) {
+      inproc_wait& at = waits[w];
+      if (at.group == nullptr) continue;
+      --at.group->arrived;  // withdrawn: the group is as if this rank had never called
+      at.group->arrived_for[static_cast<std::size_t>(at.group_rank)] = at.group->phase;
+      stuck[w] = why;
+      at = {};
     }
     wake.notify_all();
   }
@@ -96,123 +201,98 @@ class inproc_world;
 class inproc_communicator {
  public:
   [[nodiscard]] int rank() const { return rank_; }
-  [[nodiscard]] int size() const { return static_cast<int>(members_.size()); }
+  [[nodiscard]] int size() const { return static_cast<int>(group_->members.size()); }
   //! This rank's rank in the world the group was split from.
-  [[nodiscard]] int world_rank() const { return members_[static_cast<std::size_t>(rank_)]; }
+  [[nodiscard]] int world_rank() const { return group_->members[static_cast<std::size_t>(rank_)]; }
+  //! Always true: calls are compared across ranks (see `<moecomm/comm/world_agreement.hpp>`).
+  [[nodiscard]] bool checks_collectives() const { return true; }
 
-  //! Grouped point-to-point. Each rank may post any sends and receives (including to itself);
-  //! rank i's send to j and j's receive from i must have equal sizes (a missing one counts as 0
-  //! bytes). @throws error (invalid_usage) naming the pair (i, j) that disagrees, on every rank.
+  //! Grouped point-to-point. Each rank may post one send and one receive per peer (itself
+  //! included); rank i's send to j and j's receive from i must have equal sizes (a missing one
+  //! counts as 0 bytes).
+  //! @throws error (invalid_argument) for a bad peer, size or buffer, as `detail::validate_exchange`
+  //! words it; (invalid_usage) naming the pair (i, j) that disagrees, on every rank.
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
-    char const* op = "exchange";
-    detail::inproc_call call;
-    call.op = op;
+    detail::inproc_call call = post("exchange", 0, 0, nullptr,
+                                    [&](char const* here) { detail::validate_exchange(here, sends, recvs, size()); });
     call.sends = sends;
     call.recvs = recvs;
-    arrive(call, op);
-    detail::inproc_problem problem = check_same_operation();
-    if (!problem) problem = check_exchange_matrix();
-    if (!problem)
+    collective(std::move(call), [&] {
+      if (auto problem = check_exchange_sizes()) return problem;
       for (recv_block const& r : recvs)
         for (send_block const& s : group_->calls[static_cast<std::size_t>(r.peer)].sends)
           if (s.peer == rank_ && r.bytes > 0) std::memcpy(r.data, s.data, static_cast<std::size_t>(r.bytes));
-    finish(op, problem);
+      return detail::inproc_problem{};
+    });
   }
 
   //! `recv[r * bytes, (r + 1) * bytes)` = rank r's `send`; `recv` must not overlap `send`.
   void allgather(void const* send, void* recv, std::int64_t bytes) {
-    char const* op = "allgather";
-    detail::inproc_call call;
-    call.op = op;
-    call.size = bytes;
-    call.send = send;
-    arrive(call, op);
-    detail::inproc_problem const problem = check_same_operation();
-    for (int r = 0; r < size() && !problem; ++r)
-      if (bytes > 0)
-        std::memcpy(static_cast<char*>(recv) + static_cast<std::int64_t>(r) * bytes,
-                    group_->calls[static_cast<std::size_t>(r)].send, static_cast<std::size_t>(bytes));
-    finish(op, problem);
+    collective(post("allgather", bytes, 0, send,
+                    [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size()); }),
+               [&] {
+                 for (int r = 0; r < size() && bytes > 0; ++r)
+                   std::memcpy(static_cast<char*>(recv) + static_cast<std::int64_t>(r) * bytes,
+                               group_->calls[static_cast<std::size_t>(r)].send, static_cast<std::size_t>(bytes));
+                 return detail::inproc_problem{};
+               });
   }
 
   //! Elementwise reduction over the ranks in ascending rank order (so float sums are deterministic);
   //! `send == recv` is allowed.
   template <class T>
   void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
-    char const* op = "allreduce";
-    detail::inproc_call call;
-    call.op = op;
-    call.size = count;
-    call.extra = detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction);
-    call.send = send;
-    arrive(call, op);
-    detail::inproc_problem const problem = check_same_operation();
-    std::vector<T> const result = problem ? std::vector<T>{} : reduce_sends<T>(count, reduction);
-    finish(op, problem);  // every rank has read every send buffer: now recv (maybe == send) may change
-    std::copy(result.begin(), result.end(), recv);
+    reduction_call(send, recv, count, reduction, true, 0, "allreduce");
   }
 
   //! As `allreduce`, computed and written on `root` only; `recv` may be null on the other ranks.
   template <class T>
   void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
-    char const* op = "reduce";
-    detail::require(root >= 0 && root < size(), "inproc_communicator::reduce", "root = ", root,
-                    " is not a rank of this group of ", size());
-    detail::inproc_call call;
-    call.op = op;
-    call.size = count;
-    call.extra = detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + 64 * std::int64_t{root};
-    call.send = send;
-    arrive(call, op);
-    detail::inproc_problem const problem = check_same_operation();
-    std::vector<T> const result = problem || rank_ != root ? std::vector<T>{} : reduce_sends<T>(count, reduction);
-    finish(op, problem);
-    std::copy(result.begin(), result.end(), recv);
+    reduction_call(send, recv, count, reduction, false, root, "reduce");
   }
 
   //! The root's `bytes` at `data` to every rank's `data`.
   void broadcast(void* data, std::int64_t bytes, int root) {
-    char const* op = "broadcast";
-    detail::require(root >= 0 && root < size(), "inproc_communicator::broadcast", "root = ", root,
-                    " is not a rank of this group of ", size());
-    detail::inproc_call call;
-    call.op = op;
-    call.size = bytes;
-    call.extra = root;
-    call.send = data;
-    arrive(call, op);
-    detail::inproc_problem const problem = check_same_operation();
-    if (!problem && rank_ != root && bytes > 0)
-      std::memcpy(data, group_->calls[static_cast<std::size_t>(root)].send, static_cast<std::size_t>(bytes));
-    finish(op, problem);
+    collective(post("broadcast", bytes, root, data,
+                    [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size()); }),
+               [&] {
+                 if (rank_ != root && bytes > 0)
+                   std::memcpy(data, group_->calls[static_cast<std::size_t>(root)].send, static_cast<std::size_t>(bytes));
+                 return detail::inproc_problem{};
+               });
   }
 
   void barrier() {
-    detail::inproc_call call;
-    call.op = "barrier";
-    arrive(call, "barrier");
-    finish("barrier", check_same_operation());
+    collective(post("barrier", 0, 0, nullptr, [](char const*) {}), [] { return detail::inproc_problem{}; });
   }
 
-  //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`.
+  //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`. The
+  //! groups of one split get their ids in ascending color, so messages name them the same every run.
   [[nodiscard]] inproc_communicator split(int color, int key) {
-    detail::require(color >= 0, "inproc_communicator::split", "color = ", color, " must be >= 0");
     std::int32_t const mine[2] = {color, key};
-    std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size()));
-    allgather(mine, all.data(), sizeof(mine));
-    std::vector<std::pair<std::int32_t, int>> order;  // (key, group rank) of my color
-    for (int r = 0; r < size(); ++r)
-      if (all[2 * static_cast<std::size_t>(r)] == color) order.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
-    std::sort(order.begin(), order.end());
+    std::map<std::int32_t, std::vector<std::pair<std::int32_t, int>>> by_color;  // color -> (key, group rank)
+    collective(post("split", 0, 0, mine, [&](char const* here) { detail::validate_split(here, color); }), [&] {
+      for (int r = 0; r < size(); ++r) {
+        auto const* theirs = static_cast<std::int32_t const*>(group_->calls[static_cast<std::size_t>(r)].send);
+        by_color[theirs[0]].emplace_back(theirs[1], r);
+      }
+      return detail::inproc_problem{};
+    });
     inproc_communicator sub(state_);
-    for (auto const& [k, r] : order) {
-      if (r == rank_) sub.rank_ = static_cast<int>(sub.members_.size());
-      sub.members_.push_back(members_[static_cast<std::size_t>(r)]);
-    }
     std::lock_guard<std::mutex> lock(state_->mutex);
-    auto& group = state_->splits[std::make_tuple(group_->id, splits_made_, color)];
-    if (!group) group = state_->make_group(static_cast<int>(order.size()));
-    sub.group_ = group;
+    for (auto& [c, order] : by_color) {  // the first rank here makes every group of this split
+      std::sort(order.begin(), order.end());
+      auto& group = state_->splits[std::make_tuple(group_->id, splits_made_, c)];
+      if (!group) {
+        std::vector<int> members;
+        for (auto const& key_rank : order) members.push_back(group_->members[static_cast<std::size_t>(key_rank.second)]);
+        group = state_->make_group(std::move(members));
+      }
+      if (c != color) continue;
+      sub.group_ = group;
+      for (std::size_t i = 0; i < order.size(); ++i)
+        if (order[i].second == rank_) sub.rank_ = static_cast<int>(i);
+    }
     ++splits_made_;
     return sub;
   }
@@ -221,120 +301,160 @@ class inproc_communicator {
   friend class inproc_world;
   explicit inproc_communicator(std::shared_ptr<detail::inproc_state> state) : state_(std::move(state)) {}
 
-  //! Every rank's `send` reduced elementwise, left to right in ascending rank. Reads the other
-  //! ranks' buffers, so it runs between `arrive` and `finish`.
-  template <class T>
-  std::vector<T> reduce_sends(std::int64_t count, reduce_op reduction) const {
-    std::vector<T> result(static_cast<std::size_t>(count));
-    for (int r = 0; r < size(); ++r) {
-      auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
-      for (std::int64_t i = 0; i < count; ++i)
-        result[static_cast<std::size_t>(i)] = r == 0 ? peer[i] : detail::reduce(result[static_cast<std::size_t>(i)], peer[i], reduction);
+  //! "moecomm::inproc_communicator::<op>".
+  [[nodiscard]] static std::string where(char const* op) { return std::string("inproc_communicator::") + op; }
+
+  //! This rank's call of `op`, with the bad argument `checks(where)` finds, if any.
+  template <class Checks>
+  [[nodiscard]] detail::inproc_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
+                                         Checks&& checks) const {
+    detail::inproc_call call;
+    call.op = op;
+    call.size = size;
+    call.extra = extra;
+    call.send = send;
+    call.bad = detail::argument_error([&] { checks(where(op).c_str()); });
+    return call;
+  }
+
+  //! One collective: posts `call`, waits for every rank, checks the posted calls and, if they are
+  //! fine, runs `read_peers` (which reads peers' buffers and may find a problem of its own); then waits
+  //! until every rank has finished reading, and throws what was found.
+  template <class ReadPeers>
+  void collective(detail::inproc_call call, ReadPeers&& read_peers) {
+    char const* const op = call.op;
+    {
+      std::unique_lock<std::mutex> lock(state_->mutex);
+      group_->calls[static_cast<std::size_t>(rank_)] = std::move(call);
+      wait_for_all(lock, op);
     }
-    return result;
-  }
-
-  //! Posts `call` and waits until every rank of the group has posted (phase 1 of a collective).
-  void arrive(detail::inproc_call const& call, char const* op) {
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    group_->calls[static_cast<std::size_t>(rank_)] = call;
-    wait_for_all(lock, op);
-  }
-
-  //! Waits until every rank has finished reading (phase 2), then reports the problem the check
-  //! found, if any: after the wait, so that no rank unwinds or moves on while a peer still checks.
-  void finish(char const* op, detail::inproc_problem const& problem) {
+    detail::inproc_problem problem = check_calls();
+    if (!problem) problem = read_peers();
     {
       std::unique_lock<std::mutex> lock(state_->mutex);
       wait_for_all(lock, op);
     }
-    if (problem) detail::fail(problem.code, (std::string("inproc_communicator::") + op).c_str(), problem.message);
+    if (problem) throw error(problem.code, problem.message);
   }
 
+  //! `allreduce` (`all`) or `reduce` to `root`.
+  template <class T>
+  void reduction_call(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root, char const* op) {
+    std::int64_t const code = detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction);
+    detail::inproc_call call = post(op, count, all ? code : code + 64 * std::int64_t{root}, send, [&](char const* here) {
+      detail::validate_reduction(here, send, recv, count, all, root, rank_, size());
+    });
+    bool const receives = !call.bad && (all || rank_ == root);
+    // Allocated before posting: an allocation failure here cannot leave the peers mid-collective.
+    std::vector<T> result(receives ? static_cast<std::size_t>(count) : 0);
+    collective(std::move(call), [&] {
+      if (receives) reduce_sends(result, reduction);
+      return detail::inproc_problem{};
+    });
+    // Every rank has read every send buffer: now recv (maybe == send) may change.
+    std::copy(result.begin(), result.end(), recv);
+  }
+
+  //! Every rank's `send` reduced elementwise, left to right in ascending rank, into `result`.
+  template <class T>
+  void reduce_sends(std::vector<T>& result, reduce_op reduction) const {
+    for (int r = 0; r < size(); ++r) {
+      auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
+      for (std::size_t i = 0; i < result.size(); ++i) result[i] = r == 0 ? peer[i] : detail::reduce(result[i], peer[i], reduction);
+    }
+  }
+
+  //! " in group 3 {4,5}" for a sub-group, "" for the world.
+  [[nodiscard]] std::string group_suffix() const {
+    return group_->id == detail::inproc_state::world_group_id ? std::string() : " in " + group_->describe();
+  }
+
+  //! Waits until every rank of the group has arrived for this phase. Blocked here, this rank counts
+  //! as waiting in this group for the world's deadlock check.
   void wait_for_all(std::unique_lock<std::mutex>& lock, char const* op) {
-    auto const where = [&] { return std::string("inproc_communicator::") + op; };
-    if (state_->aborted) detail::fail(status::aborted, where().c_str(), state_->abort_reason);
+    detail::inproc_state& s = *state_;
+    std::string const here = where(op);
+    if (s.aborted) detail::fail(status::aborted, here.c_str(), s.abort_reason);
     detail::inproc_group& g = *group_;
     std::uint64_t const phase = g.phase;
+    auto const me = static_cast<std::size_t>(world_rank());
     g.arrived_for[static_cast<std::size_t>(rank_)] = phase + 1;
     if (++g.arrived == size()) {
       g.arrived = 0;
       ++g.phase;
-      state_->wake.notify_all();
+      s.release_locked(g);
       return;
     }
-    auto const deadline = std::chrono::steady_clock::now() + state_->timeout;
-    bool const done = state_->wake.wait_until(lock, deadline, [&] { return g.phase != phase || state_->aborted; });
-    if (done && g.phase != phase) return;
-    if (done) detail::fail(status::aborted, where().c_str(), state_->abort_reason);
-    std::string missing;
+    s.waits[me] = {&g, op, rank_};
+    s.detect_deadlock_locked();
+    auto const deadline = std::chrono::steady_clock::now() + s.timeout;
+    bool const woken = s.wake.wait_until(lock, deadline, [&] { return g.phase != phase || s.aborted || !s.stuck[me].empty(); });
+    if (!s.stuck[me].empty()) detail::fail(status::invalid_usage, here.c_str(), std::exchange(s.stuck[me], {}));
+    if (g.phase != phase) return;
+    s.waits[me] = {};
+    if (woken) detail::fail(status::aborted, here.c_str(), s.abort_reason);
+    std::vector<int> missing;
     for (int r = 0; r < size(); ++r)
-      if (g.arrived_for[static_cast<std::size_t>(r)] != phase + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(members_[static_cast<std::size_t>(r)]);
-    std::string const reason = detail::concat("world rank ", world_rank(), " timed out after ", state_->timeout.count(),
-                                              " ms in ", op, " waiting for world rank(s) ", missing);
-    state_->abort_locked(reason);
-    detail::fail(status::timeout, where().c_str(), reason);
+      if (g.arrived_for[static_cast<std::size_t>(r)] != phase + 1) missing.push_back(g.members[static_cast<std::size_t>(r)]);
+    std::string const reason = detail::concat("world rank ", world_rank(), " timed out after ", s.timeout.count(), " ms in ",
+                                              op, " waiting for world rank(s) ", detail::rank_ranges(missing), group_suffix());
+    s.abort_locked(reason);
+    detail::fail(status::timeout, here.c_str(), reason);
   }
 
-  //! Every rank called the same operation with the same sizes.
-  [[nodiscard]] detail::inproc_problem check_same_operation() const {
+  //! The first problem of the posted calls: a bad argument, then ranks that disagree.
+  [[nodiscard]] detail::inproc_problem check_calls() const {
     auto const& calls = group_->calls;
+    char const* const op = calls[static_cast<std::size_t>(rank_)].op;
+    std::string const prefix = "moecomm::" + where(op) + ": ";
+    if (calls[static_cast<std::size_t>(rank_)].bad) {
+      error const& mine = *calls[static_cast<std::size_t>(rank_)].bad;
+      return {mine.code(), mine.what()};
+    }
+    for (int r = 0; r < size(); ++r)
+      if (calls[static_cast<std::size_t>(r)].bad)
+        return {status::aborted, detail::concat(prefix, "world rank ", group_->members[static_cast<std::size_t>(r)],
+                                                " passed an invalid argument to ", calls[static_cast<std::size_t>(r)].op,
+                                                group_suffix(), " (see its error); no rank's call took effect")};
     auto const describe = [&](int r) {
       auto const& c = calls[static_cast<std::size_t>(r)];
-      return detail::concat("world rank ", members_[static_cast<std::size_t>(r)], " called ", c.op, "(size ", c.size,
+      return detail::concat("world rank ", group_->members[static_cast<std::size_t>(r)], " called ", c.op, "(size ", c.size,
                             ", ", c.extra, ")");
     };
     for (int r = 1; r < size(); ++r) {
       auto const& a = calls[0];
       auto const& b = calls[static_cast<std::size_t>(r)];
       if (std::strcmp(a.op, b.op) != 0 || a.size != b.size || a.extra != b.extra)
-        return {status::invalid_usage, detail::concat("ranks disagree: ", describe(0), ", but ", describe(r))};
+        return {status::invalid_usage,
+                detail::concat(prefix, "ranks disagree: ", describe(0), ", but ", describe(r), group_suffix())};
     }
     return {};
   }
 
-  //! For every pair (i, j): one send from i to j at most, with the size of j's receive from i.
-  [[nodiscard]] detail::inproc_problem check_exchange_matrix() const {
+  //! For every pair (i, j): i's send to j has the size of j's receive from i (the blocks themselves
+  //! were checked by each rank: peers in range, one block per peer).
+  [[nodiscard]] detail::inproc_problem check_exchange_sizes() const {
     int const n = size();
-    std::size_t const cells = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-    std::vector<std::int64_t> sent(cells, -1), expected(cells, -1);  // -1: no block posted
+    std::vector<std::int64_t> sent(static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0), expected(sent);
     for (int i = 0; i < n; ++i) {
       auto const& c = group_->calls[static_cast<std::size_t>(i)];
-      auto const bad_peer = [&](int peer, char const* what) -> detail::inproc_problem {
-        if (peer >= 0 && peer < n) return {};
-        return {status::invalid_argument, detail::concat("world rank ", members_[static_cast<std::size_t>(i)], " ", what,
-                                                         " peer ", peer, ", not a rank of this group of ", n)};
-      };
-      auto const post = [&](std::int64_t& cell, std::int64_t bytes, int from, int to, char const* what) -> detail::inproc_problem {
-        if (cell >= 0)
-          return {status::invalid_argument, detail::concat("world rank ", members_[static_cast<std::size_t>(i)], " posts two ",
-                                                           what, " for the pair (", from, ", ", to, "); post one block per peer")};
-        cell = bytes;
-        return {};
-      };
-      for (send_block const& b : c.sends) {
-        if (auto p = bad_peer(b.peer, "sends to")) return p;
-        if (auto p = post(sent[static_cast<std::size_t>(i) * n + b.peer], b.bytes, i, b.peer, "sends")) return p;
-      }
-      for (recv_block const& b : c.recvs) {
-        if (auto p = bad_peer(b.peer, "receives from")) return p;
-        if (auto p = post(expected[static_cast<std::size_t>(b.peer) * n + i], b.bytes, b.peer, i, "receives")) return p;
-      }
+      for (send_block const& b : c.sends) sent[static_cast<std::size_t>(i) * n + b.peer] = b.bytes;
+      for (recv_block const& b : c.recvs) expected[static_cast<std::size_t>(b.peer) * n + i] = b.bytes;
     }
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < n; ++j) {
         std::size_t const at = static_cast<std::size_t>(i) * n + j;
-        std::int64_t const s = sent[at] < 0 ? 0 : sent[at], e = expected[at] < 0 ? 0 : expected[at];
-        if (s != e)
-          return {status::invalid_usage, detail::concat("pair (", i, ", ", j, "): rank ", i, " sends ", s, " bytes to rank ", j,
-                                                        ", but rank ", j, " expects ", e, " bytes from rank ", i, " (group ranks)")};
+        if (sent[at] != expected[at])
+          return {status::invalid_usage,
+                  detail::concat("moecomm::", where("exchange"), ": pair (", i, ", ", j, "): rank ", i, " sends ", sent[at],
+                                 " bytes to rank ", j, ", but rank ", j, " expects ", expected[at], " bytes from rank ", i,
+                                 " (group ranks)", group_suffix())};
       }
     return {};
   }
 
   std::shared_ptr<detail::inproc_state> state_;
   std::shared_ptr<detail::inproc_group> group_;
-  std::vector<int> members_;  //!< world rank of each group rank
   int rank_ = 0;
   int splits_made_ = 0;
 };
@@ -344,12 +464,15 @@ class inproc_communicator {
 class inproc_world {
  public:
   //! @param size number of ranks.
-  //! @param timeout the longest any rank waits in a collective before the world is aborted.
-  explicit inproc_world(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60))
-      : state_(std::make_shared<detail::inproc_state>()), size_(size) {
+  //! @param timeout the longest any rank waits in a collective before the world is aborted (> 0).
+  explicit inproc_world(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60)) : size_(size) {
     detail::require(size > 0, "inproc_world", "size = ", size, " must be positive");
+    detail::require(timeout.count() > 0, "inproc_world", "timeout = ", timeout.count(), " ms must be positive");
+    state_ = std::make_shared<detail::inproc_state>(size);
     state_->timeout = timeout;
-    group_ = state_->make_group(size);
+    std::vector<int> everyone(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) everyone[static_cast<std::size_t>(r)] = r;
+    group_ = state_->make_group(std::move(everyone));
   }
 
   [[nodiscard]] int size() const { return size_; }
@@ -360,7 +483,6 @@ class inproc_world {
     inproc_communicator c(state_);
     c.group_ = group_;
     c.rank_ = rank;
-    for (int r = 0; r < size_; ++r) c.members_.push_back(r);
     return c;
   }
 
@@ -370,31 +492,55 @@ class inproc_world {
     state_->abort_locked(std::move(reason));
   }
 
-  //! Runs `per_rank(communicator)` on `size()` threads. A rank that throws aborts the world so
-  //! the others stop with `status::aborted` instead of waiting; afterwards the first failure (in
-  //! time) is rethrown.
+  //! Runs `per_rank(communicator)` on `size()` threads. A rank that throws anything aborts the world,
+  //! so the others stop with `status::aborted` instead of waiting; a rank that returns while others
+  //! wait for it makes them throw `invalid_usage` (see the file comment). Afterwards the first
+  //! failure is rethrown, preferring a cause to an `aborted` consequence. A throw that is not a
+  //! `std::exception` becomes `error(aborted)` naming the world rank.
   template <class F>
   void run(F&& per_rank) const {
     std::mutex first_mutex;
     std::exception_ptr first;
+    bool first_is_cause = false;
+    auto const record = [&](std::exception_ptr failure, bool cause) {
+      std::lock_guard<std::mutex> lock(first_mutex);
+      if (!first || (cause && !first_is_cause)) {
+        first = std::move(failure);
+        first_is_cause = cause;
+      }
+    };
+    forget_returns();  // a rank that returned from an earlier run is back
     std::vector<std::thread> threads;
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
         try {
           per_rank(communicator(r));
-        } catch (std::exception const& e) {
-          {
-            std::lock_guard<std::mutex> lock(first_mutex);
-            if (!first) first = std::current_exception();
-          }
+          std::lock_guard<std::mutex> lock(state_->mutex);
+          state_->returned[static_cast<std::size_t>(r)] = true;
+          state_->detect_deadlock_locked();
+        } catch (error const& e) {
+          record(std::current_exception(), e.code() != status::aborted);
           abort(detail::concat("world rank ", r, " failed: ", e.what()));
+        } catch (std::exception const& e) {
+          record(std::current_exception(), true);
+          abort(detail::concat("world rank ", r, " failed: ", e.what()));
+        } catch (...) {
+          std::string const what = detail::concat("world rank ", r, " threw an exception not derived from std::exception");
+          record(std::make_exception_ptr(error(status::aborted, "moecomm::inproc_world::run: " + what)), true);
+          abort(what);
         }
       });
     for (auto& t : threads) t.join();
+    forget_returns();  // the ranks may go on without run, on threads of the caller's own
     if (first) std::rethrow_exception(first);
   }
 
  private:
+  void forget_returns() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::fill(state_->returned.begin(), state_->returned.end(), false);
+  }
+
   std::shared_ptr<detail::inproc_state> state_;
   std::shared_ptr<detail::inproc_group> group_;
   int size_;

@@ -22,6 +22,16 @@
 //! - In the unchecked mode these checks are skipped. A rank that finds a bad argument throws at once,
 //!   and the other ranks time out. Inconsistent calls are undefined, as in plain MPI.
 //!
+//! After a failure:
+//! - `invalid_argument`, `invalid_usage` (checked mode) and the `aborted` of a peer's bad argument: every
+//!   rank stopped at the same point before any data moved, so the communicator is usable and later calls
+//!   give the same results as if the failed call had not been made.
+//! - `timeout` or `mpi_error`: the communicator is **unusable** (details below); make a new one.
+//!
+//! Mismatches across sub-communicators (ranks waiting in different groups) are caught by the timeout
+//! only, except where a world-level agreement runs first (`<moecomm/comm/world_agreement.hpp>`, e.g.
+//! before `hierarchical_2d`'s sub-group phases).
+//!
 //! After a timeout or an MPI error the communicator is **unusable**. Requests that never completed stay
 //! posted: MPI has no way to cancel a collective, and this communicator never calls `MPI_Abort`. Every
 //! later call throws `error(status::aborted)`. MPI may still write into the receive buffers of the call
@@ -40,9 +50,10 @@
 //!   chunks by `detail::split_into_chunks`, as the device communicators cut theirs. Each chunk is one MPI
 //!   message: chunk c of an `exchange` message has tag `c % (MPI_TAG_UB + 1)`. Collectives post one
 //!   non-blocking operation per chunk.
-//! - Arguments are checked by the device communicators' checks (`detail::validate_exchange` and the
-//!   others in `<moecomm/comm/detail/p2p_chunks.hpp>`), so the messages read the same, for example
-//!   "sends[2].peer = 9 is not a rank of this group of 4".
+//! - Arguments are checked by the checks every communicator runs (`detail::validate_exchange` and the
+//!   others in `<moecomm/comm/detail/p2p_chunks.hpp>`), so the messages read the same as in-process and
+//!   on NCCL, for example "sends[2].peer = 9 is not a rank of this group of 4"; sizes whose byte count
+//!   overflows 64 bits (`count * sizeof(T)`, `size() * bytes`) are bad arguments too.
 //! - Floating-point sums of `allreduce` use MPI's reduction order, which can differ from ascending rank
 //!   order by rounding. Integer sums, `max` and `min` are exact.
 //! - `split` first checks (within the timeout) that every rank has called it, then calls the blocking
@@ -173,6 +184,9 @@ class mpi_communicator {
   [[nodiscard]] mpi_options const& options() const { return options_; }
   //! False after a timeout or an MPI error (or once moved from). Every call then throws.
   [[nodiscard]] bool usable() const { return comm_ != MPI_COMM_NULL && failure_.empty(); }
+  //! The checked mode (`mpi_options::check_collectives`): calls are compared across ranks, and
+  //! `detail::agree_across_world` (`<moecomm/comm/world_agreement.hpp>`) runs.
+  [[nodiscard]] bool checks_collectives() const { return options_.check_collectives; }
 
   //! Grouped point-to-point. Each rank may post at most one send and one receive per peer (itself
   //! included: that pair is a `memcpy`). Rank i's send to j and j's receive from i must have equal sizes
@@ -183,8 +197,8 @@ class mpi_communicator {
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     char const* const op = "exchange";
     auto const deadline = start(op);
-    auto const checks = [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); };
-    agree(detail::mpi_op::exchange, 0, 0, local_check(checks, op), deadline);
+    agree(detail::mpi_op::exchange, 0, 0, local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }),
+          deadline);
     send_block const* self_send = nullptr;
     recv_block const* self_recv = nullptr;
     for (send_block const& s : sends)
@@ -221,12 +235,8 @@ class mpi_communicator {
   void allgather(void const* send, void* recv, std::int64_t bytes) {
     char const* const op = "allgather";
     auto const deadline = start(op);
-    agree(detail::mpi_op::allgather, bytes, 0, local_check([&](char const* here) {
-            detail::validate_size(here, "bytes", bytes);
-            detail::validate_buffer(here, "send", send, bytes);
-            detail::validate_buffer(here, "recv", recv, bytes);
-          }, op),
-          deadline);
+    agree(detail::mpi_op::allgather, bytes, 0,
+          local_check(op, [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size_); }), deadline);
     auto const chunks = detail::split_into_chunks(bytes, options_.max_message_bytes);
     std::vector<MPI_Request> requests;
     for (detail::byte_chunk const& chunk : chunks) {
@@ -255,13 +265,13 @@ class mpi_communicator {
   //! int64, float or double. Floating-point sums follow MPI's reduction order (see the file comment).
   template <class T>
   void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
-    reduce_chunks(send, recv, count, reduction, -1, "allreduce");
+    reduce_chunks(send, recv, count, reduction, true, 0, "allreduce");
   }
 
   //! As `allreduce`, into `root`'s `recv` only (`MPI_Ireduce`); `recv` may be null elsewhere.
   template <class T>
   void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
-    reduce_chunks(send, recv, count, reduction, root, "reduce");
+    reduce_chunks(send, recv, count, reduction, false, root, "reduce");
   }
 
   //! The root's `bytes` at `data` to every rank's `data`.
@@ -269,12 +279,8 @@ class mpi_communicator {
   void broadcast(void* data, std::int64_t bytes, int root) {
     char const* const op = "broadcast";
     auto const deadline = start(op);
-    agree(detail::mpi_op::broadcast, bytes, root, local_check([&](char const* here) {
-            detail::validate_root(here, root, size_);
-            detail::validate_size(here, "bytes", bytes);
-            detail::validate_buffer(here, "data", data, bytes);
-          }, op),
-          deadline);
+    agree(detail::mpi_op::broadcast, bytes, root,
+          local_check(op, [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size_); }), deadline);
     std::vector<MPI_Request> requests;
     for (detail::byte_chunk const& chunk : detail::split_into_chunks(bytes, options_.max_message_bytes))
       check(MPI_Ibcast(static_cast<char*>(data) + chunk.offset, static_cast<int>(chunk.bytes), MPI_BYTE, root, comm_,
@@ -299,9 +305,7 @@ class mpi_communicator {
   [[nodiscard]] mpi_communicator split(int color, int key) {
     char const* const op = "split";
     auto const deadline = start(op);
-    agree(detail::mpi_op::split, 0, 0, local_check([&](char const* here) {
-            detail::require(color >= 0, here, "color = ", color, " must be >= 0");
-          }, op),
+    agree(detail::mpi_op::split, 0, 0, local_check(op, [&](char const* here) { detail::validate_split(here, color); }),
           deadline);
     // A bounded rendezvous first: MPI_Comm_split itself blocks, so it is entered only once every
     // rank is known to be in split.
@@ -433,28 +437,21 @@ class mpi_communicator {
 
   //! Runs the local argument checks `checks(where)`. Returns the error they throw, if any.
   template <class Checks>
-  [[nodiscard]] static std::optional<error> local_check(Checks&& checks, char const* op) {
-    try {
-      checks(where(op).c_str());
-    } catch (error const& e) {
-      return e;
-    }
-    return std::nullopt;
+  [[nodiscard]] static std::optional<error> local_check(char const* op, Checks&& checks) {
+    return detail::argument_error([&] { checks(where(op).c_str()); });
   }
 
-  //! `allreduce` (root < 0) or `reduce` to `root`, in chunks of at most max_message_bytes.
+  //! `allreduce` (`all`) or `reduce` to `root`, in chunks of at most max_message_bytes. (A flag, not
+  //! a negative root: `reduce` with root -1 is a bad argument, not an `allreduce`.)
   template <class T>
-  void reduce_chunks(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root, char const* op) {
-    bool const all = root < 0;
+  void reduce_chunks(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root,
+                     char const* op) {
     auto const deadline = start(op);
     agree(all ? detail::mpi_op::allreduce : detail::mpi_op::reduce, count,
-          detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + (all ? 0 : 64 * root),
-          local_check([&](char const* here) {
-            detail::validate_size(here, "count", count);
-            detail::validate_buffer(here, "send", send, count);
-            if (!all) detail::validate_root(here, root, size_);
-            if (all || rank_ == root) detail::validate_buffer(here, "recv", recv, count);
-          }, op),
+          detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + (all ? 0 : 64 * std::int64_t{root}),
+          local_check(op, [&](char const* here) {
+            detail::validate_reduction(here, send, recv, count, all, root, rank_, size_);
+          }),
           deadline);
     std::int64_t const per_chunk =
         std::max<std::int64_t>(1, options_.max_message_bytes / static_cast<std::int64_t>(sizeof(T)));

@@ -258,9 +258,7 @@ class nccl_communicator {
   void allgather(void const* send, void* recv, std::int64_t bytes) {
     char const* op = "nccl_communicator::allgather";
     ensure_ready(op);
-    detail::validate_size(op, "bytes", bytes);
-    detail::validate_buffer(op, "send", send, bytes);
-    detail::validate_buffer(op, "recv", recv, bytes);
+    detail::validate_allgather(op, send, recv, bytes, size_);
     check_call(ncclAllGather(send, recv, static_cast<std::size_t>(bytes), ncclChar, comm_, stream_), op,
                "ncclAllGather");
     wait_for(op);
@@ -274,9 +272,7 @@ class nccl_communicator {
     constexpr ncclDataType_t type = detail::nccl_type<T>();
     char const* op = "nccl_communicator::allreduce";
     ensure_ready(op);
-    detail::validate_size(op, "count", count);
-    detail::validate_buffer(op, "send", send, count);
-    detail::validate_buffer(op, "recv", recv, count);
+    detail::validate_reduction(op, send, recv, count, true, 0, rank(), size());
     check_call(ncclAllReduce(send, recv, static_cast<std::size_t>(count), type, detail::nccl_op(reduction), comm_,
                              stream_),
                op, "ncclAllReduce");
@@ -289,10 +285,7 @@ class nccl_communicator {
     constexpr ncclDataType_t type = detail::nccl_type<T>();
     char const* op = "nccl_communicator::reduce";
     ensure_ready(op);
-    detail::validate_size(op, "count", count);
-    detail::validate_buffer(op, "send", send, count);
-    detail::validate_root(op, root, size());
-    if (rank() == root) detail::validate_buffer(op, "recv", recv, count);
+    detail::validate_reduction(op, send, recv, count, false, root, rank(), size());
     check_call(ncclReduce(send, recv, static_cast<std::size_t>(count), type, detail::nccl_op(reduction), root, comm_,
                           stream_),
                op, "ncclReduce");
@@ -304,9 +297,7 @@ class nccl_communicator {
   void broadcast(void* data, std::int64_t bytes, int root) {
     char const* op = "nccl_communicator::broadcast";
     ensure_ready(op);
-    detail::validate_root(op, root, size_);
-    detail::validate_size(op, "bytes", bytes);
-    detail::validate_buffer(op, "data", data, bytes);
+    detail::validate_broadcast(op, data, bytes, root, size_);
     check_call(ncclBroadcast(data, data, static_cast<std::size_t>(bytes), ncclChar, root, comm_, stream_), op,
                "ncclBroadcast");
     wait_for(op);
@@ -328,7 +319,7 @@ class nccl_communicator {
   [[nodiscard]] nccl_communicator split(int color, int key) {
     char const* op = "nccl_communicator::split";
     ensure_ready(op);
-    detail::require(color >= 0, op, "color = ", color, " must be >= 0");
+    detail::validate_split(op, color);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     // NCCL publishes the new communicator from its own thread when the split completes. If this

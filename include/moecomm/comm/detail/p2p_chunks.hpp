@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! Host-side helpers of the device communicators: argument checks that run before any library call
-//! (so a bad argument throws `error(invalid_argument)` naming it and the communicator stays usable),
-//! and the split of a large point-to-point message into chunks.
+//! Host-side helpers of the communicators: the argument checks that every model (in-process, MPI,
+//! NCCL) runs before it moves data, so a bad argument throws the same `error(invalid_argument)`
+//! naming it on every transport and the communicator stays usable; and the split of a large
+//! point-to-point message into chunks.
 //!
-//! Plain C++17: compiled and tested by the host compiler, used by `nccl_communicator`.
+//! Plain C++17: compiled and tested by the host compiler.
 
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/config.hpp>
@@ -13,6 +14,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -45,9 +48,14 @@ struct byte_chunk {
   return chunks;
 }
 
-//! Checks that `value` (the argument called `name` of operation `op`) is not negative.
-inline void validate_size(char const* op, char const* name, std::int64_t value) {
+//! Checks that `value` (the argument called `name` of operation `op`) is not negative and that
+//! `value * unit` bytes still fit in 64 bits: `unit` is the bytes per element, times the ranks for a
+//! gathered buffer, and `unit_name` says so in the message (e.g. " bytes of 4 ranks").
+inline void validate_size(char const* op, char const* name, std::int64_t value, std::int64_t unit = 1,
+                          char const* unit_name = "") {
   require(value >= 0, op, name, " = ", value, " must be >= 0");
+  require(unit <= 1 || value <= std::numeric_limits<std::int64_t>::max() / unit, op, name, " = ", value,
+          " is too large: ", name, " x ", unit, unit_name, " overflows a 64-bit byte count");
 }
 
 //! Checks that buffer `name` is not null when its size (bytes or elements) is positive.
@@ -58,6 +66,48 @@ inline void validate_buffer(char const* op, char const* name, void const* data, 
 //! Checks that `root` is a rank of a group of `group_size`.
 inline void validate_root(char const* op, int root, int group_size) {
   require(root >= 0 && root < group_size, op, "root = ", root, " is not a rank of this group of ", group_size);
+}
+
+//! The arguments of `allgather` on a group of `group_size`: `bytes` not negative, `recv` of
+//! `group_size * bytes` addressable, no null buffer with bytes.
+inline void validate_allgather(char const* op, void const* send, void const* recv, std::int64_t bytes, int group_size) {
+  validate_size(op, "bytes", bytes, group_size, " ranks");
+  validate_buffer(op, "send", send, bytes);
+  validate_buffer(op, "recv", recv, bytes);
+}
+
+//! The arguments of `allreduce` (`all`) and `reduce` to `root`: `count` not negative with
+//! `count * sizeof(T)` addressable, buffers present, `root` a rank; `recv` may be null on a rank
+//! that is not the root of a `reduce`.
+template <class T>
+void validate_reduction(char const* op, T const* send, T const* recv, std::int64_t count, bool all, int root, int rank,
+                        int group_size) {
+  validate_size(op, "count", count, static_cast<std::int64_t>(sizeof(T)), " bytes per element");
+  validate_buffer(op, "send", send, count);
+  if (!all) validate_root(op, root, group_size);
+  if (all || rank == root) validate_buffer(op, "recv", recv, count);
+}
+
+//! The arguments of `broadcast`: `root` a rank, `bytes` not negative, `data` present.
+inline void validate_broadcast(char const* op, void const* data, std::int64_t bytes, int root, int group_size) {
+  validate_root(op, root, group_size);
+  validate_size(op, "bytes", bytes);
+  validate_buffer(op, "data", data, bytes);
+}
+
+//! The argument of `split`: colours are >= 0 (`MPI_UNDEFINED` is not supported).
+inline void validate_split(char const* op, int color) { require(color >= 0, op, "color = ", color, " must be >= 0"); }
+
+//! Runs `checks()`, which throws `error` for a bad argument, and returns that error instead, so that a
+//! collective can post it for its peers (who then fail too, instead of waiting for this rank).
+template <class Checks>
+[[nodiscard]] std::optional<error> argument_error(Checks&& checks) {
+  try {
+    checks();
+  } catch (error const& e) {
+    return e;
+  }
+  return std::nullopt;
 }
 
 namespace p2p_detail {

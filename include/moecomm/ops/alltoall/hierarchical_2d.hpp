@@ -4,9 +4,13 @@
 //! `hierarchical_2d`: Tutel's 2DH all-to-all generalised to variable-size blocks (semantics §11):
 //! an intra-node exchange, then an inter-node exchange among the ranks with the same local index,
 //! with block reorderings between. Each rank sends at most (G - 1) + (N - 1) messages instead of
-//! N·G - 1; the receive buffer is bit for bit that of `flat`.
+//! N·G - 1; the receive buffer is bit for bit that of `flat`. Where the communicator checks
+//! collectives, the ranks first agree on the topology and the byte matrix across the whole group
+//! (`detail::agree_across_world`), so a disagreement is an `invalid_usage` on every rank, not a wait
+//! in different sub-groups.
 
 #include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/ops/alltoall/byte_matrix.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
@@ -27,6 +31,7 @@ struct hierarchical_2d {
            alltoall_stats& stats) const {
     topology const& topo = groups.topo();
     std::int32_t const nodes = topo.num_nodes(), locals = topo.ranks_per_node();
+    agree_on_layout(groups, m);
     if (nodes == 1 || locals == 1) return flat{}.run(be, groups, m, send, recv, stats);
     std::int32_t const me = groups.world().rank();
     std::int32_t const my_node = topo.node_of(me), my_local = topo.local_of(me);
@@ -130,6 +135,22 @@ struct hierarchical_2d {
         at += m.bytes(src, me);
       }
     be.synchronize();  // the staging buffers are released on return
+  }
+
+ private:
+  //! Ranks that disagree on the topology or the byte matrix would wait in different sub-groups until
+  //! the timeout: in the checked mode they all throw `invalid_usage` at once instead.
+  template <class Comm>
+  static void agree_on_layout(exchange_groups<Comm>& groups, byte_matrix const& m) {
+    topology const& topo = groups.topo();
+    std::uint64_t hash = 14695981039346656037ull;  // FNV-1a over the node map and the matrix
+    auto const mix = [&](std::int64_t v) { hash = (hash ^ static_cast<std::uint64_t>(v)) * 1099511628211ull; };
+    for (std::int32_t r = 0; r < topo.num_ranks(); ++r) mix(topo.node_of(r));
+    for (std::int32_t i = 0; i < m.ranks(); ++i)
+      for (std::int32_t j = 0; j < m.ranks(); ++j) mix(m.bytes(i, j));
+    char const* const names[] = {"nodes", "ranks per node", "hash of node map and byte matrix"};
+    std::int64_t const values[] = {topo.num_nodes(), topo.ranks_per_node(), static_cast<std::int64_t>(hash)};
+    detail::agree_across_world(groups.world(), name, names, values);
   }
 };
 

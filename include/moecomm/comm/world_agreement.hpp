@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `detail::agree_across_world`: before an operation splits its work over sub-groups, the ranks of
+//! the whole group compare a few numbers that decide which sub-group calls they will make. Ranks that
+//! disagree would otherwise wait in different sub-groups until the timeout (after which an MPI
+//! communicator is unusable); this way every rank throws the same `invalid_usage` at once.
+//!
+//! It costs one all-gather of a few `int64` on the whole group, and runs only on a communicator with
+//! `checks_collectives()` true (in-process always; MPI in its checked mode). It needs host buffers,
+//! so it is skipped on the NCCL communicator, which has no `checks_collectives()`.
+
+#include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+template <class Comm, class = void>
+struct has_checks_collectives : std::false_type {};
+template <class Comm>
+struct has_checks_collectives<Comm, std::void_t<decltype(std::declval<Comm const&>().checks_collectives())>>
+    : std::true_type {};
+
+//! True if `comm` compares calls across ranks (and takes host buffers for it).
+template <class Comm>
+[[nodiscard]] bool checks_collectives(Comm const& comm) {
+  if constexpr (has_checks_collectives<Comm>::value) return comm.checks_collectives();
+  else return false;
+}
+
+//! Every rank of `world` passes the same `values` (named by `names`), or every rank throws
+//! `error(invalid_usage)` from `op`, naming two ranks and their values. Collective over `world`.
+template <class Comm, std::size_t N>
+void agree_across_world(Comm& world, char const* op, char const* const (&names)[N], std::int64_t const (&values)[N]) {
+  if (!checks_collectives(world)) return;
+  std::vector<std::int64_t> all(N * static_cast<std::size_t>(world.size()));
+  world.allgather(values, all.data(), static_cast<std::int64_t>(sizeof(values)));
+  auto const describe = [&](int r) {
+    std::string fields;
+    for (std::size_t i = 0; i < N; ++i)
+      fields += concat(i > 0 ? ", " : "", names[i], " ", all[static_cast<std::size_t>(r) * N + i]);
+    return concat("rank ", r, " has (", fields, ")");
+  };
+  for (int r = 1; r < world.size(); ++r)
+    for (std::size_t i = 0; i < N; ++i)
+      if (all[static_cast<std::size_t>(r) * N + i] != all[i])
+        fail(status::invalid_usage, op, "ranks disagree before the sub-group phases: ", describe(0), ", but ",
+             describe(r), " (ranks of the whole group)");
+}
+
+}  // namespace detail
+MOECOMM_NAMESPACE_END
