@@ -158,20 +158,23 @@ struct inproc_state {
   //! withdraws its arrival and is told why, so it throws instead of waiting. Needs the lock.
   void detect_deadlock_locked() {
     if (aborted) return;
+    bool any_waiting = false;  // decided without allocating: this runs at every wait
+    for (std::size_t w = 0; w < waits.size(); ++w) {
+      if (!returned[w] && waits[w].group == nullptr) return;  // this rank runs, and may still arrive
+      any_waiting = any_waiting || waits[w].group != nullptr;
+    }
+    if (!any_waiting) return;
     std::map<std::pair<int, std::string>, std::vector<int>> waiting;  // (group id, op) -> world ranks
     std::map<int, inproc_group const*> groups;
     std::vector<int> gone;
     for (std::size_t w = 0; w < waits.size(); ++w) {
       if (returned[w]) {
         gone.push_back(static_cast<int>(w));
-      } else if (waits[w].group == nullptr) {
-        return;  // this rank runs, and may still arrive
       } else {
         waiting[{waits[w].group->id, waits[w].op}].push_back(static_cast<int>(w));
         groups[waits[w].group->id] = waits[w].group;
       }
     }
-    if (waiting.empty()) return;
     std::string why = "no rank can go on: ";
     for (auto const& [where, ranks] : waiting)
       why += concat(ranks.size() > 1 ? "world ranks " : "world rank ", rank_ranges(ranks),
@@ -213,17 +216,16 @@ class inproc_communicator {
   //! @throws error (invalid_argument) for a bad peer, size or buffer, as `detail::validate_exchange`
   //! words it; (invalid_usage) naming the pair (i, j) that disagrees, on every rank.
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
-    detail::inproc_call call = post("exchange", 0, 0, nullptr,
-                                    [&](char const* here) { detail::validate_exchange(here, sends, recvs, size()); });
-    call.sends = sends;
-    call.recvs = recvs;
-    collective(std::move(call), [&] {
-      if (auto problem = check_exchange_sizes()) return problem;
-      for (recv_block const& r : recvs)
-        for (send_block const& s : group_->calls[static_cast<std::size_t>(r.peer)].sends)
-          if (s.peer == rank_ && r.bytes > 0) std::memcpy(r.data, s.data, static_cast<std::size_t>(r.bytes));
-      return detail::inproc_problem{};
-    });
+    collective(post("exchange", 0, 0, nullptr,
+                    [&](char const* here) { detail::validate_exchange(here, sends, recvs, size()); }),
+               [&] {
+                 if (auto problem = check_exchange_sizes()) return problem;
+                 for (recv_block const& r : recvs)
+                   for (send_block const& s : group_->calls[static_cast<std::size_t>(r.peer)].sends)
+                     if (s.peer == rank_ && r.bytes > 0) std::memcpy(r.data, s.data, static_cast<std::size_t>(r.bytes));
+                 return detail::inproc_problem{};
+               },
+               &sends, &recvs);
   }
 
   //! `recv[r * bytes, (r + 1) * bytes)` = rank r's `send`; `recv` must not overlap `send`.
@@ -301,8 +303,17 @@ class inproc_communicator {
   friend class inproc_world;
   explicit inproc_communicator(std::shared_ptr<detail::inproc_state> state) : state_(std::move(state)) {}
 
-  //! "moecomm::inproc_communicator::<op>".
-  [[nodiscard]] static std::string where(char const* op) { return std::string("inproc_communicator::") + op; }
+  //! "inproc_communicator::<op>", a literal: built on every call, so it must not allocate.
+  [[nodiscard]] static char const* where(char const* op) {
+    static constexpr char const* names[][2] = {
+        {"exchange", "inproc_communicator::exchange"},   {"allgather", "inproc_communicator::allgather"},
+        {"allreduce", "inproc_communicator::allreduce"}, {"reduce", "inproc_communicator::reduce"},
+        {"broadcast", "inproc_communicator::broadcast"}, {"barrier", "inproc_communicator::barrier"},
+        {"split", "inproc_communicator::split"}};
+    for (auto const& name : names)
+      if (std::strcmp(name[0], op) == 0) return name[1];
+    return "inproc_communicator";
+  }
 
   //! This rank's call of `op`, with the bad argument `checks(where)` finds, if any.
   template <class Checks>
@@ -313,19 +324,31 @@ class inproc_communicator {
     call.size = size;
     call.extra = extra;
     call.send = send;
-    call.bad = detail::argument_error([&] { checks(where(op).c_str()); });
+    call.bad = detail::argument_error([&] { checks(where(op)); });
     return call;
   }
 
   //! One collective: posts `call`, waits for every rank, checks the posted calls and, if they are
   //! fine, runs `read_peers` (which reads peers' buffers and may find a problem of its own); then waits
   //! until every rank has finished reading, and throws what was found.
+  //! `sends`/`recvs` (exchange only) are copied into the rank's slot, whose capacity stays from call
+  //! to call: a peer may still read them after this rank unwinds, and a steady state allocates nothing.
   template <class ReadPeers>
-  void collective(detail::inproc_call call, ReadPeers&& read_peers) {
+  void collective(detail::inproc_call call, ReadPeers&& read_peers, std::vector<send_block> const* sends = nullptr,
+                  std::vector<recv_block> const* recvs = nullptr) {
     char const* const op = call.op;
     {
       std::unique_lock<std::mutex> lock(state_->mutex);
-      group_->calls[static_cast<std::size_t>(rank_)] = std::move(call);
+      detail::inproc_call& slot = group_->calls[static_cast<std::size_t>(rank_)];
+      slot.op = call.op;
+      slot.size = call.size;
+      slot.extra = call.extra;
+      slot.send = call.send;
+      slot.bad = std::move(call.bad);
+      slot.sends.clear();
+      slot.recvs.clear();
+      if (sends != nullptr) slot.sends.assign(sends->begin(), sends->end());
+      if (recvs != nullptr) slot.recvs.assign(recvs->begin(), recvs->end());
       wait_for_all(lock, op);
     }
     detail::inproc_problem problem = check_calls();
@@ -345,22 +368,25 @@ class inproc_communicator {
       detail::validate_reduction(here, send, recv, count, all, root, rank_, size());
     });
     bool const receives = !call.bad && (all || rank_ == root);
-    // Allocated before posting: an allocation failure here cannot leave the peers mid-collective.
-    std::vector<T> result(receives ? static_cast<std::size_t>(count) : 0);
+    // Sized before posting: an allocation failure here cannot leave the peers mid-collective. Kept
+    // between calls (a steady state allocates nothing); vector<char> memory is aligned for any T.
+    std::size_t const bytes = receives ? static_cast<std::size_t>(count) * sizeof(T) : 0;
+    if (reduce_scratch_.size() < bytes) reduce_scratch_.resize(bytes);
+    T* const result = reinterpret_cast<T*>(reduce_scratch_.data());
     collective(std::move(call), [&] {
-      if (receives) reduce_sends(result, reduction);
+      if (receives) reduce_sends(result, count, reduction);
       return detail::inproc_problem{};
     });
     // Every rank has read every send buffer: now recv (maybe == send) may change.
-    std::copy(result.begin(), result.end(), recv);
+    if (receives) std::copy(result, result + count, recv);
   }
 
   //! Every rank's `send` reduced elementwise, left to right in ascending rank, into `result`.
   template <class T>
-  void reduce_sends(std::vector<T>& result, reduce_op reduction) const {
+  void reduce_sends(T* result, std::int64_t count, reduce_op reduction) const {
     for (int r = 0; r < size(); ++r) {
       auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
-      for (std::size_t i = 0; i < result.size(); ++i) result[i] = r == 0 ? peer[i] : detail::reduce(result[i], peer[i], reduction);
+      for (std::int64_t i = 0; i < count; ++i) result[i] = r == 0 ? peer[i] : detail::reduce(result[i], peer[i], reduction);
     }
   }
 
@@ -373,8 +399,8 @@ class inproc_communicator {
   //! as waiting in this group for the world's deadlock check.
   void wait_for_all(std::unique_lock<std::mutex>& lock, char const* op) {
     detail::inproc_state& s = *state_;
-    std::string const here = where(op);
-    if (s.aborted) detail::fail(status::aborted, here.c_str(), s.abort_reason);
+    char const* const here = where(op);
+    if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
     detail::inproc_group& g = *group_;
     std::uint64_t const phase = g.phase;
     auto const me = static_cast<std::size_t>(world_rank());
@@ -389,31 +415,31 @@ class inproc_communicator {
     s.detect_deadlock_locked();
     auto const deadline = std::chrono::steady_clock::now() + s.timeout;
     bool const woken = s.wake.wait_until(lock, deadline, [&] { return g.phase != phase || s.aborted || !s.stuck[me].empty(); });
-    if (!s.stuck[me].empty()) detail::fail(status::invalid_usage, here.c_str(), std::exchange(s.stuck[me], {}));
+    if (!s.stuck[me].empty()) detail::fail(status::invalid_usage, here, std::exchange(s.stuck[me], {}));
     if (g.phase != phase) return;
     s.waits[me] = {};
-    if (woken) detail::fail(status::aborted, here.c_str(), s.abort_reason);
+    if (woken) detail::fail(status::aborted, here, s.abort_reason);
     std::vector<int> missing;
     for (int r = 0; r < size(); ++r)
       if (g.arrived_for[static_cast<std::size_t>(r)] != phase + 1) missing.push_back(g.members[static_cast<std::size_t>(r)]);
     std::string const reason = detail::concat("world rank ", world_rank(), " timed out after ", s.timeout.count(), " ms in ",
                                               op, " waiting for world rank(s) ", detail::rank_ranges(missing), group_suffix());
     s.abort_locked(reason);
-    detail::fail(status::timeout, here.c_str(), reason);
+    detail::fail(status::timeout, here, reason);
   }
 
   //! The first problem of the posted calls: a bad argument, then ranks that disagree.
   [[nodiscard]] detail::inproc_problem check_calls() const {
     auto const& calls = group_->calls;
     char const* const op = calls[static_cast<std::size_t>(rank_)].op;
-    std::string const prefix = "moecomm::" + where(op) + ": ";
+    auto const prefix = [&] { return detail::concat("moecomm::", where(op), ": "); };  // only on failure
     if (calls[static_cast<std::size_t>(rank_)].bad) {
       error const& mine = *calls[static_cast<std::size_t>(rank_)].bad;
       return {mine.code(), mine.what()};
     }
     for (int r = 0; r < size(); ++r)
       if (calls[static_cast<std::size_t>(r)].bad)
-        return {status::aborted, detail::concat(prefix, "world rank ", group_->members[static_cast<std::size_t>(r)],
+        return {status::aborted, detail::concat(prefix(), "world rank ", group_->members[static_cast<std::size_t>(r)],
                                                 " passed an invalid argument to ", calls[static_cast<std::size_t>(r)].op,
                                                 group_suffix(), " (see its error); no rank's call took effect")};
     auto const describe = [&](int r) {
@@ -426,7 +452,7 @@ class inproc_communicator {
       auto const& b = calls[static_cast<std::size_t>(r)];
       if (std::strcmp(a.op, b.op) != 0 || a.size != b.size || a.extra != b.extra)
         return {status::invalid_usage,
-                detail::concat(prefix, "ranks disagree: ", describe(0), ", but ", describe(r), group_suffix())};
+                detail::concat(prefix(), "ranks disagree: ", describe(0), ", but ", describe(r), group_suffix())};
     }
     return {};
   }
@@ -435,7 +461,10 @@ class inproc_communicator {
   //! were checked by each rank: peers in range, one block per peer).
   [[nodiscard]] detail::inproc_problem check_exchange_sizes() const {
     int const n = size();
-    std::vector<std::int64_t> sent(static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0), expected(sent);
+    std::size_t const cells = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+    pair_bytes_.assign(2 * cells, 0);  // capacity kept between calls
+    std::int64_t* const sent = pair_bytes_.data();
+    std::int64_t* const expected = sent + cells;
     for (int i = 0; i < n; ++i) {
       auto const& c = group_->calls[static_cast<std::size_t>(i)];
       for (send_block const& b : c.sends) sent[static_cast<std::size_t>(i) * n + b.peer] = b.bytes;
@@ -457,6 +486,8 @@ class inproc_communicator {
   std::shared_ptr<detail::inproc_group> group_;
   int rank_ = 0;
   int splits_made_ = 0;
+  std::vector<char> reduce_scratch_;             //!< allreduce/reduce results, kept between calls
+  mutable std::vector<std::int64_t> pair_bytes_;  //!< exchange's size check, kept between calls
 };
 
 //! The rendezvous of N in-process ranks. Make it once, then give rank r `communicator(r)` on its

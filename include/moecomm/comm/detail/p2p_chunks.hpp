@@ -116,7 +116,8 @@ namespace p2p_detail {
 //! buffers present, at most one block per peer.
 template <class Block>
 void validate_blocks(char const* op, char const* name, std::vector<Block> const& blocks, int group_size) {
-  std::vector<std::int64_t> first(static_cast<std::size_t>(group_size > 0 ? group_size : 0), -1);
+  thread_local std::vector<std::int64_t> first;  // capacity kept: a steady state allocates nothing
+  first.assign(static_cast<std::size_t>(group_size > 0 ? group_size : 0), -1);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     Block const& b = blocks[i];
     require(b.peer >= 0 && b.peer < group_size, op, name, "[", i, "].peer = ", b.peer,
