@@ -2,7 +2,7 @@
 #pragma once
 //! @file
 //! `router_forward` and `router_backward`: a top-k router (gate) from logits to routing, with the
-//! load-balancing and z losses, matching Megatron-LM's `TopKRouter` (semantics §10).
+//! load-balancing and z losses, matching Megatron-LM's `TopKRouter` (docs/semantics.md §10).
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
@@ -127,7 +127,7 @@ void scan_router_inputs(Backend const& be, matrix_view<float const> logits, rout
 
 }  // namespace detail
 
-//! Routes each token to its top-k experts (semantics §10): scores, optional group limit and
+//! Routes each token to its top-k experts (docs/semantics.md §10): scores, optional group limit and
 //! bias, top-k with ties to the lower expert id, renormalisation and scaling, all in fp32 with a
 //! fixed order. Keeps what `router_backward` needs in `state`.
 //! @param logits `[T][E]` router logits; T and E are its `rows` and `hidden`. Finite or -inf,
@@ -182,7 +182,7 @@ void router_forward(Backend const& be, matrix_view<float const> logits, matrix_v
 
 //! The gradient of `sum_{t,k} topk_weights[t][k] * d_topk_weights[t][k] + aux_loss_coeff * aux +
 //! z_loss_coeff * z` with respect to the logits of the last `router_forward`, with the selection
-//! held fixed; the aux loss's counts are constants, as in Megatron-LM (semantics §10).
+//! held fixed; the aux loss's counts are constants, as in Megatron-LM (docs/semantics.md §10).
 //! @param d_topk_weights `[>= T][K]` gradient of `topk_weights`.
 //! @param d_logits `[>= T][E]`; every element of the first T rows is written.
 template <class Backend>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! `router_config`: what a router (gate) computes from the logits (semantics §10), with
+//! `router_config`: what a router (gate) computes from the logits (docs/semantics.md §10), with
 //! Megatron-LM's defaults, and the checks that name the field a bad value came from.
 
 #include <moecomm/config.hpp>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! The router's per-token arithmetic (semantics §10), written once as `MOECOMM_HOST_DEVICE`
+//! The router's per-token arithmetic (docs/semantics.md §10), written once as `MOECOMM_HOST_DEVICE`
 //! functors for the host and CUDA back-ends: row statistics, scores, the top-k with its tie rule,
 //! group-limited selection, the weights, and the backward to the logits.
 //!
