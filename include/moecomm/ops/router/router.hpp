@@ -62,6 +62,7 @@ class router_state {
   //! Sizes the buffers for a pass (growing only) and records its shape.
   void begin_pass(Backend const& be, std::int64_t tokens, std::int64_t experts, router_config const& config) {
     grow(be, logits_, tokens * experts);
+    grow(be, scores_, tokens * experts);
     grow(be, selected_, tokens * config.top_k);
     grow(be, stats_, tokens);
     grow(be, aux_counts_, experts);
@@ -75,6 +76,7 @@ class router_state {
   std::int64_t experts_ = 0;
   router_config config_{};
   buffer_t<float> logits_;
+  buffer_t<float> scores_;  //!< the forward's scratch: selection keys, then aux scores
   buffer_t<std::int32_t> selected_;
   buffer_t<detail::router_row_stats> stats_;
   buffer_t<std::int32_t> aux_counts_;  //!< per expert, of the aux loss's own top-k
@@ -166,12 +168,12 @@ void router_forward(Backend const& be, matrix_view<float const> logits, matrix_v
   auto const rule = detail::router_rule::from(config, experts);
   be.for_each_index(tokens, detail::router_forward_kernel{rule, state.logits_.data(),
                                                           config.expert_bias ? config.expert_bias->data : nullptr,
-                                                          state.stats_.data(), state.selected_.data(), topk_idx.data,
+                                                          state.stats_.data(), state.scores_.data(),
+                                                          state.selected_.data(), topk_idx.data,
                                                           topk_weights.data, counts,
                                                           aux_needed ? state.aux_counts_.data() : nullptr});
   if (losses.wanted()) {
-    be.for_each_index(experts, detail::aux_score_sums{rule, state.logits_.data(), state.stats_.data(), tokens,
-                                                      state.aux_sums_.data()});
+    be.for_each_index(experts, detail::column_sums{state.scores_.data(), tokens, experts, state.aux_sums_.data()});
     double const t = static_cast<double>(tokens);
     auto const aux_scale = tokens > 0 ? static_cast<float>(static_cast<double>(experts) / (config.top_k * t * t)) : 0.0f;
     be.for_each_index(1, detail::router_loss_values{state.aux_sums_.data(), state.aux_counts_.data(),

@@ -73,13 +73,14 @@ MOECOMM_HOST_DEVICE inline bool ranks_before(float key_a, std::int32_t a, float 
 template <class Key, class Pick>
 MOECOMM_HOST_DEVICE void pick_top(std::int32_t first, std::int32_t last, std::int32_t count, std::int32_t group_size,
                                   std::uint64_t groups, Key const& key, Pick&& pick) {
+  bool const every_group = groups == ~std::uint64_t{0};  // spares the division per id
   std::int32_t previous = -1;
   float previous_key = 0.0f;
   for (std::int32_t rank = 0; rank < count; ++rank) {
     std::int32_t best = -1;
     float best_key = 0.0f;
     for (std::int32_t id = first; id < last; ++id) {
-      if (((groups >> (id / group_size)) & 1u) == 0u) continue;
+      if (!every_group && ((groups >> (id / group_size)) & 1u) == 0u) continue;
       float const k = rank_key(key(id));
       if (previous >= 0 && !ranks_before(previous_key, previous, k, id)) continue;  // picked already
       if (best < 0 || ranks_before(k, id, best_key, best)) {
@@ -152,12 +153,10 @@ struct router_row {
   }
 };
 
-//! The K selected experts of a token, best first, through `out(k, e)`: group-limited when the
-//! config has groups, on `selection_key`.
-template <class Out>
-MOECOMM_HOST_DEVICE void select_experts(router_row const& row, float const* bias, Out&& out) {
-  router_rule const& r = row.rule;
-  auto const key = [&](std::int32_t e) { return row.selection_key(e, bias); };
+//! The K selected experts of a token, best first, through `out(k, e)`, ranked by `key(e)`;
+//! group-limited when the config has groups.
+template <class Key, class Out>
+MOECOMM_HOST_DEVICE void select_experts(router_rule const& r, Key const& key, Out&& out) {
   std::uint64_t groups = ~std::uint64_t{0};
   std::int32_t group_size = r.experts;
   if (r.num_groups > 0) {
@@ -237,6 +236,8 @@ struct router_forward_kernel {
   float const* logits;  //!< `[T][E]`, the state's copy
   float const* bias;    //!< `[E]` or null
   router_row_stats* stats;
+  //! `[T][E]` scratch: each key computed once (the top-k reads it K times); then the aux scores.
+  float* scores;
   std::int32_t* selected;  //!< `[T][K]`, the state's copy
   std::int32_t* topk_idx;
   float* topk_weights;
@@ -247,7 +248,10 @@ struct router_forward_kernel {
     std::int64_t const first = t * rule.top_k;
     stats[t] = make_row_stats(logits + t * rule.experts, rule.experts, rule.sigmoid);
     router_row const row{logits + t * rule.experts, stats[t], rule};
-    select_experts(row, bias, [&](std::int32_t k, std::int32_t e) {
+    float* const score = scores + t * rule.experts;
+    auto const saved = [&](std::int32_t e) { return score[e]; };
+    for (std::int32_t e = 0; e < rule.experts; ++e) score[e] = row.selection_key(e, bias);
+    select_experts(rule, saved, [&](std::int32_t k, std::int32_t e) {
       selected[first + k] = e;
       topk_idx[first + k] = e;
       if (tokens_per_expert != nullptr) atomic_add(tokens_per_expert + e, 1);
@@ -256,25 +260,23 @@ struct router_forward_kernel {
     float const renormaliser = s.renormaliser();
     for (std::int32_t k = 0; k < rule.top_k; ++k)
       topk_weights[first + k] = mul32(div32(s(k), renormaliser), rule.scaling_factor);
+    if (aux_counts == nullptr) return;
     // Megatron's aux-loss map: a plain top-k of the aux scores (no groups, no bias).
-    if (aux_counts != nullptr)
-      pick_top(0, rule.experts, rule.top_k, rule.experts, ~std::uint64_t{0},
-               [&](std::int32_t e) { return row.aux_score(e); },
-               [&](std::int32_t, std::int32_t e, float) { atomic_add(aux_counts + e, 1); });
+    for (std::int32_t e = 0; e < rule.experts; ++e) score[e] = row.aux_score(e);
+    pick_top(0, rule.experts, rule.top_k, rule.experts, ~std::uint64_t{0}, saved,
+             [&](std::int32_t, std::int32_t e, float) { atomic_add(aux_counts + e, 1); });
   }
 };
 
-//! Per expert: `P[e] = sum_t aux_score(t, e)`, ascending t.
-struct aux_score_sums {
-  router_rule rule;
-  float const* logits;
-  router_row_stats const* stats;
-  std::int64_t tokens;
+//! Per column: `sums[e] = sum_t m[t][e]`, ascending t.
+struct column_sums {
+  float const* m;  //!< `[T][E]`
+  std::int64_t rows;
+  std::int64_t columns;
   float* sums;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const {
     float sum = 0.0f;
-    for (std::int64_t t = 0; t < tokens; ++t)
-      sum = add32(sum, router_row{logits + t * rule.experts, stats[t], rule}.aux_score(static_cast<std::int32_t>(e)));
+    for (std::int64_t t = 0; t < rows; ++t) sum = add32(sum, m[t * columns + e]);
     sums[e] = sum;
   }
 };
