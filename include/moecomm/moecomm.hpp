@@ -32,6 +32,7 @@
 #include <moecomm/ops/permute_plan.hpp>
 #include <moecomm/ops/replica/replica_set.hpp>
 #include <moecomm/ops/replica_broadcast.hpp>
+#include <moecomm/ops/router/router.hpp>
 #include <moecomm/ops/sort_chunks.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/ops/validate_routing.hpp>
