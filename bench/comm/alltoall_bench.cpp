@@ -144,13 +144,16 @@ void bm_alltoall(benchmark::State& state, Algorithm algorithm, layout lay, traff
       auto recv = be.allocate<unsigned char>(m.recv_total(me) + kTail);
       for (std::int32_t d = 0; d < ranks; ++d) fill_block(send.data() + m.send_offset(me, d), me, d, m.bytes(me, d));
       std::memset(recv.data(), 0, static_cast<std::size_t>(recv.size()));
+      moecomm::array_view<char const> const send_view{reinterpret_cast<char const*>(send.data()), m.send_total(me)};
+      moecomm::array_view<char> const recv_view{reinterpret_cast<char*>(recv.data()), recv.size()};
+      moecomm::alltoall_workspace<moecomm::host_backend> scratch;  // kept across calls, as the dispatcher keeps it
 
-      moecomm::alltoallv(algorithm, be, groups, m, send.data(), recv.data(), stats[static_cast<std::size_t>(me)]);
+      moecomm::alltoallv(be, groups, m, send_view, recv_view, stats[static_cast<std::size_t>(me)], scratch, algorithm);
       std::memset(recv.data(), kPoison, static_cast<std::size_t>(recv.size()));
 
       moecomm::alltoall_stats timed;  // accumulates over the timed calls; not reported
       timed_loop(state, comm, stop, seconds,
-                 [&] { moecomm::alltoallv(algorithm, be, groups, m, send.data(), recv.data(), timed); });
+                 [&] { moecomm::alltoallv(be, groups, m, send_view, recv_view, timed, scratch, algorithm); });
 
       std::string& error = errors[static_cast<std::size_t>(me)];
       for (std::int32_t s = 0; s < ranks && error.empty(); ++s) {

@@ -586,13 +586,16 @@ run_result run_layer(problem<T> const& p, Capacity capacity, Algorithm algorithm
     auto arrived = be.allocate<char>(std::max<int64_t>(1, m.recv_total(me)));
     std::memset(sent.data(), 0, static_cast<std::size_t>(sent.size()));  // no page faults in the timed loop
     std::memset(arrived.data(), 0, static_cast<std::size_t>(arrived.size()));
+    moecomm::alltoall_workspace<moecomm::host_backend> scratch;  // kept across calls, as the dispatcher keeps it
     for (int it = 0; it < o.iters; ++it) {
       moecomm::alltoall_stats stats;
       comm.barrier();
       auto const start = clock_type::now();
       for (int pass = 0; pass < 2; ++pass) {
-        moecomm::alltoallv(algorithm, be, groups, m, sent.data(), arrived.data(), stats);
-        moecomm::alltoallv(algorithm, be, groups, mt, arrived.data(), sent.data(), stats);
+        moecomm::alltoallv(be, groups, m, moecomm::array_view<char const>{sent.data(), sent.size()},
+                           moecomm::array_view<char>{arrived.data(), arrived.size()}, stats, scratch, algorithm);
+        moecomm::alltoallv(be, groups, mt, moecomm::array_view<char const>{arrived.data(), arrived.size()},
+                           moecomm::array_view<char>{sent.data(), sent.size()}, stats, scratch, algorithm);
       }
       comm.barrier();
       double const seconds = seconds_since(start);

@@ -37,7 +37,7 @@ std::vector<moecomm::alltoall_stats> run_alltoall(Algorithm const& algorithm, mo
     for (std::int32_t d = 0; d < ranks; ++d)
       for (std::int64_t i = 0; i < m.bytes(me, d); ++i) send[static_cast<std::size_t>(m.send_offset(me, d) + i)] = block_byte(me, d, i);
     std::vector<char> recv(static_cast<std::size_t>(m.recv_total(me) + 5), '\x5A');  // poisoned, with a tail
-    moecomm::alltoallv(algorithm, be, groups, m, send.data(), recv.data(), stats[static_cast<std::size_t>(me)]);
+    moecomm::alltoallv(be, groups, m, moecomm::array_view<char const>(send), moecomm::array_view<char>(recv), stats[static_cast<std::size_t>(me)], algorithm);
     for (std::int32_t s = 0; s < ranks; ++s)
       for (std::int64_t i = 0; i < m.bytes(s, me); ++i)
         if (recv[static_cast<std::size_t>(m.recv_offset(s, me) + i)] != block_byte(s, me, i))

@@ -366,7 +366,7 @@ TEST_CASE("hierarchical_2d: ranks that pass different byte matrices all throw in
     moecomm::byte_matrix const m(4, cells);
     std::vector<char> send(64, 'x'), recv(64, '#');
     moecomm::alltoall_stats stats;
-    moecomm::alltoallv(moecomm::hierarchical_2d{}, be, groups, m, send.data(), recv.data(), stats);
+    moecomm::alltoallv(be, groups, m, moecomm::array_view<char const>(send), moecomm::array_view<char>(recv), stats, moecomm::hierarchical_2d{});
   });
   for (auto const& o : outcomes) {
     CHECK(o.code == status::invalid_usage);

@@ -380,14 +380,14 @@ TEST_CASE("mpi hierarchical_2d: ranks with different byte matrices throw invalid
   if (comm.rank() == 2) cells[5] = 8;  // rank 2 believes rank 1 sends itself 8 bytes
   std::vector<char> send(64, 'x'), recv(64, '#');
   moecomm::alltoall_stats stats;
-  test::check_error([&] { moecomm::alltoallv(moecomm::hierarchical_2d{}, be, groups, moecomm::byte_matrix(4, cells), send.data(), recv.data(), stats); },
+  test::check_error([&] { moecomm::alltoallv(be, groups, moecomm::byte_matrix(4, cells), moecomm::array_view<char const>(send), moecomm::array_view<char>(recv), stats, moecomm::hierarchical_2d{}); },
                     moecomm::status::invalid_usage,
                     {"moecomm::hierarchical_2d: ranks disagree before the sub-group phases: rank 0 has (nodes 2, ranks per node 2",
                      "but rank 2 has"});
   CHECK(recv == std::vector<char>(64, '#'));
   // The same matrix everywhere: the exchange runs, and everything is still usable.
   cells[5] = 4;
-  moecomm::alltoallv(moecomm::hierarchical_2d{}, be, groups, moecomm::byte_matrix(4, cells), send.data(), recv.data(), stats);
+  moecomm::alltoallv(be, groups, moecomm::byte_matrix(4, cells), moecomm::array_view<char const>(send), moecomm::array_view<char>(recv), stats, moecomm::hierarchical_2d{});
   CHECK(std::count(recv.begin(), recv.begin() + 16, 'x') == 16);
   CHECK(comm.usable());
   comm.barrier();

@@ -155,17 +155,26 @@ class cuda_backend {
     return value;
   }
 
-  //! Stable sort of `(key, value)` pairs by key bits `[0, end_bit)` (CUB radix sort).
-  void stable_sort_by_key(std::uint32_t const* keys_in, std::uint32_t* keys_out, std::int32_t const* values_in,
-                          std::int32_t* values_out, std::int64_t n, int end_bit) const {
-    if (n <= 0) return;
+  //! Bytes of scratch `stable_sort_by_key` needs for `n` pairs (CUB's first phase, any `end_bit`).
+  [[nodiscard]] std::size_t stable_sort_scratch_bytes(std::int64_t n) const {
+    if (n <= 0) return 0;
     std::size_t bytes = 0;
-    detail::cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys_in, keys_out, values_in, values_out, n, 0,
-                                                       end_bit, stream_),
+    detail::cuda_check(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<std::uint32_t const*>(nullptr),
+                                                       static_cast<std::uint32_t*>(nullptr),
+                                                       static_cast<std::int32_t const*>(nullptr),
+                                                       static_cast<std::int32_t*>(nullptr), n, 0, 32, stream_),
                        "cub::DeviceRadixSort::SortPairs");
-    auto scratch = allocate<unsigned char>(static_cast<std::int64_t>(bytes));
-    detail::cuda_check(cub::DeviceRadixSort::SortPairs(scratch.data(), bytes, keys_in, keys_out, values_in,
-                                                       values_out, n, 0, end_bit, stream_),
+    return bytes;
+  }
+
+  //! Stable sort of `(key, value)` pairs by key bits `[0, end_bit)` (CUB radix sort), with the
+  //! caller's `scratch` of `stable_sort_scratch_bytes(n)` bytes: no allocation, so it can be captured.
+  void stable_sort_by_key(std::uint32_t const* keys_in, std::uint32_t* keys_out, std::int32_t const* values_in,
+                          std::int32_t* values_out, std::int64_t n, int end_bit, void* scratch,
+                          std::size_t scratch_bytes) const {
+    if (n <= 0) return;
+    detail::cuda_check(cub::DeviceRadixSort::SortPairs(scratch, scratch_bytes, keys_in, keys_out, values_in, values_out, n,
+                                                       0, end_bit, stream_),
                        "cub::DeviceRadixSort::SortPairs");
   }
 

@@ -123,18 +123,24 @@ class host_backend {
     return init;
   }
 
+  //! Bytes of scratch `stable_sort_by_key` needs for `n` pairs (CUB's two-phase temporary storage).
+  [[nodiscard]] static std::size_t stable_sort_scratch_bytes(std::int64_t n) {
+    return n > 0 ? static_cast<std::size_t>(n) * (sizeof(std::uint32_t) + sizeof(std::int32_t)) : 0;
+  }
+
   //! Stable sort of `(key, value)` pairs by the low `end_bit` bits of the key: a least-significant-
   //! digit radix sort, 8 bits per pass, which is what `cub::DeviceRadixSort::SortPairs` computes.
-  //! Keys must be below `2^end_bit`.
+  //! Keys must be below `2^end_bit`. `scratch` holds `stable_sort_scratch_bytes(n)` bytes, 4-aligned.
   void stable_sort_by_key(std::uint32_t const* keys_in, std::uint32_t* keys_out, std::int32_t const* values_in,
-                          std::int32_t* values_out, std::int64_t n, int end_bit) const {
+                          std::int32_t* values_out, std::int64_t n, int end_bit, void* scratch,
+                          std::size_t scratch_bytes) const {
     if (n <= 0) return;
+    detail::require(scratch != nullptr && scratch_bytes >= stable_sort_scratch_bytes(n), "host_backend::stable_sort_by_key",
+                    "scratch of ", scratch_bytes, " bytes; needs ", stable_sort_scratch_bytes(n));
     std::copy(keys_in, keys_in + n, keys_out);
     std::copy(values_in, values_in + n, values_out);
-    std::vector<std::uint32_t> key_scratch(static_cast<std::size_t>(n));
-    std::vector<std::int32_t> value_scratch(static_cast<std::size_t>(n));
-    std::uint32_t* keys[2] = {keys_out, key_scratch.data()};
-    std::int32_t* values[2] = {values_out, value_scratch.data()};
+    std::uint32_t* keys[2] = {keys_out, static_cast<std::uint32_t*>(scratch)};
+    std::int32_t* values[2] = {values_out, reinterpret_cast<std::int32_t*>(keys[1] + n)};
     int current = 0;
     for (int shift = 0; shift < std::max(end_bit, 1); shift += 8) {
       std::array<std::int64_t, 257> start{};

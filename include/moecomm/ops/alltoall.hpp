@@ -5,13 +5,16 @@
 //! `flat`, `hierarchical_2d` or `pairwise`. All produce bit-identical receive buffers.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/ops/alltoall/alltoall_workspace.hpp>
 #include <moecomm/ops/alltoall/byte_matrix.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
 #include <moecomm/ops/alltoall/flat.hpp>
 #include <moecomm/ops/alltoall/hierarchical_2d.hpp>
 #include <moecomm/ops/alltoall/pairwise.hpp>
 #include <moecomm/ops/alltoall/stats.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
 
 #include <cstdint>
 #include <vector>
@@ -20,14 +23,29 @@ MOECOMM_NAMESPACE_BEGIN
 
 //! Sends row `me` of `m` (blocks by destination rank, in `send`) and receives column `me` (blocks
 //! by source rank, into `recv`). Collective over `groups.world()`; every rank passes the same `m`.
-//! @param algorithm `flat{}`, `hierarchical_2d{}` or `pairwise{group_size}`.
+//! @param send `[>= m.send_total(me)]` bytes; @param recv `[>= m.recv_total(me)]` bytes.
 //! @param stats accumulates this rank's messages and bytes by link class.
-template <class Algorithm, class Backend, class Comm>
-void alltoallv(Algorithm const& algorithm, Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m,
-               void const* send, void* recv, alltoall_stats& stats) {
-  detail::require(m.ranks() == groups.world().size(), "alltoallv", "the byte matrix has ", m.ranks(),
+//! @param scratch the staging and message lists, kept between calls.
+//! @param algorithm `flat{}`, `hierarchical_2d{}` or `pairwise{group_size}`.
+template <class Backend, class Comm, class Algorithm = flat>
+void alltoallv(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, array_view<char const> send,
+               array_view<char> recv, alltoall_stats& stats, alltoall_workspace<Backend>& scratch,
+               Algorithm const& algorithm = {}) {
+  char const* op = "alltoallv";
+  std::int32_t const me = groups.world().rank();
+  detail::require(m.ranks() == groups.world().size(), op, "the byte matrix has ", m.ranks(),
                   " ranks but the communicator has ", groups.world().size());
-  algorithm.run(be, groups, m, send, recv, stats);
+  detail::check_elements(send, m.send_total(me), op, "send", "the bytes this rank sends: m.send_total(rank)");
+  detail::check_elements(recv, m.recv_total(me), op, "recv", "the bytes this rank receives: m.recv_total(rank)");
+  algorithm.run(be, groups, m, send.data, recv.data, stats, scratch);
+}
+
+//! `alltoallv` with scratch of its own, allocated for this call.
+template <class Backend, class Comm, class Algorithm = flat>
+void alltoallv(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, array_view<char const> send,
+               array_view<char> recv, alltoall_stats& stats, Algorithm const& algorithm = {}) {
+  alltoall_workspace<Backend> scratch;
+  alltoallv(be, groups, m, send, recv, stats, scratch, algorithm);
 }
 
 //! The count exchange: every rank contributes its row (bytes to each rank) and gets the matrix.

@@ -98,33 +98,34 @@ class dispatcher {
     report_ = {};
     combined_ = false;
     home_.clear();
-    plan_.reset();
+    routed_ = false;
     std::int64_t padded = 0;
     if constexpr (detail::is_dropless_v<Capacity>) {
-      plan_.emplace(make_permute_plan(be_, routing, num_experts_, checks_));
-      report_.kept_slots = plan_->num_rows();
+      build_permute_plan(be_, routing, num_experts_, plan_, scratch_, checks_);
+      report_.kept_slots = plan_.num_rows();
     } else if constexpr (detail::is_receiver_budget_v<Capacity>) {
       detail::require(capacity_.rows_per_rank >= 0, "dispatcher::route", "receiver_budget.rows_per_rank = ",
                       capacity_.rows_per_rank, " is negative");
-      plan_.emplace(make_permute_plan(be_, routing, num_experts_, checks_));
+      build_permute_plan(be_, routing, num_experts_, plan_, scratch_, checks_);
       exchange_counts();  // the dropless counts of every rank
       std::vector<std::int64_t> const allowance = receiver_prefix_allowance();
       std::int64_t* const allowed = scratch_.template get<std::int64_t>(be_, ranks_);
       be_.copy(allowed, allowance.data(), ranks_);
       std::int64_t const slots = routing.num_tokens * routing.top_k;
       std::int32_t* const kept_idx = grow(be_, kept_idx_, slots).data();
-      be_.for_each_index(slots, detail::keep_receiver_prefix{routing.topk_idx, plan_->row_of(), plan_->expert_offsets(),
+      be_.for_each_index(slots, detail::keep_receiver_prefix{routing.topk_idx, plan_.row_of(), plan_.expert_offsets(),
                                                              allowed, local_experts_, kept_idx});
       routing_view kept = routing;
       kept.topk_idx = kept_idx;
-      std::int64_t const valid = plan_->num_rows();
-      plan_.emplace(make_permute_plan(be_, kept, num_experts_, unchecked_routing));
+      std::int64_t const valid = plan_.num_rows();
+      build_permute_plan(be_, kept, num_experts_, plan_, scratch_, unchecked_routing);
       report_.capacity = capacity_.rows_per_rank;
-      report_.kept_slots = plan_->num_rows();
+      report_.kept_slots = plan_.num_rows();
       report_.dropped_slots = valid - report_.kept_slots;
     } else {
       validate_capacity_policy(capacity_, "dispatcher::route");
-      auto const all = make_permute_plan(be_, routing, num_experts_, checks_);  // validates, orders (t, k) per expert
+      build_permute_plan(be_, routing, num_experts_, dropless_plan_, scratch_, checks_);  // validates; (t, k) per expert
+      permute_plan<Backend> const& all = dropless_plan_;
       std::int64_t c = expert_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor,
                                        capacity_.min_capacity);
       groups_->world().allreduce(&c, &c, 1, reduce_op::max);
@@ -135,12 +136,13 @@ class dispatcher {
       routing_view kept = routing;
       kept.topk_idx = kept_idx.data;
       padded = capacity_.pad_to_capacity ? c : 0;
-      plan_.emplace(make_permute_plan(be_, kept, num_experts_, unchecked_routing, padded));
+      build_permute_plan(be_, kept, num_experts_, plan_, scratch_, unchecked_routing, padded);
       report_.kept_slots = result.kept_slots;
       report_.dropped_slots = result.dropped_slots;
     }
     exchange_counts();
     keep_home(choose_home(counts_), padded);
+    routed_ = true;
   }
 
   //! Sends each kept slot's token row to its expert's rank. `expert_rows` receives
@@ -171,7 +173,7 @@ class dispatcher {
     exchange_back<T>(expert_rows, returned_, "combine");
     combined_ = true;
     be_.copy(home_tail<T>(returned_, home, out.hidden, "combine", "home_rows"), home.data, home_rows() * out.hidden);
-    unpermute<Weighting>(be_, *plan_, returned_view<T>(out.hidden), out);
+    unpermute<Weighting>(be_, plan_, returned_view<T>(out.hidden), out);
   }
 
   //! The backward of `combine`: the gradient of the experts' output rows (in `dispatch`'s layout)
@@ -207,7 +209,7 @@ class dispatcher {
     check_token_rows(d_x, hidden, op, "d_x");
     bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, op);
     be_.copy(home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), d_home.data, home_rows() * hidden);
-    if (d_x.wanted()) permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_->num_rows(), hidden)), d_x.view());
+    if (d_x.wanted()) permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_.num_rows(), hidden)), d_x.view());
   }
 
   //! The smart schedule (`Algorithm` = `smart_schedule`): `dispatch`, the experts and `combine`
@@ -223,12 +225,12 @@ class dispatcher {
                          Compute&& compute) {
     require_routed("forward_pipelined");
     bytes_t& sent = permuted_rows<T>(x, home, "forward_pipelined");
-    rows_buffer<T>(returned_, plan_->num_rows(), x.hidden);
+    rows_buffer<T>(returned_, plan_.num_rows(), x.hidden);
     combined_ = true;
     pipelined_exchange<T>(sent.data(), arrived, produced, returned_.data(), compute_home, compute, "forward_pipelined");
     be_.copy(home_tail<T>(returned_, home_out, x.hidden, "forward_pipelined", "home_out"), home_out.data,
              home_rows() * x.hidden);
-    unpermute<Weighting>(be_, *plan_, returned_view<T>(out.hidden), out);
+    unpermute<Weighting>(be_, plan_, returned_view<T>(out.hidden), out);
   }
 
   //! The backward of `forward_pipelined`, pipelined the same way: `combine_backward`, the experts'
@@ -243,10 +245,10 @@ class dispatcher {
     std::int64_t const hidden = d_out.hidden;
     check_token_rows(d_x, hidden, op, "d_x");
     bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home_out, d_weights, op);
-    bytes_t& d_back = rows_buffer<T>(d_back_, plan_->num_rows(), hidden);
+    bytes_t& d_back = rows_buffer<T>(d_back_, plan_.num_rows(), hidden);
     pipelined_exchange<T>(d_rows.data(), d_arrived, d_produced, d_back.data(), compute_home, compute, op);
     be_.copy(home_tail<T>(d_back, d_home_in, hidden, op, "d_home_in"), d_home_in.data, home_rows() * hidden);
-    if (d_x.wanted()) permute_backward(be_, *plan_, matrix_view<T const>(as_rows<T>(d_back, plan_->num_rows(), hidden)), d_x.view());
+    if (d_x.wanted()) permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_back, plan_.num_rows(), hidden)), d_x.view());
   }
 
   //! Rows this rank's experts receive (padding rows included).
@@ -268,7 +270,7 @@ class dispatcher {
     return counts_[static_cast<std::size_t>(source) * num_experts_ + expert];
   }
   [[nodiscard]] dispatch_report const& report() const { return report_; }
-  [[nodiscard]] permute_plan<Backend> const& plan() const { return *plan_; }
+  [[nodiscard]] permute_plan<Backend> const& plan() const { return plan_; }
   [[nodiscard]] std::int32_t num_local_experts() const { return local_experts_; }
   [[nodiscard]] Backend const& backend() const { return be_; }
 
@@ -276,7 +278,7 @@ class dispatcher {
   using bytes_t = typename Backend::template buffer_type<char>;
 
   void require_routed(char const* op) const {
-    if (!plan_) detail::fail(status::invalid_usage, "dispatcher", op, " was called before route()");
+    if (!routed_) detail::fail(status::invalid_usage, "dispatcher", op, " was called before route()");
   }
 
   //! A wanted token-row output holds a row per token of the routing.
@@ -284,7 +286,7 @@ class dispatcher {
   void check_token_rows(optional_output<matrix_view<T>> const& rows, std::int64_t hidden, char const* op,
                         char const* name) const {
     if (!rows.wanted()) return;
-    detail::check_rows(rows.view(), plan_->routing().num_tokens, op, name, "one row per token");
+    detail::check_rows(rows.view(), plan_.routing().num_tokens, op, name, "one row per token");
     detail::require(rows.view().hidden == hidden, op, "argument '", name, "' has hidden = ", rows.view().hidden,
                     ", the gradient rows ", hidden);
   }
@@ -299,15 +301,15 @@ class dispatcher {
   T* home_tail(bytes_t& permuted, matrix_view<T const> home, std::int64_t hidden, char const* op, char const* name) const {
     detail::check_rows(home, home_rows(), op, name, "dispatcher.home_rows()");
     detail::require(home.hidden == hidden, op, "argument '", name, "' has hidden = ", home.hidden, ", the token rows ", hidden);
-    return reinterpret_cast<T*>(permuted.data()) + (plan_->num_rows() - home_rows()) * home.hidden;
+    return reinterpret_cast<T*>(permuted.data()) + (plan_.num_rows() - home_rows()) * home.hidden;
   }
 
   //! This rank's rows in plan order (the exchanged ones, then the home ones), the home ones also
   //! copied to `home`.
   template <class T>
   bytes_t& permuted_rows(matrix_view<std::add_const_t<T>> x, matrix_view<T> home, char const* op) {
-    bytes_t& sent = rows_buffer<T>(sent_, plan_->num_rows(), x.hidden);
-    permute(be_, *plan_, x, as_rows<T>(sent, plan_->num_rows(), x.hidden));
+    bytes_t& sent = rows_buffer<T>(sent_, plan_.num_rows(), x.hidden);
+    permute(be_, plan_, x, as_rows<T>(sent, plan_.num_rows(), x.hidden));
     be_.copy(home.data, home_tail<T>(sent, home, x.hidden, op, "home_rows"), home_rows() * x.hidden);
     return sent;
   }
@@ -319,18 +321,18 @@ class dispatcher {
                                  optional_output<array_view<float>> d_weights, char const* op) {
     detail::require(!d_weights.wanted() || detail::is_weighted<Weighting>(), "dispatcher::", op,
                     ": argument 'd_weights' was given, but an unweighted combine has no weight gradient");
-    detail::require(!d_weights.wanted() || combined_ || plan_->num_rows() == 0, "dispatcher::", op,
+    detail::require(!d_weights.wanted() || combined_ || plan_.num_rows() == 0, "dispatcher::", op,
                     ": the weight gradient needs the rows of a previous combine");
-    std::int64_t const rows = plan_->num_rows(), hidden = d_out.hidden;
+    std::int64_t const rows = plan_.num_rows(), hidden = d_out.hidden;
     bytes_t& d_rows = rows_buffer<T>(sent_, rows, hidden);  // dispatch is done with sent_
     if constexpr (detail::is_weighted<Weighting>()) {
       if (d_weights.wanted()) {
-        unpermute_backward(be_, *plan_, d_out, returned_view<T>(hidden), as_rows<T>(d_rows, rows, hidden), d_weights.view());
+        unpermute_backward(be_, plan_, d_out, returned_view<T>(hidden), as_rows<T>(d_rows, rows, hidden), d_weights.view());
       } else {
-        unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, rows, hidden));
+        unpermute_backward<Weighting>(be_, plan_, d_out, as_rows<T>(d_rows, rows, hidden));
       }
     } else {
-      unpermute_backward<Weighting>(be_, *plan_, d_out, as_rows<T>(d_rows, rows, hidden));
+      unpermute_backward<Weighting>(be_, plan_, d_out, as_rows<T>(d_rows, rows, hidden));
     }
     be_.copy(d_home.data, home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), home_rows() * hidden);
     return d_rows;
@@ -349,12 +351,15 @@ class dispatcher {
     std::int32_t const group_size = algorithm_.group_size;
     detail::validate_group_size(op, group_size, ranks_);
     std::int32_t const me = groups_->world().rank(), steps = ranks_ / group_size;
-    byte_matrix const there = row_matrix(arrived.row_bytes()), back = there.transposed();
+    byte_matrix const& there = row_matrix(arrived.row_bytes(), forward_matrix_);
+    back_matrix_.assign_transposed(there);
+    byte_matrix const& back = back_matrix_;
     detail::copy_self_block(be_, there, me, send, arrived.data);
     std::shared_future<void> last = std::async(std::launch::async, [&compute_home] { compute_home(); }).share();
     std::vector<std::shared_future<void>> computed;
     for (std::int32_t step = 0; step < steps; ++step) {
-      detail::source_ranks const from = detail::pairwise_step(group_size, *groups_, there, send, arrived.data, step, report_.exchange);
+      detail::source_ranks const from = detail::pairwise_step(group_size, *groups_, there, send, arrived.data, step, report_.exchange,
+                                                                          exchange_scratch_);
       last = std::async(std::launch::async, [last, from, &compute] {
                last.get();  // one compute at a time, in step order; rethrows an earlier failure
                compute(from.first, from.count);
@@ -365,7 +370,8 @@ class dispatcher {
       computed[static_cast<std::size_t>(step)].get();
       if (step == 0) detail::copy_self_block(be_, back, me, produced.data, returned);
       // R_j returns to the group whose rows step j brought: pairwise step (n - j) mod n.
-      detail::pairwise_step(group_size, *groups_, back, produced.data, returned, (steps - step) % steps, report_.exchange);
+      detail::pairwise_step(group_size, *groups_, back, produced.data, returned, (steps - step) % steps, report_.exchange,
+                            exchange_scratch_);
     }
   }
 
@@ -391,14 +397,14 @@ class dispatcher {
     for (std::int32_t pass = 0; pass < 2; ++pass)  // others first, then home experts, each ascending
       for (std::int32_t e = 0; e < num_experts_; ++e)
         if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label[static_cast<std::size_t>(e)] = next++;
-    routing_view relabeled = plan_->routing();
+    routing_view relabeled = plan_.routing();
     std::int64_t const slots = relabeled.num_tokens * relabeled.top_k;
     std::int32_t* const device_label = scratch_.template get<std::int32_t>(be_, num_experts_);
     be_.copy(device_label, label.data(), num_experts_);
     std::int32_t* const relabeled_idx = grow(be_, relabeled_idx_, slots).data();
     be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label, num_experts_, relabeled_idx});
     relabeled.topk_idx = relabeled_idx;
-    plan_.emplace(make_permute_plan(be_, relabeled, num_experts_, unchecked_routing, padded));
+    build_permute_plan(be_, relabeled, num_experts_, plan_, scratch_, unchecked_routing, padded);
     for (std::int32_t s = 0; s < ranks_; ++s)
       for (std::int32_t e : home_) counts_[static_cast<std::size_t>(s) * num_experts_ + e] = 0;
     derive_local_counts();
@@ -418,7 +424,7 @@ class dispatcher {
 
   template <class T>
   matrix_view<T const> returned_view(std::int64_t hidden) const {
-    return {reinterpret_cast<T const*>(returned_.data()), plan_->num_rows(), hidden};
+    return {reinterpret_cast<T const*>(returned_.data()), plan_.num_rows(), hidden};
   }
 
   //! The global index of this rank's token 0, for `drop_random`'s Philox counter (one all-gather);
@@ -454,12 +460,12 @@ class dispatcher {
 
   //! Every rank learns the rows every rank sends every expert (one all-gather of E counts).
   void exchange_counts() {
-    std::vector<std::int32_t> offsets(static_cast<std::size_t>(num_experts_) + 1);
-    be_.copy(offsets.data(), plan_->expert_offsets(), num_experts_ + 1);
+    std::int32_t* const offsets = scratch_.template host<std::int32_t>(num_experts_ + 1);
+    be_.copy(offsets, plan_.expert_offsets(), num_experts_ + 1);
     be_.synchronize();
-    std::vector<std::int64_t> mine(static_cast<std::size_t>(num_experts_));
-    for (std::int32_t e = 0; e < num_experts_; ++e)
-      mine[static_cast<std::size_t>(e)] = offsets[static_cast<std::size_t>(e) + 1] - offsets[static_cast<std::size_t>(e)];
+    my_counts_.resize(static_cast<std::size_t>(num_experts_));
+    std::vector<std::int64_t>& mine = my_counts_;
+    for (std::int32_t e = 0; e < num_experts_; ++e) mine[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
     counts_.assign(static_cast<std::size_t>(ranks_) * num_experts_, 0);
     groups_->world().allgather(mine.data(), counts_.data(), num_experts_ * static_cast<std::int64_t>(sizeof(std::int64_t)));
     derive_local_counts();
@@ -489,13 +495,12 @@ class dispatcher {
     return {chunk_counts_.data(), static_cast<std::int64_t>(chunk_counts_.size())};
   }
 
-  //! Bytes rank s sends rank d, for rows of `row_bytes`.
-  [[nodiscard]] byte_matrix row_matrix(std::int64_t row_bytes) const {
-    std::vector<std::int64_t> cells(static_cast<std::size_t>(ranks_) * ranks_, 0);
+  //! Bytes rank s sends rank d, for rows of `row_bytes`, in `m` (its memory kept between steps).
+  byte_matrix& row_matrix(std::int64_t row_bytes, byte_matrix& m) const {
+    m.assign_zeros(ranks_);
     for (std::int32_t s = 0; s < ranks_; ++s)
-      for (std::int32_t e = 0; e < num_experts_; ++e)
-        cells[static_cast<std::size_t>(s) * ranks_ + e / local_experts_] += rows_from(s, e) * row_bytes;
-    return byte_matrix(ranks_, std::move(cells));
+      for (std::int32_t e = 0; e < num_experts_; ++e) m.add(s, e / local_experts_, rows_from(s, e) * row_bytes);
+    return m;
   }
 
   //! Permuted rows at this rank -> expert-major rows at the experts' ranks.
@@ -504,7 +509,9 @@ class dispatcher {
     detail::check_rows(expert_rows, received_rows(), op, "expert_rows", "dispatcher.received_rows()");
     std::int64_t const row_bytes = expert_rows.row_bytes();
     bytes_t& arrived = rows_buffer<T>(arrived_, received_rows(), expert_rows.hidden);
-    alltoallv(algorithm_, be_, *groups_, row_matrix(row_bytes), permuted, arrived.data(), report_.exchange);
+    byte_matrix const& m = row_matrix(row_bytes, forward_matrix_);
+    alltoallv(be_, *groups_, m, array_view<char const>{permuted, m.send_total(groups_->world().rank())},
+              array_view<char>{arrived.data(), arrived.size()}, report_.exchange, exchange_scratch_, algorithm_);
     sort_chunks(be_, matrix_view<T const>(as_rows<T>(arrived, received_rows(), expert_rows.hidden)), chunk_counts(), ranks_,
                 local_experts_, expert_rows, scratch_, chunk_order::rank_major_to_expert_major);
   }
@@ -518,9 +525,10 @@ class dispatcher {
     sort_chunks(be_, matrix_view<T const>{expert_rows.data, received_rows(), hidden}, chunk_counts(), ranks_,
                 local_experts_, as_rows<T>(rank_major, received_rows(), hidden), scratch_,
                 chunk_order::expert_major_to_rank_major);
-    rows_buffer<T>(back, plan_->num_rows(), hidden);
-    alltoallv(algorithm_, be_, *groups_, row_matrix(hidden * static_cast<std::int64_t>(sizeof(T))).transposed(),
-              rank_major.data(), back.data(), report_.exchange);
+    rows_buffer<T>(back, plan_.num_rows(), hidden);
+    back_matrix_.assign_transposed(row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), forward_matrix_));
+    alltoallv(be_, *groups_, back_matrix_, array_view<char const>{rank_major.data(), rank_major.size()},
+              array_view<char>{back.data(), back.size()}, report_.exchange, exchange_scratch_, algorithm_);
     return back;
   }
 
@@ -533,8 +541,13 @@ class dispatcher {
   typename Backend::template buffer_type<std::int32_t> kept_idx_;       //!< the kept routing's ids
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;  //!< home experts sorted last
   workspace<Backend> scratch_;  //!< the steps' small tables (scores, labels, chunk tables), kept between steps
-  std::optional<permute_plan<Backend>> plan_;
+  alltoall_workspace<Backend> exchange_scratch_;  //!< the all-to-alls' staging and message lists
+  byte_matrix forward_matrix_, back_matrix_;       //!< the step's byte matrices, memory kept between steps
+  permute_plan<Backend> plan_;           //!< this step's plan, rebuilt in place each step
+  permute_plan<Backend> dropless_plan_;  //!< the capacity policies' plan before dropping
+  bool routed_ = false;                  //!< `route` succeeded: plan_ is this step's
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
+  std::vector<std::int64_t> my_counts_;     //!< [E] this rank's row of counts_, before the all-gather
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
   std::vector<std::int64_t> local_offsets_;
   std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_

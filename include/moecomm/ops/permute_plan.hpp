@@ -8,7 +8,9 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/functional.hpp>
+#include <moecomm/core/buffer.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/validate_routing.hpp>
 
@@ -115,6 +117,9 @@ class permute_plan {
   using buffer_t = typename Backend::template buffer_type<T>;
 
  public:
+  //! An empty plan (no tokens, no rows), to be filled by `build_permute_plan`.
+  permute_plan() = default;
+
   //! `[T][K]` destination row of each slot; -1 for masked (and, in unchecked mode, invalid) slots.
   [[nodiscard]] std::int32_t const* row_of() const { return row_of_.data(); }
   //! `[num_rows()]` source token of each row; -1 for a padding row.
@@ -135,83 +140,103 @@ class permute_plan {
 
  private:
   template <class B>
-  friend permute_plan<B> make_permute_plan(B const&, routing_view const&, std::int32_t, routing_checks const&,
-                                           std::int64_t);
-
-  permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts, std::int64_t max_rows)
-      : routing_(routing),
-        num_experts_(num_experts),
-        row_of_(be.template allocate<std::int32_t>(routing.num_tokens * routing.top_k)),
-        token_of_(be.template allocate<std::int32_t>(max_rows)),
-        slot_of_(be.template allocate<std::int32_t>(max_rows)),
-        expert_offsets_(be.template allocate<std::int32_t>(num_experts + 1)) {}
+  friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
+                                 routing_checks const&, std::int64_t);
 
   routing_view routing_;
-  std::int32_t num_experts_;
+  std::int32_t num_experts_ = 0;
   buffer_t<std::int32_t> row_of_, token_of_, slot_of_, expert_offsets_;
   std::int64_t num_rows_ = 0;
   std::int64_t num_invalid_slots_ = 0;
   std::int64_t padded_capacity_ = 0;
 };
 
-//! Validates `routing` and computes its row map (semantics §4, §9): a stable sort of the slots by
-//! expert id, then the expert offsets and both directions of the row map. Blocks until
-//! `num_rows()` is known on the host.
+//! Validates `routing` and computes its row map into `plan` (semantics §4, §9): a stable sort of
+//! the slots by expert id, then the expert offsets and both directions of the row map. The plan's
+//! arrays and the sort's scratch only grow, so rebuilding a plan every step allocates nothing once
+//! the sizes have been seen. Blocks until `num_rows()` is known on the host.
 //! @param be the back-end that runs the work and owns the plan's memory.
 //! @param routing `[T][K]` ids (and weights, used later by `unpermute`), in the back-end's memory.
 //! @param num_experts E, the global number of experts.
+//! @param plan the plan to (re)build; whatever it held before is replaced.
+//! @param scratch the sort's keys and scratch, kept between calls.
 //! @param checks the value scans to run (on by default).
 //! @param padded_capacity if > 0, every expert block has exactly this many rows: its kept rows,
 //!        then padding rows (`token_of = -1`, written as zeros by `permute`).
 //! @throws error (invalid_argument) for bad routing, naming the argument, token and slot; or for an
-//!         expert with more slots than `padded_capacity`.
+//!         expert with more slots than `padded_capacity`. After an error the plan is empty.
 template <class Backend>
-[[nodiscard]] permute_plan<Backend> make_permute_plan(Backend const& be, routing_view const& routing,
-                                                      std::int32_t num_experts, routing_checks const& checks = {},
-                                                      std::int64_t padded_capacity = 0) {
+void build_permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts,
+                        permute_plan<Backend>& plan, workspace<Backend>& scratch, routing_checks const& checks = {},
+                        std::int64_t padded_capacity = 0) {
   char const* op = "make_permute_plan";
+  plan.routing_ = {};
+  plan.num_rows_ = plan.num_invalid_slots_ = plan.padded_capacity_ = 0;
   validate_routing(be, routing, num_experts, checks, op);
   detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
   std::int64_t const slots = routing.num_tokens * routing.top_k;
   std::int64_t const padded_rows = padded_capacity * num_experts;
   detail::require(padded_rows <= std::numeric_limits<std::int32_t>::max(), op, "padded_capacity * num_experts = ",
                   padded_rows, " rows exceed the int32 row ids");
-  permute_plan<Backend> plan(be, routing, num_experts, padded_capacity > 0 ? padded_rows : slots);
-  plan.padded_capacity_ = padded_capacity;
-  auto keys = be.template allocate<std::uint32_t>(2 * slots);
-  auto slot_ids = be.template allocate<std::int32_t>(2 * slots);
-  std::uint32_t* const sorted_keys = keys.data() + slots;
-  std::int32_t* const sorted_slots = slot_ids.data() + slots;
-  be.for_each_index(slots, detail::slot_sort_key{routing.topk_idx, num_experts, keys.data(), slot_ids.data()});
-  be.stable_sort_by_key(keys.data(), sorted_keys, slot_ids.data(), sorted_slots, slots, detail::key_bits(num_experts));
-  be.for_each_index(num_experts + 1,
-                    detail::expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
+  std::int64_t const max_rows = padded_capacity > 0 ? padded_rows : slots;
+  grow(be, plan.row_of_, slots);
+  grow(be, plan.token_of_, max_rows);
+  grow(be, plan.slot_of_, max_rows);
+  grow(be, plan.expert_offsets_, std::int64_t{num_experts} + 1);
+  // Scratch: keys and slot ids (unsorted | sorted), the unpadded offsets, the sort's own scratch.
+  std::size_t const sort_bytes = be.stable_sort_scratch_bytes(slots);
+  std::int64_t const words = 4 * slots + num_experts + 1;
+  auto* const base = scratch.template get<std::int32_t>(be, words + static_cast<std::int64_t>(sort_bytes / 4 + 1));
+  auto* const keys = reinterpret_cast<std::uint32_t*>(base);
+  std::uint32_t* const sorted_keys = keys + slots;
+  std::int32_t* const slot_ids = base + 2 * slots;
+  std::int32_t* const sorted_slots = slot_ids + slots;
+  std::int32_t* const unpadded = base + 4 * slots;
+  void* const sort_scratch = base + words;
+  be.for_each_index(slots, detail::slot_sort_key{routing.topk_idx, num_experts, keys, slot_ids});
+  be.stable_sort_by_key(keys, sorted_keys, slot_ids, sorted_slots, slots, detail::key_bits(num_experts), sort_scratch,
+                        sort_bytes);
+  be.for_each_index(num_experts + 1, detail::expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
   if (padded_capacity > 0) {
-    std::vector<std::int32_t> counts(static_cast<std::size_t>(num_experts) + 1);
-    be.copy(counts.data(), plan.expert_offsets_.data(), num_experts + 1);
+    std::int32_t* const counts = scratch.template host<std::int32_t>(std::int64_t{num_experts} + 1);
+    be.copy(counts, plan.expert_offsets_.data(), num_experts + 1);
     be.synchronize();
     for (std::int32_t e = 0; e < num_experts; ++e) {
-      std::int64_t const n = counts[static_cast<std::size_t>(e) + 1] - counts[static_cast<std::size_t>(e)];
+      std::int64_t const n = counts[e + 1] - counts[e];
       detail::require(n <= padded_capacity, op, "expert ", e, " has ", n, " slots, more than padded_capacity = ",
                       padded_capacity, " (drop to capacity first)");
     }
     be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{plan.token_of_.data(), -1});
     be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{plan.slot_of_.data(), -1});
+    be.copy(unpadded, plan.expert_offsets_.data(), num_experts + 1);
   }
-  auto unpadded = be.template allocate<std::int32_t>(padded_capacity > 0 ? num_experts + 1 : 0);
-  if (padded_capacity > 0) be.copy(unpadded.data(), plan.expert_offsets_.data(), num_experts + 1);
-  be.for_each_index(slots, detail::row_maps_from_sorted_slots{sorted_keys, sorted_slots, unpadded.data(), padded_capacity,
+  be.for_each_index(slots, detail::row_maps_from_sorted_slots{sorted_keys, sorted_slots, unpadded, padded_capacity,
                                                               num_experts, routing.top_k, plan.row_of_.data(),
                                                               plan.token_of_.data(), plan.slot_of_.data()});
   if (padded_capacity > 0)
     be.for_each_index(num_experts + 1, detail::padded_offsets{padded_capacity, plan.expert_offsets_.data()});
   std::int32_t num_rows = 0;
   be.copy(&num_rows, plan.expert_offsets_.data() + num_experts, 1);
+  std::int64_t invalid = 0;
   if (!checks.scan_values)
-    plan.num_invalid_slots_ =
-        be.reduce(slots, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts}, detail::plus{});
+    invalid = be.reduce(slots, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts}, detail::plus{});
   be.synchronize();
+  plan.routing_ = routing;
+  plan.num_experts_ = num_experts;
+  plan.padded_capacity_ = padded_capacity;
+  plan.num_invalid_slots_ = invalid;
   plan.num_rows_ = num_rows;
+}
+
+//! `build_permute_plan` into a new plan, with scratch of its own: for a one-off routing. A loop
+//! that routes every step keeps a plan and a workspace and rebuilds.
+template <class Backend>
+[[nodiscard]] permute_plan<Backend> make_permute_plan(Backend const& be, routing_view const& routing,
+                                                      std::int32_t num_experts, routing_checks const& checks = {},
+                                                      std::int64_t padded_capacity = 0) {
+  permute_plan<Backend> plan;
+  workspace<Backend> scratch;
+  build_permute_plan(be, routing, num_experts, plan, scratch, checks, padded_capacity);
   return plan;
 }
 

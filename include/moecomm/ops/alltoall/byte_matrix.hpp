@@ -45,6 +45,24 @@ class byte_matrix {
   }
   [[nodiscard]] std::int64_t send_total(std::int32_t from) const { return send_offset(from, ranks_); }
   [[nodiscard]] std::int64_t recv_total(std::int32_t to) const { return recv_offset(ranks_, to); }
+  //! Makes this a `ranks x ranks` matrix of zeros, keeping the memory (a steady state reuses one).
+  void assign_zeros(std::int32_t ranks) {
+    detail::require(ranks > 0, "byte_matrix::assign_zeros", "ranks = ", ranks, " must be positive");
+    ranks_ = ranks;
+    cells_.assign(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks), 0);
+  }
+  //! Adds `bytes` (>= 0) to what `from` sends `to`.
+  void add(std::int32_t from, std::int32_t to, std::int64_t bytes) {
+    detail::require(bytes >= 0, "byte_matrix::add", "bytes = ", bytes, " is negative");
+    cells_[static_cast<std::size_t>(from) * static_cast<std::size_t>(ranks_) + static_cast<std::size_t>(to)] += bytes;
+  }
+  //! Makes this the transpose of `m`, keeping the memory.
+  void assign_transposed(byte_matrix const& m) {
+    assign_zeros(m.ranks_);
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      for (std::int32_t d = 0; d < ranks_; ++d) add(d, s, m.bytes(s, d));
+  }
+
   //! The matrix of the reverse exchange (combine): what d sends s.
   [[nodiscard]] byte_matrix transposed() const {
     std::vector<std::int64_t> t(cells_.size());

@@ -5,6 +5,7 @@
 
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/ops/alltoall/alltoall_workspace.hpp>
 #include <moecomm/ops/alltoall/byte_matrix.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
 #include <moecomm/ops/alltoall/stats.hpp>
@@ -30,11 +31,12 @@ struct flat {
 
   template <class Backend, class Comm>
   void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,
-           alltoall_stats& stats) const {
+           alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
     Comm& comm = groups.world();
     std::int32_t const me = comm.rank();
-    std::vector<send_block> sends;
-    std::vector<recv_block> recvs;
+    scratch.clear_messages();
+    std::vector<send_block>& sends = scratch.sends;
+    std::vector<recv_block>& recvs = scratch.recvs;
     for (std::int32_t peer = 0; peer < m.ranks(); ++peer) {
       if (peer == me) continue;
       if (m.bytes(me, peer) > 0)

@@ -12,6 +12,7 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/ops/alltoall/alltoall_workspace.hpp>
 #include <moecomm/ops/alltoall/byte_matrix.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
 #include <moecomm/ops/alltoall/flat.hpp>
@@ -28,101 +29,102 @@ struct hierarchical_2d {
 
   template <class Backend, class Comm>
   void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,
-           alltoall_stats& stats) const {
+           alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
     topology const& topo = groups.topo();
     std::int32_t const nodes = topo.num_nodes(), locals = topo.ranks_per_node();
     agree_on_layout(groups, m);
-    if (nodes == 1 || locals == 1) return flat{}.run(be, groups, m, send, recv, stats);
+    if (nodes == 1 || locals == 1) return flat{}.run(be, groups, m, send, recv, stats, scratch);
     std::int32_t const me = groups.world().rank();
     std::int32_t const my_node = topo.node_of(me), my_local = topo.local_of(me);
     auto const rank_at = [&](std::int32_t n, std::int32_t g) { return topo.rank_at(n, g); };
     char const* const in = static_cast<char const*>(send);
 
-    // 1. Reorder my blocks [destination node][destination local] -> [destination local][destination node].
-    auto stage_a = be.template allocate<char>(m.send_total(me));
-    std::vector<std::int64_t> a_begin(static_cast<std::size_t>(locals) + 1, 0);  // segment per local peer
-    std::int64_t at = 0;
-    for (std::int32_t g = 0; g < locals; ++g) {
-      a_begin[static_cast<std::size_t>(g)] = at;
-      for (std::int32_t n = 0; n < nodes; ++n) {
-        std::int32_t const d = rank_at(n, g);
-        be.copy(stage_a.data() + at, in + m.send_offset(me, d), m.bytes(me, d));
-        at += m.bytes(me, d);
-      }
-    }
-    a_begin[static_cast<std::size_t>(locals)] = at;
-
-    // 2. Intra-node: local peer g gets my blocks for (n, g), all n; I get from each local peer g'
-    //    its blocks for (n, my_local), all n. Stage B is [source local][destination node].
+    // Segment offsets per local peer (stages A, B) and per node (C, D), kept between calls.
+    scratch.offsets.assign(2 * (static_cast<std::size_t>(locals) + 1) + 2 * (static_cast<std::size_t>(nodes) + 1), 0);
+    std::int64_t* const a_begin = scratch.offsets.data();
+    std::int64_t* const b_begin = a_begin + locals + 1;
+    std::int64_t* const c_begin = b_begin + locals + 1;
+    std::int64_t* const d_begin = c_begin + nodes + 1;
     auto const intra_bytes = [&](std::int32_t src, std::int32_t g) {  // src's blocks for local index g
       std::int64_t b = 0;
       for (std::int32_t n = 0; n < nodes; ++n) b += m.bytes(src, rank_at(n, g));
       return b;
     };
-    std::vector<std::int64_t> b_begin(static_cast<std::size_t>(locals) + 1, 0);
-    for (std::int32_t g = 0; g < locals; ++g)
-      b_begin[static_cast<std::size_t>(g) + 1] = b_begin[static_cast<std::size_t>(g)] + intra_bytes(rank_at(my_node, g), my_local);
-    auto stage_b = be.template allocate<char>(b_begin.back());
-    {
-      std::vector<send_block> sends;
-      std::vector<recv_block> recvs;
-      for (std::int32_t g = 0; g < locals; ++g) {
-        std::int64_t const out = a_begin[static_cast<std::size_t>(g) + 1] - a_begin[static_cast<std::size_t>(g)];
-        std::int64_t const back = b_begin[static_cast<std::size_t>(g) + 1] - b_begin[static_cast<std::size_t>(g)];
-        if (g == my_local) {
-          be.copy(stage_b.data() + b_begin[static_cast<std::size_t>(g)], stage_a.data() + a_begin[static_cast<std::size_t>(g)], out);
-          continue;
-        }
-        if (out > 0) sends.push_back({g, stage_a.data() + a_begin[static_cast<std::size_t>(g)], out});
-        if (back > 0) recvs.push_back({g, stage_b.data() + b_begin[static_cast<std::size_t>(g)], back});
-        stats.record(topo, me, rank_at(my_node, g), out);
-      }
-      groups.intra().exchange(sends, recvs);
-      stats.rounds += 1;
-    }
-
-    // 3. Reorder [source local][destination node] -> [destination node][source local].
-    auto stage_c = be.template allocate<char>(b_begin.back());
-    std::vector<std::int64_t> c_begin(static_cast<std::size_t>(nodes) + 1, 0);  // segment per node
-    at = 0;
-    for (std::int32_t n = 0; n < nodes; ++n) {
-      c_begin[static_cast<std::size_t>(n)] = at;
-      for (std::int32_t g = 0; g < locals; ++g) {
-        std::int32_t const src = rank_at(my_node, g), dst = rank_at(n, my_local);
-        std::int64_t within = 0;  // offset of (src -> dst) inside src's segment of stage B
-        for (std::int32_t n2 = 0; n2 < n; ++n2) within += m.bytes(src, rank_at(n2, my_local));
-        be.copy(stage_c.data() + at, stage_b.data() + b_begin[static_cast<std::size_t>(g)] + within, m.bytes(src, dst));
-        at += m.bytes(src, dst);
-      }
-    }
-    c_begin[static_cast<std::size_t>(nodes)] = at;
-
-    // 4. Inter-node, among the ranks with my local index: node n gets the blocks bound for
-    //    (n, my_local); I get, from each node, the blocks its ranks sent me, in local order.
     auto const node_bytes_to_me = [&](std::int32_t n) {
       std::int64_t b = 0;
       for (std::int32_t g = 0; g < locals; ++g) b += m.bytes(rank_at(n, g), me);
       return b;
     };
-    std::vector<std::int64_t> d_begin(static_cast<std::size_t>(nodes) + 1, 0);
-    for (std::int32_t n = 0; n < nodes; ++n)
-      d_begin[static_cast<std::size_t>(n) + 1] = d_begin[static_cast<std::size_t>(n)] + node_bytes_to_me(n);
-    auto stage_d = be.template allocate<char>(d_begin.back());  // [source node][source local]
-    {
-      std::vector<send_block> sends;
-      std::vector<recv_block> recvs;
+    for (std::int32_t g = 0; g < locals; ++g) b_begin[g + 1] = b_begin[g] + intra_bytes(rank_at(my_node, g), my_local);
+    for (std::int32_t n = 0; n < nodes; ++n) d_begin[n + 1] = d_begin[n] + node_bytes_to_me(n);
+    // The four stages, back to back in one staging area: A and C hold what B and D hold, resorted.
+    std::int64_t const a_bytes = m.send_total(me), b_bytes = b_begin[locals], d_bytes = d_begin[nodes];
+    char* const stage_a = scratch.staging.template get<char>(be, a_bytes + 2 * b_bytes + d_bytes);
+    char* const stage_b = stage_a + a_bytes;
+    char* const stage_c = stage_b + b_bytes;
+    char* const stage_d = stage_c + b_bytes;
+
+    // 1. Reorder my blocks [destination node][destination local] -> [destination local][destination node].
+    std::int64_t at = 0;
+    for (std::int32_t g = 0; g < locals; ++g) {
+      a_begin[g] = at;
       for (std::int32_t n = 0; n < nodes; ++n) {
-        std::int64_t const out = c_begin[static_cast<std::size_t>(n) + 1] - c_begin[static_cast<std::size_t>(n)];
-        std::int64_t const back = d_begin[static_cast<std::size_t>(n) + 1] - d_begin[static_cast<std::size_t>(n)];
-        if (n == my_node) {
-          be.copy(stage_d.data() + d_begin[static_cast<std::size_t>(n)], stage_c.data() + c_begin[static_cast<std::size_t>(n)], out);
+        std::int32_t const d = rank_at(n, g);
+        be.copy(stage_a + at, in + m.send_offset(me, d), m.bytes(me, d));
+        at += m.bytes(me, d);
+      }
+    }
+    a_begin[locals] = at;
+
+    // 2. Intra-node: local peer g gets my blocks for (n, g), all n; I get from each local peer g'
+    //    its blocks for (n, my_local), all n. Stage B is [source local][destination node].
+    {
+      scratch.clear_messages();
+      for (std::int32_t g = 0; g < locals; ++g) {
+        std::int64_t const out = a_begin[g + 1] - a_begin[g];
+        std::int64_t const back = b_begin[g + 1] - b_begin[g];
+        if (g == my_local) {
+          be.copy(stage_b + b_begin[g], stage_a + a_begin[g], out);
           continue;
         }
-        if (out > 0) sends.push_back({n, stage_c.data() + c_begin[static_cast<std::size_t>(n)], out});
-        if (back > 0) recvs.push_back({n, stage_d.data() + d_begin[static_cast<std::size_t>(n)], back});
+        if (out > 0) scratch.sends.push_back({g, stage_a + a_begin[g], out});
+        if (back > 0) scratch.recvs.push_back({g, stage_b + b_begin[g], back});
+        stats.record(topo, me, rank_at(my_node, g), out);
+      }
+      groups.intra().exchange(scratch.sends, scratch.recvs);
+      stats.rounds += 1;
+    }
+
+    // 3. Reorder [source local][destination node] -> [destination node][source local].
+    at = 0;
+    for (std::int32_t n = 0; n < nodes; ++n) {
+      c_begin[n] = at;
+      for (std::int32_t g = 0; g < locals; ++g) {
+        std::int32_t const src = rank_at(my_node, g), dst = rank_at(n, my_local);
+        std::int64_t within = 0;  // offset of (src -> dst) inside src's segment of stage B
+        for (std::int32_t n2 = 0; n2 < n; ++n2) within += m.bytes(src, rank_at(n2, my_local));
+        be.copy(stage_c + at, stage_b + b_begin[g] + within, m.bytes(src, dst));
+        at += m.bytes(src, dst);
+      }
+    }
+    c_begin[nodes] = at;
+
+    // 4. Inter-node, among the ranks with my local index: node n gets the blocks bound for
+    //    (n, my_local); I get, from each node, the blocks its ranks sent me, in local order.
+    {
+      scratch.clear_messages();
+      for (std::int32_t n = 0; n < nodes; ++n) {
+        std::int64_t const out = c_begin[n + 1] - c_begin[n];
+        std::int64_t const back = d_begin[n + 1] - d_begin[n];
+        if (n == my_node) {
+          be.copy(stage_d + d_begin[n], stage_c + c_begin[n], out);
+          continue;
+        }
+        if (out > 0) scratch.sends.push_back({n, stage_c + c_begin[n], out});
+        if (back > 0) scratch.recvs.push_back({n, stage_d + d_begin[n], back});
         stats.record(topo, me, rank_at(n, my_local), out);
       }
-      groups.inter().exchange(sends, recvs);
+      groups.inter().exchange(scratch.sends, scratch.recvs);
       stats.rounds += 1;
     }
 
@@ -131,10 +133,10 @@ struct hierarchical_2d {
     for (std::int32_t n = 0; n < nodes; ++n)
       for (std::int32_t g = 0; g < locals; ++g) {
         std::int32_t const src = rank_at(n, g);
-        be.copy(static_cast<char*>(recv) + m.recv_offset(src, me), stage_d.data() + at, m.bytes(src, me));
+        be.copy(static_cast<char*>(recv) + m.recv_offset(src, me), stage_d + at, m.bytes(src, me));
         at += m.bytes(src, me);
       }
-    be.synchronize();  // the staging buffers are released on return
+    be.synchronize();  // the staging is reused by the next call
   }
 
  private:

@@ -30,17 +30,18 @@ struct source_ranks {
 //! Step `step` of the pairwise exchange of `m`: this rank's group sends to group `g + step` and
 //! receives from group `g - step` (groups of `group_size` consecutive ranks; the self block is
 //! not part of any step). One round.
-template <class Comm>
+template <class Backend, class Comm>
 source_ranks pairwise_step(std::int32_t group_size, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send,
-                           void* recv, std::int32_t step, alltoall_stats& stats) {
+                           void* recv, std::int32_t step, alltoall_stats& stats, alltoall_workspace<Backend>& scratch) {
   Comm& comm = groups.world();
   std::int32_t const me = comm.rank();
   std::int32_t const num_groups = m.ranks() / group_size;
   std::int32_t const mine = me / group_size;
   std::int32_t const to = (mine + step) % num_groups;
   std::int32_t const from = (mine - step % num_groups + num_groups) % num_groups;
-  std::vector<send_block> sends;
-  std::vector<recv_block> recvs;
+  scratch.clear_messages();
+  std::vector<send_block>& sends = scratch.sends;
+  std::vector<recv_block>& recvs = scratch.recvs;
   for (std::int32_t i = 0; i < group_size; ++i) {
     std::int32_t const dst = to * group_size + i, src = from * group_size + i;
     if (dst != me && m.bytes(me, dst) > 0)
@@ -68,11 +69,11 @@ struct pairwise {
 
   template <class Backend, class Comm>
   void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,
-           alltoall_stats& stats) const {
+           alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
     detail::validate_group_size("alltoallv<pairwise>", group_size, m.ranks());
     detail::copy_self_block(be, m, groups.world().rank(), send, recv);
     for (std::int32_t step = 0; step < m.ranks() / group_size; ++step)
-      detail::pairwise_step(group_size, groups, m, send, recv, step, stats);
+      detail::pairwise_step(group_size, groups, m, send, recv, step, stats, scratch);
   }
 };
 
@@ -86,8 +87,8 @@ struct smart_schedule {
 
   template <class Backend, class Comm>
   void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,
-           alltoall_stats& stats) const {
-    pairwise{group_size}.run(be, groups, m, send, recv, stats);
+           alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
+    pairwise{group_size}.run(be, groups, m, send, recv, stats, scratch);
   }
 };
 

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `alltoall_workspace`: what an all-to-all keeps between calls, so that a steady state allocates
+//! nothing: staging in the back-end's memory, and the message lists and offsets built on the host.
+
+#include <moecomm/comm/communicator.hpp>
+#include <moecomm/config.hpp>
+#include <moecomm/core/workspace.hpp>
+
+#include <cstdint>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! One per thread of calls (not shared by all-to-alls that run at the same time).
+template <class Backend>
+struct alltoall_workspace {
+  workspace<Backend> staging;        //!< hierarchical_2d's staged blocks
+  std::vector<send_block> sends;     //!< one round's messages
+  std::vector<recv_block> recvs;
+  std::vector<std::int64_t> offsets;  //!< hierarchical_2d's segment offsets
+
+  //! Empties the message lists, keeping their capacity.
+  void clear_messages() {
+    sends.clear();
+    recvs.clear();
+  }
+};
+
+MOECOMM_NAMESPACE_END
