@@ -7,13 +7,13 @@
 //! like DeepEP's dispatch handle or TransformerEngine's row map.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/validate_routing.hpp>
 
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -172,10 +172,12 @@ template <class Backend>
   char const* op = "make_permute_plan";
   validate_routing(be, routing, num_experts, checks, op);
   detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
-  std::int64_t const slots = routing.num_tokens * routing.top_k;
-  std::int64_t const padded_rows = padded_capacity * num_experts;
-  detail::require(padded_rows <= std::numeric_limits<std::int32_t>::max(), op, "padded_capacity * num_experts = ",
-                  padded_rows, " rows exceed the int32 row ids");
+  (void)detail::checked_int32(std::int64_t{num_experts} + 1, op, "num_experts + 1",
+                              "the plan's expert offsets [E + 1] are indexed by int32 expert ids");
+  std::int64_t const slots = routing.num_tokens * routing.top_k;  // fits int32: validate_routing checked it
+  char const* const padded = "padded_capacity * num_experts";
+  std::int64_t const padded_rows = detail::checked_int32(detail::checked_mul(padded_capacity, num_experts, op, padded),
+                                                         op, padded, "the plan's row ids are int32");
   permute_plan<Backend> plan(be, routing, num_experts, padded_capacity > 0 ? padded_rows : slots);
   plan.padded_capacity_ = padded_capacity;
   auto keys = be.template allocate<std::uint32_t>(2 * slots);

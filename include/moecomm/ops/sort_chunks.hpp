@@ -5,6 +5,7 @@
 //! and back (semantics §10, Megatron-LM's `sort_chunks_by_idxs`).
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/error.hpp>
@@ -40,7 +41,8 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, matrix_
   detail::require(num_ranks > 0, op, "num_ranks = ", num_ranks, " must be positive");
   detail::require(num_local_experts > 0, op, "num_local_experts = ", num_local_experts, " must be positive");
   detail::require(counts != nullptr, op, "argument 'counts' is null");
-  std::int32_t const chunks = num_ranks * num_local_experts;
+  std::int32_t const chunks = detail::checked_int32(std::int64_t{num_ranks} * num_local_experts, op,
+                                                    "num_ranks * num_local_experts", "every chunk is an int32 expert id");
   auto const count = [&](std::int32_t s, std::int32_t l) { return counts[s * num_local_experts + l]; };
   // First row of chunk (s, l), indexed s * L + l, in each of the two orders.
   std::vector<std::int64_t> rank_major(static_cast<std::size_t>(chunks));
