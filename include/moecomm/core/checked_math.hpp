@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! Overflow-checked size arithmetic: every product or sum of user-provided sizes goes through
+//! Overflow-checked size arithmetic: every product of user-provided sizes goes through
 //! these before it sizes a buffer or a loop, so a size that wraps is an error, never a small
 //! allocation followed by a large write (reliability checklist items 1 and 13).
 
@@ -21,13 +21,6 @@ namespace detail {
   std::int64_t product = 0;
   require(!__builtin_mul_overflow(a, b, &product), op, what, " = ", a, " * ", b, " overflows int64");
   return product;
-}
-
-//! `a + b`, or an invalid-argument error "<what> = <a> + <b> overflows int64".
-[[nodiscard]] inline std::int64_t checked_add(std::int64_t a, std::int64_t b, char const* op, char const* what) {
-  std::int64_t sum = 0;
-  require(!__builtin_add_overflow(a, b, &sum), op, what, " = ", a, " + ", b, " overflows int64");
-  return sum;
 }
 
 //! `value` as an int32, or an invalid-argument error "<what> = <value> exceeds int32 (2^31 - 1): <why>".
