@@ -64,7 +64,7 @@ bool one_case(run& r) {
         break;
       case 1:
         capacity = r.pick<int64_t>({-1, std::numeric_limits<int64_t>::min(), int64_max, 1'000'000'000'000'000'000,
-                                    int64_t{1} << 40, int32_max / experts + 1});
+                                    int64_t{1} << 40, int64_t{int32_max} / experts + 1});
         why_plan = "padded_capacity = " + std::to_string(capacity);
         break;
       case 2:
