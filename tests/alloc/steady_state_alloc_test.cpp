@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A layer's steady state allocates nothing on the host back-end: every `operator new` on a rank's
-// thread is counted (a replaced global operator new; hence a binary of its own), and from the
-// second step on, one forward + backward must count 0: for plain flat, hierarchical_2d, the smart
+// thread is counted (a replaced global operator new; hence a binary of its own), and once the
+// sizes have been seen, one forward + backward must count 0: for plain flat, hierarchical_2d, the smart
 // schedule and a capacity policy. The routing changes every step (so do the row counts); the test
 // runs the same routings twice, and the second round, whose sizes have all been seen, must count 0.
 

@@ -9,6 +9,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/error.hpp>
 
@@ -75,12 +76,18 @@ __global__ __launch_bounds__(threads_per_block) void for_each_row_kernel(std::in
   for (std::int64_t row = first; row < rows; row += warps) f(row, team);  // uniform per warp
 }
 
-//! Stream-ordered device memory.
+//! Stream-ordered device memory. Running out of it is `error(out_of_memory)` with the byte count.
 struct cuda_allocator {
   cudaStream_t stream = nullptr;
   void* allocate(std::size_t bytes) const {
     void* p = nullptr;
-    cuda_check(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync");
+    cudaError_t const result = cudaMallocAsync(&p, bytes, stream);
+    if (result == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      fail(status::out_of_memory, "cuda_allocator", "cannot allocate ", bytes,
+           " bytes of device memory (cudaMallocAsync: cudaErrorMemoryAllocation)");
+    }
+    cuda_check(result, "cudaMallocAsync");
     return p;
   }
   void deallocate(void* p, std::size_t) const noexcept { (void)cudaFreeAsync(p, stream); }
@@ -114,6 +121,7 @@ class cuda_backend {
   //! `n` uninitialised elements of device memory, allocated and freed in stream order.
   template <class T>
   [[nodiscard]] buffer_type<T> allocate(std::int64_t n) const {
+    (void)detail::allocation_bytes<T>(n, "cuda_backend::allocate");  // a byte count that wraps is refused here
     return buffer_type<T>(detail::cuda_allocator{stream_}, n);
   }
 

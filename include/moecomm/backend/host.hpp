@@ -8,6 +8,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/fragment.hpp>
 #include <moecomm/error.hpp>
 
@@ -25,9 +26,15 @@
 MOECOMM_NAMESPACE_BEGIN
 
 //! 64-byte aligned host memory (a cache line; enough for every vector access moecomm issues).
+//! A failed allocation is `error(out_of_memory)` with the byte count, never `std::bad_alloc`.
 struct host_allocator {
   static constexpr std::align_val_t alignment{64};
-  void* allocate(std::size_t bytes) const { return ::operator new(bytes, alignment); }
+  void* allocate(std::size_t bytes) const {
+    void* const p = ::operator new(bytes, alignment, std::nothrow);
+    if (p == nullptr)
+      detail::fail(status::out_of_memory, "host_allocator", "cannot allocate ", bytes, " bytes of host memory");
+    return p;
+  }
   void deallocate(void* p, std::size_t) const noexcept { ::operator delete(p, alignment); }
 };
 
@@ -72,8 +79,10 @@ class host_backend {
   [[nodiscard]] host_kernels kernels() const { return kernels_; }
 
   //! `n` uninitialised elements of host memory.
+  //! @throws error (out_of_memory) naming the bytes requested, when they cannot be had.
   template <class T>
   [[nodiscard]] buffer_type<T> allocate(std::int64_t n) const {
+    (void)detail::allocation_bytes<T>(n, "host_backend::allocate");  // a byte count that wraps is refused here
     return buffer_type<T>(host_allocator{}, n);
   }
 

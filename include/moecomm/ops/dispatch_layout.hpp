@@ -90,7 +90,7 @@ class dispatch_layout {
         num_experts_(experts),
         num_ranks_(ranks),
         num_nodes_(nodes),
-        counts_(be.template allocate<std::int32_t>(std::int64_t{experts} + 2 * ranks + nodes)),
+        counts_(be.template allocate<std::int32_t>(std::int64_t{experts} + 2 * std::int64_t{ranks} + nodes)),
         is_token_in_rank_(be.template allocate<bool>(tokens * ranks)) {}
 
   std::int64_t num_tokens_;
@@ -112,6 +112,7 @@ template <class Backend, class Placement>
   detail::require(ranks_per_node > 0 && ranks % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
                   " must be positive and divide num_ranks = ", ranks);
   validate_routing(be, routing, placement.num_experts(), checks, op);
+  // No size below overflows: T < 2^31 (validate_routing) and E, R < 2^31, so T * R and E + 2R + N fit int64.
   std::int32_t const nodes = ranks / ranks_per_node;
   dispatch_layout<Backend> layout(be, routing.num_tokens, placement.num_experts(), ranks, nodes);
   be.for_each_index(layout.counts_.size(), detail::fill_value<std::int32_t>{layout.counts_.data(), 0});

@@ -10,6 +10,7 @@
 #include <moecomm/error.hpp>
 
 #include <cstdint>
+#include <limits>
 
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
@@ -18,6 +19,9 @@ namespace detail {
 template <class T>
 void check_rows(matrix_view<T> const& m, std::int64_t rows, char const* op, char const* name, char const* why) {
   require(m.hidden >= 0, op, "argument '", name, "' has negative hidden = ", m.hidden);
+  std::int64_t const max_elements = std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(sizeof(T));
+  require(m.rows <= 0 || m.hidden <= max_elements / m.rows, op, "argument '", name, "' has ", m.rows,
+          " rows of hidden = ", m.hidden, ": its size in bytes overflows int64");
   require(m.rows >= rows, op, "argument '", name, "' has ", m.rows, " rows; needs at least ", rows, " (", why, ")");
   require(rows == 0 || m.hidden == 0 || m.data != nullptr, op, "argument '", name, "' is null but must hold ", rows,
           " rows");

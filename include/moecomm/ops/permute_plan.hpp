@@ -7,6 +7,7 @@
 //! like DeepEP's dispatch handle or TransformerEngine's row map.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/routing.hpp>
@@ -15,7 +16,6 @@
 #include <moecomm/ops/validate_routing.hpp>
 
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -174,10 +174,12 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
   plan.num_rows_ = plan.num_invalid_slots_ = plan.padded_capacity_ = 0;
   validate_routing(be, routing, num_experts, checks, op);
   detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
-  std::int64_t const slots = routing.num_tokens * routing.top_k;
-  std::int64_t const padded_rows = padded_capacity * num_experts;
-  detail::require(padded_rows <= std::numeric_limits<std::int32_t>::max(), op, "padded_capacity * num_experts = ",
-                  padded_rows, " rows exceed the int32 row ids");
+  (void)detail::checked_int32(std::int64_t{num_experts} + 1, op, "num_experts + 1",
+                              "the plan's expert offsets [E + 1] are indexed by int32 expert ids");
+  std::int64_t const slots = routing.num_tokens * routing.top_k;  // fits int32: validate_routing checked it
+  char const* const padded = "padded_capacity * num_experts";
+  std::int64_t const padded_rows = detail::checked_int32(detail::checked_mul(padded_capacity, num_experts, op, padded),
+                                                         op, padded, "the plan's row ids are int32");
   std::int64_t const max_rows = padded_capacity > 0 ? padded_rows : slots;
   grow(be, plan.row_of_, slots);
   grow(be, plan.token_of_, max_rows);

@@ -6,6 +6,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/core/matrix.hpp>
@@ -42,9 +43,8 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
   char const* op = "sort_chunks";
   detail::require(num_ranks > 0, op, "num_ranks = ", num_ranks, " must be positive");
   detail::require(num_local_experts > 0, op, "num_local_experts = ", num_local_experts, " must be positive");
-  std::int64_t const chunks = std::int64_t{num_ranks} * num_local_experts;
-  detail::require(chunks <= std::numeric_limits<std::int32_t>::max(), op, "num_ranks * num_local_experts = ", num_ranks,
-                  " * ", num_local_experts, " chunks exceed int32");
+  std::int64_t const chunks = detail::checked_int32(std::int64_t{num_ranks} * num_local_experts, op,
+                                                    "num_ranks * num_local_experts", "every chunk is an int32 expert id");
   detail::check_elements(counts, chunks, op, "counts", "one count per (source rank, local expert)");
   auto const count = [&](std::int64_t s, std::int64_t l) -> std::int64_t { return counts.data[s * num_local_experts + l]; };
   // The chunk table, listed in destination order: [dst_begin (chunks + 1) | src_begin (chunks)],

@@ -6,13 +6,13 @@
 //! raised before anything is written.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/error.hpp>
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -60,9 +60,9 @@ inline void check_routing_shape(routing_view const& routing, std::int32_t num_ex
   require(routing.num_tokens >= 0, op, "routing.num_tokens = ", routing.num_tokens, " is negative");
   require(routing.top_k > 0, op, "routing.top_k = ", routing.top_k, " must be positive");
   require(routing.top_k <= num_experts, op, "routing.top_k = ", routing.top_k, " exceeds num_experts = ", num_experts);
-  require(routing.num_tokens * routing.top_k <= std::numeric_limits<std::int32_t>::max(), op,
-          "routing.num_tokens * routing.top_k = ", routing.num_tokens * routing.top_k,
-          " slots exceed the int32 row ids (2^31 - 1)");
+  char const* const slots = "routing.num_tokens * routing.top_k";
+  (void)checked_int32(checked_mul(routing.num_tokens, routing.top_k, op, slots), op, slots,
+                      "every slot needs an int32 row id");
   require(routing.num_tokens == 0 || routing.topk_idx != nullptr, op, "routing.topk_idx is null with num_tokens = ",
           routing.num_tokens);
 }
