@@ -58,38 +58,37 @@ class expert_parallel_layer {
   //! stay alive and unchanged until `backward` is done.
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
-    static_assert(!Shadowing::shadows || detail::is_parametric_experts_v<Experts>,
-                  "moecomm: a shadowing layer needs parametric experts (parameter_count, parameters, gradients, "
-                  "forward, backward; see patterns/experts.hpp)");
-    if constexpr (Shadowing::shadows) {
-      dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) { return shadow_.choose(counts); });
-      shadow_.broadcast(experts);
-    } else {
-      dispatcher_.route(routing);
-    }
-    std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
-    grow_rows(expert_in_, rows);
-    grow_rows(home_in_, home);
-    rows_t& expert_out = grow_rows(expert_out_, rows);
-    rows_t& home_out = grow_rows(home_out_, home);
-    auto run_home = [&] {
-      if constexpr (Shadowing::shadows)
-        for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
-          experts.forward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), rows_at(home_out, begin, n));
-        });
-    };
-    auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
-      detail::run_local_expert<T>(experts, l, input_rows(expert_in_, begin, n), rows_at(expert_out, begin, n));
-    };
-    if constexpr (pipelined) {
-      dispatcher_.template forward_pipelined<Weighting, T>(
-          x, view(expert_in_, rows), view(expert_out, rows), view(home_in_, home), view(home_out, home), out, run_home,
-          [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
-    } else {
-      dispatcher_.template dispatch<T>(x, view(expert_in_, rows), view(home_in_, home));
-      for_each_expert(run_local);
-      run_home();
-      dispatcher_.template combine<Weighting, T>(view(expert_out, rows), view(home_out, home), out);
+    if constexpr (detail::check_experts<T, Experts, Shadowing::shadows, false>()) {
+      if constexpr (Shadowing::shadows) {
+        dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) { return shadow_.choose(counts); });
+        shadow_.broadcast(experts);
+      } else {
+        dispatcher_.route(routing);
+      }
+      std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
+      grow_rows(expert_in_, rows);
+      grow_rows(home_in_, home);
+      rows_t& expert_out = grow_rows(expert_out_, rows);
+      rows_t& home_out = grow_rows(home_out_, home);
+      auto run_home = [&] {
+        if constexpr (Shadowing::shadows)
+          for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
+            experts.forward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), rows_at(home_out, begin, n));
+          });
+      };
+      auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
+        detail::run_local_expert<T>(experts, l, input_rows(expert_in_, begin, n), rows_at(expert_out, begin, n));
+      };
+      if constexpr (pipelined) {
+        dispatcher_.template forward_pipelined<Weighting, T>(
+            x, view(expert_in_, rows), view(expert_out, rows), view(home_in_, home), view(home_out, home), out, run_home,
+            [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
+      } else {
+        dispatcher_.template dispatch<T>(x, view(expert_in_, rows), view(home_in_, home));
+        for_each_expert(run_local);
+        run_home();
+        dispatcher_.template combine<Weighting, T>(view(expert_out, rows), view(home_out, home), out);
+      }
     }
   }
 
@@ -98,33 +97,35 @@ class expert_parallel_layer {
   //! replicas' summed into the owner's, when shadowed). Collective.
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, matrix_view<T> d_x, float* d_weights, ExpertsBackward&& experts) {
-    std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
-    rows_t& d_expert_out = grow_rows(d_expert_out_, rows);
-    rows_t& d_expert_in = grow_rows(d_expert_in_, rows);
-    rows_t& d_home_out = grow_rows(d_home_out_, home);
-    rows_t& d_home_in = grow_rows(d_home_in_, home);
-    auto run_home = [&] {
-      if constexpr (Shadowing::shadows)
-        for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
-          experts.backward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), input_rows(d_home_out, begin, n),
-                           rows_at(d_home_in, begin, n), shadow_.gradients(experts, i));
-        });
-    };
-    auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
-      detail::run_local_expert_backward<T>(experts, l, input_rows(expert_in_, begin, n), input_rows(d_expert_out, begin, n),
-                                           rows_at(d_expert_in, begin, n));
-    };
-    if constexpr (pipelined) {
-      dispatcher_.template backward_pipelined<Weighting, T>(
-          d_out, view(d_expert_out, rows), view(d_expert_in, rows), view(d_home_out, home), view(d_home_in, home), d_x,
-          d_weights, run_home, [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
-    } else {
-      dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home), d_weights);
-      for_each_expert(run_local);
-      run_home();
-      dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x);
+    if constexpr (detail::check_experts<T, ExpertsBackward, Shadowing::shadows, true>()) {
+      std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
+      rows_t& d_expert_out = grow_rows(d_expert_out_, rows);
+      rows_t& d_expert_in = grow_rows(d_expert_in_, rows);
+      rows_t& d_home_out = grow_rows(d_home_out_, home);
+      rows_t& d_home_in = grow_rows(d_home_in_, home);
+      auto run_home = [&] {
+        if constexpr (Shadowing::shadows)
+          for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
+            experts.backward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), input_rows(d_home_out, begin, n),
+                             rows_at(d_home_in, begin, n), shadow_.gradients(experts, i));
+          });
+      };
+      auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
+        detail::run_local_expert_backward<T>(experts, l, input_rows(expert_in_, begin, n), input_rows(d_expert_out, begin, n),
+                                             rows_at(d_expert_in, begin, n));
+      };
+      if constexpr (pipelined) {
+        dispatcher_.template backward_pipelined<Weighting, T>(
+            d_out, view(d_expert_out, rows), view(d_expert_in, rows), view(d_home_out, home), view(d_home_in, home), d_x,
+            d_weights, run_home, [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
+      } else {
+        dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home), d_weights);
+        for_each_expert(run_local);
+        run_home();
+        dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x);
+      }
+      if constexpr (Shadowing::shadows) shadow_.reduce(experts);
     }
-    if constexpr (Shadowing::shadows) shadow_.reduce(experts);
   }
 
   //! The dispatcher: the step's report (capacity, drops, received and home rows, messages), counts, plan.
