@@ -5,7 +5,7 @@
 if(MOECOMM_ENABLE_NCCL)
   find_package(Threads REQUIRED)
   add_executable(moecomm_nccl_tests ${CMAKE_CURRENT_LIST_DIR}/nccl_test.cu)
-  target_link_libraries(moecomm_nccl_tests PRIVATE moecomm::moecomm doctest::doctest Threads::Threads)
+  target_link_libraries(moecomm_nccl_tests PRIVATE moecomm::nccl doctest::doctest Threads::Threads)
   list(GET CMAKE_CUDA_ARCHITECTURES 0 _moecomm_nccl_test_arch)
   set_target_properties(moecomm_nccl_tests PROPERTIES CUDA_ARCHITECTURES ${_moecomm_nccl_test_arch})
   add_test(NAME cuda.nccl COMMAND moecomm_nccl_tests)

@@ -64,10 +64,39 @@ class expert_parallel_layer {
   //! @throws error (invalid_argument) naming the argument, before any communication.
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
+    // The interface is checked member by member; only the first mistake is reported.
+    if constexpr (detail::check_experts<T, Experts, Shadowing::shadows, false>())
+      checked_forward(routing, x, out, experts);
+  }
+
+  //! The gradient of `x` and, with `weighted`, of the routing weights, from that of `out`, for the
+  //! last `forward`; parametric experts also get their parameter gradients (the replicas' summed
+  //! into the owner's, when shadowed). Collective: every rank calls it, also one that needs no
+  //! gradient. `d_x` and `d_weights` are written together at the end, when nothing can fail any
+  //! more: after an error neither holds a partial result (parameter gradients may).
+  //! @param d_out `[>= T][hidden]` the gradient of the forward's `out`.
+  //! @param d_x `[>= T][hidden]`, or `not_needed`.
+  //! @param d_weights `[>= T * K]` (weighted layers only), or `not_needed`.
+  //! @throws error (invalid_argument) naming the argument, before any communication; (invalid_usage)
+  //!         before a forward.
+  template <class ExpertsBackward>
+  void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
+    if constexpr (detail::check_experts<T, ExpertsBackward, Shadowing::shadows, true>())
+      checked_backward(d_out, d_x, d_weights, experts);
+  }
+
+  //! The dispatcher: the step's report (capacity, drops, received and home rows, messages), counts, plan.
+  [[nodiscard]] dispatcher<Backend, Comm, Capacity, Algorithm> const& dispatch_state() const { return dispatcher_; }
+  //! The shadowing policy's state of the last step (for `fastermoe_shadowing`: the decision and the counts).
+  [[nodiscard]] auto const& shadow_state() const { return shadow_; }
+
+ private:
+  using rows_t = typename Backend::template buffer_type<T>;
+
+  template <class Experts>
+  void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     check_forward_arguments(routing, x, out);
-    static_assert(!Shadowing::shadows || detail::is_parametric_experts_v<Experts>,
-                  "moecomm: a shadowing layer needs parametric experts (parameter_count, parameters, gradients, "
-                  "forward, backward; see patterns/experts.hpp)");
     if constexpr (Shadowing::shadows) {
       dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) { return shadow_.choose(counts); });
       shadow_.broadcast(experts);
@@ -102,18 +131,8 @@ class expert_parallel_layer {
     routed_ = true;
   }
 
-  //! The gradient of `x` and, with `weighted`, of the routing weights, from that of `out`, for the
-  //! last `forward`; parametric experts also get their parameter gradients (the replicas' summed
-  //! into the owner's, when shadowed). Collective: every rank calls it, also one that needs no
-  //! gradient. `d_x` and `d_weights` are written together at the end, when nothing can fail any
-  //! more: after an error neither holds a partial result (parameter gradients may).
-  //! @param d_out `[>= T][hidden]` the gradient of the forward's `out`.
-  //! @param d_x `[>= T][hidden]`, or `not_needed`.
-  //! @param d_weights `[>= T * K]` (weighted layers only), or `not_needed`.
-  //! @throws error (invalid_argument) naming the argument, before any communication; (invalid_usage)
-  //!         before a forward.
   template <class ExpertsBackward>
-  void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+  void checked_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     check_backward_arguments(d_out, d_x, d_weights);
     std::int64_t const slots = dispatcher_.plan().routing().num_tokens * dispatcher_.plan().routing().top_k;
@@ -163,13 +182,6 @@ class expert_parallel_layer {
     be.synchronize();
   }
 
-  //! The dispatcher: the step's report (capacity, drops, received and home rows, messages), counts, plan.
-  [[nodiscard]] dispatcher<Backend, Comm, Capacity, Algorithm> const& dispatch_state() const { return dispatcher_; }
-  //! The shadowing policy's state of the last step (for `fastermoe_shadowing`: the decision and the counts).
-  [[nodiscard]] auto const& shadow_state() const { return shadow_; }
-
- private:
-  using rows_t = typename Backend::template buffer_type<T>;
 
   void check_forward_arguments(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out) const {
     char const* op = "expert_parallel_layer::forward";

@@ -19,6 +19,11 @@
 //!
 //! Rows are independent: an expert's output row depends only on its input row, so the layer may
 //! hand an expert its rows in several calls.
+//!
+//! The layer checks its experts member by member (`detail::check_experts`): the first missing or
+//! mis-declared member stops compilation with one static_assert that spells its expected signature.
+//! Experts that declare any of `parameter_count`, `parameters` or `gradients` are checked as
+//! parametric, so a half-declared parametric interface is never taken for a callable.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/matrix.hpp>
@@ -30,19 +35,129 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-template <class Experts, class = void>
-struct is_parametric_experts : std::false_type {};
+// ---- detection: one trait per member of either interface --------------------------------------
+//! `Member<Args...>` (the type of a call expression) when it is well-formed, else `no_member`.
+struct no_member {};
+template <class Void, template <class...> class Member, class... Args>
+struct detect_member {
+  using type = no_member;
+};
+template <template <class...> class Member, class... Args>
+struct detect_member<std::void_t<Member<Args...>>, Member, Args...> {
+  using type = Member<Args...>;
+};
+template <template <class...> class Member, class... Args>
+using member_t = typename detect_member<void, Member, Args...>::type;
+template <template <class...> class Member, class... Args>
+inline constexpr bool has_member_v = !std::is_same_v<member_t<Member, Args...>, no_member>;
+
+template <class E>
+using const_parameter_count_member = decltype(std::declval<E const&>().parameter_count());
+template <class E>
+using parameter_count_member = decltype(std::declval<E&>().parameter_count());  // const or not
+template <class E>
+using parameters_member = decltype(std::declval<E&>().parameters(std::int32_t{0}));
+template <class E>
+using gradients_member = decltype(std::declval<E&>().gradients(std::int32_t{0}));
+template <class E, class T, class P>
+using forward_member = decltype(std::declval<E&>().forward(std::declval<P const*>(), std::declval<matrix_view<T const>>(),
+                                                           std::declval<matrix_view<T>>()));
+template <class E, class T, class P>
+using backward_member = decltype(std::declval<E&>().backward(std::declval<P const*>(), std::declval<matrix_view<T const>>(),
+                                                             std::declval<matrix_view<T const>>(),
+                                                             std::declval<matrix_view<T>>(), std::declval<P*>()));
+template <class E, class T>
+using forward_call = decltype(std::declval<E&>()(std::int32_t{0}, std::declval<matrix_view<T const>>(),
+                                                 std::declval<matrix_view<T>>()));
+template <class E, class T>
+using backward_call = decltype(std::declval<E&>()(std::int32_t{0}, std::declval<matrix_view<T const>>(),
+                                                  std::declval<matrix_view<T const>>(), std::declval<matrix_view<T>>()));
+
+//! Experts that declare any accessor of the parametric interface mean to be parametric: they are
+//! checked as such (a missing or mis-declared member is named), never taken for a callable.
 template <class Experts>
-struct is_parametric_experts<Experts, std::void_t<decltype(std::declval<Experts&>().parameters(std::int32_t{0})),
-                                                  decltype(std::declval<Experts&>().gradients(std::int32_t{0})),
-                                                  decltype(std::declval<Experts const&>().parameter_count())>>
-    : std::true_type {};
-template <class Experts>
-inline constexpr bool is_parametric_experts_v = is_parametric_experts<std::remove_reference_t<Experts>>::value;
+inline constexpr bool is_parametric_experts_v = has_member_v<parameter_count_member, std::remove_reference_t<Experts>> ||
+                                                has_member_v<parameters_member, std::remove_reference_t<Experts>> ||
+                                                has_member_v<gradients_member, std::remove_reference_t<Experts>>;
 
 //! The element type of parametric experts' parameters.
 template <class Experts>
 using parameter_t = std::remove_pointer_t<decltype(std::declval<Experts&>().parameters(std::int32_t{0}))>;
+
+template <class E>
+inline constexpr bool parameters_are_float_or_double_v = std::is_same_v<member_t<parameters_member, E>, float*> ||
+                                                         std::is_same_v<member_t<parameters_member, E>, double*>;
+template <class E>
+inline constexpr bool gradients_match_parameters_v =
+    std::is_same_v<member_t<gradients_member, E>, member_t<parameters_member, E>>;
+
+//! Member by member, the first missing or mis-declared member of parametric experts `E` fails a
+//! static_assert that spells the member's expected signature; later members are not looked at.
+template <class T, class E, bool for_backward>
+[[nodiscard]] constexpr bool check_parametric_experts() {
+  if constexpr (!has_member_v<const_parameter_count_member, E>) {
+    if constexpr (has_member_v<parameter_count_member, E>)
+      static_assert(has_member_v<const_parameter_count_member, E>,
+                    "moecomm: parametric experts: parameter_count() must be a const member function: "
+                    "std::int64_t parameter_count() const");
+    else
+      static_assert(has_member_v<const_parameter_count_member, E>,
+                    "moecomm: parametric experts need std::int64_t parameter_count() const");
+    return false;
+  } else if constexpr (!parameters_are_float_or_double_v<E>) {
+    static_assert(parameters_are_float_or_double_v<E>,
+                  "moecomm: parametric experts need P* parameters(std::int32_t l), returning float* or double*");
+    return false;
+  } else if constexpr (!gradients_match_parameters_v<E>) {
+    static_assert(gradients_match_parameters_v<E>,
+                  "moecomm: parametric experts need P* gradients(std::int32_t l), returning the same P* as parameters(l)");
+    return false;
+  } else if constexpr (!for_backward && !has_member_v<forward_member, E, T, parameter_t<E>>) {
+    static_assert(has_member_v<forward_member, E, T, parameter_t<E>>,
+                  "moecomm: parametric experts need void forward(P const* params, matrix_view<T const> in, "
+                  "matrix_view<T> out), with P* what parameters(l) returns and T the layer's element type");
+    return false;
+  } else if constexpr (for_backward && !has_member_v<backward_member, E, T, parameter_t<E>>) {
+    static_assert(has_member_v<backward_member, E, T, parameter_t<E>>,
+                  "moecomm: parametric experts need void backward(P const* params, matrix_view<T const> in, "
+                  "matrix_view<T const> d_out, matrix_view<T> d_in, P* d_params), with P* what parameters(l) returns "
+                  "and T the layer's element type");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+//! Whether a layer of element type `T` can run `Experts` (in its forward, or its backward), as a
+//! constant for `if constexpr`: when it cannot, exactly one static_assert has failed, spelling the
+//! expected signature, and the caller's guarded body is never instantiated (no cascade of errors).
+//! @tparam needs_parametric the layer moves parameters (shadowing), so callables will not do.
+template <class T, class Experts, bool needs_parametric, bool for_backward>
+[[nodiscard]] constexpr bool check_experts() {
+  using E = std::remove_reference_t<Experts>;
+  if constexpr (is_parametric_experts_v<E>) {
+    return check_parametric_experts<T, E, for_backward>();
+  } else if constexpr (needs_parametric) {
+    static_assert(is_parametric_experts_v<E>,
+                  "moecomm: a shadowing layer moves expert parameters, so it needs parametric experts, not a "
+                  "callable: std::int64_t parameter_count() const, P* parameters(std::int32_t l), P* "
+                  "gradients(std::int32_t l), void forward(P const* params, matrix_view<T const> in, matrix_view<T> "
+                  "out), void backward(P const* params, matrix_view<T const> in, matrix_view<T const> d_out, "
+                  "matrix_view<T> d_in, P* d_params)");
+    return false;
+  } else if constexpr (for_backward) {
+    static_assert(has_member_v<backward_call, E, T>,
+                  "moecomm: the layer's backward needs callable experts with the overload void operator()(std::int32_t "
+                  "l, matrix_view<T const> in, matrix_view<T const> d_out, matrix_view<T> d_in), T being the layer's "
+                  "element type (or parametric experts, see patterns/experts.hpp)");
+    return has_member_v<backward_call, E, T>;
+  } else {
+    static_assert(has_member_v<forward_call, E, T>,
+                  "moecomm: experts must be callable as void operator()(std::int32_t l, matrix_view<T const> in, "
+                  "matrix_view<T> out), T being the layer's element type, or parametric (see patterns/experts.hpp)");
+    return has_member_v<forward_call, E, T>;
+  }
+}
 
 //! Runs local expert `l` on its rows.
 template <class T, class Experts>
