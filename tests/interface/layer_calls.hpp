@@ -26,7 +26,7 @@ void forward(Layer& layer, Experts& experts) {
 
 template <class Layer, class Experts>
 void backward(Layer& layer, Experts& experts) {
-  layer.backward(matrix_view<float const>{}, matrix_view<float>{}, nullptr, experts);
+  layer.backward(matrix_view<float const>{}, matrix_view<float>{}, moecomm::not_needed, experts);
 }
 
 // Parametric experts with every member declared as patterns/experts.hpp documents.
