@@ -41,7 +41,8 @@ template <class Comm>
 template <class Comm, std::size_t N>
 void agree_across_world(Comm& world, char const* op, char const* const (&names)[N], std::int64_t const (&values)[N]) {
   if (!checks_collectives(world)) return;
-  std::vector<std::int64_t> all(N * static_cast<std::size_t>(world.size()));
+  thread_local std::vector<std::int64_t> all;  // capacity kept: every all-to-all runs this
+  all.resize(N * static_cast<std::size_t>(world.size()));
   world.allgather(values, all.data(), static_cast<std::int64_t>(sizeof(values)));
   auto const describe = [&](int r) {
     std::string fields;

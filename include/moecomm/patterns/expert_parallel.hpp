@@ -86,6 +86,9 @@ class expert_parallel_layer {
       checked_backward(d_out, d_x, d_weights, experts);
   }
 
+  //! The layer's shadowing policy (`no_shadowing` or `fastermoe_shadowing<...>`).
+  using shadowing_policy = Shadowing;
+
   //! The dispatcher: the step's report (capacity, drops, received and home rows, messages), counts, plan.
   [[nodiscard]] dispatcher<Backend, Comm, Capacity, Algorithm> const& dispatch_state() const { return dispatcher_; }
   //! The shadowing policy's state of the last step (for `fastermoe_shadowing`: the decision and the counts).
