@@ -35,6 +35,7 @@
 #include <limits>
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/mlp_experts.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -182,84 +183,7 @@ options parse_options(int argc, char** argv) {
   return o;
 }
 
-// ---- the experts: FasterMoE's 2-layer MLP, as parametric experts ----------------------------------
-
-//! y[j] += a * x[j]. Every loop of the experts is this one: each output element is a sum whose
-//! terms come in a fixed order, one per call, so a row's result does not depend on which other
-//! rows share its batch (the shadowed layer hands an expert other batches than plain EP does), and
-//! the compiler may vectorise over j without changing a bit (-ffp-contract=off: no FMA either).
-void axpy(float a, float const* __restrict x, float* __restrict y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) y[j] += a * x[j];
-}
-
-//! One rank's experts: expert(x) = relu(x W1 + b1) W2 + b2, W1 [H][I], W2 [I][H], I = alpha * H.
-//! One expert's flat parameters (and gradient accumulator) are W1, b1, W2, b2 in that order.
-struct mlp_experts {
-  int64_t hidden = 0, inner = 0;     //!< H, I
-  std::vector<float> params, grads;  //!< [local expert][parameter_count()]
-
-  [[nodiscard]] int64_t parameter_count() const { return 2 * hidden * inner + inner + hidden; }
-  float* parameters(int32_t l) { return params.data() + l * parameter_count(); }
-  float* gradients(int32_t l) { return grads.data() + l * parameter_count(); }
-
-  void forward(float const* p, matrix_view<float const> in, matrix_view<float> out) const {
-    std::vector<float> z(static_cast<std::size_t>(inner));
-    float const* const w2 = p + hidden * inner + inner;
-    float const* const b2 = w2 + inner * hidden;
-    for (int64_t r = 0; r < in.rows; ++r) {
-      hidden_layer(p, in.row(r), z.data());
-      float* const y = out.row(r);
-      std::copy(b2, b2 + hidden, y);
-      for (int64_t j = 0; j < inner; ++j)
-        axpy(std::max(z[static_cast<std::size_t>(j)], 0.0f), w2 + j * hidden, y, hidden);
-    }
-  }
-
-  //! Writes d_in and adds this batch's gradient to d_p, row by row. The hidden layer is computed
-  //! again (the interface passes the inputs, not the activations).
-  void backward(float const* p, matrix_view<float const> in, matrix_view<float const> d_out, matrix_view<float> d_in,
-                float* d_p) const {
-    auto const I = static_cast<std::size_t>(inner);
-    float const* const w1 = p;
-    float const* const w2 = p + hidden * inner + inner;
-    // Transposed copies, so that d_a = W2 g and d_x = W1 d_z are axpys over contiguous rows too.
-    std::vector<float> w1t(I * static_cast<std::size_t>(hidden)), w2t(w1t.size());
-    for (int64_t i = 0; i < hidden; ++i)
-      for (int64_t j = 0; j < inner; ++j) {
-        w1t[static_cast<std::size_t>(j * hidden + i)] = w1[i * inner + j];
-        w2t[static_cast<std::size_t>(i * inner + j)] = w2[j * hidden + i];
-      }
-    float* const dw1 = d_p;
-    float* const db1 = dw1 + hidden * inner;
-    float* const dw2 = db1 + inner;
-    float* const db2 = dw2 + inner * hidden;
-    std::vector<float> z(I), d_a(I), d_z(I);
-    for (int64_t r = 0; r < in.rows; ++r) {
-      float const* const x = in.row(r);
-      float const* const g = d_out.row(r);
-      hidden_layer(p, x, z.data());
-      axpy(1.0f, g, db2, hidden);
-      for (int64_t j = 0; j < inner; ++j)
-        axpy(std::max(z[static_cast<std::size_t>(j)], 0.0f), g, dw2 + j * hidden, hidden);
-      std::fill(d_a.begin(), d_a.end(), 0.0f);
-      for (int64_t k = 0; k < hidden; ++k) axpy(g[k], w2t.data() + k * inner, d_a.data(), inner);
-      for (std::size_t j = 0; j < I; ++j) d_z[j] = z[j] > 0.0f ? d_a[j] : 0.0f;
-      axpy(1.0f, d_z.data(), db1, inner);
-      for (int64_t i = 0; i < hidden; ++i) axpy(x[i], d_z.data(), dw1 + i * inner, inner);
-      float* const dx = d_in.row(r);
-      std::fill(dx, dx + hidden, 0.0f);
-      for (int64_t j = 0; j < inner; ++j) axpy(d_z[static_cast<std::size_t>(j)], w1t.data() + j * hidden, dx, hidden);
-    }
-  }
-
- private:
-  //! z = x W1 + b1, before the ReLU.
-  void hidden_layer(float const* p, float const* x, float* z) const {
-    float const* const b1 = p + hidden * inner;
-    std::copy(b1, b1 + inner, z);
-    for (int64_t i = 0; i < hidden; ++i) axpy(x[i], p + i * inner, z, inner);
-  }
-};
+// ---- the experts: FasterMoE's 2-layer MLP (examples/common/mlp_experts.hpp) -------------------
 
 //! 4*alpha*H^2: FLOPs of one row through one expert, forward (the cost model's count).
 double forward_flops_per_row(int64_t hidden, int32_t alpha) {
@@ -320,25 +244,6 @@ std::vector<float> random_rows(int64_t n, std::mt19937_64& rng) {
   return v;
 }
 
-//! Expert e's parameters: uniform in +-1/sqrt(fan-in) for the weights, +-0.1 for the biases, from
-//! a generator of its own (the same values whichever rank or layer copies them).
-std::vector<float> initial_parameters(options const& o, int64_t inner, int32_t e) {
-  std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(o.seed >> 32), 0x5eedu,
-                    static_cast<std::uint32_t>(e)};
-  std::mt19937_64 rng(seq);
-  int64_t const H = o.hidden;
-  auto const uniform = [&](std::vector<float>& v, int64_t n, double limit) {
-    std::uniform_real_distribution<float> u(static_cast<float>(-limit), static_cast<float>(limit));
-    for (int64_t i = 0; i < n; ++i) v.push_back(u(rng));
-  };
-  std::vector<float> p;
-  uniform(p, H * inner, 1.0 / std::sqrt(static_cast<double>(H)));      // W1
-  uniform(p, inner, 0.1);                                              // b1
-  uniform(p, inner * H, 1.0 / std::sqrt(static_cast<double>(inner)));  // W2
-  uniform(p, H, 0.1);                                                  // b2
-  return p;
-}
-
 problem make_problem(options const& o) {
   problem p;
   p.o = o;
@@ -358,7 +263,7 @@ problem make_problem(options const& o) {
       p.steps.back().push_back(std::move(in));
     }
   }
-  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(initial_parameters(o, p.inner, e));
+  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   return p;
 }
 

@@ -40,4 +40,33 @@ inline double parse_real(char const* program, std::string const& flag, std::stri
   return v;
 }
 
+//! The examples' argument loop: `--flag value`, `--flag=value`, and `-h` for `--help`. Calls
+//! `on_flag(flag, value)` for each flag; `value()` returns the flag's value (the next argument, unless
+//! given after '='), and is not called for a flag that takes none. An argument that is not a flag,
+//! or a flag missing its value, is a usage error.
+template <class OnFlag>
+void for_each_flag(char const* program, int argc, char** argv, OnFlag&& on_flag) {
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (flag == "-h") flag = "--help";
+    if (flag.rfind("--", 0) != 0) usage_error(program, "unexpected argument '" + flag + "' (flags start with --)");
+    std::string value;
+    bool has_value = false;
+    if (auto const eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    auto const next = [&]() -> std::string const& {
+      if (!has_value) {
+        if (i + 1 >= argc) usage_error(program, "flag " + flag + " needs a value");
+        value = argv[++i];
+        has_value = true;
+      }
+      return value;
+    };
+    on_flag(flag, next);
+  }
+}
+
 }  // namespace example_support
