@@ -19,8 +19,7 @@
 // through), and so does `run`: it rethrows the cause. A rank that returns early ends without an
 // error (the others must fail). Every other ending is a `moecomm::error`.
 //
-// Disagreeing capacity factors are not detected (see the skipped test case at the end), so they
-// are not among the random faults.
+// Disagreeing capacity factors have a test case of their own, at the end.
 //
 // CTest runs 264 scenarios (22 per fault) with seed 1. For a long run:
 //   MOECOMM_FAULT_RUNS=1000000 MOECOMM_FAULT_SEED=7 build/host/tests/fault/moecomm_fault_tests -tc='layer fault injection*' -s
@@ -62,7 +61,7 @@ enum class kind {
   other_hidden,
   other_algorithm,
   subgroup_call,
-  other_capacity_factor,  // not detected: only in the skipped test case
+  other_capacity_factor,  // its own test case
 };
 constexpr int random_kinds = 12;  // the kinds before other_capacity_factor
 char const* const kind_names[] = {"expert throws std", "expert throws 42", "returns early",     "stalls",
@@ -398,13 +397,10 @@ TEST_CASE("layer fault injection: every rank ends with the expected error within
   CHECK(total.clean == runs);
 }
 
-// DEFECT (for the integrator): ranks whose capacity policies differ only in `factor` are not told
-// so. Each rank computes its own C from its factor and the ranks agree on the maximum (one
-// allreduce), so every step completes on every rank with the largest factor's capacity and `run`
-// returns normally; the issue asks for an error on every rank. Every scenario of this test shows
-// it; the first, with MOECOMM_FAULT_SEED=1: scenario seed 1791095845, 8 ranks, E=16 K=2 H=11, flat,
-// capacity<drop_by_position> factor 1.0 (rank 0: 2.0), 1 step. Run it with --no-skip.
-TEST_CASE("layer fault injection: ranks that disagree on the capacity factor end with an error" * doctest::skip() *
+// Ranks whose capacity policies differ only in `factor` once agreed silently on the largest
+// capacity (first seen with MOECOMM_FAULT_SEED=1: scenario seed 1791095845, 8 ranks, E=16, flat,
+// factor 1.0 vs 2.0); the dispatcher now compares the policies in the all-gather that agrees on C.
+TEST_CASE("layer fault injection: ranks that disagree on the capacity factor end with an error" *
           doctest::test_suite("fault")) {
   std::int64_t const runs = env_knob("MOECOMM_FAULT_RUNS", 22);
   fault::tally const total = fault::run_faults(static_cast<std::uint32_t>(env_knob("MOECOMM_FAULT_SEED", 1)), runs,
