@@ -19,11 +19,9 @@ TEST_CASE("README FasterMoE snippet runs") {
   using fastermoe = moecomm::fastermoe_shadowing<>;  // Algorithm 1 every step; replicas point to point
   moecomm::inproc_world const world(/*ranks=*/8);
   world.run([&](moecomm::inproc_communicator comm) {
-    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(8, /*ranks_per_node=*/4));
-    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless,
-                                   moecomm::smart_schedule, moecomm::weighted, fastermoe>
-        layer(moecomm::host_backend{}, groups, /*num_experts=*/16, H, {}, moecomm::smart_schedule{/*group_size=*/4},
-              {}, fastermoe{model});
+    moecomm::exchange_groups groups(comm, moecomm::topology(8, /*ranks_per_node=*/4));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, /*num_experts=*/16, H,
+                                                            moecomm::smart_schedule{/*group_size=*/4}, fastermoe{model});
     got[comm.rank()] = run_step(layer, comm.rank(), c, in);  // forward + backward with parametric experts
     shadowed[comm.rank()] = layer.shadow_state().decision().shadowed;  // this step's hot experts
   });

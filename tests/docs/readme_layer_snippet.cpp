@@ -31,16 +31,25 @@ TEST_CASE("README layer snippet runs") {
                     d_w[r]});
   }
   // example-begin readme-layer
+  struct scale_by_expert {  // global expert e multiplies its rows by e + 1; its backward does the same
+    std::int32_t first;     // the global id of this rank's local expert 0
+    void operator()(std::int32_t l, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) const {
+      for (std::int64_t i = 0; i < in.rows * in.hidden; ++i) out.data[i] = in.data[i] * float(first + l + 1);
+    }
+    void operator()(std::int32_t l, moecomm::matrix_view<float const>, moecomm::matrix_view<float const> d_out,
+                    moecomm::matrix_view<float> d_in) const {
+      for (std::int64_t i = 0; i < d_out.rows * d_out.hidden; ++i) d_in.data[i] = d_out.data[i] * float(first + l + 1);
+    }
+  };
   moecomm::inproc_world const world(/*ranks=*/8);  // ranks as threads; MPI and NCCL communicators work alike
   world.run([&](moecomm::inproc_communicator comm) {
-    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(8, /*ranks_per_node=*/4));
-    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, drop,
-                                   moecomm::hierarchical_2d>
-        layer(moecomm::host_backend{}, groups, /*num_experts=*/16, H, drop{/*factor=*/1.25});
-    scale_experts<float> const experts{comm.rank() * 2};  // (l, rows_in, rows_out) and its backward
-    rank_data const& d = data[comm.rank()];               // this rank's routing, x, out and gradients
-    layer.forward(d.routing, d.x, d.out, experts);        // dispatch -> experts -> combine
-    layer.backward(d.d_out, d.d_x, d.d_w, experts);       // the reverse exchanges; d_w: weight gradient
+    moecomm::exchange_groups groups(comm, moecomm::topology(8, /*ranks_per_node=*/4));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, /*num_experts=*/16, H,
+                                                            drop{/*factor=*/1.25}, moecomm::hierarchical_2d{});
+    scale_by_expert const experts{comm.rank() * 2};  // 16 experts over 8 ranks: 2 local experts each
+    rank_data const& d = data[comm.rank()];           // this rank's routing, x, out and gradients
+    layer.forward(d.routing, d.x, d.out, experts);    // dispatch -> experts -> combine
+    layer.backward(d.d_out, d.d_x, d.d_w, experts);   // sized views; moecomm::not_needed declines one
   });
   // example-end readme-layer
   for (int r = 0; r < 8; ++r) {
