@@ -64,7 +64,7 @@
 #include <moecomm/config.hpp>
 
 #if !MOECOMM_HAS_MPI()
-#  error "moecomm/comm/mpi.hpp needs MPI: configure with MOECOMM_ENABLE_MPI=ON"
+#  error "moecomm/comm/mpi.hpp needs MPI: link the target moecomm::mpi (moecomm built with MOECOMM_ENABLE_MPI=ON)"
 #else
 
 #include <moecomm/comm/communicator.hpp>

@@ -41,7 +41,7 @@
 #  error "moecomm/comm/nccl.cuh needs nvcc; host-only code includes moecomm/moecomm.hpp"
 #endif
 #if !MOECOMM_HAS_NCCL()
-#  error "moecomm/comm/nccl.cuh needs NCCL: configure with MOECOMM_ENABLE_NCCL=ON"
+#  error "moecomm/comm/nccl.cuh needs NCCL: link the target moecomm::nccl (moecomm built with MOECOMM_ENABLE_NCCL=ON)"
 #endif
 
 #include <moecomm/backend/cuda.cuh>
