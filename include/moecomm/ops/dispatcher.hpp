@@ -15,6 +15,7 @@
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/alltoall/step_worker.hpp>
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
@@ -24,7 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <future>
+#include <memory>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -355,19 +356,23 @@ class dispatcher {
     back_matrix_.assign_transposed(there);
     byte_matrix const& back = back_matrix_;
     detail::copy_self_block(be_, there, me, send, arrived.data);
-    std::shared_future<void> last = std::async(std::launch::async, [&compute_home] { compute_home(); }).share();
-    std::vector<std::shared_future<void>> computed;
+    auto job = [&](std::int32_t step) {  // step -1: the home experts
+      if (step < 0) return compute_home();
+      compute(detail::pairwise_source(me, group_size, steps, step), group_size);
+    };
+    if (!worker_) worker_ = std::make_unique<detail::step_worker>();  // once: kept between steps
+    detail::step_worker& worker = *worker_;
+    worker.start(job, steps);
+    struct finish_job {  // on every exit, the worker lets go of `job` before it goes out of scope
+      detail::step_worker& w;
+      ~finish_job() { w.finish(); }
+    } const finish{worker};
     for (std::int32_t step = 0; step < steps; ++step) {
-      detail::source_ranks const from = detail::pairwise_step(group_size, *groups_, there, send, arrived.data, step, report_.exchange,
-                                                                          exchange_scratch_);
-      last = std::async(std::launch::async, [last, from, &compute] {
-               last.get();  // one compute at a time, in step order; rethrows an earlier failure
-               compute(from.first, from.count);
-             }).share();
-      computed.push_back(last);
+      detail::pairwise_step(group_size, *groups_, there, send, arrived.data, step, report_.exchange, exchange_scratch_);
+      worker.mark_ready(step);
     }
     for (std::int32_t step = 0; step < steps; ++step) {
-      computed[static_cast<std::size_t>(step)].get();
+      worker.wait_done(step);  // rethrows the experts' failure
       if (step == 0) detail::copy_self_block(be_, back, me, produced.data, returned);
       // R_j returns to the group whose rows step j brought: pairwise step (n - j) mod n.
       detail::pairwise_step(group_size, *groups_, back, produced.data, returned, (steps - step) % steps, report_.exchange,
@@ -570,6 +575,7 @@ class dispatcher {
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;  //!< home experts sorted last
   workspace<Backend> scratch_;  //!< the steps' small tables (scores, labels, chunk tables), kept between steps
   alltoall_workspace<Backend> exchange_scratch_;  //!< the all-to-alls' staging and message lists
+  std::unique_ptr<detail::step_worker> worker_;   //!< the smart schedule's compute thread, made once
   byte_matrix forward_matrix_, back_matrix_;       //!< the step's byte matrices, memory kept between steps
   permute_plan<Backend> plan_;           //!< this step's plan, rebuilt in place each step
   permute_plan<Backend> dropless_plan_;  //!< the capacity policies' plan before dropping

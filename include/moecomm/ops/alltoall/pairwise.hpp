@@ -21,24 +21,24 @@ MOECOMM_NAMESPACE_BEGIN
 
 namespace detail {
 
-//! The ranks a pairwise step received from: `[first, first + count)`.
-struct source_ranks {
-  std::int32_t first;
-  std::int32_t count;
-};
+//! The first rank of the group that pairwise step `step` brings rank `me` rows from (groups of
+//! `group_size` consecutive ranks, `num_groups` of them).
+inline std::int32_t pairwise_source(std::int32_t me, std::int32_t group_size, std::int32_t num_groups, std::int32_t step) {
+  return (me / group_size - step % num_groups + num_groups) % num_groups * group_size;
+}
 
 //! Step `step` of the pairwise exchange of `m`: this rank's group sends to group `g + step` and
 //! receives from group `g - step` (groups of `group_size` consecutive ranks; the self block is
 //! not part of any step). One round.
 template <class Backend, class Comm>
-source_ranks pairwise_step(std::int32_t group_size, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send,
-                           void* recv, std::int32_t step, alltoall_stats& stats, alltoall_workspace<Backend>& scratch) {
+void pairwise_step(std::int32_t group_size, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send,
+                   void* recv, std::int32_t step, alltoall_stats& stats, alltoall_workspace<Backend>& scratch) {
   Comm& comm = groups.world();
   std::int32_t const me = comm.rank();
   std::int32_t const num_groups = m.ranks() / group_size;
   std::int32_t const mine = me / group_size;
   std::int32_t const to = (mine + step) % num_groups;
-  std::int32_t const from = (mine - step % num_groups + num_groups) % num_groups;
+  std::int32_t const from = pairwise_source(me, group_size, num_groups, step) / group_size;
   scratch.clear_messages();
   std::vector<send_block>& sends = scratch.sends;
   std::vector<recv_block>& recvs = scratch.recvs;
@@ -52,7 +52,6 @@ source_ranks pairwise_step(std::int32_t group_size, exchange_groups<Comm>& group
   }
   comm.exchange(sends, recvs);
   stats.rounds += 1;
-  return {from * group_size, group_size};
 }
 
 inline void validate_group_size(char const* op, std::int32_t group_size, std::int32_t ranks) {
