@@ -114,25 +114,7 @@ void print_usage() {
 
 options parse_options(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h") arg = "--help";
-    if (arg.rfind("--", 0) != 0) usage_error(program, "unexpected argument '" + arg + "' (flags start with --)");
-    std::string value;
-    bool has_value = false;
-    if (auto const eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto next = [&]() -> std::string const& {
-      if (!has_value) {
-        if (i + 1 >= argc) usage_error(program, "flag " + arg + " needs a value");
-        value = argv[++i];
-        has_value = true;
-      }
-      return value;
-    };
+  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
     if (arg == "--help") {
       print_usage();
       std::exit(0);
@@ -169,7 +151,7 @@ options parse_options(int argc, char** argv) {
     } else {
       usage_error(program, "unknown flag '" + arg + "'");
     }
-  }
+  });
   auto const str = [](auto v) { return std::to_string(v); };
   if (o.ranks % o.nodes != 0)
     usage_error(program, "--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +
