@@ -55,5 +55,17 @@ void check_no_overlap(matrix_view<A> const& a, std::int64_t a_rows, char const* 
           "' overlap; this operation does not work in place");
 }
 
+//! The checks of an op that reads `in_rows` rows of `in` and writes `out_rows` rows of `out`: both
+//! hold their rows, have the same width, and do not overlap.
+template <class A, class B>
+void check_row_move(matrix_view<A> const& in, std::int64_t in_rows, char const* in_name, char const* in_why,
+                    matrix_view<B> const& out, std::int64_t out_rows, char const* out_name, char const* out_why,
+                    char const* op) {
+  check_rows(in, in_rows, op, in_name, in_why);
+  check_rows(out, out_rows, op, out_name, out_why);
+  check_same_hidden(in, in_name, out, out_name, op);
+  check_no_overlap(in, in_rows, in_name, out, out_rows, out_name, op);
+}
+
 }  // namespace detail
 MOECOMM_NAMESPACE_END

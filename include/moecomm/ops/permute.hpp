@@ -59,10 +59,8 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
   char const* op = "permute";
   std::int64_t const tokens = plan.routing().num_tokens;
   std::int64_t const rows = plan.num_rows();
-  detail::check_rows(x, tokens, op, "x", "one row per token");
-  detail::check_rows(out, rows, op, "out", "one row per kept slot: plan.num_rows()");
-  detail::check_same_hidden(x, "x", out, "out", op);
-  detail::check_no_overlap(x, tokens, "x", out, rows, "out", op);
+  detail::check_row_move(x, tokens, "x", "one row per token",
+                         out, rows, "out", "one row per kept slot: plan.num_rows()", op);
   if (out_weights.wanted()) {
     detail::check_elements(out_weights.view(), rows, op, "out_weights", "one weight per kept slot: plan.num_rows()");
     detail::require(tokens == 0 || plan.routing().topk_weights != nullptr, op,
@@ -87,10 +85,8 @@ void check_permute_backward(permute_plan<Backend> const& plan, matrix_view<T con
   static_assert(is_supported_dtype_v<T>, "moecomm::permute_backward: unsupported element type");
   std::int64_t const tokens = plan.routing().num_tokens;
   std::int64_t const rows = plan.num_rows();
-  check_rows(d_out, rows, op, "d_out", "one row per kept slot: plan.num_rows()");
-  check_rows(d_x, tokens, op, "d_x", "one row per token");
-  check_same_hidden(d_out, "d_out", d_x, "d_x", op);
-  check_no_overlap(d_out, rows, "d_out", d_x, tokens, "d_x", op);
+  check_row_move(d_out, rows, "d_out", "one row per kept slot: plan.num_rows()",
+                 d_x, tokens, "d_x", "one row per token", op);
 }
 
 }  // namespace detail

@@ -66,10 +66,7 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
       expert_major[s * num_local_experts + l] = position;
       position += count(s, l);
     }
-  detail::check_rows(in, total, op, "in", "the sum of counts");
-  detail::check_rows(out, total, op, "out", "the sum of counts");
-  detail::check_same_hidden(in, "in", out, "out", op);
-  detail::check_no_overlap(in, total, "in", out, total, "out", op);
+  detail::check_row_move(in, total, "in", "the sum of counts", out, total, "out", "the sum of counts", op);
 
   bool const to_expert_major = order == chunk_order::rank_major_to_expert_major;
   std::int64_t const* dst = to_expert_major ? expert_major : rank_major;

@@ -48,10 +48,8 @@ void unpermute(Backend const& be, permute_plan<Backend> const& plan, matrix_view
   constexpr bool is_weighted = detail::is_weighted<Weighting>();
   std::int64_t const tokens = plan.routing().num_tokens;
   std::int64_t const rows = plan.num_rows();
-  detail::check_rows(y, rows, op, "y", "one row per kept slot: plan.num_rows()");
-  detail::check_rows(out, tokens, op, "out", "one row per token");
-  detail::check_same_hidden(y, "y", out, "out", op);
-  detail::check_no_overlap(y, rows, "y", out, tokens, "out", op);
+  detail::check_row_move(y, rows, "y", "one row per kept slot: plan.num_rows()",
+                         out, tokens, "out", "one row per token", op);
   detail::require(!is_weighted || tokens == 0 || plan.routing().topk_weights != nullptr, op,
                   "the weighted combine needs topk_weights, but the plan's routing has none "
                   "(use moecomm::unweighted for a plain sum)");
@@ -72,10 +70,8 @@ void check_unpermute_backward(permute_plan<Backend> const& plan, matrix_view<T c
   static_assert(is_supported_dtype_v<T>, "moecomm::unpermute_backward: unsupported element type");
   std::int64_t const tokens = plan.routing().num_tokens;
   std::int64_t const rows = plan.num_rows();
-  check_rows(d_out, tokens, op, "d_out", "one row per token");
-  check_rows(d_y, rows, op, "d_y", "one row per kept slot: plan.num_rows()");
-  check_same_hidden(d_out, "d_out", d_y, "d_y", op);
-  check_no_overlap(d_out, tokens, "d_out", d_y, rows, "d_y", op);
+  check_row_move(d_out, tokens, "d_out", "one row per token",
+                 d_y, rows, "d_y", "one row per kept slot: plan.num_rows()", op);
   require(!is_weighted<Weighting>() || tokens == 0 || plan.routing().topk_weights != nullptr, op,
           "the weighted combine needs topk_weights, but the plan's routing has none");
 }
