@@ -27,7 +27,6 @@
 #include <cstring>
 #include <memory>
 #include <limits>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
