@@ -10,6 +10,7 @@
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/measure/calibration.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -94,7 +95,10 @@ TEST_CASE("calibration: link latency and bandwidth over in-process ranks, the sa
   auto const links = links_of_every_rank(moecomm::topology(4, 2), options, [](int) { return moecomm::steady_seconds{}; });
   for (auto const* fit : {&links[0].intra_node, &links[0].inter_node}) {
     REQUIRE(fit->has_value());
-    CHECK((*fit)->intercept > 0);
+    // Wall-clock times on a loaded machine: each is positive and 4 MiB costs more than 4 KiB, but
+    // the fitted intercept may fall on either side of zero (CI saw -95 us), so it is not checked.
+    for (double const t : (*fit)->seconds) CHECK((t > 0 && std::isfinite(t)));
+    CHECK((*fit)->seconds.back() > (*fit)->seconds.front());
     CHECK((*fit)->slope > 0);
     CHECK((*fit)->sizes == options.sizes);
   }
