@@ -54,6 +54,13 @@
 #  define MOECOMM_HAS_MPI() 0
 #endif
 
+//! Simulated clusters (SimGrid) were enabled by the build.
+#if defined(MOECOMM_ENABLE_SIMGRID)
+#  define MOECOMM_HAS_SIMGRID() 1
+#else
+#  define MOECOMM_HAS_SIMGRID() 0
+#endif
+
 //! OpenMP threads for the host back-end (the compiler was given -fopenmp).
 #if defined(_OPENMP)
 #  define MOECOMM_HAS_OPENMP() 1

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! The one SimGrid engine of the process, configured the same way for every run.
+//!
+//! SimGrid allows one `s4u::Engine` per process and one platform per engine, so moecomm makes the
+//! engine on first use and never destroys it. Its configuration is fixed here, in code, so that
+//! every simulated run prices time by the same model:
+//! - `network/model:CM02`: max-min sharing of each link between the flows that cross it, and a
+//!   message's time = Σ latencies + bytes / bottleneck bandwidth. SimGrid's default (LV08) is
+//!   calibrated for TCP over Ethernet (latency × 13.01, bandwidth × 0.97, a window cap per flow),
+//!   which does not describe NVLink, PCIe or RDMA (docs/simulation.md).
+//! - log threshold `warning`: the engine's informational lines would drown the user's output;
+//!   its deadlock report (critical) still prints.
+
+#include <moecomm/config.hpp>
+
+#if !MOECOMM_HAS_SIMGRID()
+#  error "moecomm/simulation needs SimGrid: link the target moecomm::simgrid (moecomm built with MOECOMM_ENABLE_SIMGRID=ON)"
+#endif
+
+#include <simgrid/s4u/Engine.hpp>
+#include <xbt/log.h>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! The process's engine, made and configured on the first call (from the main thread, before any
+//! simulation runs).
+inline simgrid::s4u::Engine& simgrid_engine() {
+  if (!simgrid::s4u::Engine::is_initialized()) {
+    static int argc = 1;
+    static char name[] = "moecomm";
+    static char* argv[] = {name, nullptr};
+    auto* const engine = new simgrid::s4u::Engine(&argc, argv);  // lives as long as the process
+    xbt_log_control_set("root.thres:warning");
+    engine->set_config("network/model:CM02");
+  }
+  return *simgrid::s4u::Engine::get_instance();
+}
+
+}  // namespace detail
+MOECOMM_NAMESPACE_END
