@@ -32,6 +32,7 @@
 
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
+#include <moecomm/comm/detail/posted_calls.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 
@@ -54,51 +55,16 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-//! What one rank posted for the current collective.
-struct inproc_call {
-  char const* op = "";
-  std::int64_t size = 0;   //!< bytes, or element count
-  std::int64_t extra = 0;  //!< root, or element type and reduction (+ 64 x root for reduce)
-  void const* send = nullptr;
-  std::vector<send_block> sends;  //!< copies: the poster may unwind while peers still check them
-  std::vector<recv_block> recvs;
-  std::optional<error> bad;  //!< the invalid argument this rank found in its own call
-};
-
-//! The failure a collective's check found; every rank finds the same one.
-struct inproc_problem {
-  status code = status::success;
-  std::string message;  //!< the whole `what()`
-  explicit operator bool() const { return code != status::success; }
-};
-
-//! "0-3, 6": world ranks, ascending, with runs shortened.
-inline std::string rank_ranges(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
-    i = j + 1;
-  }
-  return out;
-}
-
 struct inproc_group {
   int id = 0;
   std::vector<int> members;                //!< world rank of each group rank
-  std::vector<inproc_call> calls;          //!< per group rank
+  std::vector<posted_call> calls;          //!< per group rank
   std::vector<std::uint64_t> arrived_for;  //!< per group rank: the phase it last arrived for
   std::uint64_t phase = 0;                 //!< completed phases
   int arrived = 0;
 
   //! "group 3 {4,5,6,7}".
-  [[nodiscard]] std::string describe() const {
-    std::string list;
-    for (int m : members) list += (list.empty() ? "" : ",") + std::to_string(m);
-    return concat("group ", id, " {", list, "}");
-  }
+  [[nodiscard]] std::string describe() const { return describe_group(id, members); }
 };
 
 //! Where a world rank is blocked: a group it has arrived in, waiting for the others.
@@ -223,7 +189,7 @@ class inproc_communicator {
                  for (recv_block const& r : recvs)
                    for (send_block const& s : group_->calls[static_cast<std::size_t>(r.peer)].sends)
                      if (s.peer == rank_ && r.bytes > 0) std::memcpy(r.data, s.data, static_cast<std::size_t>(r.bytes));
-                 return detail::inproc_problem{};
+                 return detail::call_problem{};
                },
                &sends, &recvs);
   }
@@ -236,7 +202,7 @@ class inproc_communicator {
                  for (int r = 0; r < size() && bytes > 0; ++r)
                    std::memcpy(static_cast<char*>(recv) + static_cast<std::int64_t>(r) * bytes,
                                group_->calls[static_cast<std::size_t>(r)].send, static_cast<std::size_t>(bytes));
-                 return detail::inproc_problem{};
+                 return detail::call_problem{};
                });
   }
 
@@ -260,12 +226,12 @@ class inproc_communicator {
                [&] {
                  if (rank_ != root && bytes > 0)
                    std::memcpy(data, group_->calls[static_cast<std::size_t>(root)].send, static_cast<std::size_t>(bytes));
-                 return detail::inproc_problem{};
+                 return detail::call_problem{};
                });
   }
 
   void barrier() {
-    collective(post("barrier", 0, 0, nullptr, [](char const*) {}), [] { return detail::inproc_problem{}; });
+    collective(post("barrier", 0, 0, nullptr, [](char const*) {}), [] { return detail::call_problem{}; });
   }
 
   //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`. The
@@ -278,7 +244,7 @@ class inproc_communicator {
         auto const* theirs = static_cast<std::int32_t const*>(group_->calls[static_cast<std::size_t>(r)].send);
         by_color[theirs[0]].emplace_back(theirs[1], r);
       }
-      return detail::inproc_problem{};
+      return detail::call_problem{};
     });
     inproc_communicator sub(state_);
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -317,9 +283,9 @@ class inproc_communicator {
 
   //! This rank's call of `op`, with the bad argument `checks(where)` finds, if any.
   template <class Checks>
-  [[nodiscard]] detail::inproc_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
+  [[nodiscard]] detail::posted_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
                                          Checks&& checks) const {
-    detail::inproc_call call;
+    detail::posted_call call;
     call.op = op;
     call.size = size;
     call.extra = extra;
@@ -334,24 +300,15 @@ class inproc_communicator {
   //! `sends`/`recvs` (exchange only) are copied into the rank's slot, whose capacity stays from call
   //! to call: a peer may still read them after this rank unwinds, and a steady state allocates nothing.
   template <class ReadPeers>
-  void collective(detail::inproc_call call, ReadPeers&& read_peers, std::vector<send_block> const* sends = nullptr,
+  void collective(detail::posted_call call, ReadPeers&& read_peers, std::vector<send_block> const* sends = nullptr,
                   std::vector<recv_block> const* recvs = nullptr) {
     char const* const op = call.op;
     {
       std::unique_lock<std::mutex> lock(state_->mutex);
-      detail::inproc_call& slot = group_->calls[static_cast<std::size_t>(rank_)];
-      slot.op = call.op;
-      slot.size = call.size;
-      slot.extra = call.extra;
-      slot.send = call.send;
-      slot.bad = std::move(call.bad);
-      slot.sends.clear();
-      slot.recvs.clear();
-      if (sends != nullptr) slot.sends.assign(sends->begin(), sends->end());
-      if (recvs != nullptr) slot.recvs.assign(recvs->begin(), recvs->end());
+      group_->calls[static_cast<std::size_t>(rank_)].assign(std::move(call), sends, recvs);
       wait_for_all(lock, op);
     }
-    detail::inproc_problem problem = check_calls();
+    detail::call_problem problem = check_calls();
     if (!problem) problem = read_peers();
     {
       std::unique_lock<std::mutex> lock(state_->mutex);
@@ -364,7 +321,7 @@ class inproc_communicator {
   template <class T>
   void reduction_call(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root, char const* op) {
     std::int64_t const code = detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction);
-    detail::inproc_call call = post(op, count, all ? code : code + 64 * std::int64_t{root}, send, [&](char const* here) {
+    detail::posted_call call = post(op, count, all ? code : code + 64 * std::int64_t{root}, send, [&](char const* here) {
       detail::validate_reduction(here, send, recv, count, all, root, rank_, size());
     });
     bool const receives = !call.bad && (all || rank_ == root);
@@ -375,7 +332,7 @@ class inproc_communicator {
     T* const result = reinterpret_cast<T*>(reduce_scratch_.data());
     collective(std::move(call), [&] {
       if (receives) reduce_sends(result, count, reduction);
-      return detail::inproc_problem{};
+      return detail::call_problem{};
     });
     // Every rank has read every send buffer: now recv (maybe == send) may change.
     if (receives) std::copy(result, result + count, recv);
@@ -388,11 +345,6 @@ class inproc_communicator {
       auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
       for (std::int64_t i = 0; i < count; ++i) result[i] = r == 0 ? peer[i] : detail::reduce(result[i], peer[i], reduction);
     }
-  }
-
-  //! " in group 3 {4,5}" for a sub-group, "" for the world.
-  [[nodiscard]] std::string group_suffix() const {
-    return group_->id == detail::inproc_state::world_group_id ? std::string() : " in " + group_->describe();
   }
 
   //! Waits until every rank of the group has arrived for this phase. Blocked here, this rank counts
@@ -423,63 +375,22 @@ class inproc_communicator {
     for (int r = 0; r < size(); ++r)
       if (g.arrived_for[static_cast<std::size_t>(r)] != phase + 1) missing.push_back(g.members[static_cast<std::size_t>(r)]);
     std::string const reason = detail::concat("world rank ", world_rank(), " timed out after ", s.timeout.count(), " ms in ",
-                                              op, " waiting for world rank(s) ", detail::rank_ranges(missing), group_suffix());
+                                              op, " waiting for world rank(s) ", detail::rank_ranges(missing), site(op).suffix());
     s.abort_locked(reason);
     detail::fail(status::timeout, here, reason);
   }
 
-  //! The first problem of the posted calls: a bad argument, then ranks that disagree.
-  [[nodiscard]] detail::inproc_problem check_calls() const {
-    auto const& calls = group_->calls;
-    char const* const op = calls[static_cast<std::size_t>(rank_)].op;
-    auto const prefix = [&] { return detail::concat("moecomm::", where(op), ": "); };  // only on failure
-    if (calls[static_cast<std::size_t>(rank_)].bad) {
-      error const& mine = *calls[static_cast<std::size_t>(rank_)].bad;
-      return {mine.code(), mine.what()};
-    }
-    for (int r = 0; r < size(); ++r)
-      if (calls[static_cast<std::size_t>(r)].bad)
-        return {status::aborted, detail::concat(prefix(), "world rank ", group_->members[static_cast<std::size_t>(r)],
-                                                " passed an invalid argument to ", calls[static_cast<std::size_t>(r)].op,
-                                                group_suffix(), " (see its error); no rank's call took effect")};
-    auto const describe = [&](int r) {
-      auto const& c = calls[static_cast<std::size_t>(r)];
-      return detail::concat("world rank ", group_->members[static_cast<std::size_t>(r)], " called ", c.op, "(size ", c.size,
-                            ", ", c.extra, ")");
-    };
-    for (int r = 1; r < size(); ++r) {
-      auto const& a = calls[0];
-      auto const& b = calls[static_cast<std::size_t>(r)];
-      if (std::strcmp(a.op, b.op) != 0 || a.size != b.size || a.extra != b.extra)
-        return {status::invalid_usage,
-                detail::concat(prefix(), "ranks disagree: ", describe(0), ", but ", describe(r), group_suffix())};
-    }
-    return {};
+  //! This rank's view of the group, for the shared checks (`<moecomm/comm/detail/posted_calls.hpp>`).
+  [[nodiscard]] detail::call_site site(char const* op) const {
+    return {where(op), group_->members, rank_, group_->id, group_->id == detail::inproc_state::world_group_id};
   }
 
-  //! For every pair (i, j): i's send to j has the size of j's receive from i (the blocks themselves
-  //! were checked by each rank: peers in range, one block per peer).
-  [[nodiscard]] detail::inproc_problem check_exchange_sizes() const {
-    int const n = size();
-    std::size_t const cells = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-    pair_bytes_.assign(2 * cells, 0);  // capacity kept between calls
-    std::int64_t* const sent = pair_bytes_.data();
-    std::int64_t* const expected = sent + cells;
-    for (int i = 0; i < n; ++i) {
-      auto const& c = group_->calls[static_cast<std::size_t>(i)];
-      for (send_block const& b : c.sends) sent[static_cast<std::size_t>(i) * n + b.peer] = b.bytes;
-      for (recv_block const& b : c.recvs) expected[static_cast<std::size_t>(b.peer) * n + i] = b.bytes;
-    }
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < n; ++j) {
-        std::size_t const at = static_cast<std::size_t>(i) * n + j;
-        if (sent[at] != expected[at])
-          return {status::invalid_usage,
-                  detail::concat("moecomm::", where("exchange"), ": pair (", i, ", ", j, "): rank ", i, " sends ", sent[at],
-                                 " bytes to rank ", j, ", but rank ", j, " expects ", expected[at], " bytes from rank ", i,
-                                 " (group ranks)", group_suffix())};
-      }
-    return {};
+  [[nodiscard]] detail::call_problem check_calls() const {
+    return detail::check_posted_calls(group_->calls, site(group_->calls[static_cast<std::size_t>(rank_)].op));
+  }
+
+  [[nodiscard]] detail::call_problem check_exchange_sizes() const {
+    return detail::check_exchange_pairs(group_->calls, site("exchange"), pair_bytes_);
   }
 
   std::shared_ptr<detail::inproc_state> state_;
