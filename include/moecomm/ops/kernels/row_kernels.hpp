@@ -88,6 +88,9 @@ struct gather_rows_kernel {
   Scale scale;
   bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
+  //! Device memory one row reads and writes (a simulated device charges it).
+  [[nodiscard]] std::int64_t bytes_per_row() const { return 2 * hidden * std::int64_t{sizeof(T)} + 8; }
+
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r, Team const& team) const {
 #if !MOECOMM_DEVICE_PASS()
@@ -161,6 +164,9 @@ struct combine_rows_kernel {
   float const* weights;        //!< `[T][K]`, read only when `Weighted`
   std::int32_t top_k;
   bool streaming = false;  //!< host only: non-temporal stores (large outputs)
+
+  //! Device memory one token reads (its k rows, indices, weights) and writes (its row).
+  [[nodiscard]] std::int64_t bytes_per_row() const { return (top_k + 1) * hidden * std::int64_t{sizeof(T)} + 8 * top_k; }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
@@ -251,6 +257,9 @@ struct slot_dot_kernel {
   std::int64_t hidden;
   std::int32_t const* row_of;
   std::int32_t top_k;
+
+  //! Device memory one slot reads (two rows, its index) and writes (its weight gradient).
+  [[nodiscard]] std::int64_t bytes_per_row() const { return 2 * hidden * std::int64_t{sizeof(T)} + 8; }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t slot, Team const& team) const {

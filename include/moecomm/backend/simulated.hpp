@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `simulated_backend<Inner>`: runs every call on `Inner` (the host back-end) for real, so results
+//! are exactly the host's, and charges the device time the call would take to the simulated clock
+//! of the calling S4U actor (`<moecomm/simulation/device_time.hpp>`):
+//!
+//! | call | charged bytes (one kernel each) |
+//! |---|---|
+//! | `for_each_row(rows, k)` | `rows × k.bytes_per_row()` (rows of the hidden size: scaled) |
+//! | `for_each_index(n, f)` | `n × 8` (an index read and written) |
+//! | `reduce(n, ...)` | `n × 8` |
+//! | `stable_sort_by_key(n, end_bit)` | `⌈end_bit / 8⌉` radix passes × `n × 16` (key and value, read and written) |
+//! | `copy(n)` | `2 × n × sizeof(T)`, scaled inside a payload scope |
+//!
+//! Compute the back-end cannot see (the caller's experts) is charged through `charge_flops`, scaled
+//! by `flop_scale`. Use it on the ranks of a `simgrid_world` only (it needs a running actor).
+
+#include <moecomm/backend/host.hpp>
+#include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/simulation/device_time.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! How a small real problem stands for a large one under simulation.
+struct simulation_scale {
+  double payload = 1;  //!< simulated bytes per real byte of rows and parameters (e.g. H_model / H_real)
+  double flops = 1;    //!< simulated FLOPs per FLOP the experts declare (e.g. (H_model · F_model) / (H · F))
+};
+
+namespace detail {
+template <class Kernel, class = void>
+struct declares_row_bytes : std::false_type {};
+template <class Kernel>
+struct declares_row_bytes<Kernel, std::void_t<decltype(std::declval<Kernel const&>().bytes_per_row())>> : std::true_type {};
+}  // namespace detail
+
+template <class Inner = host_backend>
+class simulated_backend {
+  static_assert(Inner::is_host_accessible, "moecomm::simulated_backend runs the real work on a host back-end");
+
+ public:
+  template <class T>
+  using buffer_type = typename Inner::template buffer_type<T>;
+  static constexpr bool is_host_accessible = true;
+
+  explicit simulated_backend(Inner inner = Inner{}, simulation_scale scale = {}) : inner_(std::move(inner)), scale_(scale) {
+    detail::require(scale.payload > 0 && scale.flops > 0, "simulated_backend", "simulation_scale {payload = ", scale.payload,
+                    ", flops = ", scale.flops, "} must be positive");
+  }
+
+  [[nodiscard]] Inner const& inner() const { return inner_; }
+  [[nodiscard]] simulation_scale scale() const { return scale_; }
+
+  template <class T>
+  [[nodiscard]] buffer_type<T> allocate(std::int64_t n) const {
+    return inner_.template allocate<T>(n);
+  }
+
+  template <class F>
+  void for_each_index(std::int64_t n, F const& f) const {
+    inner_.for_each_index(n, f);
+    detail::charge_memory(8.0 * static_cast<double>(n));
+  }
+
+  template <class F>
+  void for_each_row(std::int64_t rows, F const& f) const {
+    static_assert(detail::declares_row_bytes<F>::value, "a row kernel declares bytes_per_row() for the simulated device");
+    inner_.for_each_row(rows, f);
+    detail::charge_memory(scale_.payload * static_cast<double>(rows) * static_cast<double>(f.bytes_per_row()));
+  }
+
+  template <class T, class Map, class Op>
+  [[nodiscard]] T reduce(std::int64_t n, T init, Map const& map, Op const& op) const {
+    T const result = inner_.reduce(n, init, map, op);
+    detail::charge_memory(8.0 * static_cast<double>(n));
+    return result;
+  }
+
+  [[nodiscard]] static std::size_t stable_sort_scratch_bytes(std::int64_t n) { return Inner::stable_sort_scratch_bytes(n); }
+
+  void stable_sort_by_key(std::uint32_t const* keys_in, std::uint32_t* keys_out, std::int32_t const* values_in,
+                          std::int32_t* values_out, std::int64_t n, int end_bit, void* scratch, std::size_t scratch_bytes) const {
+    inner_.stable_sort_by_key(keys_in, keys_out, values_in, values_out, n, end_bit, scratch, scratch_bytes);
+    int const passes = end_bit <= 0 ? 1 : (end_bit + 7) / 8;
+    detail::charge_memory(16.0 * passes * static_cast<double>(n));
+  }
+
+  template <class T>
+  void copy(T* dst, T const* src, std::int64_t n) const {
+    inner_.copy(dst, src, n);
+    detail::charge_memory(detail::current_payload_scale() * 2.0 * static_cast<double>(n) * sizeof(T));
+  }
+
+  void synchronize() const { inner_.synchronize(); }
+
+  //! `flops` of the caller's compute (its experts), times `scale().flops`.
+  void charge_flops(double flops) const { detail::charge_flops(scale_.flops * flops); }
+
+  //! While the result lives, the calling actor's messages and copies are scaled by `scale().payload`
+  //! (see `<moecomm/core/simulation_hooks.hpp>`).
+  [[nodiscard]] detail::actor_payload_scope payload_scope() const { return detail::actor_payload_scope(scale_.payload); }
+
+ private:
+  Inner inner_;
+  simulation_scale scale_;
+};
+
+MOECOMM_NAMESPACE_END

@@ -1,0 +1,559 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `simgrid_communicator`: ranks as S4U actors on the hosts of a simulated platform, made by a
+//! `simgrid_world`. The library's code runs for real and the data really moves; time is SimGrid's.
+//!
+//! Each collective is a rendezvous, checked exactly as in-process (`<moecomm/comm/detail/posted_calls.hpp>`:
+//! a bad argument, ranks that disagree, an exchange pair whose sizes differ throw on every rank; the
+//! rendezvous costs no simulated time), followed by the point-to-point messages a real
+//! implementation sends, which SimGrid prices with latency, bandwidth and contention:
+//!
+//! | operation | messages (n ranks) |
+//! |---|---|
+//! | `exchange` | every non-empty block at once, as NCCL's grouped send/recv; a rank's block to itself is a device copy |
+//! | `allgather` | ring: n − 1 steps, each rank forwards one block to the next rank |
+//! | `broadcast` | pipelined chain from the root, in chunks of ≤ 1 MiB simulated (at most 64) |
+//! | `reduce` | pipelined chain towards the root, same chunks |
+//! | `allreduce` | ring: reduce-scatter then all-gather, 2(n − 1) steps of `count / n` elements |
+//! | `barrier` | dissemination: ⌈log2 n⌉ rounds of empty messages |
+//! | `split` | a ring all-gather of each rank's (color, key) |
+//!
+//! Payloads travel by pointer (SimGrid's messages carry a pointer and a simulated size): a receiver
+//! copies from the sender's buffer when its message has arrived, and every rank waits for all at
+//! the end of the collective, so no buffer changes while a peer still reads it. Reductions are
+//! priced as above but computed in ascending rank order, as in-process, so their bits are
+//! `inproc_communicator`'s. Message sizes are multiplied by the payload scale of the calling actor
+//! (`<moecomm/core/simulation_hooks.hpp>`).
+//!
+//! Failures: a rank that throws aborts the world, so every rank waiting in a collective throws
+//! `aborted`; every wait is bounded by the world's timeout in simulated seconds. Ranks that wait
+//! where no one will come (different groups, a rank that returned) are found by SimGrid's deadlock
+//! detection: the engine stops them, and `simgrid_world::run` throws `invalid_usage` naming where
+//! each waited.
+
+#include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/detail/p2p_chunks.hpp>
+#include <moecomm/comm/detail/posted_calls.hpp>
+#include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/simulation/device_time.hpp>
+#include <moecomm/simulation/timeline.hpp>
+
+#include <simgrid/s4u/Actor.hpp>
+#include <simgrid/s4u/Comm.hpp>
+#include <simgrid/s4u/ConditionVariable.hpp>
+#include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/Host.hpp>
+#include <simgrid/s4u/Mailbox.hpp>
+#include <simgrid/s4u/Mutex.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+struct simgrid_group {
+  int id = 0;
+  std::vector<int> members;              //!< world rank of each group rank
+  std::vector<posted_call> calls;        //!< per group rank
+  std::vector<std::uint64_t> arrived_for;  //!< per group rank: the phase it last arrived for
+  std::uint64_t phase = 0;
+  int arrived = 0;
+  simgrid::s4u::MutexPtr mutex = simgrid::s4u::Mutex::create();
+  simgrid::s4u::ConditionVariablePtr wake = simgrid::s4u::ConditionVariable::create();
+  std::vector<simgrid::s4u::Mailbox*> mailboxes;  //!< [from][to], made on first use
+
+  //! The mailbox of messages from group rank `from` to group rank `to`.
+  simgrid::s4u::Mailbox* mailbox(int from, int to) {
+    std::size_t const n = members.size();
+    if (mailboxes.empty()) mailboxes.assign(n * n, nullptr);
+    simgrid::s4u::Mailbox*& box = mailboxes[static_cast<std::size_t>(from) * n + static_cast<std::size_t>(to)];
+    if (box == nullptr) box = simgrid::s4u::Mailbox::by_name(concat("moecomm:g", id, ":", from, ">", to));
+    return box;
+  }
+};
+
+//! Shared by every group of one world. Actors run one at a time, so no lock guards it.
+struct simgrid_state {
+  static constexpr int world_group_id = 1;
+  std::vector<simgrid::s4u::Host*> hosts;  //!< per world rank
+  double timeout_seconds = 3600;           //!< simulated
+  bool aborted = false;
+  std::string abort_reason;
+  int next_group_id = world_group_id;
+  std::map<std::tuple<int, int, int>, std::shared_ptr<simgrid_group>> splits;  //!< (parent, split #, color)
+  std::vector<std::shared_ptr<simgrid_group>> groups;                           //!< to wake them all on abort
+  std::vector<std::string> waiting_in;  //!< per world rank: the collective it waits in, or ""
+  std::vector<char> returned;           //!< per world rank: its function in `run` returned
+
+  std::shared_ptr<simgrid_group> make_group(std::vector<int> members) {
+    auto g = std::make_shared<simgrid_group>();
+    g->id = next_group_id++;
+    g->calls.resize(members.size());
+    g->arrived_for.assign(members.size(), 0);
+    g->members = std::move(members);
+    groups.push_back(g);
+    return g;
+  }
+
+  void abort(std::string reason) {
+    if (!aborted) {
+      aborted = true;
+      abort_reason = std::move(reason);
+    }
+    wake_all();
+  }
+
+  void wake_all() const {
+    for (auto const& g : groups) g->wake->notify_all();
+  }
+
+  //! The world ranks of `g` that returned from `run` without arriving for `phase`.
+  [[nodiscard]] std::vector<int> returned_from(simgrid_group const& g, std::uint64_t phase) const {
+    std::vector<int> gone;
+    for (std::size_t r = 0; r < g.members.size(); ++r)
+      if (returned[static_cast<std::size_t>(g.members[r])] && g.arrived_for[r] != phase + 1) gone.push_back(g.members[r]);
+    return gone;
+  }
+};
+
+//! The link class of a message between two hosts, for the timeline: hosts of one node share
+//! their innermost zone; nodes of one domain share their parent zone.
+inline char const* link_class(simgrid::s4u::Host const* a, simgrid::s4u::Host const* b) {
+  auto const* za = a->get_englobing_zone();
+  auto const* zb = b->get_englobing_zone();
+  if (za == zb) return "intra-node";
+  if (za->get_parent() == zb->get_parent()) return "inter-node";
+  return "inter-domain";
+}
+
+}  // namespace detail
+
+class simgrid_world;
+
+//! One rank's handle on a group of simulated ranks. Use it only on that rank's actor (or a lane of
+//! it). See the file comment for the messages each operation sends.
+class simgrid_communicator {
+ public:
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return static_cast<int>(group_->members.size()); }
+  [[nodiscard]] int world_rank() const { return group_->members[static_cast<std::size_t>(rank_)]; }
+  //! Always true: calls are compared across ranks (see `<moecomm/comm/world_agreement.hpp>`).
+  [[nodiscard]] bool checks_collectives() const { return true; }
+
+  void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+    collective(post("exchange", 0, 0, nullptr,
+                    [&](char const* here) { detail::validate_exchange(here, sends, recvs, size()); }),
+               [&] {
+                 if (auto problem = detail::check_exchange_pairs(group_->calls, site("exchange"), pair_bytes_)) return problem;
+                 move_exchange(sends, recvs);
+                 return detail::call_problem{};
+               },
+               &sends, &recvs);
+  }
+
+  void allgather(void const* send, void* recv, std::int64_t bytes) {
+    collective(post("allgather", bytes, 0, send,
+                    [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size()); }),
+               [&] {
+                 ring_allgather(send, static_cast<char*>(recv), bytes);
+                 return detail::call_problem{};
+               });
+  }
+
+  template <class T>
+  void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
+    reduction_call(send, recv, count, reduction, true, 0, "allreduce");
+  }
+
+  template <class T>
+  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
+    reduction_call(send, recv, count, reduction, false, root, "reduce");
+  }
+
+  void broadcast(void* data, std::int64_t bytes, int root) {
+    collective(post("broadcast", bytes, root, data,
+                    [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size()); }),
+               [&] {
+                 chain(root, bytes, static_cast<char*>(data), true);
+                 return detail::call_problem{};
+               });
+  }
+
+  void barrier() {
+    collective(post("barrier", 0, 0, nullptr, [](char const*) {}), [&] {
+      for (int distance = 1; distance < size(); distance *= 2)
+        send_and_receive((rank_ + distance) % size(), (rank_ - distance + size()) % size(), nullptr, 0, nullptr);
+      return detail::call_problem{};
+    });
+  }
+
+  [[nodiscard]] simgrid_communicator split(int color, int key) {
+    std::int32_t const mine[2] = {color, key};
+    std::map<std::int32_t, std::vector<std::pair<std::int32_t, int>>> by_color;  // color -> (key, group rank)
+    collective(post("split", 0, 0, mine, [&](char const* here) { detail::validate_split(here, color); }), [&] {
+      price_ring(size() - 1, sizeof mine);
+      for (int r = 0; r < size(); ++r) {
+        auto const* theirs = static_cast<std::int32_t const*>(group_->calls[static_cast<std::size_t>(r)].send);
+        by_color[theirs[0]].emplace_back(theirs[1], r);
+      }
+      return detail::call_problem{};
+    });
+    simgrid_communicator sub(state_);
+    for (auto& [c, order] : by_color) {  // the first rank here makes every group of this split
+      std::sort(order.begin(), order.end());
+      auto& group = state_->splits[std::make_tuple(group_->id, splits_made_, c)];
+      if (!group) {
+        std::vector<int> members;
+        for (auto const& key_rank : order) members.push_back(group_->members[static_cast<std::size_t>(key_rank.second)]);
+        group = state_->make_group(std::move(members));
+      }
+      if (c != color) continue;
+      sub.group_ = group;
+      for (std::size_t i = 0; i < order.size(); ++i)
+        if (order[i].second == rank_) sub.rank_ = static_cast<int>(i);
+    }
+    ++splits_made_;
+    return sub;
+  }
+
+ private:
+  friend class simgrid_world;
+  explicit simgrid_communicator(std::shared_ptr<detail::simgrid_state> state) : state_(std::move(state)) {}
+
+  [[nodiscard]] static char const* where(char const* op) {
+    static constexpr char const* names[][2] = {
+        {"exchange", "simgrid_communicator::exchange"},   {"allgather", "simgrid_communicator::allgather"},
+        {"allreduce", "simgrid_communicator::allreduce"}, {"reduce", "simgrid_communicator::reduce"},
+        {"broadcast", "simgrid_communicator::broadcast"}, {"barrier", "simgrid_communicator::barrier"},
+        {"split", "simgrid_communicator::split"}};
+    for (auto const& name : names)
+      if (std::strcmp(name[0], op) == 0) return name[1];
+    return "simgrid_communicator";
+  }
+
+  [[nodiscard]] detail::call_site site(char const* op) const {
+    return {where(op), group_->members, rank_, group_->id, group_->id == detail::simgrid_state::world_group_id};
+  }
+
+  template <class Checks>
+  [[nodiscard]] detail::posted_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
+                                         Checks&& checks) const {
+    detail::posted_call call;
+    call.op = op;
+    call.size = size;
+    call.extra = extra;
+    call.send = send;
+    call.bad = detail::argument_error([&] { checks(where(op)); });
+    return call;
+  }
+
+  //! Posts `call`, waits for every rank, checks the posted calls and, if they are fine, runs
+  //! `move` (the messages); then waits until every rank has finished, and throws what was found.
+  template <class Move>
+  void collective(detail::posted_call call, Move&& move, std::vector<send_block> const* sends = nullptr,
+                  std::vector<recv_block> const* recvs = nullptr) {
+    char const* const op = call.op;
+    group_->calls[static_cast<std::size_t>(rank_)].assign(std::move(call), sends, recvs);
+    wait_for_all(op);
+    detail::call_problem problem = detail::check_posted_calls(group_->calls, site(op));
+    if (!problem) problem = move();
+    wait_for_all(op);
+    if (problem) throw error(problem.code, problem.message);
+  }
+
+  //! Waits, in simulated time bounded by the world's timeout, until every rank of the group has
+  //! arrived for this phase.
+  void wait_for_all(char const* op) {
+    detail::simgrid_state& s = *state_;
+    char const* const here = where(op);
+    if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
+    detail::simgrid_group& g = *group_;
+    std::uint64_t const phase = g.phase;
+    g.arrived_for[static_cast<std::size_t>(rank_)] = phase + 1;
+    if (++g.arrived == size()) {
+      g.arrived = 0;
+      ++g.phase;
+      g.wake->notify_all();
+      return;
+    }
+    auto const me = static_cast<std::size_t>(world_rank());
+    s.waiting_in[me] = detail::concat(op, " on ", site(op).is_world ? std::string("the world") : detail::describe_group(g.id, g.members));
+    double const deadline = simgrid::s4u::Engine::get_clock() + s.timeout_seconds;
+    std::vector<int> gone;
+    {
+      std::unique_lock<simgrid::s4u::Mutex> lock(*g.mutex);
+      while (g.phase == phase && !s.aborted && (gone = s.returned_from(g, phase)).empty())
+        if (g.wake->wait_until(lock, deadline) == std::cv_status::timeout) break;
+    }
+    s.waiting_in[me].clear();
+    if (g.phase != phase) return;
+    if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
+    if (!gone.empty()) {
+      --g.arrived;  // withdrawn: the group is as if this rank had never called
+      g.arrived_for[static_cast<std::size_t>(rank_)] = phase;
+      detail::fail(status::invalid_usage, here, "world rank ", world_rank(), " waits in ", op, site(op).suffix(),
+                   gone.size() > 1 ? " for world ranks " : " for world rank ", detail::rank_ranges(gone),
+                   gone.size() > 1 ? ", which have" : ", which has", " returned from run");
+    }
+    std::vector<int> missing;
+    for (int r = 0; r < size(); ++r)
+      if (g.arrived_for[static_cast<std::size_t>(r)] != phase + 1) missing.push_back(g.members[static_cast<std::size_t>(r)]);
+    std::string const reason = detail::concat("world rank ", world_rank(), " timed out after ", s.timeout_seconds,
+                                              " simulated seconds in ", op, " waiting for world rank(s) ",
+                                              detail::rank_ranges(missing), site(op).suffix());
+    s.abort(reason);
+    detail::fail(status::timeout, here, reason);
+  }
+
+  [[nodiscard]] simgrid::s4u::Host* host_of(int group_rank) const {
+    return state_->hosts[static_cast<std::size_t>(group_->members[static_cast<std::size_t>(group_rank)])];
+  }
+
+  //! Simulated bytes of `bytes` real ones sent now.
+  [[nodiscard]] static double simulated(std::int64_t bytes) {
+    return detail::current_payload_scale() * static_cast<double>(bytes);
+  }
+
+  //! Starts sending `bytes` at `data` (null: priced only) to group rank `to`.
+  simgrid::s4u::CommPtr start_send(int to, char const* data, std::int64_t bytes) const {
+    static char priced_only;  // SimGrid refuses a null payload
+    char* const payload = data != nullptr ? const_cast<char*>(data) : &priced_only;
+    return group_->mailbox(rank_, to)->put_async(payload, static_cast<std::uint64_t>(simulated(bytes)));
+  }
+
+  //! One message to `to` and one from `from`, both waited for; the received payload pointer goes
+  //! to `*received` (if given). The receive is recorded on the timeline.
+  void send_and_receive(int to, int from, char const* data, std::int64_t bytes, char** received) {
+    char* payload = nullptr;
+    double const start = simgrid::s4u::Engine::get_clock();
+    simgrid::s4u::CommPtr const out = start_send(to, data, bytes);
+    simgrid::s4u::CommPtr const in = group_->mailbox(from, rank_)->get_async<char>(&payload);
+    in->wait();
+    record_message(from, start, bytes);
+    out->wait();
+    if (received != nullptr) *received = payload;
+  }
+
+  void record_message(int from, double start, std::int64_t bytes) const {
+    detail::record_event(world_rank(), detail::link_class(host_of(from), host_of(rank_)), start,
+                         simgrid::s4u::Engine::get_clock(), simulated(bytes));
+  }
+
+  //! The exchange: every block at once; the own block is a device copy.
+  void move_exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+    comms_.clear();
+    payloads_.assign(recvs.size(), nullptr);
+    double const start = simgrid::s4u::Engine::get_clock();
+    for (send_block const& b : sends)
+      if (b.peer != rank_ && b.bytes > 0) comms_.push_back(start_send(b.peer, static_cast<char const*>(b.data), b.bytes));
+    for (std::size_t i = 0; i < recvs.size(); ++i)
+      if (recvs[i].peer != rank_ && recvs[i].bytes > 0)
+        comms_.push_back(group_->mailbox(recvs[i].peer, rank_)->get_async<char>(&payloads_[i]));
+    for (recv_block const& r : recvs)
+      if (r.peer == rank_ && r.bytes > 0) {
+        for (send_block const& s : sends)
+          if (s.peer == rank_) std::memcpy(r.data, s.data, static_cast<std::size_t>(r.bytes));
+        detail::charge_memory(2 * simulated(r.bytes));
+      }
+    simgrid::s4u::Comm::wait_all(comms_);
+    for (std::size_t i = 0; i < recvs.size(); ++i) {
+      recv_block const& r = recvs[i];
+      if (r.peer == rank_ || r.bytes <= 0) continue;
+      std::memcpy(r.data, payloads_[i], static_cast<std::size_t>(r.bytes));
+      record_message(r.peer, start, r.bytes);
+    }
+    comms_.clear();
+  }
+
+  //! Ring all-gather: at step s a rank forwards block (rank − s) to the next rank and receives
+  //! block (rank − s − 1) from the previous one, from that rank's own copy.
+  void ring_allgather(void const* send, char* recv, std::int64_t bytes) {
+    int const n = size();
+    if (bytes > 0) std::memcpy(recv + rank_ * bytes, send, static_cast<std::size_t>(bytes));
+    for (int step = 0; step + 1 < n; ++step) {
+      int const forwarded = (rank_ - step + n) % n, arriving = (rank_ - step - 1 + 2 * n) % n;
+      char* payload = nullptr;
+      send_and_receive((rank_ + 1) % n, (rank_ - 1 + n) % n, recv + forwarded * bytes, bytes, &payload);
+      if (bytes > 0) std::memcpy(recv + arriving * bytes, payload, static_cast<std::size_t>(bytes));
+    }
+  }
+
+  //! `steps` ring steps of `bytes` each, priced only (the data is read at the end).
+  void price_ring(int steps, std::int64_t bytes) {
+    int const n = size();
+    for (int step = 0; step < steps; ++step) send_and_receive((rank_ + 1) % n, (rank_ - 1 + n) % n, nullptr, bytes, nullptr);
+  }
+
+  //! A pipelined chain through the ranks in order from `root` (broadcast: data flows away from the
+  //! root, copied chunk by chunk) or towards it (reduce: priced only).
+  void chain(int root, std::int64_t bytes, char* data, bool from_root) {
+    int const n = size();
+    if (n == 1) return;
+    int const position = (rank_ - root + n) % n;  // 0: the root
+    int const previous = from_root ? (rank_ - 1 + n) % n : (rank_ + 1) % n;
+    int const next = from_root ? (rank_ + 1) % n : (rank_ - 1 + n) % n;
+    bool const first = position == (from_root ? 0 : n - 1), last = position == (from_root ? n - 1 : 0);
+    std::int64_t const chunks = std::clamp<std::int64_t>(
+        static_cast<std::int64_t>(std::ceil(simulated(bytes) / static_cast<double>(1 << 20))), 1, 64);
+    comms_.clear();
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      std::int64_t const begin = bytes * c / chunks, length = bytes * (c + 1) / chunks - begin;
+      if (!first) {
+        char* payload = nullptr;
+        double const start = simgrid::s4u::Engine::get_clock();
+        group_->mailbox(previous, rank_)->get_async<char>(&payload)->wait();
+        record_message(previous, start, length);
+        if (from_root && length > 0) std::memcpy(data + begin, payload, static_cast<std::size_t>(length));
+      }
+      if (!last) comms_.push_back(start_send(next, from_root ? data + begin : nullptr, length));
+    }
+    simgrid::s4u::Comm::wait_all(comms_);
+    comms_.clear();
+  }
+
+  template <class T>
+  void reduction_call(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root, char const* op) {
+    std::int64_t const code = detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction);
+    detail::posted_call call = post(op, count, all ? code : code + 64 * std::int64_t{root}, send, [&](char const* here) {
+      detail::validate_reduction(here, send, recv, count, all, root, rank_, size());
+    });
+    bool const receives = !call.bad && (all || rank_ == root);
+    std::size_t const bytes = receives ? static_cast<std::size_t>(count) * sizeof(T) : 0;
+    if (reduce_scratch_.size() < bytes) reduce_scratch_.resize(bytes);
+    T* const result = reinterpret_cast<T*>(reduce_scratch_.data());
+    collective(std::move(call), [&] {
+      std::int64_t const total = count * static_cast<std::int64_t>(sizeof(T));
+      if (all) {
+        price_ring(2 * (size() - 1), total / size());
+      } else {
+        chain(root, total, nullptr, false);
+      }
+      if (receives)
+        for (int r = 0; r < size(); ++r) {
+          auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
+          for (std::int64_t i = 0; i < count; ++i) result[i] = r == 0 ? peer[i] : detail::reduce(result[i], peer[i], reduction);
+        }
+      return detail::call_problem{};
+    });
+    if (receives) std::copy(result, result + count, recv);
+  }
+
+  std::shared_ptr<detail::simgrid_state> state_;
+  std::shared_ptr<detail::simgrid_group> group_;
+  int rank_ = 0;
+  int splits_made_ = 0;
+  std::vector<char> reduce_scratch_;
+  std::vector<std::int64_t> pair_bytes_;
+  std::vector<simgrid::s4u::CommPtr> comms_;
+  std::vector<char*> payloads_;
+};
+
+//! The simulated clock, in seconds: a clock for `measure_*` and for timing steps.
+struct simulated_seconds {
+  double operator()() const { return simgrid::s4u::Engine::get_clock(); }
+};
+
+//! N simulated ranks on hosts of the loaded platform. `run(f)` runs `f(communicator)` on every rank
+//! as an S4U actor and the simulation until all are done; worlds may run one after another.
+class simgrid_world {
+ public:
+  //! @param hosts the host of each rank (ranks may share a host).
+  //! @param timeout_seconds the longest any rank waits in a collective, in simulated seconds (> 0).
+  explicit simgrid_world(std::vector<simgrid::s4u::Host*> hosts, double timeout_seconds = 3600) {
+    detail::require(!hosts.empty(), "simgrid_world", "hosts is empty: give each rank a host");
+    for (std::size_t r = 0; r < hosts.size(); ++r)
+      detail::require(hosts[r] != nullptr, "simgrid_world", "hosts[", r, "] is null");
+    detail::require(timeout_seconds > 0, "simgrid_world", "timeout_seconds = ", timeout_seconds, " must be positive");
+    state_ = std::make_shared<detail::simgrid_state>();
+    state_->hosts = std::move(hosts);
+    state_->timeout_seconds = timeout_seconds;
+    state_->waiting_in.resize(state_->hosts.size());
+    state_->returned.assign(state_->hosts.size(), 0);
+    std::vector<int> everyone(state_->hosts.size());
+    for (std::size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<int>(r);
+    group_ = state_->make_group(std::move(everyone));
+  }
+
+  [[nodiscard]] int size() const { return static_cast<int>(state_->hosts.size()); }
+  [[nodiscard]] simgrid::s4u::Host* host(int rank) const { return state_->hosts.at(static_cast<std::size_t>(rank)); }
+
+  //! Runs `per_rank(communicator)` on every rank and the simulation to its end. A rank that throws
+  //! aborts the world (the others stop with `aborted`); the first failure is rethrown, preferring
+  //! a cause to an `aborted` consequence. Ranks the engine found deadlocked make it throw
+  //! `invalid_usage` naming where each waited. A failed world stays failed (make a new one).
+  template <class F>
+  void run(F&& per_rank) {
+    simgrid::s4u::Engine& engine = detail::simgrid_engine();
+    detail::require(!state_->aborted, "simgrid_world::run", "this world failed before: ", state_->abort_reason);
+    std::fill(state_->returned.begin(), state_->returned.end(), 0);  // ranks of an earlier run are back
+    std::exception_ptr first;
+    bool first_is_cause = false;
+    std::vector<char> finished(state_->hosts.size(), 0);
+    auto const record = [&](std::exception_ptr failure, bool cause) {
+      if (!first || (cause && !first_is_cause)) {
+        first = std::move(failure);
+        first_is_cause = cause;
+      }
+    };
+    for (int r = 0; r < size(); ++r) {
+      simgrid::s4u::Actor::create(detail::concat("rank ", r), host(r), [&, r] {
+        detail::rank_of_actors()[simgrid::s4u::this_actor::get_pid()] = r;
+        try {
+          per_rank(communicator(r));
+        } catch (error const& e) {
+          record(std::current_exception(), e.code() != status::aborted);
+          state_->abort(detail::concat("world rank ", r, " failed: ", e.what()));
+        } catch (std::exception const& e) {
+          record(std::current_exception(), true);
+          state_->abort(detail::concat("world rank ", r, " failed: ", e.what()));
+        } catch (...) {
+          std::string const what = detail::concat("world rank ", r, " threw an exception not derived from std::exception");
+          record(std::make_exception_ptr(error(status::aborted, "moecomm::simgrid_world::run: " + what)), true);
+          state_->abort(what);
+        }
+        finished[static_cast<std::size_t>(r)] = 1;
+        state_->returned[static_cast<std::size_t>(r)] = 1;
+        state_->wake_all();
+      });
+    }
+    engine.run();
+    if (first) std::rethrow_exception(first);
+    std::string stuck;
+    for (int r = 0; r < size(); ++r)
+      if (!finished[static_cast<std::size_t>(r)])
+        stuck += detail::concat(stuck.empty() ? "" : "; ", "world rank ", r, " waits in ",
+                                state_->waiting_in[static_cast<std::size_t>(r)].empty()
+                                    ? std::string("something outside a collective")
+                                    : state_->waiting_in[static_cast<std::size_t>(r)]);
+    if (!stuck.empty()) {
+      state_->abort("the simulation deadlocked");
+      detail::fail(status::invalid_usage, "simgrid_world::run", "the simulation deadlocked (no rank could go on): ", stuck);
+    }
+  }
+
+ private:
+  [[nodiscard]] simgrid_communicator communicator(int rank) const {
+    simgrid_communicator c(state_);
+    c.group_ = group_;
+    c.rank_ = rank;
+    return c;
+  }
+
+  std::shared_ptr<detail::simgrid_state> state_;
+  std::shared_ptr<detail::simgrid_group> group_;
+};
+
+MOECOMM_NAMESPACE_END
