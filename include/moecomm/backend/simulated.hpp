@@ -18,7 +18,9 @@
 
 #include <moecomm/backend/host.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/simulation/actor_lane.hpp>
 #include <moecomm/simulation/device_time.hpp>
 
 #include <cstdint>
@@ -29,8 +31,9 @@ MOECOMM_NAMESPACE_BEGIN
 
 //! How a small real problem stands for a large one under simulation.
 struct simulation_scale {
-  double payload = 1;  //!< simulated bytes per real byte of rows and parameters (e.g. H_model / H_real)
-  double flops = 1;    //!< simulated FLOPs per FLOP the experts declare (e.g. (H_model · F_model) / (H · F))
+  double payload = 1;     //!< simulated bytes per real byte of token rows (H_model / H)
+  double parameters = 1;  //!< simulated bytes per real byte of expert parameters ((H_model · F_model) / (H · F))
+  double flops = 1;       //!< simulated FLOPs per FLOP the experts declare (as `parameters`, for MLP experts)
 };
 
 namespace detail {
@@ -48,10 +51,13 @@ class simulated_backend {
   template <class T>
   using buffer_type = typename Inner::template buffer_type<T>;
   static constexpr bool is_host_accessible = true;
+  //! Overlapped work runs on a second actor of the rank (`<moecomm/core/lane.hpp>`).
+  using lane_type = actor_lane;
 
   explicit simulated_backend(Inner inner = Inner{}, simulation_scale scale = {}) : inner_(std::move(inner)), scale_(scale) {
-    detail::require(scale.payload > 0 && scale.flops > 0, "simulated_backend", "simulation_scale {payload = ", scale.payload,
-                    ", flops = ", scale.flops, "} must be positive");
+    detail::require(scale.payload > 0 && scale.parameters > 0 && scale.flops > 0, "simulated_backend",
+                    "simulation_scale {payload = ", scale.payload, ", parameters = ", scale.parameters, ", flops = ",
+                    scale.flops, "} must be positive");
   }
 
   [[nodiscard]] Inner const& inner() const { return inner_; }
@@ -103,8 +109,10 @@ class simulated_backend {
   void charge_flops(double flops) const { detail::charge_flops(scale_.flops * flops); }
 
   //! While the result lives, the calling actor's messages and copies are scaled by `scale().payload`
-  //! (see `<moecomm/core/simulation_hooks.hpp>`).
-  [[nodiscard]] detail::actor_payload_scope payload_scope() const { return detail::actor_payload_scope(scale_.payload); }
+  //! (rows) or `scale().parameters` (see `<moecomm/core/simulation_hooks.hpp>`).
+  [[nodiscard]] detail::actor_payload_scope payload_scope(detail::payload_kind kind) const {
+    return detail::actor_payload_scope(kind == detail::payload_kind::rows ? scale_.payload : scale_.parameters);
+  }
 
  private:
   Inner inner_;

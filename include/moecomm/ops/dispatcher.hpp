@@ -9,13 +9,14 @@
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/functional.hpp>
+#include <moecomm/core/lane.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/alltoall/step_worker.hpp>
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
@@ -156,6 +157,7 @@ class dispatcher {
   template <class T>
   void dispatch(matrix_view<std::add_const_t<T>> x, matrix_view<T> expert_rows, matrix_view<T> home) {
     require_routed("dispatch");
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     bytes_t& sent = permuted_rows<T>(x, home, "dispatch");
     exchange_forward<T>(sent.data(), expert_rows, "dispatch");
   }
@@ -170,6 +172,7 @@ class dispatcher {
   template <class Weighting = weighted, class T>
   void combine(matrix_view<std::add_const_t<T>> expert_rows, matrix_view<std::add_const_t<T>> home, matrix_view<T> out) {
     require_routed("combine");
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     exchange_back<T>(expert_rows, returned_, "combine");
     combined_ = true;
     be_.copy(home_tail<T>(returned_, home, out.hidden, "combine", "home_rows"), home.data, home_rows() * out.hidden);
@@ -189,6 +192,7 @@ class dispatcher {
   void combine_backward(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_expert_rows, matrix_view<T> d_home,
                         optional_output<array_view<float>> d_weights) {
     require_routed("combine_backward");
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home, d_weights, "combine_backward");
     exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
   }
@@ -205,6 +209,7 @@ class dispatcher {
                          optional_output<matrix_view<T>> d_x) {
     char const* op = "dispatch_backward";
     require_routed(op);
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     std::int64_t const hidden = d_expert_rows.hidden;
     check_token_rows(d_x, hidden, op, "d_x");
     bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, op);
@@ -215,7 +220,7 @@ class dispatcher {
   //! The smart schedule (`Algorithm` = `smart_schedule`): `dispatch`, the experts and `combine`
   //! as one call, whose exchanges run in pairwise steps while the experts work on the rows of
   //! earlier steps (FasterMoE §4.2). `arrived` and `produced` hold `received_rows()` rows in
-  //! rank-major order (by source rank, then local expert; `rank_major_offsets()`). A worker thread
+  //! rank-major order (by source rank, then local expert; `rank_major_offsets()`). The back-end's lane (`lane_t<Backend>`, core/lane.hpp)
   //! runs, in order, `compute_home()` (`home` -> `home_out`) and, once step j's rows are in,
   //! `compute(first_source, sources)` (their rows of `arrived` -> `produced`); each step's results
   //! go back as soon as they are computed. Collective.
@@ -224,6 +229,7 @@ class dispatcher {
                          matrix_view<T> home, matrix_view<T> home_out, matrix_view<T> out, ComputeHome&& compute_home,
                          Compute&& compute) {
     require_routed("forward_pipelined");
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     bytes_t& sent = permuted_rows<T>(x, home, "forward_pipelined");
     rows_buffer<T>(returned_, plan_.num_rows(), x.hidden);
     combined_ = true;
@@ -242,6 +248,7 @@ class dispatcher {
                           optional_output<array_view<float>> d_weights, ComputeHome&& compute_home, Compute&& compute) {
     char const* op = "backward_pipelined";
     require_routed(op);
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     std::int64_t const hidden = d_out.hidden;
     check_token_rows(d_x, hidden, op, "d_x");
     bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home_out, d_weights, op);
@@ -355,23 +362,24 @@ class dispatcher {
     back_matrix_.assign_transposed(there);
     byte_matrix const& back = back_matrix_;
     detail::copy_self_block(be_, there, me, send, arrived.data);
-    auto job = [&](std::int32_t step) {  // step -1: the home experts
-      if (step < 0) return compute_home();
-      compute(detail::pairwise_source(me, group_size, steps, step), group_size);
+    auto job = [&](std::int32_t unit) {  // unit 0: the home experts; unit j + 1: pairwise step j
+      if (unit == 0) return compute_home();
+      compute(detail::pairwise_source(me, group_size, steps, unit - 1), group_size);
     };
-    if (!worker_) worker_ = std::make_unique<detail::step_worker>();  // once: kept between steps
-    detail::step_worker& worker = *worker_;
-    worker.start(job, steps);
-    struct finish_job {  // on every exit, the worker lets go of `job` before it goes out of scope
-      detail::step_worker& w;
-      ~finish_job() { w.finish(); }
-    } const finish{worker};
+    if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be_);  // once: kept between steps
+    lane_t<Backend>& lane = *lane_;
+    lane.start(job, steps + 1);
+    struct finish_job {  // on every exit, the lane lets go of `job` before it goes out of scope
+      lane_t<Backend>& l;
+      ~finish_job() { l.finish(); }
+    } const finish{lane};
+    lane.release(0);
     for (std::int32_t step = 0; step < steps; ++step) {
       detail::pairwise_step(group_size, *groups_, there, send, arrived.data, step, report_.exchange, exchange_scratch_);
-      worker.mark_ready(step);
+      lane.release(step + 1);
     }
     for (std::int32_t step = 0; step < steps; ++step) {
-      worker.wait_done(step);  // rethrows the experts' failure
+      lane.wait(step + 1);  // rethrows the experts' failure
       if (step == 0) detail::copy_self_block(be_, back, me, produced.data, returned);
       // R_j returns to the group whose rows step j brought: pairwise step (n - j) mod n.
       detail::pairwise_step(group_size, *groups_, back, produced.data, returned, (steps - step) % steps, report_.exchange,
@@ -574,7 +582,7 @@ class dispatcher {
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;  //!< home experts sorted last
   workspace<Backend> scratch_;  //!< the steps' small tables (scores, labels, chunk tables), kept between steps
   alltoall_workspace<Backend> exchange_scratch_;  //!< the all-to-alls' staging and message lists
-  std::unique_ptr<detail::step_worker> worker_;   //!< the smart schedule's compute thread, made once
+  std::unique_ptr<lane_t<Backend>> lane_;  //!< the smart schedule's compute lane, made once
   byte_matrix forward_matrix_, back_matrix_;       //!< the step's byte matrices, memory kept between steps
   permute_plan<Backend> plan_;           //!< this step's plan, rebuilt in place each step
   permute_plan<Backend> dropless_plan_;  //!< the capacity policies' plan before dropping

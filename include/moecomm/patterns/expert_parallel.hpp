@@ -116,10 +116,12 @@ class expert_parallel_layer {
       if constexpr (Shadowing::shadows)
         for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
           experts.forward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), rows_at(home_out, begin, n));
+          detail::charge_expert_flops(dispatcher_.backend(), experts, n, 1);
         });
     };
     auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
       detail::run_local_expert<T>(experts, l, input_rows(expert_in_, begin, n), rows_at(expert_out, begin, n));
+      detail::charge_expert_flops(dispatcher_.backend(), experts, n, 1);
     };
     if constexpr (pipelined) {
       dispatcher_.template forward_pipelined<Weighting, T>(
@@ -157,11 +159,13 @@ class expert_parallel_layer {
         for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
           experts.backward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), input_rows(d_home_out, begin, n),
                            rows_at(d_home_in, begin, n), shadow_.gradients(experts, i));
+          detail::charge_expert_flops(dispatcher_.backend(), experts, n, 2);
         });
     };
     auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
       detail::run_local_expert_backward<T>(experts, l, input_rows(expert_in_, begin, n), input_rows(d_expert_out, begin, n),
                                            rows_at(d_expert_in, begin, n));
+      detail::charge_expert_flops(dispatcher_.backend(), experts, n, 2);
     };
     if constexpr (pipelined) {
       dispatcher_.template backward_pipelined<Weighting, T>(

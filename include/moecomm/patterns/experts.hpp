@@ -20,6 +20,11 @@
 //! Rows are independent: an expert's output row depends only on its input row, so the layer may
 //! hand an expert its rows in several calls.
 //!
+//! Either kind may also declare `double flops(std::int64_t rows) const`: the FLOPs of one expert's
+//! forward over `rows` rows (an MLP: 2 · rows · H · F per GEMM). A simulated back-end charges them
+//! to the device (the backward as twice the forward: the input and the weight gradients); other
+//! back-ends ignore them.
+//!
 //! The layer checks its experts member by member (`detail::check_experts`): the first missing or
 //! mis-declared member stops compilation with one static_assert that spells its expected signature.
 //! Experts that declare any of `parameter_count`, `parameters` or `gradients` are checked as
@@ -27,6 +32,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/matrix.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -157,6 +163,16 @@ template <class T, class Experts, bool needs_parametric, bool for_backward>
                   "matrix_view<T> out), T being the layer's element type, or parametric (see patterns/experts.hpp)");
     return has_member_v<forward_call, E, T>;
   }
+}
+
+template <class E>
+using flops_member = decltype(std::declval<E const&>().flops(std::int64_t{0}));
+
+//! Charges `be`'s device with `passes` forwards of `rows` rows (1 forward, 2 backward), if the
+//! experts declare `flops` (see the file comment).
+template <class Backend, class Experts>
+void charge_expert_flops(Backend const& be, Experts const& experts, std::int64_t rows, double passes) {
+  if constexpr (has_member_v<flops_member, Experts>) charge_flops(be, passes * static_cast<double>(experts.flops(rows)));
 }
 
 //! Runs local expert `l` on its rows.

@@ -18,6 +18,7 @@
 #include <moecomm/ops/replica/replica_set.hpp>
 #include <moecomm/ops/replica_broadcast.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/plan/cost_model.hpp>
 #include <moecomm/plan/shadow_selection.hpp>
@@ -83,6 +84,7 @@ struct fastermoe_shadowing {
       grow(be_, replica_grads_, bytes);
       be_.for_each_index(static_cast<std::int64_t>(r) * count,
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
+      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < r; ++i)
         replica_broadcast(groups_->world(), everyone_of(i), count, array_view<P>{parameters(experts, i), count}, path_);
     }
@@ -107,6 +109,7 @@ struct fastermoe_shadowing {
     //! Sums every rank's gradient of each shadowed expert into its owner's, in ascending rank.
     template <class Experts>
     void reduce(Experts& experts) {
+      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
         gradient_reduce(be_, groups_->world(), everyone_of(i), experts.parameter_count(),
                         array_view<detail::parameter_t<Experts>>{gradients(experts, i), experts.parameter_count()}, workspace_,
