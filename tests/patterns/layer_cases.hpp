@@ -139,13 +139,13 @@ void check_layer_step(Layer& layer, int32_t me, layer_case const& c, layer_input
                     "rank ", me, " d_weights[", i, "] = ", d_w[i], ", oracle ", in.want[me].d_w[i]);
 }
 
-// One rank's part of a fresh layer's step.
-template <class T, class Capacity, class Algorithm, class Comm>
+// One rank's part of a fresh layer's step, on back-end `be`.
+template <class T, class Capacity, class Algorithm, class Comm, class Backend = moecomm::host_backend>
 void check_layer_on_rank(Comm& comm, layer_case const& c, layer_inputs<T> const& in, Capacity const& capacity,
-                         Algorithm const& algorithm) {
+                         Algorithm const& algorithm, Backend const& be = Backend{}) {
   moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
-  moecomm::expert_parallel_layer<T, moecomm::host_backend, Comm, Capacity, Algorithm> layer(
-      moecomm::host_backend{}, groups, c.experts, c.hidden, capacity, algorithm);
+  moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm> layer(be, groups, c.experts, c.hidden, capacity,
+                                                                              algorithm);
   check_layer_step(layer, comm.rank(), c, in);
 }
 

@@ -162,18 +162,20 @@ inline moecomm::fastermoe_cost_params small_model() {
 }
 
 // One rank: plain EP (with `plain_algorithm`), then the shadowed layer (policy `shadowing`, with
-// `algorithm`), on the same inputs; compared. Returns the shadowed layer's home experts.
-template <class T, class Shadowing, class Capacity, class Algorithm, class PlainAlgorithm, class Comm>
+// `algorithm`), on the same inputs and back-end `be`; compared. Returns the shadowed layer's home experts.
+template <class T, class Shadowing, class Capacity, class Algorithm, class PlainAlgorithm, class Comm,
+          class Backend = moecomm::host_backend>
 std::vector<std::int32_t> check_shadowed_equals_plain(Comm& comm, shadow_case const& c, shadow_inputs<T> const& in,
                                                       Shadowing const& shadowing, Capacity const& capacity,
-                                                      Algorithm const& algorithm, PlainAlgorithm const& plain_algorithm) {
+                                                      Algorithm const& algorithm, PlainAlgorithm const& plain_algorithm,
+                                                      Backend const& be = Backend{}) {
   moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
   std::int32_t const me = comm.rank();
-  moecomm::expert_parallel_layer<T, moecomm::host_backend, Comm, Capacity, PlainAlgorithm> plain(
-      moecomm::host_backend{}, groups, c.experts, c.hidden, capacity, plain_algorithm);
+  moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, PlainAlgorithm> plain(be, groups, c.experts, c.hidden, capacity,
+                                                                                   plain_algorithm);
   auto const want = run_step(plain, me, c, in);
-  moecomm::expert_parallel_layer<T, moecomm::host_backend, Comm, Capacity, Algorithm, moecomm::weighted, Shadowing> shadowed(
-      moecomm::host_backend{}, groups, c.experts, c.hidden, capacity, algorithm, {}, shadowing);
+  moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, moecomm::weighted, Shadowing> shadowed(
+      be, groups, c.experts, c.hidden, capacity, algorithm, {}, shadowing);
   auto const got = run_step(shadowed, me, c, in);
   check_same_result(got, want, me, c);
   CHECK(shadowed.dispatch_state().report().dropped_slots == plain.dispatch_state().report().dropped_slots);

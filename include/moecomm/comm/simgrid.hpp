@@ -38,6 +38,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/simulation/device_time.hpp>
+#include <moecomm/simulation/platform.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
 #include <simgrid/s4u/Actor.hpp>
@@ -487,6 +488,12 @@ class simgrid_world {
     group_ = state_->make_group(std::move(everyone));
   }
 
+  //! Ranks on the GPUs of `platform` (built now, if it is not yet): rank r on GPU `gpu_of_rank[r]`
+  //! (indices into `platform.gpu_hosts()`); empty: one rank per GPU, in order.
+  explicit simgrid_world(simulated_platform const& platform, std::vector<std::int32_t> const& gpu_of_rank = {},
+                         double timeout_seconds = 3600)
+      : simgrid_world(hosts_of(platform, gpu_of_rank), timeout_seconds) {}
+
   [[nodiscard]] int size() const { return static_cast<int>(state_->hosts.size()); }
   [[nodiscard]] simgrid::s4u::Host* host(int rank) const { return state_->hosts.at(static_cast<std::size_t>(rank)); }
 
@@ -545,6 +552,21 @@ class simgrid_world {
   }
 
  private:
+  static std::vector<simgrid::s4u::Host*> hosts_of(simulated_platform const& platform,
+                                                   std::vector<std::int32_t> const& gpu_of_rank) {
+    platform.build();
+    auto const& names = platform.gpu_hosts();
+    std::vector<simgrid::s4u::Host*> hosts;
+    auto const gpus = static_cast<std::int32_t>(names.size());
+    for (std::int32_t r = 0; r < (gpu_of_rank.empty() ? gpus : static_cast<std::int32_t>(gpu_of_rank.size())); ++r) {
+      std::int32_t const gpu = gpu_of_rank.empty() ? r : gpu_of_rank[static_cast<std::size_t>(r)];
+      detail::require(gpu >= 0 && gpu < gpus, "simgrid_world", "gpu_of_rank[", r, "] = ", gpu, " is not a GPU of platform '",
+                      platform.name(), "' (it has ", gpus, ")");
+      hosts.push_back(detail::simgrid_engine().host_by_name(names[static_cast<std::size_t>(gpu)]));
+    }
+    return hosts;
+  }
+
   [[nodiscard]] simgrid_communicator communicator(int rank) const {
     simgrid_communicator c(state_);
     c.group_ = group_;

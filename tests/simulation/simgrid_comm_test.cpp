@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+// simgrid_communicator: every collective moves the right bytes for odd group sizes (self-identifying
+// payloads, poisoned receive buffers), sub-groups work, bad calls throw on every rank as
+// in-process, and the simulated time of an all-to-all is the alpha-beta figure of the platform.
+
+#include "../support/test_support.hpp"
+#include "sim_support.hpp"
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace test {
+
+// A byte that names (sender, receiver, index).
+inline char tag(int from, int to, std::int64_t i) { return static_cast<char>(from * 31 + to * 7 + i * 13 + 1); }
+
+TEST_CASE("sim: every collective moves the right bytes, for 1, 3 and 8 ranks") {
+  for (int n : {1, 3, 8}) {
+    CAPTURE(n);
+    moecomm::simgrid_world world = sim_world(n, n == 3 ? 3 : 4);
+    world.run([&](moecomm::simgrid_communicator comm) {
+      int const me = comm.rank();
+      std::int64_t const bytes = 1000 + me * 0;  // the same size on every rank
+      // allgather
+      std::vector<char> mine(static_cast<std::size_t>(bytes)), all(static_cast<std::size_t>(bytes * n), '\x7f');
+      for (std::int64_t i = 0; i < bytes; ++i) mine[static_cast<std::size_t>(i)] = tag(me, 0, i);
+      comm.allgather(mine.data(), all.data(), bytes);
+      for (int r = 0; r < n; ++r)
+        for (std::int64_t i = 0; i < bytes; ++i) REQUIRE(all[static_cast<std::size_t>(r * bytes + i)] == tag(r, 0, i));
+      // exchange: rank i sends (i + j) * 3 bytes to j
+      std::vector<std::vector<char>> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
+      std::vector<moecomm::send_block> sends;
+      std::vector<moecomm::recv_block> recvs;
+      for (int p = 0; p < n; ++p) {
+        out[static_cast<std::size_t>(p)].resize(static_cast<std::size_t>((me + p) * 3));
+        for (std::size_t i = 0; i < out[static_cast<std::size_t>(p)].size(); ++i) out[static_cast<std::size_t>(p)][i] = tag(me, p, static_cast<std::int64_t>(i));
+        in[static_cast<std::size_t>(p)].assign(static_cast<std::size_t>((me + p) * 3), '\x7f');
+        sends.push_back({p, out[static_cast<std::size_t>(p)].data(), (me + p) * 3});
+        recvs.push_back({p, in[static_cast<std::size_t>(p)].data(), (me + p) * 3});
+      }
+      comm.exchange(sends, recvs);
+      for (int p = 0; p < n; ++p)
+        for (std::size_t i = 0; i < in[static_cast<std::size_t>(p)].size(); ++i)
+          REQUIRE(in[static_cast<std::size_t>(p)][i] == tag(p, me, static_cast<std::int64_t>(i)));
+      // broadcast from the last rank, 3 MiB (several chunks)
+      std::vector<char> data(3 << 20, '\x7f');
+      if (me == n - 1)
+        for (std::size_t i = 0; i < data.size(); ++i) data[i] = tag(n - 1, 0, static_cast<std::int64_t>(i));
+      comm.broadcast(data.data(), static_cast<std::int64_t>(data.size()), n - 1);
+      for (std::size_t i = 0; i < data.size(); i += 4099) REQUIRE(data[i] == tag(n - 1, 0, static_cast<std::int64_t>(i)));
+      // allreduce and reduce: sums in ascending rank order, exactly
+      std::vector<double> values(37), sums(37, std::nan(""));
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = me * 100.0 + static_cast<double>(i);
+      comm.allreduce(values.data(), sums.data(), 37, moecomm::reduce_op::sum);
+      for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(sums[i] == 100.0 * n * (n - 1) / 2 + n * static_cast<double>(i));
+      std::int64_t most = me, at_root = -1;
+      comm.reduce(&most, me == 0 ? &at_root : nullptr, 1, moecomm::reduce_op::max, 0);
+      if (me == 0) CHECK(at_root == n - 1);
+      comm.barrier();
+      // split into odd and even ranks, reversed by key
+      moecomm::simgrid_communicator half = comm.split(me % 2, -me);
+      CHECK(half.size() == (n + 1 - me % 2) / 2);
+      int const sub = half.rank();
+      std::vector<int> ranks(static_cast<std::size_t>(half.size()));
+      half.allgather(&me, ranks.data(), sizeof(int));
+      CHECK(ranks[static_cast<std::size_t>(sub)] == me);
+      CHECK(std::is_sorted(ranks.rbegin(), ranks.rend()));
+    });
+  }
+}
+
+TEST_CASE("sim: bad calls throw on every simulated rank, naming the operation and the ranks") {
+  moecomm::simgrid_world mismatched = sim_world(4, 4);
+  CHECK_THROWS_WITH_AS(mismatched.run([&](moecomm::simgrid_communicator comm) {
+    int x = 0;
+    if (comm.rank() == 2) comm.barrier(); else comm.broadcast(&x, 4, 0);
+  }), doctest::Contains("ranks disagree: world rank 0 called broadcast(size 4, 0), but world rank 2 called barrier"),
+  moecomm::error);
+  moecomm::simgrid_world early = sim_world(4, 4);
+  CHECK_THROWS_WITH_AS(early.run([&](moecomm::simgrid_communicator comm) {
+    if (comm.rank() != 3) comm.barrier();
+  }), doctest::Contains("for world rank 3, which has returned from run"), moecomm::error);
+  moecomm::simgrid_world null_buffer = sim_world(2, 2);
+  CHECK_THROWS_WITH_AS(null_buffer.run([&](moecomm::simgrid_communicator comm) {
+    std::vector<char> recv(8);
+    comm.allgather(comm.rank() == 1 ? nullptr : recv.data(), recv.data(), 4);
+  }), doctest::Contains("send"), moecomm::error);
+  moecomm::simgrid_world odd_throw = sim_world(2, 2);
+  CHECK_THROWS_WITH_AS(odd_throw.run([&](moecomm::simgrid_communicator comm) {
+    if (comm.rank() == 0) throw 42;
+    comm.barrier();
+  }), doctest::Contains("world rank 0 threw an exception not derived from std::exception"), moecomm::error);
+}
+
+TEST_CASE("sim: a flat all-to-all takes the alpha-beta time of the platform's links, within 5 %") {
+  // 8 ranks, 2 nodes x 4; each rank sends b bytes to every other rank at once. The bottleneck is
+  // each node's NIC: 4 ranks x 4 remote peers x b bytes leave a node through one 12.5 GB/s link;
+  // every NVLink port carries 3 b (100 GB/s) and every PCIe link 4 b (25 GB/s) meanwhile.
+  moecomm::cluster_spec const s = two_nodes_of_four();
+  std::int64_t const b = 4 << 20;
+  double const nic_seconds = 16.0 * static_cast<double>(b) / s.nic.bytes_per_second;
+  double const latency = s.pcie.latency_seconds + s.nic.latency_seconds + s.fabric.latency_seconds +
+                         s.nic.latency_seconds + s.pcie.latency_seconds;
+  double const alpha_beta = latency + nic_seconds;
+  double seconds = 0;
+  moecomm::simgrid_world world = sim_world(8, 4);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    std::vector<char> out(static_cast<std::size_t>(8 * b)), in(static_cast<std::size_t>(8 * b));
+    std::vector<moecomm::send_block> sends;
+    std::vector<moecomm::recv_block> recvs;
+    for (int p = 0; p < 8; ++p)
+      if (p != comm.rank()) {
+        sends.push_back({p, out.data() + p * b, b});
+        recvs.push_back({p, in.data() + p * b, b});
+      }
+    comm.barrier();
+    double const start = moecomm::simulated_seconds{}();
+    comm.exchange(sends, recvs);
+    if (comm.rank() == 0) seconds = moecomm::simulated_seconds{}() - start;
+  });
+  CAPTURE(alpha_beta);
+  CHECK(seconds == doctest::Approx(alpha_beta).epsilon(0.05));
+}
+
+}  // namespace test

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// The layer on a simulated cluster: every body of the in-process layer tests (plain EP for every
+// capacity policy x all-to-all algorithm; FasterMoE shadowing, the smart schedule, both) runs on
+// simgrid_world ranks with the simulated back-end and equals the same oracle bit for bit. Failures
+// end every simulated rank with an error; simulated time is deterministic and shows overlap.
+
+#include "../patterns/layer_cases.hpp"
+#include "../patterns/shadow_cases.hpp"
+#include "sim_support.hpp"
+
+namespace test {
+
+template <class T, class Algorithm>
+void check_simulated_layer(layer_case const& c, Algorithm const& algorithm) {
+  CAPTURE(c.ranks);
+  CAPTURE(Algorithm::name);
+  for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
+    CAPTURE(std::decay_t<decltype(capacity)>::name);
+    auto const in = make_layer_inputs<T>(c, capacity, rule, drops);
+    moecomm::simgrid_world world = sim_world(c.ranks, c.per_node);
+    world.run([&](moecomm::simgrid_communicator comm) {
+      check_layer_on_rank(comm, c, in, capacity, algorithm, moecomm::simulated_backend<>{});
+    });
+  });
+}
+
+TEST_CASE("sim: the expert-parallel layer on simulated ranks equals the oracle, every capacity x algorithm") {
+  for (layer_case const& c : {layer_case{1, 1, 4, 2, 16, {37}, 0.0}, layer_case{4, 2, 8, 2, 8, {30, 1, 0, 57}, 0.0},
+                              layer_case{8, 4, 16, 4, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 1.2}}) {
+    check_simulated_layer<float>(c, moecomm::flat{});
+    check_simulated_layer<float>(c, moecomm::hierarchical_2d{});
+    check_simulated_layer<float>(c, moecomm::pairwise{1});
+    check_simulated_layer<float>(c, moecomm::smart_schedule{c.per_node});
+  }
+  check_simulated_layer<__nv_bfloat16>(layer_case{8, 4, 16, 1, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 8.0},
+                                       moecomm::hierarchical_2d{});
+}
+
+template <class Shadowing, class Capacity, class Algorithm, class PlainAlgorithm>
+void check_simulated_shadowing(shadow_case const& c, Shadowing const& shadowing, Capacity const& capacity,
+                               Algorithm const& algorithm, PlainAlgorithm const& plain_algorithm) {
+  CAPTURE(c.ranks);
+  CAPTURE(Algorithm::name);
+  auto const in = make_shadow_inputs<float>(c);
+  std::vector<std::vector<std::int32_t>> home(static_cast<std::size_t>(c.ranks));
+  moecomm::simgrid_world world = sim_world(c.ranks, c.per_node);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    home[static_cast<std::size_t>(comm.rank())] = check_shadowed_equals_plain(
+        comm, c, in, shadowing, capacity, algorithm, plain_algorithm, moecomm::simulated_backend<>{});
+  });
+  for (auto const& h : home) CHECK(h == home[0]);
+  CHECK_MESSAGE(!home[0].empty(), "nothing was shadowed: the test would prove little");
+}
+
+TEST_CASE("sim: FasterMoE shadowing, with and without the smart schedule, equals plain expert parallelism") {
+  shadow_case const skewed8{8, 4, 16, 2, 16, {40, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};
+  moecomm::fastermoe_shadowing<> const collective{small_model(), {}, {}};
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path> const p2p{small_model(), {64}, {}};
+  check_simulated_shadowing(skewed8, collective, moecomm::dropless{}, moecomm::flat{}, moecomm::flat{});
+  check_simulated_shadowing(skewed8, p2p, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, true, {}},
+                            moecomm::hierarchical_2d{}, moecomm::hierarchical_2d{});
+  check_simulated_shadowing(skewed8, collective, moecomm::dropless{}, moecomm::smart_schedule{4}, moecomm::pairwise{4});
+  check_simulated_shadowing(skewed8, p2p, moecomm::receiver_budget{100}, moecomm::smart_schedule{2}, moecomm::flat{});
+}
+
+template <class Algorithm>
+void check_throwing_expert(Algorithm const& algorithm) {
+  CAPTURE(Algorithm::name);
+  layer_case const c{4, 2, 8, 2, 16, {20, 20, 20, 20}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::simgrid_world world = sim_world(4, 2);
+  int stopped = 0;  // actors run one at a time
+  CHECK_THROWS_WITH_AS(world.run([&](moecomm::simgrid_communicator comm) {
+    moecomm::exchange_groups<moecomm::simgrid_communicator> groups(comm, moecomm::topology(4, 2));
+    moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, moecomm::simgrid_communicator, moecomm::dropless,
+                                   Algorithm>
+        layer(moecomm::simulated_backend<>{}, groups, 8, 16, {}, algorithm);
+    auto const& r = in.routing[comm.rank()];
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * 16));
+    auto experts = [&](int32_t l, moecomm::matrix_view<float const> a, moecomm::matrix_view<float> b) {
+      if (comm.rank() == 2) throw std::runtime_error("expert 5 ran out of memory");
+      scale_experts<float>{comm.rank() * 2}(l, a, b);
+    };
+    try {
+      layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[comm.rank()].data(), r.tokens, 16},
+                    {out.data(), r.tokens, 16}, experts);
+    } catch (moecomm::error const& e) {
+      if (e.code() == moecomm::status::aborted) ++stopped;
+      throw;
+    }
+  }), "expert 5 ran out of memory", std::runtime_error);
+  CHECK(stopped == 3);
+}
+
+TEST_CASE("sim: an expert that throws on one simulated rank stops every rank with an error") {
+  check_throwing_expert(moecomm::flat{});
+  check_throwing_expert(moecomm::smart_schedule{2});  // thrown on the rank's lane
+}
+
+// Experts with a declared cost: FLOPs only (their real work is a copy), so simulated time is
+// dominated by what the test controls.
+struct costly_experts {
+  double flops_per_row;
+  void operator()(std::int32_t, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) const {
+    std::copy(in.data, in.data + in.rows * in.hidden, out.data);
+  }
+  [[nodiscard]] double flops(std::int64_t rows) const { return flops_per_row * static_cast<double>(rows); }
+};
+
+// Simulated seconds of one forward on 8 ranks (2 nodes x 4), as seen by rank 0.
+template <class Algorithm>
+double simulated_forward_seconds(Algorithm const& algorithm, double flops_per_row, moecomm::simulation_scale scale = {}) {
+  layer_case const c{8, 4, 16, 2, 64, {256, 256, 256, 256, 256, 256, 256, 256}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  double seconds = 0;
+  moecomm::simgrid_world world = sim_world(8, 4);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    moecomm::simulated_backend<> const be({}, scale);
+    moecomm::exchange_groups<moecomm::simgrid_communicator> groups(comm, moecomm::topology(8, 4));
+    moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, moecomm::simgrid_communicator, moecomm::dropless,
+                                   Algorithm>
+        layer(be, groups, c.experts, c.hidden, {}, algorithm);
+    auto const& r = in.routing[comm.rank()];
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden));
+    comm.barrier();
+    double const start = moecomm::simulated_seconds{}();
+    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[comm.rank()].data(), r.tokens, c.hidden},
+                  {out.data(), r.tokens, c.hidden}, costly_experts{flops_per_row});
+    comm.barrier();
+    if (comm.rank() == 0) seconds = moecomm::simulated_seconds{}() - start;
+  });
+  return seconds;
+}
+
+TEST_CASE("sim: two identical runs give identical simulated times") {
+  double const first = simulated_forward_seconds(moecomm::flat{}, 1e6);
+  double const second = simulated_forward_seconds(moecomm::flat{}, 1e6);
+  CHECK(first > 0);
+  CHECK(first == second);
+}
+
+TEST_CASE("sim: the smart schedule's overlap of compute and exchange shows in simulated time") {
+  // Compute and exchange of similar size (rows scaled to 64 x 64 = 4096 floats): pairwise steps
+  // one after the other, against the same steps with the experts on the rank's lane.
+  moecomm::simulation_scale const scale{64, 1, 1};
+  double const sequential = simulated_forward_seconds(moecomm::pairwise{4}, 4e8, scale);
+  double const overlapped = simulated_forward_seconds(moecomm::smart_schedule{4}, 4e8, scale);
+  CAPTURE(sequential);
+  CAPTURE(overlapped);
+  CHECK(overlapped < 0.9 * sequential);
+  CHECK(overlapped > 0);
+}
+
+TEST_CASE("sim: experts' declared FLOPs are charged at the host's rate, scaled by simulation_scale.flops") {
+  double const base = simulated_forward_seconds(moecomm::flat{}, 0);
+  double const one = simulated_forward_seconds(moecomm::flat{}, 1e9);
+  double const four = simulated_forward_seconds(moecomm::flat{}, 1e9, {1, 1, 4});
+  CHECK(one > base);
+  // Rank 0's busiest rank computes the same rows in both: 4x the FLOPs add 4x the compute time.
+  CHECK((four - base) == doctest::Approx(4 * (one - base)).epsilon(0.05));
+}
+
+}  // namespace test
