@@ -438,3 +438,11 @@ TEST_CASE("platform: every named platform builds, and a message between its fart
     CHECK(times[2] == doctest::Approx(near).epsilon(1e-9));
   }
 }
+
+TEST_CASE("platform: a platform moecomm did not build is not replaced") {
+  moecomm::detail::simgrid_engine();
+  s4u::create_full_zone("someone-else")->seal();
+  std::string const e =
+      error_of([] { moecomm::simulated_platform(two_node_spec()).build(); }, moecomm::status::invalid_usage);
+  CHECK(e.find("already holds a platform (root zone 'someone-else')") != std::string::npos);
+}
