@@ -10,6 +10,10 @@
 //!   message's time = Σ latencies + bytes / bottleneck bandwidth. SimGrid's default (LV08) is
 //!   calibrated for TCP over Ethernet (latency × 13.01, bandwidth × 0.97, a window cap per flow),
 //!   which does not describe NVLink, PCIe or RDMA (docs/simulation.md).
+//! - `network/crosstraffic:0`: SimGrid otherwise sends, with every message, a reverse flow of 5% of
+//!   its size (TCP acknowledgements); on a link shared by both directions (the loopback of a GPU,
+//!   an oversubscribed fabric) a lone 1 MiB message then takes 5% longer than its alpha-beta time.
+//!   NVLink, PCIe and RDMA carry no such traffic.
 //! - log threshold `warning`: the engine's informational lines would drown the user's output;
 //!   its deadlock report (critical) still prints.
 
@@ -35,6 +39,7 @@ inline simgrid::s4u::Engine& simgrid_engine() {
     auto* const engine = new simgrid::s4u::Engine(&argc, argv);  // lives as long as the process
     xbt_log_control_set("root.thres:warning");
     engine->set_config("network/model:CM02");
+    engine->set_config("network/crosstraffic:0");
   }
   return *simgrid::s4u::Engine::get_instance();
 }
