@@ -15,7 +15,7 @@ namespace test {
 // A byte that names (sender, receiver, index).
 inline char tag(int from, int to, std::int64_t i) { return static_cast<char>(from * 31 + to * 7 + i * 13 + 1); }
 
-TEST_CASE("sim: every collective moves the right bytes, for 1, 3 and 8 ranks") {
+TEST_CASE("simulated comm: every collective moves the right bytes, for 1, 3 and 8 ranks") {
   for (int n : {1, 3, 8}) {
     CAPTURE(n);
     moecomm::simgrid_world world = sim_world(n, n == 3 ? 3 : 4);
@@ -70,7 +70,7 @@ TEST_CASE("sim: every collective moves the right bytes, for 1, 3 and 8 ranks") {
   }
 }
 
-TEST_CASE("sim: bad calls throw on every simulated rank, naming the operation and the ranks") {
+TEST_CASE("simulated comm: bad calls throw on every simulated rank, naming the operation and the ranks") {
   moecomm::simgrid_world mismatched = sim_world(4, 4);
   CHECK_THROWS_WITH_AS(mismatched.run([&](moecomm::simgrid_communicator comm) {
     int x = 0;
@@ -93,7 +93,7 @@ TEST_CASE("sim: bad calls throw on every simulated rank, naming the operation an
   }), doctest::Contains("world rank 0 threw an exception not derived from std::exception"), moecomm::error);
 }
 
-TEST_CASE("sim: a flat all-to-all takes the alpha-beta time of the platform's links, within 5 %") {
+TEST_CASE("simulated comm: a flat all-to-all takes the alpha-beta time of the platform's links, within 5 %") {
   // 8 ranks, 2 nodes x 4; each rank sends b bytes to every other rank at once. The bottleneck is
   // each node's NIC: 4 ranks x 4 remote peers x b bytes leave a node through one 12.5 GB/s link;
   // every NVLink port carries 3 b (100 GB/s) and every PCIe link 4 b (25 GB/s) meanwhile.

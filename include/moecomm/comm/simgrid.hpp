@@ -203,30 +203,29 @@ class simgrid_communicator {
 
   [[nodiscard]] simgrid_communicator split(int color, int key) {
     std::int32_t const mine[2] = {color, key};
-    std::map<std::int32_t, std::vector<std::pair<std::int32_t, int>>> by_color;  // color -> (key, group rank)
+    auto const id = std::make_tuple(group_->id, splits_made_++, 0);
     collective(post("split", 0, 0, mine, [&](char const* here) { detail::validate_split(here, color); }), [&] {
       price_ring(size() - 1, sizeof mine);
+      // Group rank 0 makes every group of this split while the others wait at the collective's end:
+      // making one yields to other actors (SimGrid makes its lock), so only one rank may.
+      if (rank_ != 0) return detail::call_problem{};
+      std::map<std::int32_t, std::vector<std::pair<std::int32_t, int>>> by_color;  // color -> (key, group rank)
       for (int r = 0; r < size(); ++r) {
         auto const* theirs = static_cast<std::int32_t const*>(group_->calls[static_cast<std::size_t>(r)].send);
         by_color[theirs[0]].emplace_back(theirs[1], r);
       }
+      for (auto& [c, order] : by_color) {  // ids in ascending color, so messages name groups the same every run
+        std::sort(order.begin(), order.end());
+        std::vector<int> members;
+        for (auto const& key_rank : order) members.push_back(group_->members[static_cast<std::size_t>(key_rank.second)]);
+        state_->splits[std::make_tuple(std::get<0>(id), std::get<1>(id), c)] = state_->make_group(std::move(members));
+      }
       return detail::call_problem{};
     });
     simgrid_communicator sub(state_);
-    for (auto& [c, order] : by_color) {  // the first rank here makes every group of this split
-      std::sort(order.begin(), order.end());
-      auto& group = state_->splits[std::make_tuple(group_->id, splits_made_, c)];
-      if (!group) {
-        std::vector<int> members;
-        for (auto const& key_rank : order) members.push_back(group_->members[static_cast<std::size_t>(key_rank.second)]);
-        group = state_->make_group(std::move(members));
-      }
-      if (c != color) continue;
-      sub.group_ = group;
-      for (std::size_t i = 0; i < order.size(); ++i)
-        if (order[i].second == rank_) sub.rank_ = static_cast<int>(i);
-    }
-    ++splits_made_;
+    sub.group_ = state_->splits.at(std::make_tuple(std::get<0>(id), std::get<1>(id), color));
+    auto const& members = sub.group_->members;
+    sub.rank_ = static_cast<int>(std::find(members.begin(), members.end(), world_rank()) - members.begin());
     return sub;
   }
 
