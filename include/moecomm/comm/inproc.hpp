@@ -281,17 +281,10 @@ class inproc_communicator {
     return "inproc_communicator";
   }
 
-  //! This rank's call of `op`, with the bad argument `checks(where)` finds, if any.
   template <class Checks>
   [[nodiscard]] detail::posted_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
                                          Checks&& checks) const {
-    detail::posted_call call;
-    call.op = op;
-    call.size = size;
-    call.extra = extra;
-    call.send = send;
-    call.bad = detail::argument_error([&] { checks(where(op)); });
-    return call;
+    return detail::make_call(op, where(op), size, extra, send, checks);
   }
 
   //! One collective: posts `call`, waits for every rank, checks the posted calls and, if they are
@@ -331,20 +324,11 @@ class inproc_communicator {
     if (reduce_scratch_.size() < bytes) reduce_scratch_.resize(bytes);
     T* const result = reinterpret_cast<T*>(reduce_scratch_.data());
     collective(std::move(call), [&] {
-      if (receives) reduce_sends(result, count, reduction);
+      if (receives) detail::reduce_posted_sends(group_->calls, result, count, reduction);
       return detail::call_problem{};
     });
     // Every rank has read every send buffer: now recv (maybe == send) may change.
     if (receives) std::copy(result, result + count, recv);
-  }
-
-  //! Every rank's `send` reduced elementwise, left to right in ascending rank, into `result`.
-  template <class T>
-  void reduce_sends(T* result, std::int64_t count, reduce_op reduction) const {
-    for (int r = 0; r < size(); ++r) {
-      auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
-      for (std::int64_t i = 0; i < count; ++i) result[i] = r == 0 ? peer[i] : detail::reduce(result[i], peer[i], reduction);
-    }
   }
 
   //! Waits until every rank of the group has arrived for this phase. Blocked here, this rank counts
@@ -441,40 +425,23 @@ class inproc_world {
   //! `std::exception` becomes `error(aborted)` naming the world rank.
   template <class F>
   void run(F&& per_rank) const {
-    std::mutex first_mutex;
-    std::exception_ptr first;
-    bool first_is_cause = false;
-    auto const record = [&](std::exception_ptr failure, bool cause) {
-      std::lock_guard<std::mutex> lock(first_mutex);
-      if (!first || (cause && !first_is_cause)) {
-        first = std::move(failure);
-        first_is_cause = cause;
-      }
-    };
+    detail::first_failure first;
     forget_returns();  // a rank that returned from an earlier run is back
     std::vector<std::thread> threads;
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
-        try {
-          per_rank(communicator(r));
+        std::string failed = first.run("inproc_world", r, [&] { per_rank(communicator(r)); });
+        if (failed.empty()) {
           std::lock_guard<std::mutex> lock(state_->mutex);
           state_->returned[static_cast<std::size_t>(r)] = true;
           state_->detect_deadlock_locked();
-        } catch (error const& e) {
-          record(std::current_exception(), e.code() != status::aborted);
-          abort(detail::concat("world rank ", r, " failed: ", e.what()));
-        } catch (std::exception const& e) {
-          record(std::current_exception(), true);
-          abort(detail::concat("world rank ", r, " failed: ", e.what()));
-        } catch (...) {
-          std::string const what = detail::concat("world rank ", r, " threw an exception not derived from std::exception");
-          record(std::make_exception_ptr(error(status::aborted, "moecomm::inproc_world::run: " + what)), true);
-          abort(what);
+        } else {
+          abort(std::move(failed));
         }
       });
     for (auto& t : threads) t.join();
     forget_returns();  // the ranks may go on without run, on threads of the caller's own
-    if (first) std::rethrow_exception(first);
+    first.rethrow();
   }
 
  private:

@@ -251,13 +251,7 @@ class simgrid_communicator {
   template <class Checks>
   [[nodiscard]] detail::posted_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
                                          Checks&& checks) const {
-    detail::posted_call call;
-    call.op = op;
-    call.size = size;
-    call.extra = extra;
-    call.send = send;
-    call.bad = detail::argument_error([&] { checks(where(op)); });
-    return call;
+    return detail::make_call(op, where(op), size, extra, send, checks);
   }
 
   //! Posts `call`, waits for every rank, checks the posted calls and, if they are fine, runs
@@ -441,11 +435,7 @@ class simgrid_communicator {
       } else {
         chain(root, total, nullptr, false);
       }
-      if (receives)
-        for (int r = 0; r < size(); ++r) {
-          auto const* peer = static_cast<T const*>(group_->calls[static_cast<std::size_t>(r)].send);
-          for (std::int64_t i = 0; i < count; ++i) result[i] = r == 0 ? peer[i] : detail::reduce(result[i], peer[i], reduction);
-        }
+      if (receives) detail::reduce_posted_sends(group_->calls, result, count, reduction);
       return detail::call_problem{};
     });
     if (receives) std::copy(result, result + count, recv);
@@ -505,38 +495,20 @@ class simgrid_world {
     simgrid::s4u::Engine& engine = detail::simgrid_engine();
     detail::require(!state_->aborted, "simgrid_world::run", "this world failed before: ", state_->abort_reason);
     std::fill(state_->returned.begin(), state_->returned.end(), 0);  // ranks of an earlier run are back
-    std::exception_ptr first;
-    bool first_is_cause = false;
+    detail::first_failure first;
     std::vector<char> finished(state_->hosts.size(), 0);
-    auto const record = [&](std::exception_ptr failure, bool cause) {
-      if (!first || (cause && !first_is_cause)) {
-        first = std::move(failure);
-        first_is_cause = cause;
-      }
-    };
     for (int r = 0; r < size(); ++r) {
       simgrid::s4u::Actor::create(detail::concat("rank ", r), host(r), [&, r] {
         detail::rank_of_actors()[simgrid::s4u::this_actor::get_pid()] = r;
-        try {
-          per_rank(communicator(r));
-        } catch (error const& e) {
-          record(std::current_exception(), e.code() != status::aborted);
-          state_->abort(detail::concat("world rank ", r, " failed: ", e.what()));
-        } catch (std::exception const& e) {
-          record(std::current_exception(), true);
-          state_->abort(detail::concat("world rank ", r, " failed: ", e.what()));
-        } catch (...) {
-          std::string const what = detail::concat("world rank ", r, " threw an exception not derived from std::exception");
-          record(std::make_exception_ptr(error(status::aborted, "moecomm::simgrid_world::run: " + what)), true);
-          state_->abort(what);
-        }
+        std::string failed = first.run("simgrid_world", r, [&] { per_rank(communicator(r)); });
+        if (!failed.empty()) state_->abort(std::move(failed));
         finished[static_cast<std::size_t>(r)] = 1;
         state_->returned[static_cast<std::size_t>(r)] = 1;
         state_->wake_all();
       });
     }
     engine.run();
-    if (first) std::rethrow_exception(first);
+    first.rethrow();
     std::string stuck;
     for (int r = 0; r < size(); ++r)
       if (!finished[static_cast<std::size_t>(r)])

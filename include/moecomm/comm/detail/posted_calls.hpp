@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +48,71 @@ struct posted_call {
     if (blocks_out != nullptr) sends.assign(blocks_out->begin(), blocks_out->end());
     if (blocks_in != nullptr) recvs.assign(blocks_in->begin(), blocks_in->end());
   }
+};
+
+//! Rank `rank`'s call of `op` (named `where` in messages), with the bad argument `checks(where)`
+//! finds, if any.
+template <class Checks>
+[[nodiscard]] posted_call make_call(char const* op, char const* where, std::int64_t size, std::int64_t extra,
+                                    void const* send, Checks&& checks) {
+  posted_call call;
+  call.op = op;
+  call.size = size;
+  call.extra = extra;
+  call.send = send;
+  call.bad = argument_error([&] { checks(where); });
+  return call;
+}
+
+//! Every rank's posted `send` reduced elementwise, left to right in ascending rank, into `result`
+//! (the order that makes float sums the same on every rank and every run).
+template <class T>
+void reduce_posted_sends(std::vector<posted_call> const& calls, T* result, std::int64_t count, reduce_op reduction) {
+  for (std::size_t r = 0; r < calls.size(); ++r) {
+    auto const* peer = static_cast<T const*>(calls[r].send);
+    for (std::int64_t i = 0; i < count; ++i) result[i] = r == 0 ? peer[i] : reduce(result[i], peer[i], reduction);
+  }
+}
+
+//! The failure a world's `run` rethrows: the first one filed, but a cause wins over an `aborted`
+//! consequence. Ranks on threads may file at once.
+class first_failure {
+ public:
+  //! Runs `body()`; on a throw, files it and returns "world rank r failed: ..." (else "").
+  template <class Body>
+  std::string run(char const* world, int rank, Body&& body) {
+    try {
+      body();
+      return {};
+    } catch (error const& e) {
+      file(std::current_exception(), e.code() != status::aborted);
+      return concat("world rank ", rank, " failed: ", e.what());
+    } catch (std::exception const& e) {
+      file(std::current_exception(), true);
+      return concat("world rank ", rank, " failed: ", e.what());
+    } catch (...) {
+      std::string what = concat("world rank ", rank, " threw an exception not derived from std::exception");
+      file(std::make_exception_ptr(error(status::aborted, concat("moecomm::", world, "::run: ", what))), true);
+      return what;
+    }
+  }
+
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  void file(std::exception_ptr failure, bool cause) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!first_ || (cause && !first_is_cause_)) {
+      first_ = std::move(failure);
+      first_is_cause_ = cause;
+    }
+  }
+
+  std::mutex mutex_;
+  std::exception_ptr first_;
+  bool first_is_cause_ = false;
 };
 
 //! The failure a collective's check found; every rank finds the same one.
