@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Example 04: an MoE layer on a simulated GPU cluster, five ways.
 //!
-//! The ranks are S4U actors on the GPUs of a SimGrid platform (default: FasterMoE's 64-GPU cluster,
-//! `platforms/fastermoe-v100-ib.platform`). The library's code runs for real on each rank and the
+//! The ranks are S4U actors on the GPUs of a SimGrid platform (default: 32 GPUs, 8 nodes, of
+//! FasterMoE's 64-GPU cluster, `platforms/fastermoe-v100-ib.platform`; `--ranks 0` takes all 64). The library's code runs for real on each rank and the
 //! data really moves, so outputs are real; time is SimGrid's: messages are priced by the platform's
 //! links, the experts' FLOPs by the GPU's rate, memory kernels by its HBM (docs/simulation.md).
 //!
@@ -66,7 +66,10 @@ constexpr int32_t topk = 2;
 
 struct options {
   std::string platform = "fastermoe-v100-ib";
-  int32_t ranks = 0;  // 0: one per GPU of the platform
+  // 0: one per GPU. 32 by default: SimGrid's max-min solver prices every concurrent flow against
+  // every other, and a flat all-to-all of R ranks has ~R^2 of them; at 64 ranks each flat variant
+  // takes about 1.5 minutes of CPU here (32: 2 s).
+  int32_t ranks = 32;
   int32_t experts = 64;
   int64_t tokens = 256;  // per rank
   int64_t hidden = 32;   // real elements per row
@@ -92,7 +95,8 @@ void print_usage() {
       "\n"
       "flags (--flag value or --flag=value):\n"
       "  --platform NAME      a platform of platforms/ (default %s)\n"
-      "  --ranks R            ranks on GPUs 0..R-1, whole nodes; 0 = every GPU (default %d)\n"
+      "  --ranks R            ranks on GPUs 0..R-1, whole nodes; 0 = every GPU (default %d; 64 takes\n"
+      "                       minutes: the simulator prices ~R^2 concurrent flows of a flat all-to-all)\n"
       "  --experts E          experts; a multiple of R (default %d)\n"
       "  --tokens T           tokens per rank and step, top-%d Zipf routing (default %" PRId64
       ")\n"
@@ -430,7 +434,10 @@ int run(options const& o) {
   // The smart schedule's groups are the nodes: each step exchanges with one node while computing
   // the rows of the previous one (FasterMoE sec. 4.2).
   moecomm::smart_schedule const smart{p.per_node};
-  moecomm::fastermoe_shadowing<> const shadowing{model, {}, {}};
+  // Parameters and gradients move by the communicator's broadcast and reduce (pipelined chains),
+  // as FasterMoE's NCCL collectives do and its model prices them (one transfer at W_net each); the
+  // default point-to-point path has the owner send to every rank in turn (R - 1 transfers).
+  moecomm::fastermoe_shadowing<moecomm::collective_path> const shadowing{model, {}, {}};
   moecomm::timeline recorded;
   std::vector<variant_result> variants;
   variants.push_back(run_variant("plain EP, flat", p, moecomm::flat{}, moecomm::no_shadowing{}));
