@@ -35,6 +35,7 @@
 #include <limits>
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
@@ -53,7 +54,7 @@
 
 namespace {
 
-using namespace example_support;  // flag checks, formatting, timing, the Zipf gate (examples/common/)
+using namespace example_support;  // flag checks, formatting, timing, inputs, the Zipf gate (examples/common/)
 
 using moecomm::inproc_communicator;
 using moecomm::matrix_view;
@@ -219,13 +220,6 @@ struct problem {
   std::vector<std::vector<float>> parameters;   //!< [E][parameter count]: every expert's initial values
 };
 
-//! Rows of uniform values in [-1, 1), multiples of 2^-15.
-std::vector<float> random_rows(int64_t n, std::mt19937_64& rng) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& f : v) f = static_cast<float>(static_cast<std::int16_t>(rng() >> 48)) * 0x1p-15f;
-  return v;
-}
-
 problem make_problem(options const& o) {
   problem p;
   p.o = o;
@@ -251,15 +245,7 @@ problem make_problem(options const& o) {
 
 //! Rank r's experts with their initial parameters and zeroed gradients: a fresh copy per layer.
 mlp_experts experts_of_rank(problem const& p, int32_t r) {
-  mlp_experts m;
-  m.hidden = p.o.hidden;
-  m.inner = p.inner;
-  for (int32_t l = 0; l < p.local_experts; ++l) {
-    auto const& init = p.parameters[static_cast<std::size_t>(r * p.local_experts + l)];
-    m.params.insert(m.params.end(), init.begin(), init.end());
-  }
-  m.grads.assign(m.params.size(), 0.0f);
-  return m;
+  return mlp_experts_of(p.o.hidden, p.inner, p.parameters, r * p.local_experts, p.local_experts);
 }
 
 // ---- one step on one rank: both layers, then the comparison -------------------------------------
@@ -309,10 +295,6 @@ struct rank_record {
   bool out_same = false, d_x_same = false, d_w_same = false;
   std::vector<gradient_gap> gradients;  //!< per local expert
 };
-
-bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 rank_record compare(layer_step const& plain, layer_step const& shadowed, int32_t local_experts) {
   rank_record r;

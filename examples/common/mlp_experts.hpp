@@ -31,6 +31,11 @@ struct mlp_experts {
   [[nodiscard]] std::int64_t parameter_count() const { return 2 * hidden * inner + inner + hidden; }
   float* parameters(std::int32_t l) { return params.data() + l * parameter_count(); }
   float* gradients(std::int32_t l) { return grads.data() + l * parameter_count(); }
+  //! One expert's forward FLOPs over `rows` rows: two GEMMs of 2 * rows * H * I each. A simulated
+  //! back-end charges them to the device (patterns/experts.hpp); others ignore them.
+  [[nodiscard]] double flops(std::int64_t rows) const {
+    return 4.0 * static_cast<double>(rows) * static_cast<double>(hidden) * static_cast<double>(inner);
+  }
 
   void forward(float const* p, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) const {
     std::vector<float> z(static_cast<std::size_t>(inner));
@@ -108,6 +113,22 @@ inline std::vector<float> mlp_initial_parameters(std::uint64_t seed, std::int64_
   uniform(p, inner * hidden, 1.0 / std::sqrt(static_cast<double>(inner)));   // W2
   uniform(p, hidden, 0.1);                                                    // b2
   return p;
+}
+
+//! A rank's experts `parameters[first .. first + count)` (each expert's initial values, e.g. from
+//! `mlp_initial_parameters`) with zeroed gradients: a fresh copy for each layer that trains them.
+inline mlp_experts mlp_experts_of(std::int64_t hidden, std::int64_t inner,
+                                  std::vector<std::vector<float>> const& parameters, std::int32_t first,
+                                  std::int32_t count) {
+  mlp_experts m;
+  m.hidden = hidden;
+  m.inner = inner;
+  for (std::int32_t l = first; l < first + count; ++l) {
+    auto const& init = parameters[static_cast<std::size_t>(l)];
+    m.params.insert(m.params.end(), init.begin(), init.end());
+  }
+  m.grads.assign(m.params.size(), 0.0f);
+  return m;
 }
 
 }  // namespace example_support

@@ -1,0 +1,469 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Example 04: an MoE layer on a simulated GPU cluster, five ways.
+//!
+//! The ranks are S4U actors on the GPUs of a SimGrid platform (default: 32 GPUs, 8 nodes, of
+//! FasterMoE's 64-GPU cluster, `platforms/fastermoe-v100-ib.platform`; `--ranks 0` takes all 64). The library's code runs for real on each rank and the
+//! data really moves, so outputs are real; time is SimGrid's: messages are priced by the platform's
+//! links, the experts' FLOPs by the GPU's rate, memory kernels by its HBM (docs/simulation.md).
+//!
+//! A small real hidden size H stands for the model's H_model: the simulated back-end multiplies
+//! token-row bytes by H_model / H and parameter bytes and FLOPs by (H_model / H)^2
+//! (`simulation_scale`), so the run is cheap and the times are those of the model-sized layer.
+//!
+//! Every variant is a fresh layer on a fresh world, on the same tokens and expert parameters:
+//!   plain EP with the flat all-to-all, plain EP with hierarchical_2d, FasterMoE's shadowing (flat),
+//!   FasterMoE's smart schedule, and shadowing with the smart schedule.
+//! For each: the simulated forward and backward of one measured step after a warm-up step, the
+//! speed-up over plain flat, the all-to-all messages and bytes by link class, and, beside the
+//! shadowing variants, the time FasterMoE's cost model predicted with the platform's rates. Every
+//! variant's output and input gradient must equal plain flat's bit for bit on every rank. The
+//! last variant's measured step is written as a per-rank timeline (CSV, and a PNG drawn by
+//! scripts/plot-timeline).
+//!
+//! Run with --help for the flags.
+
+#include "../common/flags.hpp"
+#include "../common/format.hpp"
+#include "../common/inputs.hpp"
+#include "../common/mlp_experts.hpp"
+#include "../common/timing.hpp"
+#include "../common/zipf_gate.hpp"
+
+#include <moecomm/backend/simulated.hpp>
+#include <moecomm/comm/simgrid.hpp>
+#include <moecomm/moecomm.hpp>
+#include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/simulation/platform.hpp>
+#include <moecomm/simulation/timeline.hpp>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <new>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace example_support;  // flag checks, formatting, timing, inputs, experts, the Zipf gate (examples/common/)
+
+using moecomm::simgrid_communicator;
+using std::int32_t;
+using std::int64_t;
+
+//! FasterMoE's experts and routing (PPoPP'22 sec. 5): MLP H -> alpha*H -> H with alpha = 2, top-2.
+constexpr int32_t alpha = 2;
+constexpr int32_t topk = 2;
+
+// ---- options ------------------------------------------------------------------------------------
+
+struct options {
+  std::string platform = "fastermoe-v100-ib";
+  // 0: one per GPU. 32 by default: SimGrid's max-min solver prices every concurrent flow against
+  // every other, and a flat all-to-all of R ranks has ~R^2 of them; at 64 ranks each flat variant
+  // takes about 1.5 minutes of CPU here (32: 2 s).
+  int32_t ranks = 32;
+  int32_t experts = 64;
+  int64_t tokens = 256;  // per rank
+  int64_t hidden = 32;   // real elements per row
+  int64_t model_hidden = 1024;  // what they stand for (FasterMoE's MoE-BERT-Wide: 64 experts, H = 1024)
+  double zipf = 1.2;
+  std::uint64_t seed = 1;
+  std::string timeline = MOECOMM_EXAMPLE_TIMELINE_CSV;
+  bool plot = true;
+};
+
+constexpr char const* program = "example_04_simulated_cluster";
+
+void print_usage() {
+  options const d;
+  std::printf(
+      "usage: %s [flags]\n"
+      "\n"
+      "Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:\n"
+      "plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart\n"
+      "schedule, and both. Reports simulated forward and backward times, speed-ups over plain flat, the\n"
+      "all-to-all traffic per link class, FasterMoE's cost model beside the simulated time, checks that\n"
+      "every variant's output equals plain flat's bit for bit, and draws one step as a per-rank timeline.\n"
+      "\n"
+      "flags (--flag value or --flag=value):\n"
+      "  --platform NAME      a platform of platforms/ (default %s)\n"
+      "  --ranks R            ranks on GPUs 0..R-1, whole nodes; 0 = every GPU (default %d; 64 takes\n"
+      "                       minutes: the simulator prices ~R^2 concurrent flows of a flat all-to-all)\n"
+      "  --experts E          experts; a multiple of R (default %d)\n"
+      "  --tokens T           tokens per rank and step, top-%d Zipf routing (default %" PRId64
+      ")\n"
+      "  --hidden H           real elements per token row (default %" PRId64
+      ")\n"
+      "  --model-hidden HM    the hidden size H stands for: bytes are scaled by HM/H, parameters and\n"
+      "                       FLOPs by (HM/H)^2 (default %" PRId64
+      ")\n"
+      "  --zipf s             gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
+      "  --timeline PATH.csv  where the last variant's step is written, per rank (default %s)\n"
+      "  --no-plot            do not run scripts/plot-timeline on it\n"
+      "  --help               this text\n",
+      program, d.platform.c_str(), d.ranks, d.experts, topk, d.tokens, d.hidden, d.model_hidden, d.zipf,
+      d.timeline.c_str());
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
+    if (arg == "--help") {
+      print_usage();
+      std::exit(0);
+    } else if (arg == "--platform") {
+      o.platform = next();
+    } else if (arg == "--ranks") {
+      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 0, 1 << 14));
+    } else if (arg == "--experts") {
+      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
+    } else if (arg == "--tokens") {
+      o.tokens = parse_int(program, arg, next(), 1, 1 << 16);
+    } else if (arg == "--hidden") {
+      o.hidden = parse_int(program, arg, next(), 1, 1024);
+    } else if (arg == "--model-hidden") {
+      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
+    } else if (arg == "--zipf") {
+      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
+    } else if (arg == "--timeline") {
+      o.timeline = next();
+    } else if (arg == "--no-plot") {
+      o.plot = false;
+    } else {
+      usage_error(program, "unknown flag '" + arg + "'");
+    }
+  });
+  return o;
+}
+
+// ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
+
+//! One rank's inputs of one step.
+struct rank_inputs {
+  routing_data gate;
+  std::vector<float> x, d_out;  //!< [T][H]: the tokens, and the gradient of the layer's output
+};
+
+struct problem {
+  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+
+  options o;
+  moecomm::simulated_platform platform;
+  int32_t ranks = 0, per_node = 0, local_experts = 0;
+  int64_t inner = 0;  //!< the experts' real hidden width, alpha * H
+  moecomm::simulation_scale scale;
+  std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up, measured][rank]
+  std::vector<std::vector<float>> parameters;   //!< [E][parameter count]: every expert's initial values
+};
+
+problem make_problem(options const& o) {
+  problem p(o);
+  int32_t const gpus = p.platform.spec().num_gpus();
+  p.ranks = o.ranks == 0 ? gpus : o.ranks;
+  p.per_node = std::min(p.ranks, p.platform.gpus_per_node());
+  auto const str = [](auto v) { return std::to_string(v); };
+  if (p.ranks > gpus)
+    usage_error(program, "--ranks " + str(p.ranks) + " exceeds the " + str(gpus) + " GPUs of " + o.platform);
+  if (p.ranks % p.per_node != 0)
+    usage_error(program, "--ranks " + str(p.ranks) + " does not fill whole nodes of " + str(p.per_node) + " GPUs");
+  if (o.experts % p.ranks != 0)
+    usage_error(program, "--experts " + str(o.experts) + " is not a multiple of the " + str(p.ranks) + " ranks");
+  p.local_experts = o.experts / p.ranks;
+  p.inner = alpha * o.hidden;
+  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
+  p.scale = {k, k * k, k * k};  // rows grow with H, the experts' H x alpha*H matrices with H^2
+  for (int s = 0; s < 2; ++s) {
+    p.steps.emplace_back();
+    for (int32_t r = 0; r < p.ranks; ++r) {
+      std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(s)};
+      std::mt19937_64 rng(seq);
+      rank_inputs in;
+      in.gate = route_tokens(o.tokens, o.experts, topk, o.zipf, rng);
+      in.x = random_rows(o.tokens * o.hidden, rng);
+      in.d_out = random_rows(o.tokens * o.hidden, rng);
+      p.steps.back().push_back(std::move(in));
+    }
+  }
+  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
+  return p;
+}
+
+//! FasterMoE's cost model (plan/cost_model.hpp) with the platform's rates, for H_model-wide rows.
+//! The layer hands the model its real hidden size H, so alpha, s and P are rescaled by k = H_model/H
+//! to give the same seconds: compute 4(alpha k)H^2/(P/k) = 4 alpha (kH)^2/P, a row 4H(s k)/W = 4(kH)s/W,
+//! an expert's parameters 2(alpha k)H^2(s k) = 2 alpha (kH)^2 s.
+moecomm::fastermoe_cost_params cost_params(problem const& p) {
+  moecomm::cluster_spec const& s = p.platform.spec();
+  double const k = p.scale.payload;
+  moecomm::fastermoe_cost_params c;
+  c.alpha = alpha * k;
+  c.hidden = p.o.hidden;
+  c.bytes_per_element = sizeof(float) * k;
+  c.gemm_flops = s.gpu_flops / k;
+  c.local_bandwidth = s.intra_node.bytes_per_second;
+  // In an all-to-all every GPU of a node sends at once: each gets its share of the node's NICs,
+  // and no more than its own PCIe link to them.
+  c.net_bandwidth = std::min(s.pcie.bytes_per_second, s.nics_per_node * s.nic.bytes_per_second / s.gpus_per_node);
+  return c;
+}
+
+// ---- one variant: a fresh layer on a fresh world ------------------------------------------------
+
+struct variant_result {
+  std::string name;
+  double forward_s = 0, backward_s = 0;  //!< the measured step's, slowest rank
+  moecomm::alltoall_stats exchange;      //!< the measured step's all-to-alls, summed over ranks (real bytes)
+  std::optional<moecomm::shadow_decision> decision;  //!< the measured step's, shadowing variants only
+  std::vector<std::vector<float>> out, d_x;         //!< [rank]
+};
+
+//! Runs a warm-up step (it sizes the layer's workspaces, as a training loop's first step does) and
+//! a measured one. With `recorded`, the measured step's events are left in it.
+template <class Algorithm, class Shadowing>
+variant_result run_variant(char const* name, problem const& p, Algorithm const& algorithm, Shadowing const& shadowing,
+                           moecomm::timeline* recorded = nullptr) {
+  using layer_type = moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, simgrid_communicator,
+                                                    moecomm::dropless, Algorithm, moecomm::weighted, Shadowing>;
+  auto const R = static_cast<std::size_t>(p.ranks);
+  int64_t const T = p.o.tokens, H = p.o.hidden;
+  variant_result res;
+  res.name = name;
+  res.out.resize(R);
+  res.d_x.resize(R);
+  std::vector<double> forward(R), backward(R);
+  std::vector<moecomm::alltoall_stats> stats(R);
+  double measured_from = std::numeric_limits<double>::infinity();
+  std::vector<int32_t> gpus(R);
+  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
+  moecomm::simgrid_world world(p.platform, gpus);
+  std::optional<moecomm::timeline_recording> recording;
+  if (recorded != nullptr) recording.emplace(*recorded);
+  world.run([&](simgrid_communicator comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    moecomm::simulated_backend<> const be(moecomm::host_backend{}, p.scale);
+    moecomm::exchange_groups<simgrid_communicator> groups(comm, moecomm::topology(p.ranks, p.per_node));
+    layer_type layer(be, groups, p.o.experts, H, {}, algorithm, {}, shadowing);
+    auto const clock = moecomm::simulated_seconds{};
+    for (std::size_t s = 0; s < 2; ++s) {
+      rank_inputs const& in = p.steps[s][me];
+      mlp_experts experts = mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
+      std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
+      comm.barrier();  // every rank starts each pass together: a pass's time is its slowest rank's
+      double const start = clock();
+      layer.forward({in.gate.idx.data(), in.gate.weights.data(), T, topk}, {in.x.data(), T, H}, {out.data(), T, H},
+                    experts);
+      double const forward_end = clock();
+      comm.barrier();
+      double const backward_start = clock();
+      layer.backward({in.d_out.data(), T, H}, {d_x.data(), T, H}, d_w, experts);
+      double const backward_end = clock();
+      if (s == 0) continue;
+      measured_from = std::min(measured_from, start);
+      forward[me] = forward_end - start;
+      backward[me] = backward_end - backward_start;
+      stats[me] = layer.dispatch_state().report().exchange;
+      res.out[me] = std::move(out);
+      res.d_x[me] = std::move(d_x);
+      if constexpr (Shadowing::shadows)
+        if (me == 0) res.decision = layer.shadow_state().decision();
+    }
+  });
+  recording.reset();
+  if (recorded != nullptr) {
+    auto& events = recorded->events;
+    events.erase(std::remove_if(events.begin(), events.end(), [&](auto const& e) { return e.start < measured_from; }),
+                 events.end());
+  }
+  res.forward_s = *std::max_element(forward.begin(), forward.end());
+  res.backward_s = *std::max_element(backward.begin(), backward.end());
+  for (auto const& s : stats) {
+    res.exchange.intra_messages += s.intra_messages;
+    res.exchange.intra_bytes += s.intra_bytes;
+    res.exchange.inter_messages += s.inter_messages;
+    res.exchange.inter_bytes += s.inter_bytes;
+  }
+  return res;
+}
+
+// ---- the report ---------------------------------------------------------------------------------
+
+void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) {
+  moecomm::cluster_spec const& s = p.platform.spec();
+  options const& o = p.o;
+  int64_t const parameters = 2 * o.model_hidden * alpha * o.model_hidden;
+  std::printf("moecomm %d.%d.%d - example 04: an MoE layer on a simulated cluster\n", MOECOMM_VERSION_MAJOR,
+              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
+  std::printf("==============================================================================\n");
+  std::printf(
+      "All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
+      "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
+      "platform's links, expert FLOPs by the GPU's rate, memory kernels by its HBM.\n\n");
+  std::printf("1. Configuration\n");
+  std::printf("   platform %s (%s)\n     source: %s\n", p.platform.name().c_str(),
+              moecomm::platform_file(p.platform.name()).c_str(), s.source.c_str());
+  std::printf(
+      "     %d node%s x %d GPUs; %s TFLOP/s, HBM %s GB/s per GPU; intra-node %s GB/s per GPU port%s,\n"
+      "     PCIe %s GB/s, %d x %s Gb/s NIC per node, fabric %s\n",
+      s.domains * s.nodes_per_domain, s.domains * s.nodes_per_domain == 1 ? "" : "s", s.gpus_per_node,
+      format("%g", s.gpu_flops / 1e12).c_str(), format("%g", s.hbm_bytes_per_second / 1e9).c_str(),
+      format("%g", s.intra_node.bytes_per_second / 1e9).c_str(), s.intra_node_over_pcie ? " (over PCIe)" : "",
+      format("%g", s.pcie.bytes_per_second / 1e9).c_str(), s.nics_per_node,
+      format("%g", s.nic.bytes_per_second * 8 / 1e9).c_str(),
+      s.fabric.bytes_per_second > 0 ? (format("%g", s.fabric.bytes_per_second / 1e9) + " GB/s shared").c_str()
+                                    : "non-blocking");
+  std::printf("   ranks R = %d, one per GPU 0..%d (%d node%s x %d); experts E = %d, %d per rank; top-%d, gate Zipf(s = %.2f)\n",
+              p.ranks, p.ranks - 1, p.ranks / p.per_node, p.ranks / p.per_node == 1 ? "" : "s", p.per_node, o.experts,
+              p.local_experts, topk, o.zipf);
+  std::printf("   tokens: %" PRId64 " per rank; fp32 rows of H = %" PRId64 " real elements standing for H_model = %" PRId64
+              "\n     simulation_scale {payload %g, parameters %g, flops %g}\n",
+              o.tokens, o.hidden, o.model_hidden, p.scale.payload, p.scale.parameters, p.scale.flops);
+  std::printf("   experts: FasterMoE's MLP H -> %dH -> H; simulated: %s parameters, %s FLOP a row forward\n", alpha,
+              format_bytes(static_cast<double>(parameters) * sizeof(float)).c_str(),
+              format("%.3g", 2.0 * static_cast<double>(parameters)).c_str());
+  std::printf(
+      "   each variant: a fresh layer on a fresh world, dropless, weighted combine; one warm-up step, then one\n"
+      "   measured step; each pass starts after a barrier and takes its slowest rank's time\n");
+  std::printf(
+      "   FasterMoE cost model from the platform: P = %s TFLOP/s, W_local = %s GB/s, W_net = %s GB/s\n"
+      "     (W_net: min(PCIe, a GPU's share of its node's NICs), as in an all-to-all every GPU sends)\n\n",
+      format("%g", s.gpu_flops / 1e12).c_str(), format("%g", model.local_bandwidth / 1e9).c_str(),
+      format("%.4g", model.net_bandwidth / 1e9).c_str());
+}
+
+std::string shadow_set(moecomm::shadow_decision const& d) {
+  if (d.shadowed.empty()) return "none";
+  std::string ids;
+  for (int32_t e : d.shadowed) ids += (ids.empty() ? "" : ",") + std::to_string(e);
+  return (d.shadowed.size() == 1 ? "expert " : "experts ") + ids;
+}
+
+void print_times(std::vector<variant_result> const& variants) {
+  variant_result const& plain = variants.front();
+  double const base = plain.forward_s + plain.backward_s;
+  std::printf("2. Simulated time of the measured step (slowest rank)\n");
+  std::printf("   %-28s %11s %11s %11s %9s %13s   %s\n", "variant", "forward", "backward", "total", "speed-up",
+              "model", "shadowed");
+  for (auto const& v : variants) {
+    double const total = v.forward_s + v.backward_s;
+    std::printf("   %-28s %11s %11s %11s %8.2fx %13s   %s\n", v.name.c_str(), format_time(v.forward_s).c_str(),
+                format_time(v.backward_s).c_str(), format_time(total).c_str(), base / total,
+                v.decision ? format_time(v.decision->latency).c_str() : "",
+                v.decision ? shadow_set(*v.decision).c_str() : "");
+  }
+  auto const shadowed = std::find_if(variants.begin(), variants.end(), [](auto const& v) { return v.decision.has_value(); });
+  if (shadowed != variants.end())
+    std::printf(
+        "   model: FasterMoE's predicted forward + backward with the chosen set (eq. 8); for no shadowing it\n"
+        "   predicts %s (eq. 7). It knows compute and token bytes only: no latencies, memory kernels or\n"
+        "   overlap (the smart schedule's gain is outside it).\n\n",
+        format_time(shadowed->decision->latency_unshadowed).c_str());
+}
+
+void print_traffic(std::vector<variant_result> const& variants, double payload_scale) {
+  std::printf("3. All-to-all traffic of the measured step, forward + backward, all ranks (report().exchange;\n"
+              "   simulated bytes = real bytes x %g; shadowing's parameter broadcasts and reduces are not in it)\n",
+              payload_scale);
+  std::printf("   %-28s %12s %12s %12s %12s\n", "variant", "intra msgs", "intra bytes", "inter msgs", "inter bytes");
+  for (auto const& v : variants)
+    std::printf("   %-28s %12" PRId64 " %12s %12" PRId64 " %12s\n", v.name.c_str(), v.exchange.intra_messages,
+                format_bytes(static_cast<double>(v.exchange.intra_bytes) * payload_scale).c_str(),
+                v.exchange.inter_messages,
+                format_bytes(static_cast<double>(v.exchange.inter_bytes) * payload_scale).c_str());
+  std::printf("\n");
+}
+
+//! Every variant's outputs and input gradients against plain flat's, every rank.
+bool identical_to_plain(std::vector<variant_result> const& variants) {
+  variant_result const& plain = variants.front();
+  bool same = true;
+  for (auto const& v : variants)
+    for (std::size_t r = 0; r < plain.out.size(); ++r) {
+      bool const here = same_bits(v.out[r], plain.out[r]) && same_bits(v.d_x[r], plain.d_x[r]);
+      if (!here) std::printf("   %s differs from plain EP, flat on rank %zu\n", v.name.c_str(), r);
+      same = same && here;
+    }
+  return same;
+}
+
+std::string shell_quoted(std::string const& text) {
+  std::string q = "'";
+  for (char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+void write_timeline(options const& o, moecomm::timeline const& recorded, char const* variant) {
+  std::ofstream file(o.timeline);
+  recorded.write_csv(file);
+  file.close();
+  if (!file) {
+    std::printf("4. Timeline: could not write %s\n", o.timeline.c_str());
+    return;
+  }
+  std::printf("4. Timeline of the measured step of '%s', per rank: %s (%zu events)\n", variant, o.timeline.c_str(),
+              recorded.events.size());
+  std::string const csv = ".csv";
+  bool const named_csv = o.timeline.size() >= csv.size() && o.timeline.compare(o.timeline.size() - csv.size(), csv.size(), csv) == 0;
+  std::string const png = (named_csv ? o.timeline.substr(0, o.timeline.size() - csv.size()) : o.timeline) + ".png";
+  std::string const draw = shell_quoted(MOECOMM_PLOT_TIMELINE) + " " + shell_quoted(o.timeline) + " " + shell_quoted(png);
+  if (!o.plot) {
+    std::printf("   draw it with: %s\n", draw.c_str());
+    return;
+  }
+  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0) {
+    std::printf("   python3 with matplotlib is not available here (scripts/setup installs it); then draw it with:\n"
+                "   %s\n", draw.c_str());
+    return;
+  }
+  if (std::system(draw.c_str()) == 0) std::printf("   drawn: %s\n", png.c_str());
+  else std::printf("   scripts/plot-timeline failed; the command was: %s\n", draw.c_str());
+}
+
+int run(options const& o) {
+  auto const wall = clock_type::now();
+  problem const p = make_problem(o);
+  moecomm::fastermoe_cost_params const model = cost_params(p);
+  print_setup(p, model);
+  // The smart schedule's groups are the nodes: each step exchanges with one node while computing
+  // the rows of the previous one (FasterMoE sec. 4.2).
+  moecomm::smart_schedule const smart{p.per_node};
+  // Parameters and gradients move by the communicator's broadcast and reduce (pipelined chains),
+  // as FasterMoE's NCCL collectives do and its model prices them (one transfer at W_net each); the
+  // default point-to-point path has the owner send to every rank in turn (R - 1 transfers).
+  moecomm::fastermoe_shadowing<moecomm::collective_path> const shadowing{model, {}, {}};
+  moecomm::timeline recorded;
+  std::vector<variant_result> variants;
+  variants.push_back(run_variant("plain EP, flat", p, moecomm::flat{}, moecomm::no_shadowing{}));
+  variants.push_back(run_variant("plain EP, hierarchical_2d", p, moecomm::hierarchical_2d{}, moecomm::no_shadowing{}));
+  variants.push_back(run_variant("FasterMoE shadowing, flat", p, moecomm::flat{}, shadowing));
+  variants.push_back(run_variant("smart schedule", p, smart, moecomm::no_shadowing{}));
+  variants.push_back(run_variant("shadowing + smart schedule", p, smart, shadowing, &recorded));
+  print_times(variants);
+  print_traffic(variants, p.scale.payload);
+  bool const same = identical_to_plain(variants);
+  std::printf("   outputs and input gradients identical to plain EP, flat on every rank: %s\n\n", same ? "yes" : "NO");
+  write_timeline(o, recorded, variants.back().name.c_str());
+  std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
+  return same ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options const o = parse_options(argc, argv);
+  try {
+    return run(o);
+  } catch (moecomm::error const& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+  } catch (std::bad_alloc const&) {
+    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or --ranks, or a smaller --hidden)\n", program);
+  }
+  return 1;
+}
