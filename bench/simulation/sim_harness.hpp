@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! What the simulated-cluster benchmarks share: the platform flag (SimGrid builds one platform per
+//! process, so one run of a binary is one platform), skewed routing, MLP experts that declare their
+//! FLOPs, the scale that lets a few real elements stand for a model's hidden size, and the
+//! simulated span of a step over all ranks.
+
+#include <moecomm/backend/simulated.hpp>
+#include <moecomm/comm/simgrid.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/simulation/platform.hpp>
+
+#include "../support/harness.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace moecomm_bench {
+
+//! Takes `--platform=NAME` out of argv (before benchmark::Initialize, which rejects unknown flags)
+//! and returns NAME, or `fallback` when it is not given.
+inline std::string take_platform_flag(int& argc, char** argv, std::string fallback) {
+  static constexpr char flag[] = "--platform=";
+  std::string name = std::move(fallback);
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], flag, sizeof flag - 1) == 0) name = argv[i] + sizeof flag - 1;
+    else argv[kept++] = argv[i];
+  }
+  argc = kept;
+  return name;
+}
+
+//! Builds the named platform into this process and records it in the benchmark context.
+inline moecomm::simulated_platform const& use_platform(std::string const& name) {
+  static moecomm::simulated_platform const platform = moecomm::simulated_platform::named(name);
+  platform.build();
+  benchmark::AddCustomContext("platform", platform.name() + " (" + platform.spec().source + ")");
+  benchmark::AddCustomContext("time", "simulated seconds (SimGrid 3.32, network model CM02, no cross-traffic)");
+  return platform;
+}
+
+//! One rank's routing: `[T][K]` distinct experts and weights summing to 1 per token.
+struct rank_routing {
+  std::vector<std::int32_t> idx;
+  std::vector<float> w;
+  std::int64_t tokens = 0;
+  std::int32_t top_k = 0;
+  [[nodiscard]] moecomm::routing_view view() const { return {idx.data(), w.data(), tokens, top_k}; }
+};
+
+//! Expert popularity Zipf(s) (s = 0: uniform): the i-th most popular expert is picked with weight
+//! 1 / (i + 1)^s. Which expert is i-th is a fixed random permutation, so the hot experts are spread
+//! over ranks as a trained gate's would be, not all on rank 0 by construction.
+inline std::vector<rank_routing> skewed_routing(std::int32_t ranks, std::int64_t tokens, std::int32_t top_k,
+                                                std::int32_t experts, double zipf, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::int32_t> by_popularity(static_cast<std::size_t>(experts));
+  std::iota(by_popularity.begin(), by_popularity.end(), 0);
+  std::shuffle(by_popularity.begin(), by_popularity.end(), rng);
+  std::vector<double> p(static_cast<std::size_t>(experts));
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = 1.0 / std::pow(static_cast<double>(i + 1), zipf);
+  std::discrete_distribution<std::int32_t> pick(p.begin(), p.end());
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  std::vector<rank_routing> all(static_cast<std::size_t>(ranks));
+  for (rank_routing& r : all) {
+    r.tokens = tokens;
+    r.top_k = top_k;
+    r.idx.resize(static_cast<std::size_t>(tokens * top_k));
+    r.w.resize(r.idx.size());
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      std::int32_t* const e = r.idx.data() + t * top_k;
+      float* const w = r.w.data() + t * top_k;
+      float sum = 0;
+      for (std::int32_t k = 0; k < top_k; ++k) {
+        do e[k] = by_popularity[static_cast<std::size_t>(pick(rng))];
+        while (std::find(e, e + k, e[k]) != e + k);  // distinct experts per token, as a top-k gate
+        w[k] = weight(rng);
+        sum += w[k];
+      }
+      for (std::int32_t k = 0; k < top_k; ++k) w[k] /= sum;
+    }
+  }
+  return all;
+}
+
+//! Deterministic rows in [-1, 1).
+inline std::vector<float> random_rows(std::int64_t elements, std::uint64_t seed) {
+  splitmix64 g{seed};
+  std::vector<float> v(static_cast<std::size_t>(elements));
+  for (float& x : v) x = g.symmetric();
+  return v;
+}
+
+//! Parametric experts (so they can be shadowed): `E_local` MLPs H -> F -> H with ReLU, float, on a
+//! small real H and F. `flops(rows)` declares the real forward (two GEMMs of 2·rows·H·F each); the
+//! back-end multiplies it by `simulation_scale::flops` to price the model's size.
+struct mlp_experts {
+  std::int32_t local;
+  std::int64_t hidden, ffn;
+  std::vector<float> params, grads;  //!< per local expert: W1 [H][F], then W2 [F][H]
+
+  mlp_experts(std::int32_t local_experts, std::int64_t h, std::int64_t f, std::uint64_t seed)
+      : local(local_experts), hidden(h), ffn(f), params(random_rows(local_experts * 2 * h * f, seed)),
+        grads(params.size(), 0.0f) {}
+
+  [[nodiscard]] std::int64_t parameter_count() const { return 2 * hidden * ffn; }
+  float* parameters(std::int32_t l) { return params.data() + l * parameter_count(); }
+  float* gradients(std::int32_t l) { return grads.data() + l * parameter_count(); }
+  [[nodiscard]] double flops(std::int64_t rows) const {
+    return 4.0 * static_cast<double>(rows) * static_cast<double>(hidden) * static_cast<double>(ffn);
+  }
+
+  void forward(float const* p, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) const {
+    std::vector<float> a(static_cast<std::size_t>(ffn));
+    for (std::int64_t r = 0; r < in.rows; ++r) {
+      activation(p, in.row(r), a.data());
+      for (std::int64_t h = 0; h < hidden; ++h) {
+        float y = 0;
+        for (std::int64_t f = 0; f < ffn; ++f) y += a[static_cast<std::size_t>(f)] * p[hidden * ffn + f * hidden + h];
+        out.row(r)[h] = y;
+      }
+    }
+  }
+
+  void backward(float const* p, moecomm::matrix_view<float const> in, moecomm::matrix_view<float const> d_out,
+                moecomm::matrix_view<float> d_in, float* d_p) const {
+    std::vector<float> a(static_cast<std::size_t>(ffn)), d_a(a.size());
+    for (std::int64_t r = 0; r < in.rows; ++r) {
+      activation(p, in.row(r), a.data());  // recomputed rather than kept: the rows come in any grouping
+      float const* const g = d_out.row(r);
+      for (std::int64_t f = 0; f < ffn; ++f) {
+        float s = 0;
+        for (std::int64_t h = 0; h < hidden; ++h) {
+          s += g[h] * p[hidden * ffn + f * hidden + h];
+          d_p[hidden * ffn + f * hidden + h] += a[static_cast<std::size_t>(f)] * g[h];
+        }
+        d_a[static_cast<std::size_t>(f)] = a[static_cast<std::size_t>(f)] > 0 ? s : 0.0f;
+      }
+      for (std::int64_t h = 0; h < hidden; ++h) {
+        float s = 0;
+        for (std::int64_t f = 0; f < ffn; ++f) {
+          s += d_a[static_cast<std::size_t>(f)] * p[h * ffn + f];
+          d_p[h * ffn + f] += in.row(r)[h] * d_a[static_cast<std::size_t>(f)];
+        }
+        d_in.row(r)[h] = s;
+      }
+    }
+  }
+
+ private:
+  void activation(float const* p, float const* x, float* a) const {
+    for (std::int64_t f = 0; f < ffn; ++f) {
+      float s = 0;
+      for (std::int64_t h = 0; h < hidden; ++h) s += x[h] * p[h * ffn + f];
+      a[f] = std::max(s, 0.0f);
+    }
+  }
+};
+
+//! The scale that makes rows of `real_hidden` elements of `real_bytes` stand for rows of
+//! `model_hidden` elements of `model_bytes`, and MLPs real_hidden -> real_ffn for model_hidden -> model_ffn.
+inline moecomm::simulation_scale model_scale(double model_hidden, double model_ffn, double model_bytes,
+                                             std::int64_t real_hidden, std::int64_t real_ffn, double real_bytes) {
+  double const rows = model_hidden * model_bytes / (static_cast<double>(real_hidden) * real_bytes);
+  double const mlp = model_hidden * model_ffn / (static_cast<double>(real_hidden) * static_cast<double>(real_ffn));
+  return {rows, mlp * model_bytes / real_bytes, mlp};
+}
+
+//! The simulated span of a step run by every rank: from the earliest start to the latest end.
+struct step_span {
+  std::vector<double> start, end;
+  explicit step_span(int ranks) : start(static_cast<std::size_t>(ranks)), end(static_cast<std::size_t>(ranks)) {}
+  [[nodiscard]] double seconds() const {
+    return *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
+  }
+};
+
+//! Ranks 0..n-1 on the platform's first n GPUs.
+inline moecomm::simgrid_world first_gpus(moecomm::simulated_platform const& platform, std::int32_t n) {
+  std::vector<std::int32_t> gpus(static_cast<std::size_t>(n));
+  std::iota(gpus.begin(), gpus.end(), 0);
+  return moecomm::simgrid_world(platform, gpus);
+}
+
+}  // namespace moecomm_bench
