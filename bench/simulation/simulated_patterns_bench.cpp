@@ -58,28 +58,20 @@ struct config {
   std::int64_t tokens = 4096;
 };
 
-//! Algorithm 1 on the model's hidden size: the layer hands its planner a cost model of the layer's
-//! (real, tiny) hidden, under which shadowing would look almost free.
-struct model_planner {
-  moecomm::fastermoe_cost_model model;
-  moecomm::shadow_decision operator()(moecomm::fastermoe_cost_model const&, moecomm::topology const& topo,
-                                      std::vector<std::int32_t> const& owner, std::int64_t const* counts) const {
-    return moecomm::select_shadowed_experts(model, topo, owner, counts);
-  }
-};
 // Parameters and gradients move by broadcast and reduce on the world, as FasterMoE does with NCCL.
-using shadowing = moecomm::fastermoe_shadowing<moecomm::collective_path, model_planner>;
+// The layer prices Algorithm 1 for the model-sized rows the simulation stands for (its
+// simulation_scale), so the planner is the default one.
+using shadowing = moecomm::fastermoe_shadowing<moecomm::collective_path>;
 
 //! The planner's figures: the model's, and the platform's (FLOP rate, a node's NICs, a GPU's port).
-shadowing shadowing_for(moecomm::cluster_spec const& spec, std::int64_t hidden) {
+shadowing shadowing_for(moecomm::cluster_spec const& spec) {
   moecomm::fastermoe_cost_params p;
   p.alpha = alpha;
-  p.hidden = hidden;
   p.bytes_per_element = fp32;
   p.gemm_flops = spec.gpu_flops;
   p.net_bandwidth = spec.nics_per_node * spec.nic.bytes_per_second;
   p.local_bandwidth = spec.intra_node.bytes_per_second;
-  return shadowing{p, {}, model_planner{moecomm::fastermoe_cost_model(p)}};
+  return shadowing{p, {}, {}};
 }
 
 //! What one variant measured, kept to compare with plain's.
@@ -173,7 +165,7 @@ int main(int argc, char** argv) {
   c.per_node = platform.gpus_per_node();
   benchmark::AddCustomContext("workload", "top-2 Zipf(1.2), 16 experts per rank, MLP H->2H->H fp32, T = 4096 per rank, dropless");
   for (model_size const& m : models) {
-    shadowing const shadow = shadowing_for(platform.spec(), m.hidden);
+    shadowing const shadow = shadowing_for(platform.spec());
     register_variant(platform, c, m, "plain", moecomm::flat{}, moecomm::no_shadowing{});
     register_variant(platform, c, m, "shadow", moecomm::flat{}, shadow);
     register_variant(platform, c, m, "smart", moecomm::smart_schedule{group_size}, moecomm::no_shadowing{});

@@ -192,18 +192,14 @@ problem make_problem(options const& o) {
   return p;
 }
 
-//! FasterMoE's cost model (plan/cost_model.hpp) with the platform's rates, for H_model-wide rows.
-//! The layer hands the model its real hidden size H, so alpha, s and P are rescaled by k = H_model/H
-//! to give the same seconds: compute 4(alpha k)H^2/(P/k) = 4 alpha (kH)^2/P, a row 4H(s k)/W = 4(kH)s/W,
-//! an expert's parameters 2(alpha k)H^2(s k) = 2 alpha (kH)^2 s.
+//! FasterMoE's cost model (plan/cost_model.hpp) with the platform's rates. The layer gives it its real
+//! H and scales it by the back-end's simulation_scale, so it prices the H_model-wide layer.
 moecomm::fastermoe_cost_params cost_params(problem const& p) {
   moecomm::cluster_spec const& s = p.platform.spec();
-  double const k = p.scale.payload;
   moecomm::fastermoe_cost_params c;
-  c.alpha = alpha * k;
-  c.hidden = p.o.hidden;
-  c.bytes_per_element = sizeof(float) * k;
-  c.gemm_flops = s.gpu_flops / k;
+  c.alpha = alpha;
+  c.bytes_per_element = sizeof(float);
+  c.gemm_flops = s.gpu_flops;
   c.local_bandwidth = s.intra_node.bytes_per_second;
   // In an all-to-all every GPU of a node sends at once: each gets its share of the node's NICs,
   // and no more than its own PCIe link to them.

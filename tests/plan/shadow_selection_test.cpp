@@ -78,6 +78,27 @@ TEST_CASE("fastermoe cost model: formulas against hand-computed numbers") {
   CHECK(unit.rank_time(7, 2, 5) == 28.0);
 }
 
+TEST_CASE("fastermoe cost model: scaled prices the model-sized layer a simulation stands for") {
+  // Rows of H = 4 fp32 standing for H = 1024 bf16, MLP 4 -> 8 standing for 1024 -> 2048: token bytes
+  // x 128, parameter bytes x 32768, FLOPs x 65536. The scaled small model must price what a model of
+  // the large layer prices.
+  fastermoe_cost_params small;
+  small.hidden = 4;
+  fastermoe_cost_params large = small;
+  large.hidden = 1024;
+  large.bytes_per_element = 2;
+  large.gemm_flops = small.gemm_flops;
+  fastermoe_cost_model const scaled = fastermoe_cost_model(small).scaled(128, 32768, 65536);
+  fastermoe_cost_model const want(large);
+  // Compute scales with H² (4 alpha H² / P): 65536 = (1024 / 4)²; bytes with H and s.
+  CHECK(scaled.forward_compute_time(1000) == doctest::Approx(want.forward_compute_time(1000)).epsilon(1e-12));
+  CHECK(scaled.token_transfer_time(10, 20) == doctest::Approx(want.token_transfer_time(10, 20)).epsilon(1e-12));
+  CHECK(scaled.expert_parameter_bytes() == doctest::Approx(want.expert_parameter_bytes()).epsilon(1e-12));
+  CHECK(scaled.shadow_transfer_time(3) == doctest::Approx(want.shadow_transfer_time(3)).epsilon(1e-12));
+  check_error([&] { (void)fastermoe_cost_model(small).scaled(0, 1, 1); }, moecomm::status::invalid_argument,
+              {"token_bytes scale = 0 must be positive"});
+}
+
 TEST_CASE("fastermoe cost model: refuses parameters that are not positive") {
   // One bad field each, on top of the defaults.
   struct bad_field {

@@ -163,3 +163,26 @@ TEST_CASE("simulated layer: experts' declared FLOPs are charged at the host's ra
 }
 
 }  // namespace test
+
+namespace test {
+
+TEST_CASE("simulated layer: FasterMoE's planner prices the model-sized layer the simulation_scale stands for") {
+  moecomm::simulation_scale const scale{2, 8, 16};
+  moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
+  moecomm::simgrid_world world = sim_world(2, 2);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    moecomm::exchange_groups<moecomm::simgrid_communicator> groups(comm, moecomm::topology(2, 2));
+    moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, moecomm::simgrid_communicator, moecomm::dropless,
+                                   moecomm::flat, moecomm::weighted, moecomm::fastermoe_shadowing<>>
+        layer(moecomm::simulated_backend<>(moecomm::host_backend{}, scale), groups, 4, 16, {}, {}, {}, shadowing);
+    moecomm::fastermoe_cost_params real = small_model();
+    real.hidden = 16;
+    moecomm::fastermoe_cost_model const unscaled(real);
+    auto const& model = layer.shadow_state().model();
+    CHECK(model.expert_parameter_bytes() == 8 * unscaled.expert_parameter_bytes());
+    CHECK(model.forward_compute_time(100) == doctest::Approx(16 * unscaled.forward_compute_time(100)).epsilon(1e-15));
+    CHECK(model.token_transfer_time(3, 5) == doctest::Approx(2 * unscaled.token_transfer_time(3, 5)).epsilon(1e-15));
+  });
+}
+
+}  // namespace test

@@ -29,13 +29,6 @@
 
 MOECOMM_NAMESPACE_BEGIN
 
-//! How a small real problem stands for a large one under simulation.
-struct simulation_scale {
-  double payload = 1;     //!< simulated bytes per real byte of token rows (H_model / H)
-  double parameters = 1;  //!< simulated bytes per real byte of expert parameters ((H_model · F_model) / (H · F))
-  double flops = 1;       //!< simulated FLOPs per FLOP the experts declare (as `parameters`, for MLP experts)
-};
-
 namespace detail {
 template <class Kernel, class = void>
 struct declares_row_bytes : std::false_type {};
@@ -61,7 +54,6 @@ class simulated_backend {
   }
 
   [[nodiscard]] Inner const& inner() const { return inner_; }
-  [[nodiscard]] simulation_scale scale() const { return scale_; }
 
   template <class T>
   [[nodiscard]] buffer_type<T> allocate(std::int64_t n) const {
@@ -105,11 +97,14 @@ class simulated_backend {
 
   void synchronize() const { inner_.synchronize(); }
 
-  //! `flops` of the caller's compute (its experts), times `scale().flops`.
+  //! `flops` of the caller's compute (its experts), times `simulated_scale().flops`.
   void charge_flops(double flops) const { detail::charge_flops(scale_.flops * flops); }
 
-  //! While the result lives, the calling actor's messages and copies are scaled by `scale().payload`
-  //! (rows) or `scale().parameters` (see `<moecomm/core/simulation_hooks.hpp>`).
+  //! The scale: what moves, and what the layer's planners price (`detail::simulated_scale`).
+  [[nodiscard]] simulation_scale simulated_scale() const { return scale_; }
+
+  //! While the result lives, the calling actor's messages and copies are scaled by `simulated_scale().payload`
+  //! (rows) or `.parameters` (see `<moecomm/core/simulation_hooks.hpp>`).
   [[nodiscard]] detail::actor_payload_scope payload_scope(detail::payload_kind kind) const {
     return detail::actor_payload_scope(kind == detail::payload_kind::rows ? scale_.payload : scale_.parameters);
   }

@@ -57,7 +57,7 @@ struct fastermoe_shadowing {
           std::int64_t hidden)
         : path_(policy.path),
           planner_(policy.planner),
-          model_(with_hidden(policy.model, hidden)),
+          model_(with_hidden(policy.model, hidden, detail::simulated_scale(be))),
           be_(std::move(be)),
           groups_(&groups),
           placement_(num_experts, groups.world().size()),
@@ -123,9 +123,10 @@ struct fastermoe_shadowing {
     [[nodiscard]] fastermoe_cost_model const& model() const { return model_; }
 
    private:
-    static fastermoe_cost_model with_hidden(fastermoe_cost_params params, std::int64_t hidden) {
+    //! The policy's model for the layer's rows; under simulation, for the model-sized rows they stand for.
+    static fastermoe_cost_model with_hidden(fastermoe_cost_params params, std::int64_t hidden, simulation_scale scale) {
       params.hidden = hidden;
-      return fastermoe_cost_model(params);
+      return fastermoe_cost_model(params).scaled(scale.payload, scale.parameters, scale.flops);
     }
     [[nodiscard]] std::int32_t owner_of(std::size_t i) const { return placement_.rank_of(shadowed_[i]); }
     [[nodiscard]] bool owns(std::size_t i) const { return owner_of(i) == groups_->world().rank(); }

@@ -58,10 +58,26 @@ class fastermoe_cost_model {
 
   [[nodiscard]] fastermoe_cost_params const& params() const { return params_; }
 
+  //! This model for a layer whose token bytes, parameter bytes and FLOPs are `token_bytes`,
+  //! `parameter_bytes` and `flops` times those of its real rows (a simulated back-end's
+  //! `simulation_scale`: the layer hands the model its real hidden size, the simulation prices the
+  //! model-sized one).
+  [[nodiscard]] fastermoe_cost_model scaled(double token_bytes, double parameter_bytes, double flops) const {
+    require_positive("token_bytes scale", token_bytes);
+    require_positive("parameter_bytes scale", parameter_bytes);
+    require_positive("flops scale", flops);
+    fastermoe_cost_model m = *this;
+    m.forward_seconds_per_token_ *= flops;
+    m.intra_node_seconds_per_token_ *= token_bytes;
+    m.inter_node_seconds_per_token_ *= token_bytes;
+    m.parameter_bytes_scale_ *= parameter_bytes;
+    return m;
+  }
+
   //! 2·α·H²·s: the two H x αH weight matrices of one expert (§3.1).
   [[nodiscard]] double expert_parameter_bytes() const {
     double const h = static_cast<double>(params_.hidden);
-    return 2.0 * params_.alpha * h * h * params_.bytes_per_element;
+    return 2.0 * params_.alpha * h * h * params_.bytes_per_element * parameter_bytes_scale_;
   }
 
   //! 4·B·α·H²/P: the forward pass of `tokens` tokens through one expert (§3, Lat_comp).
@@ -106,6 +122,7 @@ class fastermoe_cost_model {
   double forward_seconds_per_token_ = 0;     //!< 4·α·H²/P
   double intra_node_seconds_per_token_ = 0;  //!< 4·H·s/W_local
   double inter_node_seconds_per_token_ = 0;  //!< 4·H·s/W_net
+  double parameter_bytes_scale_ = 1;         //!< see `scaled`
 };
 
 MOECOMM_NAMESPACE_END
