@@ -112,10 +112,11 @@ TEST_CASE("a layer step allocates nothing once warm: hierarchical_2d with capaci
                                    moecomm::capacity<moecomm::drop_by_probability>{1.0, 0, true, {}});
 }
 
-// FasterMoE still allocates per step (29 on rank 0 here): Algorithm 1's decision vectors, the
-// replica operations' message lists and the relabeling table. Skipped until they take workspaces.
-TEST_CASE("a layer step allocates nothing once warm: FasterMoE shadowing" * doctest::skip()) {
+// Algorithm 1's vectors, the replica operations' message lists and the relabeling table are kept
+// between steps (shadow_selection_workspace, workspace::messages, workspace::host).
+TEST_CASE("a layer step allocates nothing once warm: FasterMoE shadowing, both replica paths") {
   check_no_allocation_after_warmup("fastermoe", moecomm::fastermoe_shadowing<>{});
+  check_no_allocation_after_warmup("fastermoe collective", moecomm::fastermoe_shadowing<moecomm::collective_path>{});
 }
 
 TEST_CASE("a layer step allocates nothing once warm: smart schedule") {

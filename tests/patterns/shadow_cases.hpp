@@ -70,13 +70,11 @@ struct scale_bias_experts {
 // A planner that shadows a fixed set (to test any set, not only those Algorithm 1 picks).
 struct fixed_planner {
   std::vector<std::int32_t> shadowed;
-  moecomm::shadow_decision operator()(moecomm::fastermoe_cost_model const& model, moecomm::topology const& topo,
-                                      std::vector<std::int32_t> const& owner, std::int64_t const* counts) const {
-    moecomm::shadow_decision d;
+  void operator()(moecomm::fastermoe_cost_model const& model, moecomm::topology const& topo,
+                  std::vector<std::int32_t> const& owner, std::int64_t const* counts, moecomm::shadow_decision& d) const {
     d.shadowed = shadowed;
     d.latency_unshadowed = moecomm::predicted_latency(model, topo, owner, counts, {});
     d.latency = moecomm::predicted_latency(model, topo, owner, counts, shadowed);
-    return d;
   }
 };
 

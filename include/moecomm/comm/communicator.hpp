@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
 
@@ -39,6 +40,19 @@ struct recv_block {
   int peer;
   void* data;
   std::int64_t bytes;
+};
+
+//! The message lists of one `exchange`, kept between calls by whoever builds them (their capacity
+//! stays, so a steady state allocates nothing).
+struct message_lists {
+  std::vector<send_block> sends;
+  std::vector<recv_block> recvs;
+
+  //! Empties both lists, keeping their capacity.
+  void clear_messages() {
+    sends.clear();
+    recvs.clear();
+  }
 };
 
 //! Reduction of `allreduce` and `reduce`.

@@ -4,6 +4,7 @@
 //! `workspace`: scratch memory a call keeps between calls, so that a steady state allocates
 //! nothing (CUB's temporary storage, owned by the caller instead of sized by a first call).
 
+#include <moecomm/comm/communicator.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
 
@@ -34,6 +35,9 @@ class workspace {
     return reinterpret_cast<T*>(grow(staging_backend{}, host_bytes_, n * static_cast<std::int64_t>(sizeof(T))).data());
   }
 
+  //! Message lists for a call's exchanges (emptied by the call that fills them).
+  [[nodiscard]] message_lists& messages() { return messages_; }
+
  private:
   //! Plain host memory, aligned for any fundamental type.
   struct staging_allocator {
@@ -48,6 +52,7 @@ class workspace {
 
   typename Backend::template buffer_type<char> bytes_;
   buffer<char, staging_allocator> host_bytes_;
+  message_lists messages_;
 };
 
 MOECOMM_NAMESPACE_END

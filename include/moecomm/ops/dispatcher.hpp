@@ -390,29 +390,31 @@ class dispatcher {
   //! Makes `chosen` the home experts: relabels them to sort after every other expert (so their
   //! rows form the permuted buffer's tail), rebuilds the plan on the relabeled routing, and takes
   //! their rows out of the exchange.
-  void keep_home(std::vector<std::int32_t> chosen, std::int64_t padded) {
-    std::sort(chosen.begin(), chosen.end());
-    for (std::size_t i = 0; i < chosen.size(); ++i) {
-      detail::require(chosen[i] >= 0 && chosen[i] < num_experts_, "dispatcher::route", "home expert ", chosen[i],
-                      " is not an expert of ", num_experts_);
-      detail::require(i == 0 || chosen[i - 1] != chosen[i], "dispatcher::route", "home expert ", chosen[i],
-                      " is named twice");
+  void keep_home(std::vector<std::int32_t> const& chosen, std::int64_t padded) {
+    home_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
+    std::sort(home_.begin(), home_.end());
+    for (std::size_t i = 0; i < home_.size(); ++i) {
+      std::int32_t const e = home_[i];
+      bool const duplicate = i > 0 && home_[i - 1] == e;
+      if (e >= 0 && e < num_experts_ && !duplicate) continue;
+      home_.clear();  // no home experts after a refused choice
+      if (duplicate) detail::fail(status::invalid_argument, "dispatcher::route", "home expert ", e, " is named twice");
+      detail::fail(status::invalid_argument, "dispatcher::route", "home expert ", e, " is not an expert of ", num_experts_);
     }
-    home_ = std::move(chosen);
     std::int32_t const me = groups_->world().rank();
     home_offsets_.assign(home_.size() + 1, 0);
     for (std::size_t i = 0; i < home_.size(); ++i) home_offsets_[i + 1] = home_offsets_[i] + rows_from(me, home_[i]);
     report_.home_rows = home_offsets_.back();
     if (home_.empty()) return;
-    std::vector<std::int32_t> label(static_cast<std::size_t>(num_experts_));
+    std::int32_t* const label = scratch_.template host<std::int32_t>(num_experts_);
     std::int32_t next = 0;
     for (std::int32_t pass = 0; pass < 2; ++pass)  // others first, then home experts, each ascending
       for (std::int32_t e = 0; e < num_experts_; ++e)
-        if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label[static_cast<std::size_t>(e)] = next++;
+        if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label[e] = next++;
     routing_view relabeled = plan_.routing();
     std::int64_t const slots = relabeled.num_tokens * relabeled.top_k;
     std::int32_t* const device_label = scratch_.template get<std::int32_t>(be_, num_experts_);
-    be_.copy(device_label, label.data(), num_experts_);
+    be_.copy(device_label, label, num_experts_);
     std::int32_t* const relabeled_idx = grow(be_, relabeled_idx_, slots).data();
     be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label, num_experts_, relabeled_idx});
     relabeled.topk_idx = relabeled_idx;

@@ -16,6 +16,7 @@
 #include <moecomm/ops/replica/replica_set.hpp>
 #include <moecomm/ops/replica_broadcast.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -100,23 +101,23 @@ void gradient_reduce(Backend const& be, Comm& comm, replica_set const& set, std:
     auto const replicas = static_cast<std::int64_t>(set.replicas.size());
     std::int64_t const chunk_rows = count < chunk ? count : chunk;
     T* const staged = me == set.owner ? scratch.template get<T>(be, chunk_rows * replicas) : nullptr;
-    std::vector<std::int32_t> const members = set.members();
-    std::int32_t owner_position = 0;
-    while (members[static_cast<std::size_t>(owner_position)] != set.owner) ++owner_position;
+    // The owner's place among the members in ascending rank (the replicas are ascending).
+    auto const owner_position = static_cast<std::int32_t>(
+        std::count_if(set.replicas.begin(), set.replicas.end(), [&](std::int32_t r) { return r < set.owner; }));
+    message_lists& lists = scratch.messages();
     for (detail::byte_chunk const piece : pieces) {
       T* const mine = grads.data + piece.offset;
       std::int64_t const bytes = piece.bytes * static_cast<std::int64_t>(sizeof(T));
-      std::vector<send_block> sends;
-      std::vector<recv_block> recvs;
+      lists.clear_messages();
       if (me == set.owner)
         for (std::int64_t j = 0; j < replicas; ++j)
-          recvs.push_back({set.replicas[static_cast<std::size_t>(j)], staged + j * chunk_rows, bytes});
+          lists.recvs.push_back({set.replicas[static_cast<std::size_t>(j)], staged + j * chunk_rows, bytes});
       else if (set.holds(me))
-        sends.push_back({set.owner, mine, bytes});
-      comm.exchange(sends, recvs);
+        lists.sends.push_back({set.owner, mine, bytes});
+      comm.exchange(lists.sends, lists.recvs);
       if (me == set.owner) {
         be.for_each_index(piece.bytes, detail::sum_in_rank_order<T>{staged, chunk_rows,
-                                                                    static_cast<std::int32_t>(members.size()),
+                                                                    static_cast<std::int32_t>(replicas + 1),
                                                                     owner_position, mine});
         be.synchronize();  // the next piece's messages land in the same staging rows
       }
@@ -139,7 +140,7 @@ void replica_allreduce(Backend const& be, Comm& comm, replica_set const& set, st
       comm.allreduce(grads.data + piece.offset, grads.data + piece.offset, piece.bytes, reduce_op::sum);  // bytes: elements
   } else {
     gradient_reduce(be, comm, set, count, grads, scratch, path);
-    replica_broadcast(comm, set, count, grads, path);
+    replica_broadcast(be, comm, set, count, grads, scratch, path);
   }
 }
 

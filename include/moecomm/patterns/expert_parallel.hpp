@@ -101,7 +101,9 @@ class expert_parallel_layer {
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     check_forward_arguments(routing, x, out);
     if constexpr (Shadowing::shadows) {
-      dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) { return shadow_.choose(counts); });
+      dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) -> std::vector<std::int32_t> const& {
+        return shadow_.choose(counts);  // by reference: a copy would allocate every step
+      });
       shadow_.broadcast(experts);
     } else {
       dispatcher_.route(routing);

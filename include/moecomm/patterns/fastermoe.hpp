@@ -30,12 +30,14 @@
 MOECOMM_NAMESPACE_BEGIN
 
 //! FasterMoE's Algorithm 1 as the shadowing policy's planner. A planner is any callable
-//! `(model, topology, owner, counts) -> shadow_decision` that returns the same on every rank.
+//! `(model, topology, owner, counts, shadow_decision& decision)` that overwrites `decision` the same
+//! way on every rank (reusing its vectors, so a steady state allocates nothing).
 struct fastermoe_planner {
-  shadow_decision operator()(fastermoe_cost_model const& model, topology const& topo,
-                             std::vector<std::int32_t> const& owner, std::int64_t const* counts) const {
-    return select_shadowed_experts(model, topo, owner, counts);
+  void operator()(fastermoe_cost_model const& model, topology const& topo, std::vector<std::int32_t> const& owner,
+                  std::int64_t const* counts, shadow_decision& decision) {
+    select_shadowed_experts(model, topo, owner, counts, decision, workspace);
   }
+  shadow_selection_workspace workspace;  //!< kept between steps
 };
 
 //! Shadowing policy: FasterMoE's. `model` is the performance model the planner evaluates (its
@@ -63,11 +65,11 @@ struct fastermoe_shadowing {
           placement_(num_experts, groups.world().size()),
           owners_(detail::owners_of("fastermoe_shadowing", placement_, groups.topo())) {}
 
-    //! Algorithm 1 on the gathered `[R][E]` counts; returns the shadowed experts.
-    std::vector<std::int32_t> choose(std::vector<std::int64_t> const& counts) {
-      counts_ = counts;
-      decision_ = planner_(model_, groups_->topo(), owners_, counts_.data());
-      shadowed_ = decision_.shadowed;
+    //! Algorithm 1 on the gathered `[R][E]` counts; returns the shadowed experts, ascending.
+    std::vector<std::int32_t> const& choose(std::vector<std::int64_t> const& counts) {
+      counts_.assign(counts.begin(), counts.end());
+      planner_(model_, groups_->topo(), owners_, counts_.data(), decision_);
+      shadowed_.assign(decision_.shadowed.begin(), decision_.shadowed.end());
       std::sort(shadowed_.begin(), shadowed_.end());
       return shadowed_;
     }
@@ -86,7 +88,8 @@ struct fastermoe_shadowing {
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
       [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < r; ++i)
-        replica_broadcast(groups_->world(), everyone_of(i), count, array_view<P>{parameters(experts, i), count}, path_);
+        replica_broadcast(be_, groups_->world(), everyone_of(i), count, array_view<P>{parameters(experts, i), count},
+                          workspace_, path_);
     }
 
     //! The parameters shadowed expert `i` (in ascending id) is computed with on this rank.
@@ -131,8 +134,10 @@ struct fastermoe_shadowing {
     [[nodiscard]] std::int32_t owner_of(std::size_t i) const { return placement_.rank_of(shadowed_[i]); }
     [[nodiscard]] bool owns(std::size_t i) const { return owner_of(i) == groups_->world().rank(); }
     [[nodiscard]] std::int32_t local_index(std::size_t i) const { return placement_.local_index_of(shadowed_[i]); }
-    [[nodiscard]] replica_set everyone_of(std::size_t i) const {
-      return replica_set::everyone(owner_of(i), groups_->world().size());
+    //! Shadowed expert `i`'s set: its owner and every other rank (rebuilt in place).
+    [[nodiscard]] replica_set const& everyone_of(std::size_t i) {
+      everyone_.assign_everyone(owner_of(i), groups_->world().size());
+      return everyone_;
     }
 
     Path path_;
@@ -145,8 +150,9 @@ struct fastermoe_shadowing {
     std::vector<std::int64_t> counts_;
     shadow_decision decision_;
     std::vector<std::int32_t> shadowed_;  //!< ascending, as the dispatcher's home experts
+    replica_set everyone_;                //!< `everyone_of`'s set
     typename Backend::template buffer_type<char> replica_params_, replica_grads_;
-    workspace<Backend> workspace_;  //!< gradient_reduce's staging, kept between steps
+    workspace<Backend> workspace_;  //!< the replica ops' staging and message lists, kept between steps
   };
 };
 

@@ -90,9 +90,14 @@ inline std::int32_t check_shadow_inputs(char const* op, topology const& topo, st
 //! other nodes.
 struct rank_loads {
   std::vector<std::int64_t> computed, intra_node, inter_node;
-  explicit rank_loads(std::int32_t ranks)
-      : computed(static_cast<std::size_t>(ranks)), intra_node(static_cast<std::size_t>(ranks)),
-        inter_node(static_cast<std::size_t>(ranks)) {}
+  rank_loads() = default;
+  explicit rank_loads(std::int32_t ranks) { reset(ranks); }
+  //! `ranks` zeros each, keeping the capacity.
+  void reset(std::int32_t ranks) {
+    computed.assign(static_cast<std::size_t>(ranks), 0);
+    intra_node.assign(static_cast<std::size_t>(ranks), 0);
+    inter_node.assign(static_cast<std::size_t>(ranks), 0);
+  }
 };
 
 //! Lat(S) from the rank loads of S. Both the selection and `predicted_latency` end here, so the
@@ -114,6 +119,14 @@ inline std::vector<std::int32_t> owners_of(char const* op, contiguous_placement 
 }
 
 }  // namespace detail
+
+//! What `select_shadowed_experts` builds on the way, kept between calls so that a steady state
+//! allocates nothing.
+struct shadow_selection_workspace {
+  std::vector<std::int32_t> owner_node, order;
+  std::vector<std::int64_t> load, owner_node_load;
+  detail::rank_loads loads;
+};
 
 //! Lat(`shadow_set`) evaluated from scratch, in seconds (the empty set gives eq. 7).
 //! @param owner   owner rank of each expert; E = owner.size()
@@ -162,9 +175,10 @@ inline std::vector<std::int32_t> owners_of(char const* op, contiguous_placement 
 //! @param counts  row-major `[R][E]`: tokens rank s routes to expert e
 //! @throws error (invalid_argument) naming the bad argument: owner empty or out of range, counts
 //!         null or negative (with rank and expert).
-[[nodiscard]] inline shadow_decision select_shadowed_experts(fastermoe_cost_model const& model, topology const& topo,
-                                                             std::vector<std::int32_t> const& owner,
-                                                             std::int64_t const* counts) {
+//! @param decision overwritten (its vectors keep their capacity); `workspace` likewise.
+inline void select_shadowed_experts(fastermoe_cost_model const& model, topology const& topo,
+                                    std::vector<std::int32_t> const& owner, std::int64_t const* counts,
+                                    shadow_decision& decision, shadow_selection_workspace& workspace) {
   char const* const op = "select_shadowed_experts";
   std::int32_t const experts = detail::check_shadow_inputs(op, topo, owner, counts);
   std::int32_t const ranks = topo.num_ranks();
@@ -175,9 +189,13 @@ inline std::vector<std::int32_t> owners_of(char const* op, contiguous_placement 
 
   // Per expert: its total load and the part of it that comes from the owner's node (owner
   // included), accumulated row by row so that the pass reads the matrix in memory order.
-  std::vector<std::int32_t> owner_node(E);
+  std::vector<std::int32_t>& owner_node = workspace.owner_node;
+  owner_node.resize(E);
   for (std::size_t e = 0; e < E; ++e) owner_node[e] = topo.node_of(owner[e]);
-  std::vector<std::int64_t> load(E, 0), owner_node_load(E, 0);
+  std::vector<std::int64_t>& load = workspace.load;
+  std::vector<std::int64_t>& owner_node_load = workspace.owner_node_load;
+  load.assign(E, 0);
+  owner_node_load.assign(E, 0);
   for (std::int32_t s = 0; s < ranks; ++s) {
     std::int64_t const* row = counts + static_cast<std::size_t>(s) * E;
     std::int32_t const node = topo.node_of(s);
@@ -194,7 +212,8 @@ inline std::vector<std::int32_t> owners_of(char const* op, contiguous_placement 
     return load[static_cast<std::size_t>(e)] - owner_node_load[static_cast<std::size_t>(e)];
   };
 
-  detail::rank_loads loads(ranks);
+  detail::rank_loads& loads = workspace.loads;
+  loads.reset(ranks);
   for (std::int32_t e = 0; e < experts; ++e) {
     auto const o = static_cast<std::size_t>(owner[static_cast<std::size_t>(e)]);
     loads.computed[o] += load[static_cast<std::size_t>(e)];
@@ -202,12 +221,13 @@ inline std::vector<std::int32_t> owners_of(char const* op, contiguous_placement 
     loads.inter_node[o] += inter_node_traffic(e);
   }
 
-  shadow_decision decision;
-  decision.tokens_unshadowed = loads.computed;
+  decision.shadowed.clear();
+  decision.tokens_unshadowed.assign(loads.computed.begin(), loads.computed.end());
   decision.latency_unshadowed = detail::shadow_latency(model, loads, 0);
 
   // Experts without tokens could only add transfer time, so they are not even visited.
-  std::vector<std::int32_t> order;
+  std::vector<std::int32_t>& order = workspace.order;
+  order.clear();
   for (std::int32_t e = 0; e < experts; ++e)
     if (load[static_cast<std::size_t>(e)] > 0) order.push_back(e);
   std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
@@ -237,7 +257,16 @@ inline std::vector<std::int32_t> owners_of(char const* op, contiguous_placement 
     decision.shadowed.push_back(e);
   }
   decision.latency = c_min;
-  decision.tokens = std::move(loads.computed);
+  decision.tokens.assign(loads.computed.begin(), loads.computed.end());
+}
+
+//! Algorithm 1 as above, returning a fresh decision (a one-off call).
+[[nodiscard]] inline shadow_decision select_shadowed_experts(fastermoe_cost_model const& model, topology const& topo,
+                                                             std::vector<std::int32_t> const& owner,
+                                                             std::int64_t const* counts) {
+  shadow_decision decision;
+  shadow_selection_workspace workspace;
+  select_shadowed_experts(model, topo, owner, counts, decision, workspace);
   return decision;
 }
 

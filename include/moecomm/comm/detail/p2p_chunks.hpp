@@ -36,16 +36,45 @@ struct byte_chunk {
 }
 
 //! The chunks of at most `max_chunk` bytes that cover `[0, bytes)`, in order: all full but the last.
+//! A range computed on the fly (it allocates nothing: a steady state cuts messages every step).
+class chunk_range {
+ public:
+  chunk_range(std::int64_t bytes, std::int64_t max_chunk)
+      : bytes_(bytes), max_chunk_(max_chunk), count_(chunk_count(bytes, max_chunk)) {}
+
+  [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(count_); }
+  [[nodiscard]] bool empty() const { return count_ == 0; }
+  [[nodiscard]] byte_chunk operator[](std::size_t i) const {
+    std::int64_t const offset = static_cast<std::int64_t>(i) * max_chunk_;
+    return {offset, bytes_ - offset < max_chunk_ ? bytes_ - offset : max_chunk_};
+  }
+
+  class iterator {
+   public:
+    iterator(chunk_range const* range, std::size_t i) : range_(range), i_(i) {}
+    byte_chunk operator*() const { return (*range_)[i_]; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(iterator const& other) const { return i_ != other.i_; }
+
+   private:
+    chunk_range const* range_;
+    std::size_t i_;
+  };
+  [[nodiscard]] iterator begin() const { return {this, 0}; }
+  [[nodiscard]] iterator end() const { return {this, size()}; }
+
+ private:
+  std::int64_t bytes_, max_chunk_, count_;
+};
+
 //! The split depends only on `(bytes, max_chunk)`, so a sender and a receiver that agree on the
 //! message size post matching sequences of chunks.
 //! @throws error (invalid_argument) if `bytes < 0` or `max_chunk <= 0`.
-[[nodiscard]] inline std::vector<byte_chunk> split_into_chunks(std::int64_t bytes, std::int64_t max_chunk) {
-  std::int64_t const n = chunk_count(bytes, max_chunk);
-  std::vector<byte_chunk> chunks;
-  chunks.reserve(static_cast<std::size_t>(n));
-  for (std::int64_t offset = 0; offset < bytes; offset += max_chunk)
-    chunks.push_back({offset, bytes - offset < max_chunk ? bytes - offset : max_chunk});
-  return chunks;
+[[nodiscard]] inline chunk_range split_into_chunks(std::int64_t bytes, std::int64_t max_chunk) {
+  return chunk_range(bytes, max_chunk);
 }
 
 //! Checks that `value` (the argument called `name` of operation `op`) is not negative and that

@@ -15,17 +15,9 @@ MOECOMM_NAMESPACE_BEGIN
 
 //! One per thread of calls (not shared by all-to-alls that run at the same time).
 template <class Backend>
-struct alltoall_workspace {
+struct alltoall_workspace : message_lists {  //!< the lists: one round's messages
   workspace<Backend> staging;        //!< hierarchical_2d's staged blocks
-  std::vector<send_block> sends;     //!< one round's messages
-  std::vector<recv_block> recvs;
   std::vector<std::int64_t> offsets;  //!< hierarchical_2d's segment offsets
-
-  //! Empties the message lists, keeping their capacity.
-  void clear_messages() {
-    sends.clear();
-    recvs.clear();
-  }
 };
 
 MOECOMM_NAMESPACE_END

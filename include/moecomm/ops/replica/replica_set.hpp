@@ -20,10 +20,18 @@ struct replica_set {
 
   //! Every rank of a group of `ranks` holds a copy (FasterMoE's shadowed experts).
   [[nodiscard]] static replica_set everyone(std::int32_t owner, std::int32_t ranks) {
-    replica_set set{owner, {}};
-    for (std::int32_t r = 0; r < ranks; ++r)
-      if (r != owner) set.replicas.push_back(r);
+    replica_set set;
+    set.assign_everyone(owner, ranks);
     return set;
+  }
+
+  //! This set becomes `everyone(owner, ranks)`, keeping the replicas' capacity (no allocation once
+  //! it has held as many).
+  void assign_everyone(std::int32_t new_owner, std::int32_t ranks) {
+    owner = new_owner;
+    replicas.clear();
+    for (std::int32_t r = 0; r < ranks; ++r)
+      if (r != owner) replicas.push_back(r);
   }
 
   //! The owner and the replicas, ascending: the fixed order in which gradients are summed.
