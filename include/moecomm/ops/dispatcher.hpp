@@ -101,7 +101,6 @@ class dispatcher {
     combined_ = false;
     home_.clear();
     routed_ = false;
-    std::int64_t padded = 0;
     if constexpr (detail::is_dropless_v<Capacity>) {
       build_permute_plan(be_, routing, num_experts_, plan_, scratch_, checks_);
       report_.kept_slots = plan_.num_rows();
@@ -136,13 +135,12 @@ class dispatcher {
       capacity_result const result = drop_to_capacity(be_, all, c, kept_idx, scratch_, capacity_.rule, first_token(routing));
       routing_view kept = routing;
       kept.topk_idx = kept_idx.data;
-      padded = capacity_.pad_to_capacity ? c : 0;
-      build_permute_plan(be_, kept, num_experts_, plan_, scratch_, unchecked_routing, padded);
+      build_permute_plan(be_, kept, num_experts_, plan_, scratch_, unchecked_routing, capacity_.pad_to_capacity ? c : 0);
       report_.kept_slots = result.kept_slots;
       report_.dropped_slots = result.dropped_slots;
     }
     exchange_counts();
-    keep_home(choose_home(counts_), padded);
+    keep_home(choose_home(counts_));
     routed_ = true;
   }
 
@@ -390,7 +388,7 @@ class dispatcher {
   //! Makes `chosen` the home experts: relabels them to sort after every other expert (so their
   //! rows form the permuted buffer's tail), rebuilds the plan on the relabeled routing, and takes
   //! their rows out of the exchange.
-  void keep_home(std::vector<std::int32_t> const& chosen, std::int64_t padded) {
+  void keep_home(std::vector<std::int32_t> const& chosen) {
     home_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
     std::sort(home_.begin(), home_.end());
     for (std::size_t i = 0; i < home_.size(); ++i) {
@@ -406,19 +404,19 @@ class dispatcher {
     for (std::size_t i = 0; i < home_.size(); ++i) home_offsets_[i + 1] = home_offsets_[i] + rows_from(me, home_[i]);
     report_.home_rows = home_offsets_.back();
     if (home_.empty()) return;
-    std::int32_t* const label = scratch_.template host<std::int32_t>(num_experts_);
+    label_.resize(static_cast<std::size_t>(num_experts_));  // capacity kept between steps
     std::int32_t next = 0;
     for (std::int32_t pass = 0; pass < 2; ++pass)  // others first, then home experts, each ascending
       for (std::int32_t e = 0; e < num_experts_; ++e)
-        if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label[e] = next++;
+        if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label_[static_cast<std::size_t>(e)] = next++;
     routing_view relabeled = plan_.routing();
     std::int64_t const slots = relabeled.num_tokens * relabeled.top_k;
     std::int32_t* const device_label = scratch_.template get<std::int32_t>(be_, num_experts_);
-    be_.copy(device_label, label, num_experts_);
+    be_.copy(device_label, label_.data(), num_experts_);
     std::int32_t* const relabeled_idx = grow(be_, relabeled_idx_, slots).data();
     be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label, num_experts_, relabeled_idx});
     relabeled.topk_idx = relabeled_idx;
-    build_permute_plan(be_, relabeled, num_experts_, plan_, scratch_, unchecked_routing, padded);
+    relabel_permute_plan(be_, plan_, relabeled, label_.data(), scratch_);  // moves blocks: no second sort
     for (std::int32_t s = 0; s < ranks_; ++s)
       for (std::int32_t e : home_) counts_[static_cast<std::size_t>(s) * num_experts_ + e] = 0;
     derive_local_counts();
@@ -584,6 +582,7 @@ class dispatcher {
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;  //!< home experts sorted last
   workspace<Backend> scratch_;  //!< the steps' small tables (scores, labels, chunk tables), kept between steps
   alltoall_workspace<Backend> exchange_scratch_;  //!< the all-to-alls' staging and message lists
+  std::vector<std::int32_t> label_;  //!< keep_home's relabeling, kept between steps
   std::unique_ptr<lane_t<Backend>> lane_;  //!< the smart schedule's compute lane, made once
   byte_matrix forward_matrix_, back_matrix_;       //!< the step's byte matrices, memory kept between steps
   permute_plan<Backend> plan_;           //!< this step's plan, rebuilt in place each step

@@ -87,6 +87,32 @@ struct padded_offsets {
   MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const { expert_offsets[e] = static_cast<std::int32_t>(e * capacity); }
 };
 
+//! Row `r` of expert e's block moves to the same place in the block of expert `label[e]`
+//! (`relabel_permute_plan`): rows keep their order within a block, as a stable sort would.
+struct move_expert_blocks {
+  std::int32_t const* old_offsets;   //!< `[E + 1]`
+  std::int32_t const* new_offsets;   //!< `[E + 1]`, by new expert id
+  std::int32_t const* label;         //!< `[E]`
+  std::int32_t num_experts;
+  std::int32_t top_k;
+  std::int32_t const* old_token_of;  //!< `[rows]`
+  std::int32_t const* old_slot_of;
+  std::int32_t* token_of;
+  std::int32_t* slot_of;
+  std::int32_t* row_of;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    std::int32_t lo = 0, hi = num_experts;  // the expert whose block holds r: the last e with offsets[e] <= r
+    while (hi - lo > 1) {
+      std::int32_t const mid = lo + (hi - lo) / 2;
+      if (old_offsets[mid] <= r) lo = mid; else hi = mid;
+    }
+    std::int64_t const moved = new_offsets[label[lo]] + (r - old_offsets[lo]);
+    token_of[moved] = old_token_of[r];
+    slot_of[moved] = old_slot_of[r];
+    if (old_token_of[r] >= 0) row_of[std::int64_t{old_token_of[r]} * top_k + old_slot_of[r]] = static_cast<std::int32_t>(moved);
+  }
+};
+
 //! True for a slot whose id is neither a valid expert nor -1.
 struct out_of_range_slot {
   std::int32_t const* idx;
@@ -139,6 +165,8 @@ class permute_plan {
   [[nodiscard]] routing_view const& routing() const { return routing_; }
 
  private:
+  template <class B>
+  friend void relabel_permute_plan(B const&, permute_plan<B>&, routing_view const&, std::int32_t const*, workspace<B>&);
   template <class B>
   friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
                                  routing_checks const&, std::int64_t);
@@ -228,6 +256,48 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
   plan.padded_capacity_ = padded_capacity;
   plan.num_invalid_slots_ = invalid;
   plan.num_rows_ = num_rows;
+}
+
+//! `plan` becomes the plan of `relabeled`, the same routing with expert e renamed `label[e]` (a
+//! permutation of `[0, E)`), without sorting again: each expert's block of rows moves, in order, to
+//! its new expert's place (padded plans keep their capacity). Equal to `build_permute_plan` on
+//! `relabeled` with the same padding, array for array; the routing checks already ran on the
+//! original. Blocks until done.
+//! @param label `[E]` in host memory (not in `scratch`).
+template <class Backend>
+void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled,
+                          std::int32_t const* label, workspace<Backend>& scratch) {
+  std::int32_t const experts = plan.num_experts_;
+  std::int64_t const rows = plan.num_rows_;
+  std::int32_t* const offsets = scratch.template host<std::int32_t>(3 * (std::int64_t{experts} + 1));
+  std::int32_t* const moved_offsets = offsets + experts + 1;
+  std::int32_t* const expert_named = moved_offsets + experts + 1;  // [E]: the old expert that takes new id j
+  be.copy(offsets, plan.expert_offsets_.data(), experts + 1);
+  be.synchronize();
+  for (std::int32_t e = 0; e < experts; ++e) expert_named[label[e]] = e;
+  std::int32_t next = 0;  // the new blocks in new-id order, each as long as its old one
+  for (std::int32_t j = 0; j < experts; ++j) {
+    std::int32_t const e = expert_named[j];
+    std::int32_t const length = offsets[e + 1] - offsets[e];
+    moved_offsets[j] = next;
+    next += length;
+  }
+  moved_offsets[experts] = next;
+  // Device scratch: the old row maps, both offset tables and the label.
+  std::int32_t* const old_maps = scratch.template get<std::int32_t>(be, 2 * rows + 3 * (std::int64_t{experts} + 1));
+  std::int32_t* const old_slot_of = old_maps + rows;
+  std::int32_t* const device_offsets = old_slot_of + rows;
+  std::int32_t* const device_label = device_offsets + 2 * (experts + 1);
+  be.copy(old_maps, plan.token_of_.data(), rows);
+  be.copy(old_slot_of, plan.slot_of_.data(), rows);
+  be.copy(device_offsets, offsets, 2 * (std::int64_t{experts} + 1));
+  be.copy(device_label, label, experts);
+  be.for_each_index(rows, detail::move_expert_blocks{device_offsets, device_offsets + experts + 1, device_label, experts,
+                                                     relabeled.top_k, old_maps, old_slot_of, plan.token_of_.data(),
+                                                     plan.slot_of_.data(), plan.row_of_.data()});
+  be.copy(plan.expert_offsets_.data(), device_offsets + experts + 1, experts + 1);
+  be.synchronize();
+  plan.routing_ = relabeled;
 }
 
 //! `build_permute_plan` into a new plan, with scratch of its own: for a one-off routing. A loop
