@@ -38,10 +38,13 @@ template <class Comm>
 
 //! Every rank of `world` passes the same `values` (named by `names`), or every rank throws
 //! `error(invalid_usage)` from `op`, naming two ranks and their values. Collective over `world`.
+//! `all` receives the gathered values: the caller keeps it, so a steady state allocates nothing (a
+//! thread_local would be shared by simulated ranks, which run on one thread and yield inside the
+//! all-gather).
 template <class Comm, std::size_t N>
-void agree_across_world(Comm& world, char const* op, char const* const (&names)[N], std::int64_t const (&values)[N]) {
+void agree_across_world(Comm& world, char const* op, char const* const (&names)[N], std::int64_t const (&values)[N],
+                        std::vector<std::int64_t>& all) {
   if (!checks_collectives(world)) return;
-  thread_local std::vector<std::int64_t> all;  // capacity kept: every all-to-all runs this
   all.resize(N * static_cast<std::size_t>(world.size()));
   world.allgather(values, all.data(), static_cast<std::int64_t>(sizeof(values)));
   auto const describe = [&](int r) {

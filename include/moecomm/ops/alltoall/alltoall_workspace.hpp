@@ -18,6 +18,7 @@ template <class Backend>
 struct alltoall_workspace : message_lists {  //!< the lists: one round's messages
   workspace<Backend> staging;        //!< hierarchical_2d's staged blocks
   std::vector<std::int64_t> offsets;  //!< hierarchical_2d's segment offsets
+  std::vector<std::int64_t> agreement;  //!< hierarchical_2d's all-gathered layout check
 };
 
 MOECOMM_NAMESPACE_END

@@ -32,7 +32,7 @@ struct hierarchical_2d {
            alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
     topology const& topo = groups.topo();
     std::int32_t const nodes = topo.num_nodes(), locals = topo.ranks_per_node();
-    agree_on_layout(groups, m);
+    agree_on_layout(groups, m, scratch.agreement);
     if (nodes == 1 || locals == 1) return flat{}.run(be, groups, m, send, recv, stats, scratch);
     std::int32_t const me = groups.world().rank();
     std::int32_t const my_node = topo.node_of(me), my_local = topo.local_of(me);
@@ -143,7 +143,7 @@ struct hierarchical_2d {
   //! Ranks that disagree on the topology or the byte matrix would wait in different sub-groups until
   //! the timeout: in the checked mode they all throw `invalid_usage` at once instead.
   template <class Comm>
-  static void agree_on_layout(exchange_groups<Comm>& groups, byte_matrix const& m) {
+  static void agree_on_layout(exchange_groups<Comm>& groups, byte_matrix const& m, std::vector<std::int64_t>& gathered) {
     topology const& topo = groups.topo();
     std::uint64_t hash = 14695981039346656037ull;  // FNV-1a over the node map and the matrix
     auto const mix = [&](std::int64_t v) { hash = (hash ^ static_cast<std::uint64_t>(v)) * 1099511628211ull; };
@@ -152,7 +152,7 @@ struct hierarchical_2d {
       for (std::int32_t j = 0; j < m.ranks(); ++j) mix(m.bytes(i, j));
     char const* const names[] = {"nodes", "ranks per node", "hash of node map and byte matrix"};
     std::int64_t const values[] = {topo.num_nodes(), topo.ranks_per_node(), static_cast<std::int64_t>(hash)};
-    detail::agree_across_world(groups.world(), name, names, values);
+    detail::agree_across_world(groups.world(), name, names, values, gathered);
   }
 };
 
