@@ -3,6 +3,7 @@
 // payloads, poisoned receive buffers), sub-groups work, bad calls throw on every rank as
 // in-process, and the simulated time of an all-to-all is the alpha-beta figure of the platform.
 
+#include "../comm/row_collectives_cases.hpp"
 #include "../support/test_support.hpp"
 #include "sim_support.hpp"
 
@@ -121,6 +122,18 @@ TEST_CASE("simulated comm: a flat all-to-all takes the alpha-beta time of the pl
   });
   CAPTURE(alpha_beta);
   CHECK(seconds == doctest::Approx(alpha_beta).epsilon(0.05));
+}
+
+TEST_CASE("simulated comm: row collectives and parallel groups behave as in-process") {
+  moecomm::simgrid_world rows = sim_world(3, 3);
+  rows.run([&](moecomm::simgrid_communicator comm) {
+    check_row_collectives_on_rank<float>(moecomm::simulated_backend<>{}, comm);
+    check_row_collectives_on_rank<__nv_bfloat16>(moecomm::simulated_backend<>{}, comm);
+  });
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{2, 2, 2}}) {
+    moecomm::simgrid_world groups = sim_world(8, 4);
+    groups.run([&](moecomm::simgrid_communicator comm) { check_parallel_groups_on_rank(comm, sizes); });
+  }
 }
 
 }  // namespace test

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! Row collectives over a group (Parm's MP split, MP/ESP all-gather and ESP reduce-scatter): a
+//! matrix of `rows x hidden` is cut into one contiguous slice per group rank (`row_slice`: the first
+//! `rows % n` slices one row longer), and
+//! - `row_slice` is the MP split: this rank's slice of rows every rank holds (no traffic);
+//! - `row_allgather`: every rank's slice to every rank, into the whole matrix;
+//! - `ordered_reduce_scatter`: slice r of the element-wise sum of every rank's matrix to rank r,
+//!   added left to right in ascending rank (fp32 for 16-bit rows), so the bits are the same on
+//!   every transport.
+//! Both move their rows by the communicator's `exchange` (grouped send/receive: `n − 1` messages out
+//! and in per rank), with message lists and staging kept in the caller's `workspace`.
+
+#include <moecomm/comm/communicator.hpp>
+#include <moecomm/config.hpp>
+#include <moecomm/core/dtype.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
+#include <moecomm/core/workspace.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! Rows `[begin, begin + count)` of a matrix cut into `parts` contiguous slices.
+struct row_range {
+  std::int64_t begin = 0;
+  std::int64_t count = 0;
+};
+
+//! Slice `part` of `rows` rows cut into `parts` slices, the first `rows % parts` one row longer.
+[[nodiscard]] inline row_range row_slice(std::int64_t rows, std::int32_t parts, std::int32_t part) {
+  detail::require(rows >= 0, "row_slice", "rows = ", rows, " must be >= 0");
+  detail::require(parts >= 1 && part >= 0 && part < parts, "row_slice", "part = ", part, " is not in [0, ", parts, ")");
+  std::int64_t const base = rows / parts, longer = rows % parts;
+  return {part * base + (part < longer ? part : longer), base + (part < longer ? 1 : 0)};
+}
+
+//! `matrix`'s slice for group rank `part` of `parts`, as a view (the MP split: no traffic).
+template <class T>
+[[nodiscard]] matrix_view<T> row_slice(matrix_view<T> matrix, std::int32_t parts, std::int32_t part) {
+  row_range const s = row_slice(matrix.rows, parts, part);
+  return {matrix.data + s.begin * matrix.hidden, s.count, matrix.hidden};
+}
+
+namespace detail {
+
+//! `out[i]` = the sum over ranks of `staged[r][i]`, left to right in ascending rank, in fp32 for
+//! 16-bit rows (float and double in their own type).
+template <class T>
+struct sum_staged_in_rank_order {
+  T const* staged;  //!< `[ranks][n]`
+  std::int64_t n;
+  std::int32_t ranks;
+  T* out;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      T acc = staged[i];
+      for (std::int32_t r = 1; r < ranks; ++r) acc = acc + staged[r * n + i];
+      out[i] = acc;
+    } else {
+      float acc = dtype_traits<T>::to_float(staged[i]);
+      for (std::int32_t r = 1; r < ranks; ++r) acc = acc + dtype_traits<T>::to_float(staged[r * n + i]);
+      out[i] = dtype_traits<T>::from_float(acc);
+    }
+  }
+};
+
+}  // namespace detail
+
+//! `all` (every rank's `rows x hidden`, the same shape on every rank) receives, in slice r, group
+//! rank r's `mine` (`row_slice(all.rows, size, r)` rows). Collective over `comm`.
+//! @throws error (invalid_argument) naming `mine` or `all`, before any message; (invalid_usage) from
+//!         the communicator when ranks disagree on the shape.
+template <class Backend, class Comm, class T>
+void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, matrix_view<T> all, workspace<Backend>& scratch) {
+  char const* op = "row_allgather";
+  std::int32_t const n = comm.size(), me = comm.rank();
+  detail::require(all.rows >= 0, op, "argument 'all' has rows = ", all.rows);
+  detail::check_rows(all, all.rows, op, "all", "all.rows");
+  row_range const own = row_slice(all.rows, n, me);
+  detail::require(mine.hidden == all.hidden, op, "argument 'mine' has hidden = ", mine.hidden, ", 'all' has ", all.hidden);
+  detail::check_rows(mine, own.count, op, "mine", "this rank's slice of all.rows");
+  auto const row_bytes = all.hidden * static_cast<std::int64_t>(sizeof(T));
+  [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::rows);
+  be.copy(all.data + own.begin * all.hidden, mine.data, own.count * all.hidden);
+  be.synchronize();
+  message_lists& lists = scratch.messages();
+  lists.clear_messages();
+  for (std::int32_t r = 0; r < n; ++r) {
+    if (r == me) continue;
+    row_range const theirs = row_slice(all.rows, n, r);
+    lists.sends.push_back({r, mine.data, own.count * row_bytes});
+    lists.recvs.push_back({r, all.data + theirs.begin * all.hidden, theirs.count * row_bytes});
+  }
+  comm.exchange(lists.sends, lists.recvs);
+}
+
+//! `out` (`row_slice(in.rows, size, rank)` rows) = this rank's slice of the sum of every rank's `in`,
+//! added left to right in ascending rank: bitwise the same on every transport. Collective over `comm`.
+//! @param scratch holds the staged slices (`size x` this rank's slice) and the message lists.
+//! @throws error (invalid_argument) naming `in` or `out`, before any message; (invalid_usage) from
+//!         the communicator when ranks disagree on the shape.
+template <class Backend, class Comm, class T>
+void ordered_reduce_scatter(Backend const& be, Comm& comm, matrix_view<T const> in, matrix_view<T> out,
+                            workspace<Backend>& scratch) {
+  char const* op = "ordered_reduce_scatter";
+  std::int32_t const n = comm.size(), me = comm.rank();
+  detail::require(in.rows >= 0, op, "argument 'in' has rows = ", in.rows);
+  detail::check_rows(in, in.rows, op, "in", "in.rows");
+  row_range const own = row_slice(in.rows, n, me);
+  detail::require(out.hidden == in.hidden, op, "argument 'out' has hidden = ", out.hidden, ", 'in' has ", in.hidden);
+  detail::check_rows(out, own.count, op, "out", "this rank's slice of in.rows");
+  std::int64_t const elements = own.count * in.hidden;
+  auto const row_bytes = in.hidden * static_cast<std::int64_t>(sizeof(T));
+  T* const staged = scratch.template get<T>(be, elements * n);  // [rank][slice]
+  [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::rows);
+  be.copy(staged + me * elements, in.data + own.begin * in.hidden, elements);
+  be.synchronize();
+  message_lists& lists = scratch.messages();
+  lists.clear_messages();
+  for (std::int32_t r = 0; r < n; ++r) {
+    if (r == me) continue;
+    row_range const theirs = row_slice(in.rows, n, r);
+    lists.sends.push_back({r, in.data + theirs.begin * in.hidden, theirs.count * row_bytes});
+    lists.recvs.push_back({r, staged + r * elements, own.count * row_bytes});
+  }
+  comm.exchange(lists.sends, lists.recvs);
+  be.for_each_index(elements, detail::sum_staged_in_rank_order<T>{staged, elements, n, out.data});
+  be.synchronize();
+}
+
+MOECOMM_NAMESPACE_END
