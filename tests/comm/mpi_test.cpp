@@ -11,6 +11,7 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../support/test_support.hpp"
+#include "row_collectives_cases.hpp"
 #include "ordered_values.hpp"
 
 #include <moecomm/comm/mpi.hpp>
@@ -169,6 +170,15 @@ TEST_CASE("mpi exchange cuts messages into 7-byte chunks and skips absent pairs"
   unchecked.exchange(sends, recvs);
   for (int peer = 0; peer < ranks; ++peer)
     for (std::int64_t k = 0; k < bytes(peer, me); ++k) REQUIRE(in[peer][static_cast<std::size_t>(k)] == byte_at(peer, me, k));
+}
+
+TEST_CASE("mpi row collectives and parallel groups equal the in-process ones") {
+  mpi_communicator comm(test_comm, options());
+  MOECOMM_REQUIRE_FOUR_RANKS(comm);
+  check_row_collectives_on_rank<float>(moecomm::host_backend{}, comm);
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 2, 2}, moecomm::parallel_sizes{2, 2, 1},
+                                              moecomm::parallel_sizes{1, 4, 1}, moecomm::parallel_sizes{4, 1, 4}})
+    check_parallel_groups_on_rank(comm, sizes);
 }
 
 TEST_CASE("mpi split makes intra-node and inter-node groups of a 2 x 2 world") {
