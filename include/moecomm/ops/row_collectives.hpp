@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 MOECOMM_NAMESPACE_BEGIN
 
@@ -70,6 +71,36 @@ struct sum_staged_in_rank_order {
   }
 };
 
+//! Checks a whole matrix and this rank's slice view of it (same hidden, enough rows, memory behind
+//! them) before any message; returns the slice's rows.
+template <class Whole, class Slice>
+row_range check_sliced(char const* op, Whole const& whole, char const* whole_name, Slice const& slice,
+                       char const* slice_name, std::int32_t n, std::int32_t me) {
+  require(whole.rows >= 0, op, "argument '", whole_name, "' has rows = ", whole.rows);
+  check_rows(whole, whole.rows, op, whole_name, "its own rows");
+  row_range const own = row_slice(whole.rows, n, me);
+  require(slice.hidden == whole.hidden, op, "argument '", slice_name, "' has hidden = ", slice.hidden, ", '", whole_name,
+          "' has ", whole.hidden);
+  check_rows(slice, own.count, op, slice_name, "this rank's slice of the rows");
+  return own;
+}
+
+//! One grouped exchange with every other rank: `send_to(r)` and `receive_from(r)` give the block
+//! to and from rank r as (pointer, rows) of `row_bytes` each.
+template <class Comm, class SendTo, class ReceiveFrom>
+void exchange_with_every_rank(Comm& comm, message_lists& lists, std::int64_t row_bytes, SendTo&& send_to,
+                              ReceiveFrom&& receive_from) {
+  lists.clear_messages();
+  for (std::int32_t r = 0; r < comm.size(); ++r) {
+    if (r == comm.rank()) continue;
+    auto const out = send_to(r);
+    auto const in = receive_from(r);
+    lists.sends.push_back({r, out.first, out.second * row_bytes});
+    lists.recvs.push_back({r, in.first, in.second * row_bytes});
+  }
+  comm.exchange(lists.sends, lists.recvs);
+}
+
 }  // namespace detail
 
 //! `all` (every rank's `rows x hidden`, the same shape on every rank) receives, in slice r, group
@@ -78,26 +109,18 @@ struct sum_staged_in_rank_order {
 //!         the communicator when ranks disagree on the shape.
 template <class Backend, class Comm, class T>
 void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, matrix_view<T> all, workspace<Backend>& scratch) {
-  char const* op = "row_allgather";
   std::int32_t const n = comm.size(), me = comm.rank();
-  detail::require(all.rows >= 0, op, "argument 'all' has rows = ", all.rows);
-  detail::check_rows(all, all.rows, op, "all", "all.rows");
-  row_range const own = row_slice(all.rows, n, me);
-  detail::require(mine.hidden == all.hidden, op, "argument 'mine' has hidden = ", mine.hidden, ", 'all' has ", all.hidden);
-  detail::check_rows(mine, own.count, op, "mine", "this rank's slice of all.rows");
-  auto const row_bytes = all.hidden * static_cast<std::int64_t>(sizeof(T));
+  row_range const own = detail::check_sliced("row_allgather", all, "all", mine, "mine", n, me);
   [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::rows);
   be.copy(all.data + own.begin * all.hidden, mine.data, own.count * all.hidden);
   be.synchronize();
-  message_lists& lists = scratch.messages();
-  lists.clear_messages();
-  for (std::int32_t r = 0; r < n; ++r) {
-    if (r == me) continue;
-    row_range const theirs = row_slice(all.rows, n, r);
-    lists.sends.push_back({r, mine.data, own.count * row_bytes});
-    lists.recvs.push_back({r, all.data + theirs.begin * all.hidden, theirs.count * row_bytes});
-  }
-  comm.exchange(lists.sends, lists.recvs);
+  detail::exchange_with_every_rank(
+      comm, scratch.messages(), all.hidden * static_cast<std::int64_t>(sizeof(T)),
+      [&](std::int32_t) { return std::make_pair(static_cast<void const*>(mine.data), own.count); },
+      [&](std::int32_t r) {
+        row_range const theirs = row_slice(all.rows, n, r);
+        return std::make_pair(static_cast<void*>(all.data + theirs.begin * all.hidden), theirs.count);
+      });
 }
 
 //! `out` (`row_slice(in.rows, size, rank)` rows) = this rank's slice of the sum of every rank's `in`,
@@ -108,28 +131,20 @@ void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, mat
 template <class Backend, class Comm, class T>
 void ordered_reduce_scatter(Backend const& be, Comm& comm, matrix_view<T const> in, matrix_view<T> out,
                             workspace<Backend>& scratch) {
-  char const* op = "ordered_reduce_scatter";
   std::int32_t const n = comm.size(), me = comm.rank();
-  detail::require(in.rows >= 0, op, "argument 'in' has rows = ", in.rows);
-  detail::check_rows(in, in.rows, op, "in", "in.rows");
-  row_range const own = row_slice(in.rows, n, me);
-  detail::require(out.hidden == in.hidden, op, "argument 'out' has hidden = ", out.hidden, ", 'in' has ", in.hidden);
-  detail::check_rows(out, own.count, op, "out", "this rank's slice of in.rows");
+  row_range const own = detail::check_sliced("ordered_reduce_scatter", in, "in", out, "out", n, me);
   std::int64_t const elements = own.count * in.hidden;
-  auto const row_bytes = in.hidden * static_cast<std::int64_t>(sizeof(T));
   T* const staged = scratch.template get<T>(be, elements * n);  // [rank][slice]
   [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::rows);
   be.copy(staged + me * elements, in.data + own.begin * in.hidden, elements);
   be.synchronize();
-  message_lists& lists = scratch.messages();
-  lists.clear_messages();
-  for (std::int32_t r = 0; r < n; ++r) {
-    if (r == me) continue;
-    row_range const theirs = row_slice(in.rows, n, r);
-    lists.sends.push_back({r, in.data + theirs.begin * in.hidden, theirs.count * row_bytes});
-    lists.recvs.push_back({r, staged + r * elements, own.count * row_bytes});
-  }
-  comm.exchange(lists.sends, lists.recvs);
+  detail::exchange_with_every_rank(
+      comm, scratch.messages(), in.hidden * static_cast<std::int64_t>(sizeof(T)),
+      [&](std::int32_t r) {
+        row_range const theirs = row_slice(in.rows, n, r);
+        return std::make_pair(static_cast<void const*>(in.data + theirs.begin * in.hidden), theirs.count);
+      },
+      [&](std::int32_t r) { return std::make_pair(static_cast<void*>(staged + r * elements), own.count); });
   be.for_each_index(elements, detail::sum_staged_in_rank_order<T>{staged, elements, n, out.data});
   be.synchronize();
 }
