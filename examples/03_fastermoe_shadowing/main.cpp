@@ -176,7 +176,7 @@ double forward_flops_per_row(int64_t hidden, int32_t alpha) {
 // ---- calibration: the cost model's machine constants, measured ----------------------------------
 
 //! The time of one thread running an expert's forward, fitted over 3 row counts up to ~50 MFLOP.
-moecomm::compute_calibration measure_expert_rate(int64_t hidden, int32_t alpha) {
+moecomm::compute_calibration measure_expert_rate(int64_t hidden, int32_t alpha, int repeats) {
   double const flops_per_row = forward_flops_per_row(hidden, alpha);
   int64_t const rows = std::max<int64_t>(16, static_cast<int64_t>(5e7 / flops_per_row));
   mlp_experts experts;
@@ -187,18 +187,18 @@ moecomm::compute_calibration measure_expert_rate(int64_t hidden, int32_t alpha) 
   auto const forward = [&](int64_t n) {
     experts.forward(experts.parameters(0), {in.data(), n, hidden}, {out.data(), n, hidden});
   };
-  return moecomm::measure_compute_rate(forward, flops_per_row, {{rows / 16, rows / 4, rows}, 5});
+  return moecomm::measure_compute_rate(forward, flops_per_row, {{rows / 16, rows / 4, rows}, repeats});
 }
 
 //! Both link classes of R in-process ranks as N nodes: ring exchanges of 16 KiB to 4 MiB, every
 //! rank at once, agreed across ranks (the same on every rank; rank 0's is returned).
-moecomm::link_calibration measure_rank_links(options const& o, int32_t per_node) {
+moecomm::link_calibration measure_rank_links(options const& o, int32_t per_node, int repeats) {
   moecomm::link_calibration links;
   moecomm::inproc_world const world(o.ranks, std::chrono::seconds(o.timeout));
   moecomm::topology const topo(o.ranks, per_node);
   world.run([&](inproc_communicator comm) {
     moecomm::exchange_groups<inproc_communicator> groups(comm, topo);
-    auto const mine = moecomm::measure_links(moecomm::host_backend{}, groups, {{16 << 10, 256 << 10, 4 << 20}, 5});
+    auto const mine = moecomm::measure_links(moecomm::host_backend{}, groups, {{16 << 10, 256 << 10, 4 << 20}, repeats});
     if (comm.rank() == 0) links = mine;
   });
   return links;
@@ -626,9 +626,22 @@ int run(options const& o) {
   moecomm::fastermoe_cost_params base;
   base.alpha = o.alpha;
   base.hidden = o.hidden;
-  moecomm::compute_calibration const compute = measure_expert_rate(o.hidden, o.alpha);
-  moecomm::link_calibration const links = measure_rank_links(o, G);
-  moecomm::fastermoe_cost_params const model = moecomm::to_fastermoe_cost_params(compute, links, base);
+  // Timings on a busy machine can come out as no line at all (a larger size measured faster than a
+  // smaller one, which to_fastermoe_cost_params refuses): measure again with more repeats (medians).
+  moecomm::compute_calibration compute;
+  moecomm::link_calibration links;
+  moecomm::fastermoe_cost_params model;
+  for (int repeats = 5;; repeats *= 2) {
+    compute = measure_expert_rate(o.hidden, o.alpha, repeats);
+    links = measure_rank_links(o, G, repeats);
+    try {
+      model = moecomm::to_fastermoe_cost_params(compute, links, base);
+      break;
+    } catch (moecomm::error const& e) {
+      if (repeats >= 40) throw;
+      std::printf("   calibration with %d repeats was too noisy (%s); measuring again\n", repeats, e.what());
+    }
+  }
   moecomm::fastermoe_cost_model const m(model);
   print_calibration(compute, links, model);
   std::printf(
