@@ -94,6 +94,25 @@ TEST_CASE("simulated comm: bad calls throw on every simulated rank, naming the o
   }), doctest::Contains("world rank 0 threw an exception not derived from std::exception"), moecomm::error);
 }
 
+TEST_CASE("simulated comm: ranks that wait in different groups, or outside any collective, end with errors") {
+  // Different sub-groups: each waits for a rank that waits elsewhere; the simulated timeout (10 s of
+  // simulated time, no wall time) ends them, naming the ranks.
+  std::vector<simgrid::s4u::Host*> hosts;
+  moecomm::simgrid_world probe = sim_world(4, 4);
+  for (int r = 0; r < 4; ++r) hosts.push_back(probe.host(r));
+  moecomm::simgrid_world crossed(hosts, 10.0);
+  CHECK_THROWS_WITH_AS(crossed.run([&](moecomm::simgrid_communicator comm) {
+    moecomm::simgrid_communicator half = comm.split(comm.rank() % 2, comm.rank());
+    if (comm.rank() < 2) half.barrier(); else comm.barrier();
+  }), doctest::Contains("timed out after 10 simulated seconds"), moecomm::error);
+  // Blocked outside the library (a receive nobody sends): SimGrid finds the deadlock and run says where.
+  moecomm::simgrid_world stuck = sim_world(2, 2);
+  CHECK_THROWS_WITH_AS(stuck.run([&](moecomm::simgrid_communicator comm) {
+    if (comm.rank() == 0) (void)simgrid::s4u::Mailbox::by_name("nobody sends here")->get<int>();
+  }), doctest::Contains("the simulation deadlocked (no rank could go on): world rank 0 waits in something outside a collective"),
+  moecomm::error);
+}
+
 TEST_CASE("simulated comm: a flat all-to-all takes the alpha-beta time of the platform's links, within 5 %") {
   // 8 ranks, 2 nodes x 4; each rank sends b bytes to every other rank at once. The bottleneck is
   // each node's NIC: 4 ranks x 4 remote peers x b bytes leave a node through one 12.5 GB/s link;

@@ -41,6 +41,7 @@
 #include <moecomm/simulation/platform.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
+#include <simgrid/Exception.hpp>
 #include <simgrid/s4u/Actor.hpp>
 #include <simgrid/s4u/Comm.hpp>
 #include <simgrid/s4u/ConditionVariable.hpp>
@@ -500,7 +501,9 @@ class simgrid_world {
     for (int r = 0; r < size(); ++r) {
       simgrid::s4u::Actor::create(detail::concat("rank ", r), host(r), [&, r] {
         detail::rank_of_actors()[simgrid::s4u::this_actor::get_pid()] = r;
-        std::string failed = first.run("simgrid_world", r, [&] { per_rank(communicator(r)); });
+        // A rank SimGrid kills (its deadlock handling) must unwind: the kill passes through.
+        std::string failed =
+            first.template run<simgrid::ForcefulKillException>("simgrid_world", r, [&] { per_rank(communicator(r)); });
         if (!failed.empty()) state_->abort(std::move(failed));
         finished[static_cast<std::size_t>(r)] = 1;
         state_->returned[static_cast<std::size_t>(r)] = 1;

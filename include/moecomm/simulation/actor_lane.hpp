@@ -9,6 +9,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
+#include <simgrid/Exception.hpp>
 #include <simgrid/s4u/Actor.hpp>
 #include <simgrid/s4u/ConditionVariable.hpp>
 #include <simgrid/s4u/Mutex.hpp>
@@ -70,6 +71,8 @@ class actor_lane {
       if (cancelled_) break;
       try {
         run_(job_, unit);
+      } catch (simgrid::ForcefulKillException const&) {
+        throw;  // SimGrid kills a deadlocked simulation's actors: none may survive it
       } catch (...) {
         failure_ = std::current_exception();
       }

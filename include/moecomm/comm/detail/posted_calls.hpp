@@ -74,16 +74,22 @@ void reduce_posted_sends(std::vector<posted_call> const& calls, T* result, std::
   }
 }
 
+//! No exception passes through `first_failure::run` unfiled.
+struct nothing_passes_through {};
+
 //! The failure a world's `run` rethrows: the first one filed, but a cause wins over an `aborted`
 //! consequence. Ranks on threads may file at once.
 class first_failure {
  public:
-  //! Runs `body()`; on a throw, files it and returns "world rank r failed: ..." (else "").
-  template <class Body>
+  //! Runs `body()`; on a throw, files it and returns "world rank r failed: ..." (else ""). A
+  //! `PassThrough` is rethrown unfiled (SimGrid's actor kill, which no actor may survive).
+  template <class PassThrough = nothing_passes_through, class Body>
   std::string run(char const* world, int rank, Body&& body) {
     try {
       body();
       return {};
+    } catch (PassThrough const&) {
+      throw;
     } catch (error const& e) {
       file(std::current_exception(), e.code() != status::aborted);
       return concat("world rank ", rank, " failed: ", e.what());
