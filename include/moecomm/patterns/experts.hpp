@@ -20,6 +20,18 @@
 //! Rows are independent: an expert's output row depends only on its input row, so the layer may
 //! hand an expert its rows in several calls.
 //!
+//! 3. Sliced experts, for expert-slicing parallelism (ESP: Parm, DeepSpeed-MoE with tensor-sliced
+//!    experts): parametric experts of which this rank holds slice `slice()` of `slices()` of every
+//!    local expert (an MLP cut along its inner dimension: columns of the first GEMM, rows of the
+//!    second). Their `forward` writes this slice's *partial* output and `backward` its partial input
+//!    gradient; the sum over the slices, in ascending slice order, is the expert's (a bias after the
+//!    second GEMM belongs to slice 0). Parameters and gradients are the slice's. Two more members:
+//!
+//! | member | meaning |
+//! |---|---|
+//! | `std::int32_t slices() const` | N_ESP, the number of slices (1: unsliced) |
+//! | `std::int32_t slice() const` | this rank's slice, in `[0, slices())` |
+//!
 //! Either kind may also declare `double flops(std::int64_t rows) const`: the FLOPs of one expert's
 //! forward over `rows` rows (an MLP: 2 · rows · H · F per GEMM). A simulated back-end charges them
 //! to the device (the backward as twice the forward: the input and the weight gradients); other
@@ -85,6 +97,17 @@ template <class Experts>
 inline constexpr bool is_parametric_experts_v = has_member_v<parameter_count_member, std::remove_reference_t<Experts>> ||
                                                 has_member_v<parameters_member, std::remove_reference_t<Experts>> ||
                                                 has_member_v<gradients_member, std::remove_reference_t<Experts>>;
+
+template <class E>
+using slices_member = decltype(std::declval<E const&>().slices());
+template <class E>
+using slice_member = decltype(std::declval<E const&>().slice());
+
+//! Parametric experts that hold a slice of each expert (see the file comment).
+template <class Experts>
+inline constexpr bool is_sliced_experts_v = is_parametric_experts_v<Experts> &&
+                                            std::is_same_v<member_t<slices_member, std::remove_reference_t<Experts>>, std::int32_t> &&
+                                            std::is_same_v<member_t<slice_member, std::remove_reference_t<Experts>>, std::int32_t>;
 
 //! The element type of parametric experts' parameters.
 template <class Experts>
