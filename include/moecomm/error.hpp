@@ -56,6 +56,10 @@ class error : public std::runtime_error {
 
 namespace detail {
 
+//! The default of the catch-all wrappers that let one exception type pass through unrecorded
+//! (a rank's or a lane's body; SimGrid's actor kill under simulation): nothing passes.
+struct nothing_passes_through {};
+
 //! Concatenates its arguments with `operator<<`.
 template <class... Parts>
 [[nodiscard]] std::string concat(Parts&&... parts) {

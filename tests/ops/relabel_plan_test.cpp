@@ -46,7 +46,7 @@ TEST_CASE("relabel_permute_plan equals a plan built from scratch on the relabele
           moecomm::workspace<moecomm::host_backend> scratch;
           moecomm::permute_plan<moecomm::host_backend> moved;
           moecomm::build_permute_plan(be, routing, experts, moved, scratch, {}, capacity);
-          moecomm::relabel_permute_plan(be, moved, relabeled, label.data(), scratch);
+          moecomm::relabel_permute_plan(be, moved, relabeled, moecomm::array_view<std::int32_t const>(label), scratch);
           auto const fresh = moecomm::make_permute_plan(be, relabeled, experts, {}, capacity);
 
           REQUIRE(moved.num_rows() == fresh.num_rows());
@@ -56,6 +56,24 @@ TEST_CASE("relabel_permute_plan equals a plan built from scratch on the relabele
           CHECK(copied(moved.token_of(), moved.num_rows()) == copied(fresh.token_of(), fresh.num_rows()));
           CHECK(copied(moved.slot_of(), moved.num_rows()) == copied(fresh.slot_of(), fresh.num_rows()));
         }
+}
+
+TEST_CASE("relabel_permute_plan names a label that is not a permutation, and leaves the plan as it was") {
+  moecomm::host_backend const be;
+  auto const r = make_routing({40, 2, 4, 0.0, false, 0.0, 3});
+  moecomm::routing_view const routing{r.idx.data(), r.w.data(), 40, 2};
+  moecomm::workspace<moecomm::host_backend> scratch;
+  moecomm::permute_plan<moecomm::host_backend> plan;
+  moecomm::build_permute_plan(be, routing, 4, plan, scratch);
+  std::vector<std::int32_t> const before = copied(plan.row_of(), 80);
+  std::vector<std::int32_t> const twice{0, 1, 1, 3}, out_of_range{0, 1, 2, 4}, short_label{0, 1, 2};
+  check_error([&] { moecomm::relabel_permute_plan(be, plan, routing, moecomm::array_view<std::int32_t const>(twice), scratch); },
+              moecomm::status::invalid_argument, {"relabel_permute_plan", "label[2] = 1 is given to two experts"});
+  check_error([&] { moecomm::relabel_permute_plan(be, plan, routing, moecomm::array_view<std::int32_t const>(out_of_range), scratch); },
+              moecomm::status::invalid_argument, {"label[3] = 4 is not an expert id"});
+  check_error([&] { moecomm::relabel_permute_plan(be, plan, routing, moecomm::array_view<std::int32_t const>(short_label), scratch); },
+              moecomm::status::invalid_argument, {"argument 'label' has 3 elements; needs at least 4"});
+  CHECK(copied(plan.row_of(), 80) == before);
 }
 
 }  // namespace test

@@ -97,7 +97,16 @@ struct simgrid_state {
   int next_group_id = world_group_id;
   std::map<std::tuple<int, int, int>, std::shared_ptr<simgrid_group>> splits;  //!< (parent, split #, color)
   std::vector<std::shared_ptr<simgrid_group>> groups;                           //!< to wake them all on abort
-  std::vector<std::string> waiting_in;  //!< per world rank: the collective it waits in, or ""
+  //! Where a world rank waits: a collective of a group (described only when a deadlock is reported).
+  struct wait_site {
+    char const* op = nullptr;  //!< null: not in a collective
+    simgrid_group const* group = nullptr;
+    [[nodiscard]] std::string describe() const {
+      if (op == nullptr) return "something outside a collective";
+      return concat(op, " on ", group->id == world_group_id ? std::string("the world") : describe_group(group->id, group->members));
+    }
+  };
+  std::vector<wait_site> waiting_in;  //!< per world rank
   std::vector<char> returned;           //!< per world rank: its function in `run` returned
 
   std::shared_ptr<simgrid_group> make_group(std::vector<int> members) {
@@ -122,12 +131,20 @@ struct simgrid_state {
     for (auto const& g : groups) g->wake->notify_all();
   }
 
-  //! The world ranks of `g` that returned from `run` without arriving for `phase`.
+  //! The world ranks of `g` that returned from `run` without arriving for `phase` (on a failure only).
   [[nodiscard]] std::vector<int> returned_from(simgrid_group const& g, std::uint64_t phase) const {
     std::vector<int> gone;
     for (std::size_t r = 0; r < g.members.size(); ++r)
       if (returned[static_cast<std::size_t>(g.members[r])] && g.arrived_for[r] != phase + 1) gone.push_back(g.members[r]);
     return gone;
+  }
+
+  //! Whether any rank of `g` returned from `run` without arriving for `phase` (checked at every
+  //! wake-up, so it allocates nothing).
+  [[nodiscard]] bool any_returned_from(simgrid_group const& g, std::uint64_t phase) const {
+    for (std::size_t r = 0; r < g.members.size(); ++r)
+      if (returned[static_cast<std::size_t>(g.members[r])] && g.arrived_for[r] != phase + 1) return true;
+    return false;
   }
 };
 
@@ -285,18 +302,17 @@ class simgrid_communicator {
       return;
     }
     auto const me = static_cast<std::size_t>(world_rank());
-    s.waiting_in[me] = detail::concat(op, " on ", site(op).is_world ? std::string("the world") : detail::describe_group(g.id, g.members));
+    s.waiting_in[me] = {op, &g};
     double const deadline = simgrid::s4u::Engine::get_clock() + s.timeout_seconds;
-    std::vector<int> gone;
     {
       std::unique_lock<simgrid::s4u::Mutex> lock(*g.mutex);
-      while (g.phase == phase && !s.aborted && (gone = s.returned_from(g, phase)).empty())
+      while (g.phase == phase && !s.aborted && !s.any_returned_from(g, phase))
         if (g.wake->wait_until(lock, deadline) == std::cv_status::timeout) break;
     }
-    s.waiting_in[me].clear();
+    s.waiting_in[me] = {};
     if (g.phase != phase) return;
     if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
-    if (!gone.empty()) {
+    if (std::vector<int> const gone = s.returned_from(g, phase); !gone.empty()) {
       --g.arrived;  // withdrawn: the group is as if this rank had never called
       g.arrived_for[static_cast<std::size_t>(rank_)] = phase;
       detail::fail(status::invalid_usage, here, "world rank ", world_rank(), " waits in ", op, site(op).suffix(),
@@ -516,9 +532,7 @@ class simgrid_world {
     for (int r = 0; r < size(); ++r)
       if (!finished[static_cast<std::size_t>(r)])
         stuck += detail::concat(stuck.empty() ? "" : "; ", "world rank ", r, " waits in ",
-                                state_->waiting_in[static_cast<std::size_t>(r)].empty()
-                                    ? std::string("something outside a collective")
-                                    : state_->waiting_in[static_cast<std::size_t>(r)]);
+                                state_->waiting_in[static_cast<std::size_t>(r)].describe());
     if (!stuck.empty()) {
       state_->abort("the simulation deadlocked");
       detail::fail(status::invalid_usage, "simgrid_world::run", "the simulation deadlocked (no rank could go on): ", stuck);

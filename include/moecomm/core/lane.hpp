@@ -19,6 +19,7 @@
 //! in simulated time). A lane is made once and kept, so a step that overlaps allocates nothing.
 
 #include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
 
 #include <condition_variable>
 #include <cstdint>
@@ -28,6 +29,54 @@
 #include <type_traits>
 
 MOECOMM_NAMESPACE_BEGIN
+
+namespace detail {
+
+//! What every lane knows of its current job: which, how many units, how far released and done, and
+//! its failure. The lane guards it with its own synchronisation; `run_unit` touches none of it.
+struct lane_job {
+  void* job = nullptr;
+  void (*run)(void*, std::int32_t) = nullptr;
+  std::int32_t units = 0, released = 0, finished = 0;
+  std::exception_ptr failure;
+  bool cancelled = false, active = false;
+
+  template <class Job>
+  void start(Job& j, std::int32_t n) {
+    job = &j;
+    run = [](void* p, std::int32_t unit) { (*static_cast<Job*>(p))(unit); };
+    units = n;
+    released = finished = 0;
+    failure = nullptr;
+    cancelled = false;
+    active = true;
+  }
+  void release(std::int32_t unit) {
+    if (unit + 1 > released) released = unit + 1;
+  }
+  [[nodiscard]] bool may_run(std::int32_t unit) const { return cancelled || released > unit; }
+  [[nodiscard]] bool done(std::int32_t unit) const { return finished > unit || failure || !active; }
+  //! Runs `unit` and returns its failure, if any (a `PassThrough` is rethrown unrecorded).
+  template <class PassThrough = nothing_passes_through>
+  [[nodiscard]] std::exception_ptr run_unit(std::int32_t unit) const {
+    try {
+      run(job, unit);
+    } catch (PassThrough const&) {
+      throw;
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  }
+  //! After `run_unit`: records the unit as done; false once the job failed.
+  bool record(std::int32_t unit, std::exception_ptr unit_failure) {
+    failure = std::move(unit_failure);
+    finished = unit + 1;
+    return !failure;
+  }
+};
+
+}  // namespace detail
 
 //! A lane on a thread of its own, started on first use and kept until destruction.
 class thread_lane {
@@ -49,58 +98,46 @@ class thread_lane {
   void start(Job& job, std::int32_t units) {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &job;
-    run_ = [](void* j, std::int32_t unit) { (*static_cast<Job*>(j))(unit); };
-    units_ = units;
-    released_ = finished_ = 0;
-    failure_ = nullptr;
-    cancelled_ = false;
-    active_ = true;
+    job_.start(job, units);
     wake_.notify_all();
   }
 
   void release(std::int32_t unit) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (unit + 1 > released_) released_ = unit + 1;
+    job_.release(unit);
     wake_.notify_all();
   }
 
   void wait(std::int32_t unit) {
     std::unique_lock<std::mutex> lock(mutex_);
-    wake_.wait(lock, [&] { return finished_ > unit || failure_ || !active_; });
-    if (failure_) std::rethrow_exception(failure_);
+    wake_.wait(lock, [&] { return job_.done(unit); });
+    if (job_.failure) std::rethrow_exception(job_.failure);
   }
 
   void finish() {
     std::unique_lock<std::mutex> lock(mutex_);
-    cancelled_ = true;
+    job_.cancelled = true;
     wake_.notify_all();
-    wake_.wait(lock, [&] { return !active_; });
+    wake_.wait(lock, [&] { return !job_.active; });
   }
 
  private:
   void loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      wake_.wait(lock, [&] { return quit_ || active_; });
+      wake_.wait(lock, [&] { return quit_ || job_.active; });
       if (quit_) return;
-      for (std::int32_t unit = 0; unit < units_; ++unit) {
-        wake_.wait(lock, [&] { return cancelled_ || released_ > unit; });
-        if (cancelled_) break;
+      for (std::int32_t unit = 0; unit < job_.units; ++unit) {
+        wake_.wait(lock, [&] { return job_.may_run(unit); });
+        if (job_.cancelled) break;
         lock.unlock();
-        std::exception_ptr failure;
-        try {
-          run_(job_, unit);
-        } catch (...) {
-          failure = std::current_exception();
-        }
+        std::exception_ptr failure = job_.run_unit(unit);
         lock.lock();
-        failure_ = failure;
-        finished_ = unit + 1;
+        bool const ok = job_.record(unit, std::move(failure));
         wake_.notify_all();
-        if (failure_) break;
+        if (!ok) break;
       }
-      active_ = false;
+      job_.active = false;
       wake_.notify_all();
     }
   }
@@ -108,11 +145,8 @@ class thread_lane {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::thread thread_;
-  void* job_ = nullptr;
-  void (*run_)(void*, std::int32_t) = nullptr;
-  std::int32_t units_ = 0, released_ = 0, finished_ = 0;
-  std::exception_ptr failure_;
-  bool cancelled_ = false, active_ = false, quit_ = false;
+  detail::lane_job job_;
+  bool quit_ = false;
 };
 
 namespace detail {

@@ -416,7 +416,7 @@ class dispatcher {
     std::int32_t* const relabeled_idx = grow(be_, relabeled_idx_, slots).data();
     be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label, num_experts_, relabeled_idx});
     relabeled.topk_idx = relabeled_idx;
-    relabel_permute_plan(be_, plan_, relabeled, label_.data(), scratch_);  // moves blocks: no second sort
+    relabel_permute_plan(be_, plan_, relabeled, array_view<std::int32_t const>(label_), scratch_);  // moves blocks: no second sort
     for (std::int32_t s = 0; s < ranks_; ++s)
       for (std::int32_t e : home_) counts_[static_cast<std::size_t>(s) * num_experts_ + e] = 0;
     derive_local_counts();

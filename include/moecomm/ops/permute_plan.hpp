@@ -7,14 +7,17 @@
 //! like DeepEP's dispatch handle or TransformerEngine's row map.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
 #include <moecomm/ops/validate_routing.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -166,7 +169,8 @@ class permute_plan {
 
  private:
   template <class B>
-  friend void relabel_permute_plan(B const&, permute_plan<B>&, routing_view const&, std::int32_t const*, workspace<B>&);
+  friend void relabel_permute_plan(B const&, permute_plan<B>&, routing_view const&, array_view<std::int32_t const>,
+                                   workspace<B>&);
   template <class B>
   friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
                                  routing_checks const&, std::int64_t);
@@ -264,17 +268,31 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
 //! `relabeled` with the same padding, array for array; the routing checks already ran on the
 //! original. Blocks until done.
 //! @param label `[E]` in host memory (not in `scratch`).
+//! @throws error (invalid_argument) naming `label` when it is not a permutation of `[0, E)` or
+//!         `relabeled` when its shape is not the plan's; the plan is unchanged then.
 template <class Backend>
 void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled,
-                          std::int32_t const* label, workspace<Backend>& scratch) {
+                          array_view<std::int32_t const> label, workspace<Backend>& scratch) {
+  char const* op = "relabel_permute_plan";
   std::int32_t const experts = plan.num_experts_;
   std::int64_t const rows = plan.num_rows_;
+  detail::check_elements(label, experts, op, "label", "one new id per expert of the plan");
+  detail::require(relabeled.num_tokens == plan.routing_.num_tokens && relabeled.top_k == plan.routing_.top_k, op,
+                  "argument 'relabeled' has ", relabeled.num_tokens, " x ", relabeled.top_k, " slots; the plan's routing ",
+                  plan.routing_.num_tokens, " x ", plan.routing_.top_k);
   std::int32_t* const offsets = scratch.template host<std::int32_t>(3 * (std::int64_t{experts} + 1));
   std::int32_t* const moved_offsets = offsets + experts + 1;
   std::int32_t* const expert_named = moved_offsets + experts + 1;  // [E]: the old expert that takes new id j
+  std::fill(expert_named, expert_named + experts, -1);
+  for (std::int32_t e = 0; e < experts; ++e) {
+    std::int32_t const j = label.data[e];
+    detail::require(j >= 0 && j < experts && expert_named[j] < 0, op, "label[", e, "] = ", j,
+                    j >= 0 && j < experts ? " is given to two experts" : " is not an expert id",
+                    " (label must be a permutation of [0, ", experts, "))");
+    expert_named[j] = e;
+  }
   be.copy(offsets, plan.expert_offsets_.data(), experts + 1);
   be.synchronize();
-  for (std::int32_t e = 0; e < experts; ++e) expert_named[label[e]] = e;
   std::int32_t next = 0;  // the new blocks in new-id order, each as long as its old one
   for (std::int32_t j = 0; j < experts; ++j) {
     std::int32_t const e = expert_named[j];
@@ -291,7 +309,7 @@ void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routin
   be.copy(old_maps, plan.token_of_.data(), rows);
   be.copy(old_slot_of, plan.slot_of_.data(), rows);
   be.copy(device_offsets, offsets, 2 * (std::int64_t{experts} + 1));
-  be.copy(device_label, label, experts);
+  be.copy(device_label, label.data, experts);
   be.for_each_index(rows, detail::move_expert_blocks{device_offsets, device_offsets + experts + 1, device_label, experts,
                                                      relabeled.top_k, old_maps, old_slot_of, plan.token_of_.data(),
                                                      plan.slot_of_.data(), plan.row_of_.data()});

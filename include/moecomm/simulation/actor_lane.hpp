@@ -7,6 +7,7 @@
 //! (compute on the lane and on the rank share the host's FLOP rate).
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/lane.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
 #include <simgrid/Exception.hpp>
@@ -29,13 +30,7 @@ class actor_lane {
 
   template <class Job>
   void start(Job& job, std::int32_t units) {
-    job_ = &job;
-    run_ = [](void* j, std::int32_t unit) { (*static_cast<Job*>(j))(unit); };
-    units_ = units;
-    released_ = finished_ = 0;
-    failure_ = nullptr;
-    cancelled_ = false;
-    active_ = true;
+    job_.start(job, units);
     int const rank = detail::current_rank();
     simgrid::s4u::Actor::create("lane", simgrid::s4u::this_actor::get_host(), [this, rank] {
       detail::rank_of_actors()[simgrid::s4u::this_actor::get_pid()] = rank;  // its work is the rank's
@@ -44,54 +39,45 @@ class actor_lane {
   }
 
   void release(std::int32_t unit) {
-    if (unit + 1 > released_) released_ = unit + 1;
+    job_.release(unit);
     wake_->notify_all();
   }
 
   void wait(std::int32_t unit) {
     std::unique_lock<simgrid::s4u::Mutex> lock(*mutex_);
-    while (!(finished_ > unit || failure_ || !active_)) wake_->wait(lock);
-    if (failure_) std::rethrow_exception(failure_);
+    while (!job_.done(unit)) wake_->wait(lock);
+    if (job_.failure) std::rethrow_exception(job_.failure);
   }
 
   void finish() {
-    cancelled_ = true;
+    job_.cancelled = true;
     wake_->notify_all();
     std::unique_lock<simgrid::s4u::Mutex> lock(*mutex_);
-    while (active_) wake_->wait(lock);
+    while (job_.active) wake_->wait(lock);
   }
 
  private:
   void loop() {
-    for (std::int32_t unit = 0; unit < units_; ++unit) {
+    for (std::int32_t unit = 0; unit < job_.units; ++unit) {
       {
         std::unique_lock<simgrid::s4u::Mutex> lock(*mutex_);
-        while (!(cancelled_ || released_ > unit)) wake_->wait(lock);
+        while (!job_.may_run(unit)) wake_->wait(lock);
       }
-      if (cancelled_) break;
-      try {
-        run_(job_, unit);
-      } catch (simgrid::ForcefulKillException const&) {
-        throw;  // SimGrid kills a deadlocked simulation's actors: none may survive it
-      } catch (...) {
-        failure_ = std::current_exception();
-      }
-      finished_ = unit + 1;
+      if (job_.cancelled) break;
+      // SimGrid kills a deadlocked simulation's actors: the kill passes through, none may survive it.
+      std::exception_ptr failure = job_.template run_unit<simgrid::ForcefulKillException>(unit);
+      bool const ok = job_.record(unit, std::move(failure));
       wake_->notify_all();
-      if (failure_) break;
+      if (!ok) break;
     }
-    active_ = false;
+    job_.active = false;
     wake_->notify_all();
   }
 
-  // Actors run one at a time: the state needs no lock; the mutex is the condition variable's.
+  // Actors run one at a time: the job needs no lock; the mutex is the condition variable's.
   simgrid::s4u::MutexPtr mutex_ = simgrid::s4u::Mutex::create();
   simgrid::s4u::ConditionVariablePtr wake_ = simgrid::s4u::ConditionVariable::create();
-  void* job_ = nullptr;
-  void (*run_)(void*, std::int32_t) = nullptr;
-  std::int32_t units_ = 0, released_ = 0, finished_ = 0;
-  std::exception_ptr failure_;
-  bool cancelled_ = false, active_ = false;
+  detail::lane_job job_;
 };
 
 MOECOMM_NAMESPACE_END

@@ -74,9 +74,6 @@ void reduce_posted_sends(std::vector<posted_call> const& calls, T* result, std::
   }
 }
 
-//! No exception passes through `first_failure::run` unfiled.
-struct nothing_passes_through {};
-
 //! The failure a world's `run` rethrows: the first one filed, but a cause wins over an `aborted`
 //! consequence. Ranks on threads may file at once.
 class first_failure {
