@@ -66,6 +66,7 @@ int run(std::int32_t nodes) {
   std::printf("ranks %d (%d nodes x %d), T %lld, H %lld bf16, top-%d, %d experts, %s EP fwd+bwd\n", ranks, nodes,
               spec.gpus_per_node, static_cast<long long>(tokens), static_cast<long long>(hidden), top_k, experts,
               Algorithm::name);
+  std::printf("platform %s (%s); simulated time: SimGrid, network model CM02\n", spec.name.c_str(), spec.source.c_str());
   std::printf("wall %.2f s, simulated %.3f ms, messages %lld, messages per wall second %.0f\n", wall,
               span.seconds() * 1e3, static_cast<long long>(messages), double(messages) / wall);
   return 0;

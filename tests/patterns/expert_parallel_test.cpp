@@ -76,28 +76,12 @@ TEST_CASE("dispatch before route is an error, not a crash") {
 template <class Algorithm>
 void check_throwing_expert_stops_every_rank(Algorithm const& algorithm) {
   CAPTURE(Algorithm::name);
-  layer_case const c{4, 2, 8, 2, 16, {20, 20, 20, 20}, 0.0};
-  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  auto const in = make_layer_inputs<float>(throwing_expert_case, moecomm::dropless{}, oracle::drop_rule::position, false);
   moecomm::inproc_world const world(4, std::chrono::seconds(20));
   std::atomic<int> stopped{0};
   auto const start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(world.run([&](moecomm::inproc_communicator comm) {
-    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
-    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, Algorithm>
-        layer(moecomm::host_backend{}, groups, 8, 16, {}, algorithm);
-    auto const& r = in.routing[comm.rank()];
-    std::vector<float> out(static_cast<std::size_t>(r.tokens * 16));
-    auto experts = [&](int32_t l, moecomm::matrix_view<float const> a, moecomm::matrix_view<float> b) {
-      if (comm.rank() == 2) throw std::runtime_error("expert 5 ran out of memory");
-      scale_experts<float>{comm.rank() * 2}(l, a, b);
-    };
-    try {
-      layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[comm.rank()].data(), r.tokens, 16},
-                    {out.data(), r.tokens, 16}, experts);
-    } catch (moecomm::error const& e) {
-      if (e.code() == moecomm::status::aborted) ++stopped;
-      throw;
-    }
+    forward_with_a_throwing_expert(comm, moecomm::host_backend{}, algorithm, in, stopped);
   }), "expert 5 ran out of memory", std::runtime_error);
   CHECK(stopped == 3);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));

@@ -9,6 +9,10 @@
 
 #include <moecomm/patterns/expert_parallel.hpp>
 
+#include <atomic>
+#include <stdexcept>
+#include <vector>
+
 namespace test {
 
 // The experts: global expert e scales its rows by (e + 1); its backward scales gradients the same way.
@@ -158,6 +162,30 @@ void for_each_capacity(F&& run) {
   run(capacity<drop_by_probability>{0.5, 0, true, {}}, oracle::drop_rule::probability, true);
   run(capacity<drop_random>{0.75, 0, false, {42, 0}}, oracle::drop_rule::random, true);
   run(receiver_budget{40}, oracle::drop_rule::receiver_budget, true);
+}
+
+// The failing-expert case: 4 ranks (2 x 2), E = 8, H = 16. One rank's forward, in any world, on any
+// back-end: rank 2's expert throws; a rank that stops with `aborted` is counted in `stopped`.
+inline layer_case const throwing_expert_case{4, 2, 8, 2, 16, {20, 20, 20, 20}, 0.0};
+
+template <class Algorithm, class Backend, class Comm>
+void forward_with_a_throwing_expert(Comm& comm, Backend const& be, Algorithm const& algorithm, layer_inputs<float> const& in,
+                                    std::atomic<int>& stopped) {
+  moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(4, 2));
+  moecomm::expert_parallel_layer<float, Backend, Comm, moecomm::dropless, Algorithm> layer(be, groups, 8, 16, {}, algorithm);
+  auto const& r = in.routing[comm.rank()];
+  std::vector<float> out(static_cast<std::size_t>(r.tokens * 16));
+  auto experts = [&](int32_t l, moecomm::matrix_view<float const> a, moecomm::matrix_view<float> b) {
+    if (comm.rank() == 2) throw std::runtime_error("expert 5 ran out of memory");
+    scale_experts<float>{comm.rank() * 2}(l, a, b);
+  };
+  try {
+    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[comm.rank()].data(), r.tokens, 16},
+                  {out.data(), r.tokens, 16}, experts);
+  } catch (moecomm::error const& e) {
+    if (e.code() == moecomm::status::aborted) ++stopped;
+    throw;
+  }
 }
 
 }  // namespace test
