@@ -2,6 +2,7 @@
 // Row collectives and parallel groups over in-process ranks (row_collectives_cases.hpp), and their
 // argument errors.
 
+#include "pipelined_collectives_cases.hpp"
 #include "row_collectives_cases.hpp"
 
 #include <moecomm/backend/host.hpp>
@@ -18,6 +19,46 @@ TEST_CASE("row_allgather and ordered_reduce_scatter equal the oracle bit for bit
       check_row_collectives_on_rank<__nv_bfloat16>(moecomm::host_backend{}, comm);
     });
   }
+}
+
+TEST_CASE("pipelined all-to-all ∥ all-gather and its mirror equal the two collectives in turn, 1, 2 and 7 pieces (8 ranks)") {
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 4},
+                                              moecomm::parallel_sizes{2, 2, 2}, moecomm::parallel_sizes{2, 4, 1},
+                                              moecomm::parallel_sizes{4, 2, 2}}) {
+    CAPTURE(sizes.model);
+    CAPTURE(sizes.expert);
+    CAPTURE(sizes.expert_slicing);
+    moecomm::inproc_world const world(8, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      check_pipelined_collectives_on_rank<float>(moecomm::host_backend{}, comm, sizes);
+      check_pipelined_collectives_on_rank<__nv_bfloat16>(moecomm::host_backend{}, comm, sizes);
+    });
+  }
+}
+
+TEST_CASE("pipelined collectives name the caller's argument before any message") {
+  moecomm::inproc_world const world(2, std::chrono::seconds(20));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::host_backend const be;
+    moecomm::pipeline_workspace<moecomm::host_backend> scratch;
+    moecomm::parallel_groups<moecomm::inproc_communicator> groups(comm, {2, 1, 2});
+    std::vector<float> in(4 * 2), out(8 * 2);
+    std::vector<std::int64_t> send{4}, recv{4, 4}, short_recv{4};
+    auto const in_view = moecomm::matrix_view<float const>{in.data(), 4, 2};
+    check_error([&] { moecomm::alltoall_allgather(be, groups.ep(), groups.esp(), in_view, moecomm::array_view<std::int64_t const>(send),
+                                                  moecomm::array_view<std::int64_t const>(recv),
+                                                  moecomm::matrix_view<float>{out.data(), 7, 2}, scratch, 2); },
+                moecomm::status::invalid_argument, {"alltoall_allgather", "argument 'out' has 7 rows; needs at least 8"});
+    check_error([&] { moecomm::alltoall_allgather(be, groups.ep(), groups.esp(), in_view, moecomm::array_view<std::int64_t const>(send),
+                                                  moecomm::array_view<std::int64_t const>(short_recv),
+                                                  moecomm::matrix_view<float>{out.data(), 8, 2}, scratch, 2); },
+                moecomm::status::invalid_argument, {"argument 'recv_rows' has 1 entries, gather ranks x all-to-all ranks = 2"});
+    check_error([&] { moecomm::reduce_scatter_alltoall(be, groups.esp(), groups.ep(), moecomm::matrix_view<float const>{out.data(), 8, 2},
+                                                       moecomm::array_view<std::int64_t const>(recv),
+                                                       moecomm::array_view<std::int64_t const>(send),
+                                                       moecomm::matrix_view<float>{in.data(), 4, 2}, scratch, 0); },
+                moecomm::status::invalid_argument, {"reduce_scatter_alltoall", "pieces = 0 must be at least 1"});
+  });
 }
 
 TEST_CASE("row_slice cuts rows into contiguous slices, the first rows % parts one longer") {

@@ -20,8 +20,12 @@
 //! world also knows every group: when every rank of the world is blocked in a wait that cannot
 //! complete (ranks waiting in different groups or operations, or a rank that has returned from
 //! `run`), every blocked rank throws `invalid_usage` at once, naming the operations, the groups and
-//! their world ranks. Ranks run on threads of the caller's own (not by `run`) are never known to
-//! have returned; a rank that skips a collective there is caught by the timeout only.
+//! their world ranks. A rank may be in collectives of two groups at once, one from its own thread
+//! and one from a lane (core/lane.hpp: Parm's fused all-to-all ∥ all-gather): under `run`, a lane
+//! with a job counts as one more thread of its rank, and the rank is blocked only when all its
+//! threads are. Ranks run on threads of the caller's own (not by `run`) are never known to have
+//! returned (a rank that skips a collective there is caught by the timeout only), and their lanes
+//! are not counted: run ranks that overlap collectives through `run`.
 //!
 //! After a failure:
 //! - `invalid_argument` or `invalid_usage` (a bad argument, ranks that disagree, or blocked ranks):
@@ -34,6 +38,7 @@
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/comm/detail/posted_calls.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/core/lane.hpp>
 #include <moecomm/error.hpp>
 
 #include <algorithm>
@@ -67,11 +72,26 @@ struct inproc_group {
   [[nodiscard]] std::string describe() const { return describe_group(id, members); }
 };
 
-//! Where a world rank is blocked: a group it has arrived in, waiting for the others.
+//! Where a thread of a world rank is blocked: a group it has arrived in, waiting for the others.
 struct inproc_wait {
   inproc_group* group = nullptr;  //!< null: not blocked
   char const* op = "";
   int group_rank = 0;
+  std::string stuck;  //!< why this wait can never complete (set by the deadlock check)
+  [[nodiscard]] bool free() const { return group == nullptr && stuck.empty(); }
+};
+
+//! A world rank's threads: its own, plus one per lane running a job for it (core/lane.hpp), each
+//! of which may wait in a collective of a different group.
+struct inproc_rank {
+  std::vector<inproc_wait> waits;  //!< one per thread blocked now; slots are reused
+  int threads = 1;                 //!< the rank's thread and its lanes with a job
+  bool returned = false;           //!< its function in `inproc_world::run` returned
+  [[nodiscard]] int blocked() const {
+    int n = 0;
+    for (inproc_wait const& w : waits) n += w.group != nullptr ? 1 : 0;
+    return n;
+  }
 };
 
 //! Shared by every group of one world: the lock, the abort flag, the split registry, and where
@@ -86,13 +106,23 @@ struct inproc_state {
   std::string abort_reason;
   int next_group_id = world_group_id;
   std::map<std::tuple<int, int, int>, std::shared_ptr<inproc_group>> splits;  //!< (parent, split #, color)
-  std::vector<inproc_wait> waits;       //!< per world rank
-  std::vector<bool> returned;           //!< per world rank: its function in `inproc_world::run` returned
-  std::vector<std::string> stuck;       //!< per world rank: why its wait can never complete
+  std::vector<inproc_rank> ranks;  //!< per world rank
 
-  explicit inproc_state(int ranks)
-      : waits(static_cast<std::size_t>(ranks)), returned(static_cast<std::size_t>(ranks), false),
-        stuck(static_cast<std::size_t>(ranks)) {}
+  explicit inproc_state(int size) : ranks(static_cast<std::size_t>(size)) {
+    for (inproc_rank& r : ranks) r.waits.reserve(4);  // a steady state allocates nothing
+  }
+
+  //! A free wait slot of world rank `me`, now holding `wait`. Needs the lock.
+  std::size_t take_wait(std::size_t me, inproc_group* group, char const* op, int group_rank) {
+    std::vector<inproc_wait>& waits = ranks[me].waits;
+    std::size_t slot = 0;
+    while (slot < waits.size() && !waits[slot].free()) ++slot;
+    if (slot == waits.size()) waits.emplace_back();
+    waits[slot].group = group;
+    waits[slot].op = op;
+    waits[slot].group_rank = group_rank;
+    return slot;
+  }
 
   std::shared_ptr<inproc_group> make_group(std::vector<int> members) {
     auto g = std::make_shared<inproc_group>();
@@ -115,50 +145,72 @@ struct inproc_state {
   //! Called when group `g` completes a phase: its members are no longer blocked. Needs the lock.
   void release_locked(inproc_group const& g) {
     for (int m : g.members)
-      if (waits[static_cast<std::size_t>(m)].group == &g) waits[static_cast<std::size_t>(m)] = {};
+      for (inproc_wait& w : ranks[static_cast<std::size_t>(m)].waits)
+        if (w.group == &g) w.group = nullptr;
     wake.notify_all();
   }
 
-  //! If every rank of the world is blocked or has returned (and one is blocked), no wait can complete
-  //! (a blocked rank's group always lacks a rank, and nobody is left to arrive): each blocked rank
-  //! withdraws its arrival and is told why, so it throws instead of waiting. Needs the lock.
+  //! If every rank of the world is blocked (all its threads) or has returned, and one is blocked,
+  //! no wait can complete (a blocked group always lacks a rank, and nobody is left to arrive): each
+  //! blocked thread withdraws its arrival and is told why, so it throws instead of waiting. Needs
+  //! the lock.
   void detect_deadlock_locked() {
     if (aborted) return;
     bool any_waiting = false;  // decided without allocating: this runs at every wait
-    for (std::size_t w = 0; w < waits.size(); ++w) {
-      if (!returned[w] && waits[w].group == nullptr) return;  // this rank runs, and may still arrive
-      any_waiting = any_waiting || waits[w].group != nullptr;
+    for (inproc_rank const& r : ranks) {
+      int const blocked = r.blocked();
+      if (!r.returned && blocked < r.threads) return;  // a thread of this rank runs, and may still arrive
+      any_waiting = any_waiting || blocked > 0;
     }
     if (!any_waiting) return;
     std::map<std::pair<int, std::string>, std::vector<int>> waiting;  // (group id, op) -> world ranks
     std::map<int, inproc_group const*> groups;
     std::vector<int> gone;
-    for (std::size_t w = 0; w < waits.size(); ++w) {
-      if (returned[w]) {
-        gone.push_back(static_cast<int>(w));
-      } else {
-        waiting[{waits[w].group->id, waits[w].op}].push_back(static_cast<int>(w));
-        groups[waits[w].group->id] = waits[w].group;
+    for (std::size_t w = 0; w < ranks.size(); ++w) {
+      if (ranks[w].returned) gone.push_back(static_cast<int>(w));
+      for (inproc_wait const& at : ranks[w].waits) {
+        if (at.group == nullptr) continue;
+        waiting[{at.group->id, at.op}].push_back(static_cast<int>(w));
+        groups[at.group->id] = at.group;
       }
     }
     std::string why = "no rank can go on: ";
-    for (auto const& [where, ranks] : waiting)
-      why += concat(ranks.size() > 1 ? "world ranks " : "world rank ", rank_ranges(ranks),
-                    ranks.size() > 1 ? " wait in " : " waits in ", where.second, " on ",
+    for (auto const& [where, waiters] : waiting)
+      why += concat(waiters.size() > 1 ? "world ranks " : "world rank ", rank_ranges(waiters),
+                    waiters.size() > 1 ? " wait in " : " waits in ", where.second, " on ",
                     groups[where.first]->describe(), "; ");
     why += gone.empty() ? std::string("every rank waits for a rank that waits elsewhere")
                         : concat(gone.size() > 1 ? "world ranks " : "world rank ", rank_ranges(gone),
                                  gone.size() > 1 ? " have" : " has", " returned from run");
-    for (std::size_t w = 0; w < waits.size(); ++w) {
-      inproc_wait& at = waits[w];
-      if (at.group == nullptr) continue;
-      --at.group->arrived;  // withdrawn: the group is as if this rank had never called
-      at.group->arrived_for[static_cast<std::size_t>(at.group_rank)] = at.group->phase;
-      stuck[w] = why;
-      at = {};
-    }
+    for (inproc_rank& r : ranks)
+      for (inproc_wait& at : r.waits) {
+        if (at.group == nullptr) continue;
+        --at.group->arrived;  // withdrawn: the group is as if this thread had never called
+        at.group->arrived_for[static_cast<std::size_t>(at.group_rank)] = at.group->phase;
+        at.stuck = why;
+        at.group = nullptr;
+      }
     wake.notify_all();
   }
+};
+
+//! Counts a rank's lanes with a job as threads of the rank (core/lane.hpp).
+class inproc_lane_watcher final : public lane_watcher {
+ public:
+  inproc_lane_watcher(inproc_state& state, std::size_t rank) : state_(&state), rank_(rank) {}
+  void lane_started() override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    ++state_->ranks[rank_].threads;
+  }
+  void lane_stopped() override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    --state_->ranks[rank_].threads;
+    state_->detect_deadlock_locked();  // the rank may now be blocked in every thread it has left
+  }
+
+ private:
+  inproc_state* state_;
+  std::size_t rank_;
 };
 
 }  // namespace detail
@@ -347,13 +399,14 @@ class inproc_communicator {
       s.release_locked(g);
       return;
     }
-    s.waits[me] = {&g, op, rank_};
+    std::size_t const slot = s.take_wait(me, &g, op, rank_);
     s.detect_deadlock_locked();
     auto const deadline = std::chrono::steady_clock::now() + s.timeout;
-    bool const woken = s.wake.wait_until(lock, deadline, [&] { return g.phase != phase || s.aborted || !s.stuck[me].empty(); });
-    if (!s.stuck[me].empty()) detail::fail(status::invalid_usage, here, std::exchange(s.stuck[me], {}));
+    auto at = [&]() -> detail::inproc_wait& { return s.ranks[me].waits[slot]; };  // another thread may grow the list
+    bool const woken = s.wake.wait_until(lock, deadline, [&] { return g.phase != phase || s.aborted || !at().stuck.empty(); });
+    if (!at().stuck.empty()) detail::fail(status::invalid_usage, here, std::exchange(at().stuck, {}));
     if (g.phase != phase) return;
-    s.waits[me] = {};
+    at().group = nullptr;
     if (woken) detail::fail(status::aborted, here, s.abort_reason);
     std::vector<int> missing;
     for (int r = 0; r < size(); ++r)
@@ -430,10 +483,13 @@ class inproc_world {
     std::vector<std::thread> threads;
     for (int r = 0; r < size_; ++r)
       threads.emplace_back([&, r] {
+        detail::inproc_lane_watcher watcher(*state_, static_cast<std::size_t>(r));
+        detail::current_lane_watcher = &watcher;  // the rank's lanes count as its threads
         std::string failed = first.run("inproc_world", r, [&] { per_rank(communicator(r)); });
+        detail::current_lane_watcher = nullptr;
         if (failed.empty()) {
           std::lock_guard<std::mutex> lock(state_->mutex);
-          state_->returned[static_cast<std::size_t>(r)] = true;
+          state_->ranks[static_cast<std::size_t>(r)].returned = true;
           state_->detect_deadlock_locked();
         } else {
           abort(std::move(failed));
@@ -447,7 +503,7 @@ class inproc_world {
  private:
   void forget_returns() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    std::fill(state_->returned.begin(), state_->returned.end(), false);
+    for (detail::inproc_rank& r : state_->ranks) r.returned = false;
   }
 
   std::shared_ptr<detail::inproc_state> state_;

@@ -23,6 +23,13 @@ namespace detail {
   return product;
 }
 
+//! `a + b`, or an invalid-argument error "<what> overflows int64".
+[[nodiscard]] inline std::int64_t checked_add(std::int64_t a, std::int64_t b, char const* op, char const* what) {
+  std::int64_t sum = 0;
+  require(!__builtin_add_overflow(a, b, &sum), op, what, " overflow int64");
+  return sum;
+}
+
 //! `value` as an int32, or an invalid-argument error "<what> = <value> exceeds int32 (2^31 - 1): <why>".
 //! @param why which int32 quantity the value must fit, e.g. "the plan's row ids are int32".
 [[nodiscard]] inline std::int32_t checked_int32(std::int64_t value, char const* op, char const* what, char const* why) {

@@ -17,6 +17,11 @@
 //! else `thread_lane`. Models: `thread_lane` (a thread kept between uses: host and CUDA back-ends),
 //! `actor_lane` (a second S4U actor on the rank's host: the simulated back-end, so the overlap shows
 //! in simulated time). A lane is made once and kept, so a step that overlaps allocates nothing.
+//!
+//! A lane's job may call collectives on a communicator of its own while the caller is in another
+//! (Parm's fused all-to-all and all-gather). A communicator that looks for deadlocks then needs to
+//! know the rank has one more thread that may still arrive: it sets `detail::current_lane_watcher`
+//! on the rank's thread, and a `thread_lane` tells that watcher when it starts and stops a job.
 
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
@@ -31,6 +36,19 @@
 MOECOMM_NAMESPACE_BEGIN
 
 namespace detail {
+
+//! Told when a lane of the calling rank starts a job and when the job is over.
+class lane_watcher {
+ public:
+  virtual void lane_started() = 0;
+  virtual void lane_stopped() = 0;
+
+ protected:
+  ~lane_watcher() = default;
+};
+
+//! The watcher of the rank whose thread this is (set by `inproc_world::run`; null elsewhere).
+inline thread_local lane_watcher* current_lane_watcher = nullptr;
 
 //! What every lane knows of its current job: which, how many units, how far released and done, and
 //! its failure. The lane guards it with its own synchronisation; `run_unit` touches none of it.
@@ -98,6 +116,8 @@ class thread_lane {
   void start(Job& job, std::int32_t units) {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     std::lock_guard<std::mutex> lock(mutex_);
+    watcher_ = detail::current_lane_watcher;
+    if (watcher_ != nullptr) watcher_->lane_started();
     job_.start(job, units);
     wake_.notify_all();
   }
@@ -131,12 +151,14 @@ class thread_lane {
         wake_.wait(lock, [&] { return job_.may_run(unit); });
         if (job_.cancelled) break;
         lock.unlock();
+        detail::current_lane_watcher = watcher_;  // a lane started by the job belongs to the same rank
         std::exception_ptr failure = job_.run_unit(unit);
         lock.lock();
         bool const ok = job_.record(unit, std::move(failure));
         wake_.notify_all();
         if (!ok) break;
       }
+      if (watcher_ != nullptr) watcher_->lane_stopped();
       job_.active = false;
       wake_.notify_all();
     }
@@ -146,6 +168,7 @@ class thread_lane {
   std::condition_variable wake_;
   std::thread thread_;
   detail::lane_job job_;
+  detail::lane_watcher* watcher_ = nullptr;  //!< of the rank that started the job
   bool quit_ = false;
 };
 
