@@ -19,6 +19,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/comm/world_agreement.hpp>
+#include <moecomm/core/topology.hpp>
 #include <moecomm/error.hpp>
 
 #include <cstdint>
@@ -46,8 +47,11 @@ class parallel_groups {
   //! @throws error (invalid_argument) naming the size that does not fit the world, before any split;
   //!         (invalid_usage) on every rank when ranks pass different sizes (on communicators that
   //!         compare calls, see `<moecomm/comm/world_agreement.hpp>`).
-  parallel_groups(Comm& world, parallel_sizes sizes)
-      : world_(&world), sizes_(checked(world, sizes)), at_(coordinates_of(world.rank(), sizes_)),
+  //! @param nodes where the world's ranks sit (default: one node), for the traffic reports of the
+  //!        layers that use the groups (intra- and inter-node messages).
+  parallel_groups(Comm& world, parallel_sizes sizes) : parallel_groups(world, sizes, topology(world.size(), world.size())) {}
+  parallel_groups(Comm& world, parallel_sizes sizes, topology nodes)
+      : world_(&world), nodes_(checked_nodes(world, std::move(nodes))), sizes_(checked(world, sizes)), at_(coordinates_of(world.rank(), sizes_)),
         mp_(split_checked(world, sizes_, (at_.dp * sizes_.expert + at_.ep), at_.mp)),
         ep_(world.split(at_.dp * sizes_.model + at_.mp, at_.ep)),
         esp_(world.split((at_.dp * sizes_.expert + at_.ep) * (sizes_.model / sizes_.expert_slicing) +
@@ -66,6 +70,16 @@ class parallel_groups {
   [[nodiscard]] parallel_sizes const& sizes() const { return sizes_; }
   [[nodiscard]] std::int32_t data_parallel_size() const { return world_->size() / (sizes_.model * sizes_.expert); }
   [[nodiscard]] parallel_coordinates const& coordinates() const { return at_; }
+  [[nodiscard]] topology const& nodes() const { return nodes_; }
+
+  //! The world rank at coordinates `c` (`c.esp` is implied by `c.mp`).
+  [[nodiscard]] std::int32_t world_rank_of(parallel_coordinates const& c) const {
+    return (c.dp * sizes_.expert + c.ep) * sizes_.model + c.mp;
+  }
+  //! The world rank of this rank's MP, EP and ESP group members of group rank `i`.
+  [[nodiscard]] std::int32_t mp_member(std::int32_t i) const { return world_rank_of({i, at_.ep, 0, at_.dp}); }
+  [[nodiscard]] std::int32_t ep_member(std::int32_t i) const { return world_rank_of({at_.mp, i, 0, at_.dp}); }
+  [[nodiscard]] std::int32_t esp_member(std::int32_t i) const { return world_rank_of({at_.mp - at_.esp + i, at_.ep, 0, at_.dp}); }
 
   //! The coordinates of world rank `rank` under `sizes` (the layout of the file comment).
   [[nodiscard]] static parallel_coordinates coordinates_of(std::int32_t rank, parallel_sizes const& sizes) {
@@ -91,6 +105,12 @@ class parallel_groups {
     return s;
   }
 
+  static topology checked_nodes(Comm& world, topology nodes) {
+    detail::require(nodes.num_ranks() == world.size(), "parallel_groups", "argument 'nodes' describes ", nodes.num_ranks(),
+                    " ranks, the world has ", world.size());
+    return nodes;
+  }
+
   //! The MP split, after every rank has confirmed the same sizes.
   Comm split_checked(Comm& world, parallel_sizes const& s, std::int32_t color, std::int32_t key) {
     char const* const names[] = {"sizes.model", "sizes.expert", "sizes.expert_slicing"};
@@ -101,6 +121,7 @@ class parallel_groups {
 
   std::vector<std::int64_t> agreement_;  //!< declared first: the constructor's agreement uses it
   Comm* world_;
+  topology nodes_;
   parallel_sizes sizes_;
   parallel_coordinates at_;
   Comm mp_, ep_, esp_, dp_, expert_dp_;

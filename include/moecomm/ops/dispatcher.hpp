@@ -256,6 +256,52 @@ class dispatcher {
     if (d_x.wanted()) permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_back, plan_.num_rows(), hidden)), d_x.view());
   }
 
+  // ---- for schedules that move the rows themselves (Parm's pipelined collectives, patterns/parm.hpp)
+  //! This rank's kept rows in plan order: `rows_to(0)` rows for rank 0, then rank 1's, ... No traffic.
+  template <class T>
+  [[nodiscard]] matrix_view<T const> permuted(matrix_view<std::add_const_t<T>> x) {
+    require_routed("permuted");
+    bytes_t& sent = permuted_rows<T>(x, no_home_rows<T>(x.hidden), "permuted");
+    return as_rows<T>(sent, plan_.num_rows(), x.hidden);
+  }
+  //! Rows this rank sends rank `rank` (after capacity).
+  [[nodiscard]] std::int64_t rows_to(std::int32_t rank) const {
+    std::int64_t n = 0;
+    for (std::int32_t l = 0; l < local_experts_; ++l) n += rows_from(groups_->world().rank(), rank * local_experts_ + l);
+    return n;
+  }
+  //! Where such a schedule puts the experts' output rows of this rank's slots (plan order), then
+  //! `combine_returned`, which combines them (and keeps them for `combine_backward`'s weight gradient).
+  template <class T>
+  [[nodiscard]] matrix_view<T> returned_rows(std::int64_t hidden) {
+    require_routed("returned_rows");
+    return as_rows<T>(rows_buffer<T>(returned_, plan_.num_rows(), hidden), plan_.num_rows(), hidden);
+  }
+  template <class Weighting = weighted, class T>
+  void combine_returned(matrix_view<T> out) {
+    require_routed("combine_returned");
+    combined_ = true;
+    unpermute<Weighting>(be_, plan_, returned_view<T>(out.hidden), out);
+  }
+  //! The gradient of this rank's slot rows (plan order) from that of the combined tokens, and the
+  //! weight gradient, as `combine_backward` computes them, without the exchange.
+  template <class Weighting = weighted, class T>
+  [[nodiscard]] matrix_view<T const> combine_gradient(matrix_view<std::add_const_t<T>> d_out,
+                                                      optional_output<array_view<float>> d_weights) {
+    require_routed("combine_gradient");
+    bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, no_home_rows<T>(d_out.hidden), d_weights, "combine_gradient");
+    return as_rows<T>(d_rows, plan_.num_rows(), d_out.hidden);
+  }
+  //! The gradient of the token rows from that of this rank's slot rows (plan order), as
+  //! `dispatch_backward` computes it after its exchange.
+  template <class T>
+  void dispatch_gradient(matrix_view<std::add_const_t<T>> d_rows, matrix_view<T> d_x) {
+    require_routed("dispatch_gradient");
+    detail::check_rows(d_rows, plan_.num_rows(), "dispatch_gradient", "d_rows", "one row per kept slot");
+    check_token_rows(optional_output<matrix_view<T>>(d_x), d_rows.hidden, "dispatch_gradient", "d_x");
+    permute_backward(be_, plan_, d_rows, d_x);
+  }
+
   //! Rows this rank's experts receive (padding rows included).
   [[nodiscard]] std::int64_t received_rows() const { return report_.received_rows; }
   //! Rows of this rank's tokens for the home experts (padding included).

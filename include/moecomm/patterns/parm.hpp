@@ -1,0 +1,556 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `parm_layer`: an MoE layer under model parallelism (MP), expert parallelism (EP) and expert
+//! slicing (ESP), with its schedule as one policy type (Parm, INFOCOM'24; `parallel_groups` gives
+//! the layout; semantics §16):
+//!
+//! | schedule | forward |
+//! |---|---|
+//! | `deepspeed_mp` | every MP rank dispatches all T tokens (identical within the MP group) → EP all-to-all → expert slices → ESP all-reduce (ordered reduce-scatter + all-gather) → EP all-to-all → combine |
+//! | `parm_s1` | PauseMP with separate collectives: MP split (T/MP tokens each, no traffic) → EP all-to-all → ESP all-gather → expert slices → ESP reduce-scatter → EP all-to-all → combine → MP all-gather |
+//! | `parm_s2` | PauseMP with unified collectives: the same, with the all-to-all ∥ ESP all-gather and the ESP reduce-scatter ∥ all-to-all pipelined in `pieces` (ops/pipelined_collectives.hpp) |
+//!
+//! With ESP = MP (Parm's setting) the ESP all-gather is the MP all-gather of Parm's fused kernel;
+//! with ESP < MP only the ESP group gathers (the rest of the MP group holds the same slices and
+//! computes other tokens). PauseMP divides the rows each rank dispatches by MP and the rows each
+//! rank computes by MP / ESP; it adds the MP all-gather of the output.
+//!
+//! Equal by construction, and tested bit for bit: every schedule gives the baseline's output, input
+//! gradient and weight gradient, because every token's slots are combined by the same unpermute in
+//! slot order, and every slice sum is added in ascending slice order. Capacity drops are decided on
+//! the whole token set (the same on every MP rank) before the MP split, so every schedule drops the
+//! same slots. Parameter gradients: every rank ends with its slice's gradient over all the tokens
+//! of its MP group, as in the baseline, where MP peers compute it redundantly; under PauseMP the
+//! MP peers that hold the same slice (MP / ESP of them) each compute their tokens' share and sum
+//! the shares in ascending rank (`ordered_allreduce`), so the trainer's data-parallel reduction is
+//! the same for every schedule. Its bits equal the baseline's when the sums are exact (the tests
+//! use dyadic values); otherwise they differ by the reassociation of one sum.
+//!
+//! Backward: the mirror collectives (the all-to-all ∥ all-gather carries the output gradient to
+//! the slices, the reduce-scatter ∥ all-to-all brings their input gradient back), then the MP
+//! all-gather of `d_x` and `d_weights` (PauseMP).
+
+#include <moecomm/comm/parallel_groups.hpp>
+#include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/core/optional_output.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/core/topology.hpp>
+#include <moecomm/core/workspace.hpp>
+#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/capacity.hpp>
+#include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/ops/matrix_checks.hpp>
+#include <moecomm/ops/ordered_allreduce.hpp>
+#include <moecomm/ops/pipelined_collectives.hpp>
+#include <moecomm/ops/row_collectives.hpp>
+#include <moecomm/patterns/experts.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! The baseline: DeepSpeed-MoE under MP (every MP rank dispatches the same tokens).
+struct deepspeed_mp {
+  static constexpr char const* name = "deepspeed_mp";
+};
+//! PauseMP with separate collectives.
+struct parm_s1 {
+  static constexpr char const* name = "parm_s1";
+};
+//! PauseMP with unified (pipelined) collectives.
+struct parm_s2 {
+  static constexpr char const* name = "parm_s2";
+  std::int32_t pieces = 4;  //!< pipeline depth: each block is cut into this many row slices
+};
+
+//! What one step of a `parm_layer` did on this rank (forward).
+struct parm_report {
+  char const* schedule = "";      //!< the schedule the step ran
+  std::int32_t pieces = 1;        //!< its pipeline depth (1: no overlap)
+  std::int64_t capacity = 0;      //!< C agreed across the EP group, or 0 when dropless
+  std::int64_t dropped_slots = 0; //!< valid slots of the MP group's tokens dropped by capacity
+  std::int64_t rows_dispatched = 0;  //!< rows this rank sent in the dispatch all-to-all (its own included)
+  std::int64_t rows_computed = 0;    //!< rows this rank's expert slices computed
+  alltoall_stats alltoall;        //!< the two EP all-to-alls
+  alltoall_stats expert_slicing;  //!< the ESP all-gather and reduce-scatter (or all-reduce)
+  alltoall_stats model_gather;    //!< the MP all-gather of the output
+};
+
+namespace detail {
+
+template <class Schedule>
+inline constexpr bool pauses_mp_v = !std::is_same_v<Schedule, deepspeed_mp>;
+
+//! `to[i] += from[i]`: the summed shares of a gradient into the experts' own.
+template <class P>
+struct add_into {
+  P const* from;
+  P* to;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { to[i] = to[i] + from[i]; }
+};
+
+//! `data[i] = value`.
+template <class V>
+struct fill_with {
+  V* data;
+  V value;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { data[i] = value; }
+};
+
+}  // namespace detail
+
+//! One MoE layer under MP + EP + ESP (see the file comment).
+//! @tparam Schedule `deepspeed_mp`, `parm_s1` or `parm_s2`; @tparam Capacity `dropless` or
+//! `capacity<rule>` (without `pad_to_capacity`); @tparam Weighting `weighted` or `unweighted`.
+//!
+//! Local expert `l` of EP rank `ep` is global expert `ep * E / EP + l`. With ESP > 1 the experts
+//! must be sliced (patterns/experts.hpp, 3.) with `slices() = ESP` and `slice()` = the rank's ESP
+//! index; with ESP = 1 any experts do (parametric ones when MP > 1 under PauseMP, whose gradients
+//! the MP peers sum).
+template <class T, class Backend, class Comm, class Schedule = parm_s1, class Capacity = dropless, class Weighting = weighted>
+class parm_layer {
+  static_assert(detail::is_dropless_v<Capacity> || !detail::is_receiver_budget_v<Capacity>,
+                "moecomm::parm_layer: receiver_budget is not supported (its drops depend on the MP split); use "
+                "dropless or capacity<rule>");
+
+ public:
+  //! Collective over the world of `groups`.
+  //! @throws error (invalid_argument) unless `num_experts` is a positive multiple of EP.
+  parm_layer(Backend be, parallel_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
+             Schedule schedule = {}, Capacity capacity = {}, routing_checks checks = {})
+      : groups_(&groups),
+        ep_groups_(groups.ep(), topology(groups.ep().size(), 1)),
+        dispatcher_(be, ep_groups_, num_experts, dropless{}, flat{}, unchecked_routing),
+        replicas_(groups.mp().split(groups.coordinates().esp, groups.coordinates().mp)),
+        schedule_(schedule), capacity_(capacity), checks_(checks), num_experts_(num_experts), hidden_(hidden) {
+    detail::require(hidden > 0, "parm_layer", "hidden = ", hidden, " must be positive");
+    if constexpr (std::is_same_v<Schedule, parm_s2>)
+      detail::require(schedule.pieces >= 1, "parm_layer", "schedule.pieces = ", schedule.pieces, " must be at least 1");
+    if constexpr (!detail::is_dropless_v<Capacity>) {
+      validate_capacity_policy(capacity, "parm_layer");
+      detail::require(!capacity.pad_to_capacity, "parm_layer", "capacity.pad_to_capacity is not supported");
+    }
+  }
+
+  //! `out[t]` = the combine of t's kept slots' expert outputs, for all T tokens of the MP group.
+  //! Collective over the world. `routing` and `x` must be the same on every rank of an MP group and
+  //! stay alive and unchanged until `backward` is done.
+  //! @param x `[>= T][hidden]`; @param out `[>= T][hidden]` (the MP all-gather writes it last; after
+  //!        an error its rows are unspecified).
+  //! @throws error (invalid_argument) naming the argument, before any communication.
+  template <class Experts>
+  void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
+    if constexpr (detail::check_experts<T, Experts, false, false>()) checked_forward(routing, x, out, experts);
+  }
+
+  //! The gradients of `x` and (weighted) of the routing weights for the last forward, and the
+  //! experts' parameter gradients (added to theirs). Collective over the world; `d_out` must be the
+  //! same on every rank of an MP group.
+  //! @param d_x `[>= T][hidden]` or `not_needed`; @param d_weights `[>= T * K]` or `not_needed`.
+  template <class ExpertsBackward>
+  void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
+    if constexpr (detail::check_experts<T, ExpertsBackward, false, true>()) checked_backward(d_out, d_x, d_weights, experts);
+  }
+
+  [[nodiscard]] parm_report const& report() const { return report_; }
+  [[nodiscard]] parallel_groups<Comm>& groups() const { return *groups_; }
+
+ private:
+  using rows_t = typename Backend::template buffer_type<T>;
+  static constexpr bool pauses_mp = detail::pauses_mp_v<Schedule>;
+
+  [[nodiscard]] Backend const& be() const { return dispatcher_.backend(); }
+  [[nodiscard]] std::int32_t mp_size() const { return groups_->sizes().model; }
+  [[nodiscard]] std::int32_t esp_size() const { return groups_->sizes().expert_slicing; }
+  [[nodiscard]] std::int32_t pieces() const {
+    if constexpr (std::is_same_v<Schedule, parm_s2>) return schedule_.pieces;
+    else return 1;
+  }
+
+  template <class Experts>
+  void check_experts_slicing(Experts const& experts, char const* op) const {
+    std::int32_t const n = esp_size(), me = groups_->coordinates().esp;
+    if constexpr (detail::is_sliced_experts_v<Experts>) {
+      detail::require(experts.slices() == n && experts.slice() == me, op, "argument 'experts' holds slice ", experts.slice(),
+                      " of ", experts.slices(), ", this rank needs slice ", me, " of sizes.expert_slicing = ", n);
+    } else {
+      detail::require(n == 1, op, "sizes.expert_slicing = ", n, " needs sliced experts (slices() and slice(), patterns/experts.hpp)");
+      detail::require(!pauses_mp || mp_size() == 1 || detail::is_parametric_experts_v<Experts>, op,
+                      "under PauseMP with sizes.model = ", mp_size(),
+                      " the MP peers sum their experts' gradients, so the experts must be parametric");
+    }
+  }
+
+  // ---- forward ----------------------------------------------------------------------------------
+  template <class Experts>
+  void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
+    char const* op = "parm_layer::forward";
+    detail::require(routing.num_tokens >= 0, op, "routing.num_tokens = ", routing.num_tokens, " is negative");
+    detail::check_rows(x, routing.num_tokens, op, "x", "one row per token: routing.num_tokens");
+    detail::require(x.hidden == hidden_, op, "argument 'x' has hidden = ", x.hidden, ", the layer's hidden = ", hidden_);
+    detail::check_rows(out, routing.num_tokens, op, "out", "one row per token: routing.num_tokens");
+    detail::require(out.hidden == hidden_, op, "argument 'out' has hidden = ", out.hidden, ", the layer's hidden = ", hidden_);
+    detail::check_no_overlap(x, routing.num_tokens, "x", out, routing.num_tokens, "out", op);
+    check_experts_slicing(experts, op);
+    routed_ = false;
+    report_ = {};
+    report_.schedule = Schedule::name;
+    report_.pieces = pieces();
+    routing_view const kept = apply_capacity(routing);
+    tokens_ = routing.num_tokens;
+    top_k_ = routing.top_k;
+    if constexpr (pauses_mp) paused_forward(kept, x, out, experts);
+    else baseline_forward(kept, x, out, experts);
+    routed_ = true;
+  }
+
+  //! The capacity policy's drops over all T tokens (identical on every MP rank), as the
+  //! dispatcher takes them; returns the kept routing.
+  routing_view apply_capacity(routing_view const& routing) {
+    if constexpr (detail::is_dropless_v<Capacity>) {
+      build_permute_plan(be(), routing, num_experts_, all_plan_, scratch_, checks_);  // validates
+      return routing;
+    } else {
+      build_permute_plan(be(), routing, num_experts_, all_plan_, scratch_, checks_);
+      std::int64_t const c = agree_on_capacity(
+          expert_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor, capacity_.min_capacity));
+      std::int64_t const slots = routing.num_tokens * routing.top_k;
+      array_view<std::int32_t> const kept_idx{grow(be(), kept_idx_, slots).data(), slots};
+      capacity_result const result = drop_to_capacity(be(), all_plan_, c, kept_idx, scratch_, capacity_.rule, first_token(routing));
+      report_.capacity = c;
+      report_.dropped_slots = result.dropped_slots;
+      routing_view kept = routing;
+      kept.topk_idx = kept_idx.data;
+      return kept;
+    }
+  }
+
+  //! The largest capacity of the EP group (the dispatcher's rule, over the ranks that exchange).
+  std::int64_t agree_on_capacity(std::int64_t mine) {
+    std::int32_t const n = groups_->ep().size();
+    std::int64_t* const all = scratch_.template host<std::int64_t>(n + 1);
+    all[n] = mine;
+    groups_->ep().allgather(all + n, all, sizeof(std::int64_t));
+    std::int64_t c = 0;
+    for (std::int32_t r = 0; r < n; ++r) c = all[r] > c ? all[r] : c;
+    return c;
+  }
+
+  //! `drop_random`'s global index of this rank's token 0 over the EP group (the dispatcher's rule).
+  std::int64_t first_token(routing_view const& routing) {
+    if constexpr (!std::is_same_v<decltype(capacity_.rule), drop_random>) {
+      return 0;
+    } else {
+      std::int32_t const n = groups_->ep().size();
+      std::int64_t* const tokens = scratch_.template host<std::int64_t>(n + 1);
+      tokens[n] = routing.num_tokens;
+      groups_->ep().allgather(tokens + n, tokens, sizeof(std::int64_t));
+      std::int64_t first = 0;
+      for (std::int32_t s = 0; s < groups_->ep().rank(); ++s) first += tokens[s];
+      return first;
+    }
+  }
+
+  template <class Experts>
+  void baseline_forward(routing_view const& kept, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
+    dispatcher_.route(kept);
+    std::int64_t const rows = dispatcher_.received_rows();
+    report_.rows_dispatched = dispatcher_.plan().num_rows();
+    report_.rows_computed = rows;
+    dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
+    auto const& offsets = dispatcher_.local_expert_offsets();
+    matrix_view<T> const partial = view(grow_rows(partial_out_, rows), rows);
+    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l) {
+      std::int64_t const b = offsets[static_cast<std::size_t>(l)], n = offsets[static_cast<std::size_t>(l) + 1] - b;
+      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, b, n), rows_at(partial_out_, b, n));
+      detail::charge_expert_flops(be(), experts, n, 1);
+    }
+    matrix_view<T> const summed = esp_allreduce(partial, expert_out_);
+    record_baseline_traffic();
+    dispatcher_.template combine<Weighting, T>(matrix_view<T const>(summed), out);
+  }
+
+  template <class Experts>
+  void paused_forward(routing_view const& kept, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
+    std::int32_t const mp = groups_->coordinates().mp;
+    row_range const mine = row_slice(kept.num_tokens, mp_size(), mp);
+    slice_ = mine;
+    dispatcher_.route(slice_routing(kept, mine));
+    exchange_block_counts();
+    matrix_view<T const> const x_mine{x.data + mine.begin * hidden_, mine.count, hidden_};
+    matrix_view<T const> const sent = dispatcher_.template permuted<T>(x_mine);
+    report_.rows_dispatched = sent.rows;
+    std::int64_t const rows = gathered_rows_;
+    report_.rows_computed = rows;
+    alltoall_allgather(be(), groups_->ep(), groups_->esp(), sent, send_rows(), recv_rows(), view(grow_rows(expert_in_, rows), rows),
+                       pipe_, pieces());
+    for_each_segment([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, b, n), rows_at(grow_rows(partial_out_, rows), b, n));
+      detail::charge_expert_flops(be(), experts, n, 1);
+    });
+    matrix_view<T> const returned = dispatcher_.template returned_rows<T>(hidden_);
+    reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(view(partial_out_, rows)), recv_rows(),
+                            send_rows(), returned, pipe_, pieces());
+    matrix_view<T> const out_mine = view(grow_rows(out_slice_, mine.count), mine.count);
+    dispatcher_.template combine_returned<Weighting, T>(out_mine);
+    record_paused_traffic();
+    row_allgather(be(), groups_->mp(), matrix_view<T const>(out_mine), matrix_view<T>{out.data, kept.num_tokens, hidden_}, scratch_);
+  }
+
+  // ---- backward ---------------------------------------------------------------------------------
+  template <class Experts>
+  void checked_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                        optional_output<array_view<float>> d_weights, Experts& experts) {
+    char const* op = "parm_layer::backward";
+    if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
+    detail::check_rows(d_out, tokens_, op, "d_out", "one row per token of the last forward");
+    detail::require(d_out.hidden == hidden_, op, "argument 'd_out' has hidden = ", d_out.hidden, ", the layer's hidden = ", hidden_);
+    if (d_x.wanted()) {
+      detail::check_rows(d_x.view(), tokens_, op, "d_x", "one row per token of the last forward");
+      detail::require(d_x.view().hidden == hidden_, op, "argument 'd_x' has hidden = ", d_x.view().hidden,
+                      ", the layer's hidden = ", hidden_);
+    }
+    if (d_weights.wanted()) {
+      detail::require(detail::is_weighted<Weighting>(), op,
+                      "argument 'd_weights' was given, but an unweighted layer has no routing-weight gradient; pass "
+                      "moecomm::not_needed");
+      detail::check_elements(d_weights.view(), tokens_ * top_k_, op, "d_weights",
+                             "one per routing slot of the last forward: num_tokens * top_k");
+    }
+    check_experts_slicing(experts, op);
+    if constexpr (pauses_mp) paused_backward(d_out, d_x, d_weights, experts);
+    else baseline_backward(d_out, d_x, d_weights, experts);
+  }
+
+  template <class Experts>
+  void baseline_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                         optional_output<array_view<float>> d_weights, Experts& experts) {
+    std::int64_t const rows = dispatcher_.received_rows();
+    dispatcher_.template combine_backward<Weighting, T>(d_out, view(grow_rows(d_expert_out_, rows), rows), d_weights);
+    auto const& offsets = dispatcher_.local_expert_offsets();
+    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l) {
+      std::int64_t const b = offsets[static_cast<std::size_t>(l)], n = offsets[static_cast<std::size_t>(l) + 1] - b;
+      detail::run_local_expert_backward<T>(experts, l, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n),
+                                           rows_at(grow_rows(d_partial_in_, rows), b, n));
+      detail::charge_expert_flops(be(), experts, n, 2);
+    }
+    matrix_view<T> const summed = esp_allreduce(view(d_partial_in_, rows), d_expert_in_);
+    dispatcher_.template dispatch_backward<T>(matrix_view<T const>(summed), d_x);
+  }
+
+  template <class Experts>
+  void paused_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                       optional_output<array_view<float>> d_weights, Experts& experts) {
+    row_range const mine = slice_;
+    std::int32_t const k = top_k_;
+    std::int64_t const rows = gathered_rows_;
+    float* const d_w_mine = grow(be(), d_weights_slice_, mine.count * k).data();
+    matrix_view<T const> const d_out_mine{d_out.data + mine.begin * hidden_, mine.count, hidden_};
+    matrix_view<T const> const d_sent = dispatcher_.template combine_gradient<Weighting, T>(
+        d_out_mine, d_weights.wanted() ? optional_output<array_view<float>>(array_view<float>{d_w_mine, mine.count * k})
+                                       : optional_output<array_view<float>>(not_needed));
+    alltoall_allgather(be(), groups_->ep(), groups_->esp(), d_sent, send_rows(), recv_rows(),
+                       view(grow_rows(d_expert_out_, rows), rows), pipe_, pieces());
+    bool const replicated = mp_size() / esp_size() > 1;
+    stage_gradients(experts, replicated);
+    for_each_segment([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      matrix_view<T> const d_in = rows_at(grow_rows(d_partial_in_, rows), b, n);
+      if constexpr (detail::is_parametric_experts_v<Experts>) {
+        experts.backward(experts.parameters(l), rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), d_in,
+                         replicated ? staged_gradient(experts, l) : experts.gradients(l));
+      } else {
+        detail::run_local_expert_backward<T>(experts, l, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), d_in);
+      }
+      detail::charge_expert_flops(be(), experts, n, 2);
+    });
+    matrix_view<T> const d_returned = view(grow_rows(d_returned_, dispatcher_.plan().num_rows()), dispatcher_.plan().num_rows());
+    reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(view(d_partial_in_, rows)), recv_rows(),
+                            send_rows(), d_returned, pipe_, pieces());
+    if (replicated) sum_gradients_over_replicas(experts);
+    matrix_view<T> const d_x_mine = view(grow_rows(d_x_slice_, mine.count), mine.count);
+    dispatcher_.template dispatch_gradient<T>(matrix_view<T const>(d_returned), d_x_mine);
+    // Every rank takes part in the MP all-gathers: its peers need its slice.
+    matrix_view<T> const d_x_all = d_x.wanted() ? d_x.view() : view(grow_rows(d_x_unwanted_, tokens_), tokens_);
+    row_allgather(be(), groups_->mp(), matrix_view<T const>(d_x_mine), matrix_view<T>{d_x_all.data, tokens_, hidden_}, scratch_);
+    if constexpr (detail::is_weighted<Weighting>()) {
+      float* const d_w_all = d_weights.wanted() ? d_weights.view().data : grow(be(), d_weights_unwanted_, tokens_ * k).data();
+      if (!d_weights.wanted()) be().for_each_index(mine.count * k, detail::fill_with<float>{d_w_mine, 0.0f});
+      row_allgather(be(), groups_->mp(), matrix_view<float const>{d_w_mine, mine.count, k}, matrix_view<float>{d_w_all, tokens_, k},
+                    scratch_);
+    }
+  }
+
+  //! Under PauseMP the MP peers that hold the same slice see different tokens: each adds its share
+  //! into a staged gradient, and the shares are summed in ascending rank into the experts' own.
+  template <class Experts>
+  void stage_gradients(Experts& experts, bool replicated) {
+    if constexpr (detail::is_parametric_experts_v<Experts>) {
+      if (!replicated) return;
+      using P = detail::parameter_t<Experts>;
+      std::int64_t const n = experts.parameter_count() * dispatcher_.num_local_experts();
+      P* const staged = grad_scratch_.template get<P>(be(), n);
+      be().for_each_index(n, detail::fill_with<P>{staged, P{0}});
+    }
+  }
+  template <class Experts>
+  auto staged_gradient(Experts& experts, std::int32_t l) {
+    using P = detail::parameter_t<Experts>;
+    return grad_scratch_.template get<P>(be(), experts.parameter_count() * dispatcher_.num_local_experts()) +
+           l * experts.parameter_count();
+  }
+  template <class Experts>
+  void sum_gradients_over_replicas(Experts& experts) {
+    if constexpr (detail::is_parametric_experts_v<Experts>) {
+      using P = detail::parameter_t<Experts>;
+      std::int64_t const count = experts.parameter_count(), n = count * dispatcher_.num_local_experts();
+      P* const staged = grad_scratch_.template get<P>(be(), n);
+      ordered_allreduce(be(), replicas_, array_view<P>{staged, n}, replica_scratch_);
+      for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l)
+        be().for_each_index(count, detail::add_into<P>{staged + l * count, experts.gradients(l)});
+      be().synchronize();
+    }
+  }
+
+  // ---- shared pieces ----------------------------------------------------------------------------
+  //! The ESP all-reduce of the baseline's slice outputs: rows identical on the ESP group, summed in
+  //! ascending slice order (ordered reduce-scatter, then all-gather). With ESP = 1, `partial` itself.
+  matrix_view<T> esp_allreduce(matrix_view<T> partial, rows_t& summed) {
+    if (esp_size() == 1) return partial;
+    Comm& esp = groups_->esp();
+    row_range const own = row_slice(partial.rows, esp_size(), esp.rank());
+    matrix_view<T> const own_sum = view(grow_rows(esp_slice_, own.count), own.count);
+    ordered_reduce_scatter(be(), esp, matrix_view<T const>(partial), own_sum, scratch_);
+    matrix_view<T> const all = view(grow_rows(summed, partial.rows), partial.rows);
+    row_allgather(be(), esp, matrix_view<T const>(own_sum), all, scratch_);
+    for (std::int32_t g = 0; g < esp_size(); ++g) {
+      if (g == esp.rank()) continue;
+      std::int64_t const bytes = row_slice(partial.rows, esp_size(), esp.rank()).count * partial.row_bytes();
+      record(report_.expert_slicing, groups_->esp_member(g), bytes);  // reduce-scatter
+      record(report_.expert_slicing, groups_->esp_member(g), bytes);  // all-gather
+    }
+    return all;
+  }
+
+  //! The tokens of `mine` as a routing of their own.
+  static routing_view slice_routing(routing_view const& routing, row_range mine) {
+    routing_view s = routing;
+    std::int64_t const first = mine.begin * routing.top_k;
+    s.topk_idx = routing.topk_idx == nullptr ? nullptr : routing.topk_idx + first;
+    s.topk_weights = routing.topk_weights == nullptr ? nullptr : routing.topk_weights + first;
+    s.num_tokens = mine.count;
+    return s;
+  }
+
+  //! `send_rows_` `[EP]`, and, all-gathered over the ESP group, `chunk_counts_` `[ESP][EP][L]` and
+  //! `recv_rows_` `[ESP][EP]`: what the pipelined collectives and the experts' segments need.
+  void exchange_block_counts() {
+    std::int32_t const peers = groups_->ep().size(), members = esp_size(), locals = dispatcher_.num_local_experts();
+    std::int64_t const mine = std::int64_t{peers} * locals;
+    send_rows_.resize(static_cast<std::size_t>(peers));
+    for (std::int32_t p = 0; p < peers; ++p) send_rows_[static_cast<std::size_t>(p)] = dispatcher_.rows_to(p);
+    chunk_counts_.resize(static_cast<std::size_t>((members + 1) * mine));
+    std::int64_t* const own = chunk_counts_.data() + members * mine;
+    auto const& offsets = dispatcher_.rank_major_offsets();
+    for (std::int64_t i = 0; i < mine; ++i) own[i] = offsets[static_cast<std::size_t>(i) + 1] - offsets[static_cast<std::size_t>(i)];
+    groups_->esp().allgather(own, chunk_counts_.data(), mine * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    recv_rows_.assign(static_cast<std::size_t>(members) * peers, 0);
+    gathered_rows_ = 0;
+    for (std::int64_t i = 0; i < members * mine; ++i) {
+      recv_rows_[static_cast<std::size_t>(i / locals)] += chunk_counts_[static_cast<std::size_t>(i)];
+      gathered_rows_ += chunk_counts_[static_cast<std::size_t>(i)];
+    }
+  }
+  [[nodiscard]] array_view<std::int64_t const> send_rows() const { return {send_rows_.data(), static_cast<std::int64_t>(send_rows_.size())}; }
+  [[nodiscard]] array_view<std::int64_t const> recv_rows() const { return {recv_rows_.data(), static_cast<std::int64_t>(recv_rows_.size())}; }
+
+  //! `f(l, first row, rows)` for every (ESP member, source, local expert) segment of the gathered rows.
+  template <class F>
+  void for_each_segment(F&& f) const {
+    std::int32_t const locals = dispatcher_.num_local_experts();
+    std::int64_t const segments = std::int64_t{esp_size()} * groups_->ep().size() * locals;
+    std::int64_t at = 0;
+    for (std::int64_t i = 0; i < segments; ++i) {
+      std::int64_t const n = chunk_counts_[static_cast<std::size_t>(i)];
+      if (n > 0) f(static_cast<std::int32_t>(i % locals), at, n);
+      at += n;
+    }
+  }
+
+  // ---- traffic report ---------------------------------------------------------------------------
+  void record(alltoall_stats& stats, std::int32_t to, std::int64_t bytes, std::int64_t messages = 1) const {
+    if (bytes == 0) return;
+    std::int32_t const me = groups_->world().rank();
+    stats.record(groups_->nodes(), me, to, bytes);
+    if (me == to || messages <= 1) return;
+    (groups_->nodes().same_node(me, to) ? stats.intra_messages : stats.inter_messages) += messages - 1;
+  }
+  //! The baseline's all-to-alls (the ESP all-reduce is recorded where it runs).
+  void record_baseline_traffic() {
+    std::int64_t const row_bytes = hidden_ * static_cast<std::int64_t>(sizeof(T));
+    std::int32_t const me = groups_->ep().rank(), locals = dispatcher_.num_local_experts();
+    for (std::int32_t p = 0; p < groups_->ep().size(); ++p) {
+      std::int64_t back = 0;
+      for (std::int32_t l = 0; l < locals; ++l) back += dispatcher_.rows_from(p, me * locals + l);
+      record(report_.alltoall, groups_->ep_member(p), dispatcher_.rows_to(p) * row_bytes);  // dispatch
+      record(report_.alltoall, groups_->ep_member(p), back * row_bytes);                   // combine
+    }
+  }
+  void record_paused_traffic() {
+    std::int64_t const row_bytes = hidden_ * static_cast<std::int64_t>(sizeof(T));
+    std::int32_t const w = pieces(), me_g = groups_->esp().rank(), peers = groups_->ep().size();
+    auto pieces_of = [&](std::int64_t rows) { return rows < w ? rows : std::int64_t{w}; };
+    for (std::int32_t p = 0; p < peers; ++p) {
+      std::int64_t const out = send_rows_[static_cast<std::size_t>(p)], back = recv_rows_[static_cast<std::size_t>(me_g * peers + p)];
+      record(report_.alltoall, groups_->ep_member(p), out * row_bytes, pieces_of(out));
+      record(report_.alltoall, groups_->ep_member(p), back * row_bytes, pieces_of(back));
+    }
+    std::int64_t own = 0;
+    for (std::int32_t p = 0; p < peers; ++p) own += recv_rows_[static_cast<std::size_t>(me_g * peers + p)];
+    for (std::int32_t g = 0; g < esp_size(); ++g) {
+      if (g == me_g) continue;
+      std::int64_t theirs = 0;
+      for (std::int32_t p = 0; p < peers; ++p) theirs += recv_rows_[static_cast<std::size_t>(g * peers + p)];
+      record(report_.expert_slicing, groups_->esp_member(g), own * row_bytes, pieces_of(own));        // all-gather
+      record(report_.expert_slicing, groups_->esp_member(g), theirs * row_bytes, pieces_of(theirs));  // reduce-scatter
+    }
+    for (std::int32_t m = 0; m < mp_size(); ++m)
+      if (m != groups_->coordinates().mp) record(report_.model_gather, groups_->mp_member(m), slice_.count * row_bytes);
+  }
+
+  rows_t& grow_rows(rows_t& b, std::int64_t rows) const { return grow(be(), b, rows * hidden_); }
+  matrix_view<T> view(rows_t& b, std::int64_t rows) const { return {b.data(), rows, hidden_}; }
+  matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
+
+  parallel_groups<Comm>* groups_;
+  exchange_groups<Comm> ep_groups_;
+  dispatcher<Backend, Comm, dropless, flat> dispatcher_;  //!< over the EP group; capacity is applied before it
+  Comm replicas_;  //!< the MP peers that hold this rank's slice (MP / ESP of them)
+  Schedule schedule_;
+  Capacity capacity_;
+  routing_checks checks_;
+  std::int32_t num_experts_;
+  std::int64_t hidden_;
+  permute_plan<Backend> all_plan_;  //!< the plan of all T tokens: validation and capacity
+  typename Backend::template buffer_type<std::int32_t> kept_idx_;
+  workspace<Backend> scratch_, grad_scratch_, replica_scratch_;
+  pipeline_workspace<Backend> pipe_;
+  std::vector<std::int64_t> send_rows_, recv_rows_, chunk_counts_;  //!< kept between steps
+  std::int64_t gathered_rows_ = 0, tokens_ = 0;
+  std::int32_t top_k_ = 0;
+  row_range slice_;  //!< this rank's tokens under PauseMP
+  rows_t expert_in_, partial_out_, expert_out_, esp_slice_, out_slice_;
+  rows_t d_expert_out_, d_partial_in_, d_expert_in_, d_returned_, d_x_slice_, d_x_unwanted_;
+  typename Backend::template buffer_type<float> d_weights_slice_, d_weights_unwanted_;
+  parm_report report_;
+  bool routed_ = false;
+};
+
+MOECOMM_NAMESPACE_END
