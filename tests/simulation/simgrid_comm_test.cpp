@@ -3,6 +3,7 @@
 // payloads, poisoned receive buffers), sub-groups work, bad calls throw on every rank as
 // in-process, and the simulated time of an all-to-all is the alpha-beta figure of the platform.
 
+#include "../comm/pipelined_collectives_cases.hpp"
 #include "../comm/row_collectives_cases.hpp"
 #include "../support/test_support.hpp"
 #include "sim_support.hpp"
@@ -153,6 +154,48 @@ TEST_CASE("simulated comm: row collectives and parallel groups behave as in-proc
     moecomm::simgrid_world groups = sim_world(8, 4);
     groups.run([&](moecomm::simgrid_communicator comm) { check_parallel_groups_on_rank(comm, sizes); });
   }
+}
+
+TEST_CASE("simulated comm: the pipelined collectives equal the two collectives in turn, on simulated ranks") {
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 2}}) {
+    moecomm::simgrid_world world = sim_world(8, 4);
+    world.run([&](moecomm::simgrid_communicator comm) {
+      check_pipelined_collectives_on_rank<float>(moecomm::simulated_backend<>{}, comm, sizes);
+    });
+  }
+}
+
+// Simulated seconds of one alltoall_allgather of `rows` rows per block, MP 4 x EP 2 with ESP 4 on
+// 2 nodes of 4: the all-to-all crosses the NIC, the gather stays on NVLink.
+inline double pipelined_seconds(std::int32_t pieces, std::int64_t rows) {
+  moecomm::simgrid_world world = sim_world(8, 4);
+  double seconds = 0;
+  world.run([&](moecomm::simgrid_communicator comm) {
+    moecomm::parallel_groups<moecomm::simgrid_communicator> groups(comm, {4, 2, 4});
+    std::int64_t const h = 1024;
+    std::vector<std::int64_t> const send(2, rows), recv(8, rows);
+    std::vector<float> in(static_cast<std::size_t>(2 * rows * h), 1.0f), out(static_cast<std::size_t>(8 * rows * h));
+    moecomm::pipeline_workspace<moecomm::simulated_backend<>> scratch;
+    double const start = moecomm::simulated_seconds{}();
+    moecomm::alltoall_allgather(moecomm::simulated_backend<>{}, groups.ep(), groups.esp(),
+                                moecomm::matrix_view<float const>{in.data(), 2 * rows, h},
+                                moecomm::array_view<std::int64_t const>(send), moecomm::array_view<std::int64_t const>(recv),
+                                moecomm::matrix_view<float>{out.data(), 8 * rows, h}, scratch, pieces);
+    comm.barrier();
+    if (comm.rank() == 0) seconds = moecomm::simulated_seconds{}() - start;
+  });
+  return seconds;
+}
+
+TEST_CASE("simulated comm: pipelining the all-to-all with the all-gather overlaps them in simulated time") {
+  // The all-to-all puts 4 MiB through each node's 12.5 GB/s NIC (~0.34 ms); the gather 6 MiB per
+  // rank through NVLink ports of 100 GB/s (~0.06 ms) plus the packing copies: overlap can hide at
+  // most the gather, ~15 % of the separate time. Measured: 0.461 ms separate, 0.422 ms in 4 pieces.
+  double const separate = pipelined_seconds(1, 256), pipelined = pipelined_seconds(4, 256);
+  CAPTURE(separate);
+  CAPTURE(pipelined);
+  CHECK(pipelined > 0);
+  CHECK(pipelined < 0.95 * separate);
 }
 
 }  // namespace test

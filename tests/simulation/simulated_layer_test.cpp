@@ -5,6 +5,7 @@
 // end every simulated rank with an error; simulated time is deterministic and shows overlap.
 
 #include "../patterns/layer_cases.hpp"
+#include "../patterns/parm_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
 #include "sim_support.hpp"
 
@@ -166,6 +167,17 @@ TEST_CASE("simulated layer: FasterMoE's planner prices the model-sized layer the
     CHECK(model.forward_compute_time(100) == doctest::Approx(16 * unscaled.forward_compute_time(100)).epsilon(1e-15));
     CHECK(model.token_transfer_time(3, 5) == doctest::Approx(2 * unscaled.token_transfer_time(3, 5)).epsilon(1e-15));
   });
+}
+
+TEST_CASE("simulated layer: Parm's schedules equal the unsliced oracle on simulated ranks") {
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{2, 2, 2}}) {
+    CAPTURE(sizes.model);
+    CAPTURE(sizes.expert);
+    moecomm::simgrid_world world = sim_world(8, 4);
+    world.run([&](moecomm::simgrid_communicator comm) {
+      check_parm_schedules_on_rank<float>(moecomm::simulated_backend<>{}, comm, parm_case{sizes, 37, 8, 2, 0}, moecomm::dropless{});
+    });
+  }
 }
 
 }  // namespace test
