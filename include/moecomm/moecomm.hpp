@@ -43,4 +43,5 @@
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/measure/calibration.hpp>
 #include <moecomm/plan/cost_model.hpp>
+#include <moecomm/plan/parm_cost_model.hpp>
 #include <moecomm/plan/shadow_selection.hpp>

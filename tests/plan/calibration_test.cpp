@@ -2,7 +2,7 @@
 // Calibration (measure/calibration.hpp): with a fake clock whose times are exactly a + b·size the
 // fit recovers a and b, and the median ignores the untimed call and outliers; link measurements
 // over in-process ranks are positive, agreed as the slowest rank's, and the same bits on every
-// rank; the conversion to FasterMoE's parameters; and errors that name the argument.
+// rank; the conversions to FasterMoE's and to Parm's parameters; and errors that name the argument.
 
 #include "../support/test_support.hpp"
 
@@ -178,6 +178,45 @@ TEST_CASE("calibration: to_fastermoe_cost_params takes the rates and keeps the r
   check_error([&] { (void)moecomm::to_fastermoe_cost_params(compute, {intra, flat}, base); },
               moecomm::status::invalid_argument,
               {"moecomm::to_fastermoe_cost_params: links.inter_node.slope = 0 s is not positive"});
+}
+
+TEST_CASE("calibration: to_parm_cost_params takes the fits as alpha and beta and keeps the rest") {
+  moecomm::parm_cost_params base;
+  base.copy_bytes_per_second = 1e11;
+  moecomm::compute_calibration const compute{{1e-5, 0.5e-6, {}, {}, 0}, 2e6};  // 4 TFLOP/s
+  linear_fit const intra{1e-6, 0.25e-9, {}, {}, 0};
+  linear_fit const inter{2e-6, 1e-9, {}, {}, 0};
+
+  auto const both = moecomm::to_parm_cost_params(compute, {intra, inter}, base);
+  CHECK(both.gemm_flops == doctest::Approx(4e12));
+  CHECK(both.intra.alpha_seconds == 1e-6);
+  CHECK(both.intra.beta_seconds_per_byte == 0.25e-9);
+  CHECK(both.inter.alpha_seconds == 2e-6);
+  CHECK(both.inter.beta_seconds_per_byte == 1e-9);
+  CHECK(both.copy_bytes_per_second == 1e11);
+
+  auto const one_node = moecomm::to_parm_cost_params(compute, {intra, std::nullopt}, base);
+  CHECK(one_node.inter.alpha_seconds == 1e-6);
+  CHECK(one_node.inter.beta_seconds_per_byte == 0.25e-9);
+  auto const one_per_node = moecomm::to_parm_cost_params(compute, {std::nullopt, inter}, base);
+  CHECK(one_per_node.intra.alpha_seconds == 2e-6);
+  CHECK(one_per_node.intra.beta_seconds_per_byte == 1e-9);
+  auto const one_rank = moecomm::to_parm_cost_params(compute, {}, base);
+  CHECK(one_rank.intra.beta_seconds_per_byte == base.intra.beta_seconds_per_byte);
+  CHECK(one_rank.inter.alpha_seconds == base.inter.alpha_seconds);
+
+  moecomm::compute_calibration unstated = compute;
+  unstated.flops_per_row = 0;
+  check_error([&] { (void)moecomm::to_parm_cost_params(unstated, {}, base); }, moecomm::status::invalid_argument,
+              {"moecomm::to_parm_cost_params: compute.flops_per_row = 0 was not stated"});
+  linear_fit const flat{1e-6, 0, {}, {}, 0};
+  check_error([&] { (void)moecomm::to_parm_cost_params(compute, {flat, inter}, base); },
+              moecomm::status::invalid_argument,
+              {"moecomm::to_parm_cost_params: links.intra_node.slope = 0 s is not positive"});
+  linear_fit const early{-3e-7, 1e-9, {}, {}, 0};  // a fit below zero at size 0
+  check_error([&] { (void)moecomm::to_parm_cost_params(compute, {intra, early}, base); },
+              moecomm::status::invalid_argument,
+              {"moecomm::to_parm_cost_params: links.inter_node.intercept = -3e-07 s is negative"});
 }
 
 TEST_CASE("calibration: bad options are errors that name them") {

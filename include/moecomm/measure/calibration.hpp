@@ -3,7 +3,8 @@
 //! @file
 //! Calibration: the cost models' machine constants measured on the running system. A compute rate
 //! from a user callable timed over a few row counts; each link class's latency and bandwidth from
-//! timed exchanges of a few message sizes; and their conversion to `fastermoe_cost_params`.
+//! timed exchanges of a few message sizes; and their conversion to `fastermoe_cost_params` and to
+//! `parm_cost_params`.
 //!
 //! Why measure/ and not plan/: the planners are pure host functions of their inputs and never touch
 //! a buffer, a communicator or a clock, so they give the same answer on every rank by construction.
@@ -20,6 +21,7 @@
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
 #include <moecomm/plan/cost_model.hpp>
+#include <moecomm/plan/parm_cost_model.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -137,12 +139,25 @@ inline linear_fit fit_line(char const* op, std::vector<std::int64_t> sizes, std:
   return fit;
 }
 
-//! `units / fit.slope`: what one second buys (FLOPs, bytes), once the slope is known to be positive.
-//! The fit is named in a message as `prefix` + `name` (e.g. "links." "intra_node").
-inline double per_second(char const* op, linear_fit const& fit, char const* prefix, char const* name, double units) {
+//! Refuses a fit whose slope is not positive, naming it as `prefix` + `name` (e.g. "links." "intra_node").
+inline void require_rising(char const* op, linear_fit const& fit, char const* prefix, char const* name) {
   require(fit.slope > 0, op, prefix, name, ".slope = ", fit.slope,
           " s is not positive: the time did not grow with the size; time larger sizes or more repeats");
+}
+
+//! `units / fit.slope`: what one second buys (FLOPs, bytes), once the slope is known to be positive.
+inline double per_second(char const* op, linear_fit const& fit, char const* prefix, char const* name, double units) {
+  require_rising(op, fit, prefix, name);
   return units / fit.slope;
+}
+
+//! A link fit as Parm's α and β: its intercept and slope, once the slope is known to be positive and
+//! the intercept not negative. The fit is named `links.<name>`.
+inline parm_link parm_link_of(char const* op, linear_fit const& fit, char const* name) {
+  require_rising(op, fit, "links.", name);
+  require(fit.intercept >= 0, op, "links.", name, ".intercept = ", fit.intercept,
+          " s is negative: a message cannot take less than no time; time smaller sizes or more repeats");
+  return {fit.intercept, fit.slope};
 }
 
 //! `flops_per_row / time.slope`; a message names the fields after `prefix` ("compute." or "").
@@ -257,6 +272,24 @@ template <class Backend, class Comm, class Clock = steady_seconds>
   if (links.inter_node) base.net_bandwidth = detail::per_second(op, *links.inter_node, "links.", "inter_node", 1.0);
   if (!links.intra_node && links.inter_node) base.local_bandwidth = base.net_bandwidth;
   if (links.intra_node && !links.inter_node) base.net_bandwidth = base.local_bandwidth;
+  return base;
+}
+
+//! `base` with the measured machine constants: `gemm_flops` = `compute.flops_per_second()`
+//! (state `flops_per_row` as the model counts a row: 4·hidden·ffn/G for the forward), `intra` and
+//! `inter` = (intercept, slope) of the intra- and inter-node links, as α and β. A class the topology
+//! lacks takes the other's fit, so that no prediction mixes measured and default links; with
+//! neither (one rank), `base`'s stay. `copy_bytes_per_second` is not measured: `base`'s stays.
+//! @throws error (invalid_argument) naming a fit whose slope is not positive or whose intercept is
+//!         negative, or a missing `flops_per_row`.
+[[nodiscard]] inline parm_cost_params to_parm_cost_params(compute_calibration const& compute,
+                                                          link_calibration const& links, parm_cost_params base = {}) {
+  char const* op = "to_parm_cost_params";
+  base.gemm_flops = detail::flop_rate(op, "compute.", compute);
+  if (links.intra_node) base.intra = detail::parm_link_of(op, *links.intra_node, "intra_node");
+  if (links.inter_node) base.inter = detail::parm_link_of(op, *links.inter_node, "inter_node");
+  if (!links.intra_node && links.inter_node) base.intra = base.inter;
+  if (links.intra_node && !links.inter_node) base.inter = base.intra;
   return base;
 }
 

@@ -1,0 +1,380 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parm's cost model (plan/parm_cost_model.hpp): the three schedules on hand-computed numbers, the
+// link class of each group kind, S2 against S1 (equal without pipelining but for the copies, cheaper
+// by overlap, dearer with many pieces and a large α), predictions that grow with the tokens, the
+// conversion from a cluster_spec, and errors that name the field.
+
+#include "../support/test_support.hpp"
+
+#include <moecomm/plan/parm_cost_model.hpp>
+
+#include <functional>
+#include <string>
+
+namespace test {
+
+using moecomm::parm_cost_model;
+using moecomm::parm_cost_params;
+using moecomm::parm_layer_shape;
+using moecomm::parm_prediction;
+using moecomm::parm_schedule;
+
+// Units in which every term below is a small binary fraction, so predictions compare exactly.
+parm_cost_params parm_unit_params() {
+  parm_cost_params p;
+  p.intra = {0.25, 0.125};
+  p.inter = {0.5, 0.25};
+  p.gemm_flops = 64;
+  p.copy_bytes_per_second = 128;
+  return p;
+}
+
+// T 8, K 2 (S = 16 slot rows), H 4 x 2 bytes (b = 8), F 8, E 4 (L = 2 per rank), 128 bytes per
+// expert (a slice: 64); M 4, P 2, G 2, 4 ranks per node: MP and ESP inside a node, EP across
+// (4 % (P·M = 8) != 0); W 2.
+parm_layer_shape parm_small_shape() {
+  parm_layer_shape s;
+  s.tokens = 8;
+  s.top_k = 2;
+  s.hidden = 4;
+  s.ffn = 8;
+  s.element_bytes = 2;
+  s.num_experts = 4;
+  s.parameter_bytes_per_expert = 128;
+  s.sizes = {4, 2, 2};
+  s.ranks_per_node = 4;
+  s.pieces = 2;
+  return s;
+}
+
+void check_same_prediction(parm_prediction const& got, parm_prediction const& want) {
+  CHECK(got.dispatch == want.dispatch);
+  CHECK(got.expert == want.expert);
+  CHECK(got.combine == want.combine);
+  CHECK(got.mp_gather == want.mp_gather);
+  CHECK(got.backward_extra == want.backward_extra);
+  CHECK(got.forward_total == want.forward_total);
+  CHECK(got.step_total == want.step_total);
+}
+
+TEST_CASE("parm_cost_model: the three schedules against hand-computed numbers") {
+  parm_cost_model const model(parm_unit_params());
+  parm_layer_shape const shape = parm_small_shape();
+  // Expert FLOPs per row: 2 GEMMs x 2·H·F/G = 4·4·8/2 = 64, i.e. 1 s per row at 64 FLOP/s.
+
+  // DeepSpeed-MoE with MP: every MP rank dispatches all S = 16 rows.
+  //   A2A over EP (inter): m = 16·8·(2−1)/2 = 64 B -> 0.5 + 0.25·64 = 16.5
+  //   ESP all-reduce (intra) = reduce-scatter + all-gather, each m = 16·8·(2−1)/2 = 64 -> 2 x (0.25 + 8) = 16.5
+  //   expert: 16 rows -> 16;  combine = 16.5 + 16.5 = 33;  no MP gather, nothing backward-only
+  //   forward = 16.5 + 16 + 33 = 65.5;  step = 2·(16.5 + 33) + 3·16 = 147
+  check_same_prediction(model.predict_deepspeed_mp(shape), {16.5, 16, 33, 0, 0, 65.5, 147});
+
+  // S1: S/M = 4 rows per MP rank.
+  //   A2A: m = 4·8·1/2 = 16 -> 0.5 + 4 = 4.5;  ESP all-gather: m = 4·8·(2−1) = 32 -> 0.25 + 4 = 4.25
+  //   dispatch = combine = 8.75;  expert: G·S/M = 8 rows -> 8
+  //   MP all-gather (intra): T/M = 2 rows from each of 3 peers, m = 2·8·3 = 48 -> 0.25 + 6 = 6.25
+  //   gradient sum over M/G = 2 ranks: m = L·slice·(M/G − 1) = 2·64·1 = 128 -> 0.25 + 16 = 16.25
+  //   forward = 8.75 + 8 + 8.75 + 6.25 = 31.75;  step = 2·(8.75 + 8.75 + 6.25) + 3·8 + 16.25 = 87.75
+  check_same_prediction(model.predict_s1(shape), {8.75, 8, 8.75, 6.25, 16.25, 31.75, 87.75});
+
+  // S2, W = 2: pieces of A2A 0.5 + 0.25·16/2 = 2.5 and of ESP 0.25 + 0.125·32/2 = 2.25.
+  //   dispatch pipeline 2.5 + 1·max(2.5, 2.25) + 2.25 = 7.25, combine 2.25 + 2.5 + 2.5 = 7.25
+  //   copies: 2 x (G·S/M = 8 rows x 8 B) / 128 B/s = 1 per pipeline -> dispatch = combine = 8.25
+  //   forward = 8.25 + 8 + 8.25 + 6.25 = 30.75;  step = 2·(8.25 + 8.25 + 6.25) + 3·8 + 16.25 = 85.75
+  check_same_prediction(model.predict_s2(shape), {8.25, 8, 8.25, 6.25, 16.25, 30.75, 85.75});
+
+  auto const choice = model.choose(shape);
+  CHECK(choice.schedule == parm_schedule::s2);
+  check_same_prediction(choice.s1, model.predict_s1(shape));
+  check_same_prediction(choice.s2, model.predict_s2(shape));
+
+  // Capacity keeping half the slots halves S, and with it the slot-row terms (here: all but the MP
+  // gather and the gradient sum). S1's A2A: m = 8 -> 0.5 + 2 = 2.5; ESP: m = 16 -> 0.25 + 2 = 2.25.
+  parm_layer_shape half = shape;
+  half.kept_fraction = 0.5;
+  check_same_prediction(model.predict_s1(half), {4.75, 4, 4.75, 6.25, 16.25, 19.75, 2 * 15.75 + 12 + 16.25});
+}
+
+TEST_CASE("parm_cost_model: a group kind is intra-node when every group of it fits in a node") {
+  // β 1 s/B inside a node, 2 s/B across, no α: a term is its bytes, or twice them.
+  parm_cost_params p;
+  p.intra = {0, 1};
+  p.inter = {0, 2};
+  parm_cost_model const model(p);
+  parm_layer_shape s;
+  s.tokens = 8;
+  s.hidden = 1;
+  s.element_bytes = 1;
+  s.ffn = 1;
+  s.num_experts = 8;
+  s.parameter_bytes_per_expert = 2;
+
+  // M 2, P 2, G 1: S1's dispatch is its A2A, m = (8/2)·1·(1/2) = 2 B; its MP gather m = 4·1·1 = 4 B.
+  s.sizes = {2, 2, 1};
+  s.ranks_per_node = 4;  // EP groups in blocks of P·M = 4: inside a node
+  CHECK(model.predict_s1(s).dispatch == 2);
+  CHECK(model.predict_s1(s).mp_gather == 4);
+  s.ranks_per_node = 6;  // P·M = 4 <= 6, but ranks 4..7 straddle two nodes
+  CHECK(model.predict_s1(s).dispatch == 4);
+  CHECK(model.predict_s1(s).mp_gather == 4);
+  s.ranks_per_node = 1;  // one rank per node: every group spans nodes
+  CHECK(model.predict_s1(s).dispatch == 4);
+  CHECK(model.predict_s1(s).mp_gather == 8);
+
+  // M 4, G 2, P 1 on 6 ranks per node: ESP groups (pairs) fit, MP groups (fours) do not, the
+  // EP group of one rank costs nothing.
+  s.sizes = {4, 1, 2};
+  s.ranks_per_node = 6;
+  auto const s1 = model.predict_s1(s);
+  CHECK(s1.dispatch == 2);         // ESP all-gather: m = (8/4)·1·(2−1) = 2, intra
+  CHECK(s1.mp_gather == 12);       // m = 2·1·3 = 6, inter
+  CHECK(s1.backward_extra == 16);  // priced as MP: m = L·slice·(M/G − 1) = 8·1·1 = 8, inter
+  CHECK(model.predict_deepspeed_mp(s).dispatch == 0);
+}
+
+TEST_CASE("parm_cost_model: without pipelining S2 is S1 plus its copies") {
+  parm_cost_model const model(parm_unit_params());
+  for (std::int32_t slicing : {1, 2}) {
+    CAPTURE(slicing);
+    parm_layer_shape shape = parm_small_shape();
+    shape.sizes.expert_slicing = slicing;
+    shape.pieces = 1;
+    // Copies: 2 x (G·S/M rows x 8 B) / 128 B/s = G·4·8·2/128 = G/2 per pipeline.
+    double const copies = slicing * 0.5;
+    auto const s1 = model.predict_s1(shape);
+    auto const s2 = model.predict_s2(shape);
+    CHECK(s2.dispatch == s1.dispatch + copies);
+    CHECK(s2.combine == s1.combine + copies);
+    CHECK(s2.expert == s1.expert);
+    CHECK(s2.mp_gather == s1.mp_gather);
+    CHECK(s2.backward_extra == s1.backward_extra);
+    CHECK(s2.forward_total == s1.forward_total + 2 * copies);
+    CHECK(s2.step_total == s1.step_total + 4 * copies);
+    CHECK(model.choose(shape).schedule == parm_schedule::s1);
+  }
+}
+
+// M 2, G 2, P 16 (EP across nodes, MP and ESP inside), 2048 slot rows of 2 KiB per MP rank: the
+// A2A moves 15/16 of them, the ESP all-gather all of them, so the two stages nearly balance.
+parm_layer_shape parm_balanced_shape(std::int32_t pieces) {
+  parm_layer_shape s;
+  s.tokens = 2048;
+  s.top_k = 2;
+  s.hidden = 1024;
+  s.ffn = 4096;
+  s.element_bytes = 2;
+  s.num_experts = 16;
+  s.parameter_bytes_per_expert = 2 * 1024 * 4096 * 2;
+  s.sizes = {2, 16, 2};
+  s.ranks_per_node = 2;
+  s.pieces = pieces;
+  return s;
+}
+
+TEST_CASE("parm_cost_model: S2 overlaps the two links when they are equally slow") {
+  parm_cost_params p;
+  p.intra = p.inter = {1e-6, 1e-9};  // 1 GB/s both
+  parm_cost_model const model(p);
+  auto const choice = model.choose(parm_balanced_shape(8));
+  CHECK(choice.schedule == parm_schedule::s2);
+  // S1 runs the stages one after the other, ~2 x 4 MiB; S2 ~ the slower stage plus one piece of the
+  // other, ~(1 + 1/8) x 4 MiB, plus copies at 308 GB/s.
+  double const mib4 = 4194304e-9;  // seconds of 4 MiB at 1 GB/s
+  CHECK(choice.s1.dispatch == doctest::Approx(mib4 * (1 + 15.0 / 16) + 2e-6));
+  CHECK(choice.s2.dispatch < 0.6 * choice.s1.dispatch);
+  CHECK(choice.s2.combine < 0.6 * choice.s1.combine);
+  CHECK(choice.s2.step_total < choice.s1.step_total);
+}
+
+TEST_CASE("parm_cost_model: many pieces and a large alpha make S1 cheaper") {
+  parm_cost_params p;
+  p.intra = p.inter = {1e-3, 1e-9};  // 1 ms per collective
+  parm_cost_model const model(p);
+  auto const many = model.choose(parm_balanced_shape(64));
+  CHECK(many.schedule == parm_schedule::s1);
+  // S2 pays W + 1 = 65 α per pipeline where S1 pays 2; its overlap saves only ~4 of S1's 8 ms of bytes.
+  CHECK(many.s2.dispatch > many.s1.dispatch + 55e-3);
+  // The same layer in 2 pieces still overlaps enough to win.
+  CHECK(model.choose(parm_balanced_shape(2)).schedule == parm_schedule::s2);
+}
+
+TEST_CASE("parm_cost_model: predictions grow with the tokens") {
+  parm_cost_model const model;  // the default, parm-2080ti constants
+  struct layout {
+    moecomm::parallel_sizes sizes;
+    std::int32_t ranks_per_node, pieces;
+  };
+  layout const layouts[] = {
+      {{4, 2, 2}, 4, 2},   // MP, ESP inside a node, EP across
+      {{2, 8, 1}, 16, 4},  // everything inside a node, no ESP
+      {{8, 4, 8}, 4, 16},  // MP and ESP span nodes
+      {{1, 4, 1}, 2, 3},   // plain EP
+  };
+  using schedule = std::function<parm_prediction(parm_layer_shape const&)>;
+  schedule const schedules[] = {
+      [&](parm_layer_shape const& s) { return model.predict_deepspeed_mp(s); },
+      [&](parm_layer_shape const& s) { return model.predict_s1(s); },
+      [&](parm_layer_shape const& s) { return model.predict_s2(s); },
+  };
+  for (layout const& at : layouts) {
+    for (std::size_t k = 0; k < 3; ++k) {
+      CAPTURE(at.sizes.model);
+      CAPTURE(k);
+      parm_layer_shape s;
+      s.top_k = 2;
+      s.hidden = 512;
+      s.ffn = 1024;
+      s.kept_fraction = 0.75;
+      s.num_experts = 16;
+      s.parameter_bytes_per_expert = 2 * 512 * 1024 * 2;
+      s.sizes = at.sizes;
+      s.ranks_per_node = at.ranks_per_node;
+      s.pieces = at.pieces;
+      s.tokens = 1;
+      parm_prediction before = schedules[k](s);
+      for (std::int64_t tokens = 2; tokens <= 1 << 16; tokens *= 2) {
+        CAPTURE(tokens);
+        s.tokens = tokens;
+        parm_prediction const now = schedules[k](s);
+        CHECK(now.dispatch >= before.dispatch);
+        CHECK(now.expert > before.expert);
+        CHECK(now.combine >= before.combine);
+        CHECK(now.mp_gather >= before.mp_gather);
+        CHECK(now.backward_extra == before.backward_extra);  // parameters do not depend on tokens
+        CHECK(now.forward_total > before.forward_total);
+        CHECK(now.step_total > before.step_total);
+        before = now;
+      }
+    }
+  }
+}
+
+// The figures of platforms/parm-2080ti.platform.
+moecomm::cluster_spec parm_2080ti_spec() {
+  moecomm::cluster_spec c;
+  c.name = "parm-2080ti";
+  c.source = "test";
+  c.nodes_per_domain = 8;
+  c.gpus_per_node = 4;
+  c.nics_per_node = 1;
+  c.gpu_flops = 53.8e12;
+  c.hbm_bytes_per_second = 616e9;
+  c.kernel_launch_seconds = 4e-6;
+  c.intra_node_over_pcie = true;
+  c.intra_node = c.pcie = {15.75e9, 1e-6};
+  c.nic = {12.5e9, 1e-6};
+  c.fabric = {0, 0.5e-6};
+  return c;
+}
+
+TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluster") {
+  // The defaults are parm-2080ti's.
+  parm_cost_params const defaults;
+  parm_cost_params const p = parm_cost_params::from_cluster(parm_2080ti_spec());
+  CHECK(p.intra.alpha_seconds == doctest::Approx(defaults.intra.alpha_seconds).epsilon(1e-12));
+  CHECK(p.intra.beta_seconds_per_byte == doctest::Approx(defaults.intra.beta_seconds_per_byte).epsilon(1e-12));
+  CHECK(p.inter.alpha_seconds == doctest::Approx(defaults.inter.alpha_seconds).epsilon(1e-12));
+  CHECK(p.inter.beta_seconds_per_byte == doctest::Approx(defaults.inter.beta_seconds_per_byte).epsilon(1e-12));
+  CHECK(p.gemm_flops == doctest::Approx(defaults.gemm_flops).epsilon(1e-12));
+  CHECK(p.copy_bytes_per_second == doctest::Approx(defaults.copy_bytes_per_second).epsilon(1e-12));
+  // Inside a node: two PCIe ports of 1 µs; across: 1 + 1 + 0.5 + 1 + 1 µs, the NIC's 12.5 GB/s over 4 GPUs.
+  CHECK(p.intra.alpha_seconds == doctest::Approx(2e-6).epsilon(1e-12));
+  CHECK(p.inter.alpha_seconds == doctest::Approx(4.5e-6).epsilon(1e-12));
+  CHECK(p.inter.beta_seconds_per_byte == doctest::Approx(1 / 3.125e9).epsilon(1e-12));
+  CHECK(p.copy_bytes_per_second == doctest::Approx(308e9).epsilon(1e-12));
+
+  // NVLink and a NIC per GPU: the PCIe link limits a GPU; a blocking fabric shared by the 32 GPUs
+  // limits it further.
+  moecomm::cluster_spec c = parm_2080ti_spec();
+  c.intra_node_over_pcie = false;
+  c.intra_node = {150e9, 0.25e-6};
+  c.nics_per_node = 4;
+  c.nic = {25e9, 1e-6};
+  parm_cost_params const q = parm_cost_params::from_cluster(c);
+  CHECK(q.intra.alpha_seconds == doctest::Approx(0.5e-6).epsilon(1e-12));
+  CHECK(q.intra.beta_seconds_per_byte == doctest::Approx(1 / 150e9).epsilon(1e-12));
+  CHECK(q.inter.beta_seconds_per_byte == doctest::Approx(1 / 15.75e9).epsilon(1e-12));
+  c.fabric = {320e9, 0.5e-6};
+  CHECK(parm_cost_params::from_cluster(c).inter.beta_seconds_per_byte == doctest::Approx(1 / 10e9).epsilon(1e-12));
+
+  c.domains = 2;
+  c.inter_domain = {1.25e9, 25e-6};
+  check_error([&] { (void)parm_cost_params::from_cluster(c); }, moecomm::status::invalid_argument,
+              {"moecomm::parm_cost_params::from_cluster: spec.domains = 2 must be 1"});
+  c = parm_2080ti_spec();
+  c.gpus_per_node = 0;
+  check_error([&] { (void)parm_cost_params::from_cluster(c); }, moecomm::status::invalid_argument,
+              {"cluster_spec::validate", "gpus_per_node = 0 must be >= 1"});
+}
+
+TEST_CASE("parm_cost_model: refuses parameters that are not finite and positive") {
+  struct bad_field {
+    void (*spoil)(parm_cost_params&);
+    char const* message;
+  };
+  bad_field const cases[] = {
+      {[](parm_cost_params& p) { p.intra.alpha_seconds = -1; }, "intra.alpha_seconds = -1 must be finite and >= 0"},
+      {[](parm_cost_params& p) { p.inter.alpha_seconds = std::numeric_limits<double>::infinity(); },
+       "inter.alpha_seconds = inf must be finite and >= 0"},
+      {[](parm_cost_params& p) { p.intra.beta_seconds_per_byte = 0; },
+       "intra.beta_seconds_per_byte = 0 must be finite and positive"},
+      {[](parm_cost_params& p) { p.inter.beta_seconds_per_byte = std::numeric_limits<double>::quiet_NaN(); },
+       "inter.beta_seconds_per_byte = nan must be finite and positive"},
+      {[](parm_cost_params& p) { p.gemm_flops = 0; }, "gemm_flops = 0 must be finite and positive"},
+      {[](parm_cost_params& p) { p.copy_bytes_per_second = -5; }, "copy_bytes_per_second = -5 must be finite and positive"},
+  };
+  for (bad_field const& bad : cases) {
+    parm_cost_params p;
+    bad.spoil(p);
+    check_error([&] { parm_cost_model const m(p); }, moecomm::status::invalid_argument,
+                {std::string("moecomm::parm_cost_model: ") + bad.message});
+  }
+  parm_cost_params free_start;
+  free_start.intra.alpha_seconds = free_start.inter.alpha_seconds = 0;  // allowed
+  CHECK(parm_cost_model(free_start).predict_s1(parm_small_shape()).step_total > 0);
+}
+
+TEST_CASE("parm_cost_model: errors name each bad field of the shape") {
+  struct bad_field {
+    void (*spoil)(parm_layer_shape&);
+    char const* message;
+  };
+  bad_field const cases[] = {
+      {[](parm_layer_shape& s) { s.tokens = 0; }, "shape.tokens = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.hidden = -4; }, "shape.hidden = -4 must be at least 1"},
+      {[](parm_layer_shape& s) { s.ffn = 0; }, "shape.ffn = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.element_bytes = 0; }, "shape.element_bytes = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.num_experts = 0; }, "shape.num_experts = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.parameter_bytes_per_expert = 0; },
+       "shape.parameter_bytes_per_expert = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.sizes.model = 0; }, "shape.sizes.model = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.sizes.expert = -1; }, "shape.sizes.expert = -1 must be at least 1"},
+      {[](parm_layer_shape& s) { s.sizes.expert_slicing = 0; }, "shape.sizes.expert_slicing = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.ranks_per_node = 0; }, "shape.ranks_per_node = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.pieces = 0; }, "shape.pieces = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.top_k = 0; }, "shape.top_k = 0 must be in [1, shape.num_experts = 4]"},
+      {[](parm_layer_shape& s) { s.top_k = 5; }, "shape.top_k = 5 must be in [1, shape.num_experts = 4]"},
+      {[](parm_layer_shape& s) { s.kept_fraction = 0; }, "shape.kept_fraction = 0 must be in (0, 1]"},
+      {[](parm_layer_shape& s) { s.kept_fraction = 1.5; }, "shape.kept_fraction = 1.5 must be in (0, 1]"},
+      {[](parm_layer_shape& s) { s.kept_fraction = std::numeric_limits<double>::quiet_NaN(); },
+       "shape.kept_fraction = nan must be in (0, 1]"},
+      {[](parm_layer_shape& s) { s.num_experts = 5; }, "shape.num_experts = 5 is not a multiple of shape.sizes.expert = 2"},
+      {[](parm_layer_shape& s) { s.sizes.expert_slicing = 3; },
+       "shape.sizes.expert_slicing = 3 does not divide shape.sizes.model = 4"},
+  };
+  parm_cost_model const model;
+  for (bad_field const& bad : cases) {
+    parm_layer_shape s = parm_small_shape();
+    bad.spoil(s);
+    check_error([&] { (void)model.predict_deepspeed_mp(s); }, moecomm::status::invalid_argument,
+                {std::string("moecomm::parm_cost_model::predict_deepspeed_mp: ") + bad.message});
+    check_error([&] { (void)model.predict_s1(s); }, moecomm::status::invalid_argument,
+                {std::string("moecomm::parm_cost_model::predict_s1: ") + bad.message});
+    check_error([&] { (void)model.predict_s2(s); }, moecomm::status::invalid_argument,
+                {std::string("moecomm::parm_cost_model::predict_s2: ") + bad.message});
+    check_error([&] { (void)model.choose(s); }, moecomm::status::invalid_argument,
+                {std::string("moecomm::parm_cost_model::choose: ") + bad.message});
+  }
+}
+
+}  // namespace test
