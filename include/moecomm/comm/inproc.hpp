@@ -22,7 +22,7 @@
 //! `run`), every blocked rank throws `invalid_usage` at once, naming the operations, the groups and
 //! their world ranks. A rank may be in collectives of two groups at once, one from its own thread
 //! and one from a lane (core/lane.hpp: Parm's fused all-to-all ∥ all-gather): under `run`, a lane
-//! with a job counts as one more thread of its rank, and the rank is blocked only when all its
+//! with released work counts as one more thread of its rank, and the rank is blocked only when all its
 //! threads are. Ranks run on threads of the caller's own (not by `run`) are never known to have
 //! returned (a rank that skips a collective there is caught by the timeout only), and their lanes
 //! are not counted: run ranks that overlap collectives through `run`.

@@ -21,7 +21,7 @@
 //! A lane's job may call collectives on a communicator of its own while the caller is in another
 //! (Parm's fused all-to-all and all-gather). A communicator that looks for deadlocks then needs to
 //! know the rank has one more thread that may still arrive: it sets `detail::current_lane_watcher`
-//! on the rank's thread, and a `thread_lane` tells that watcher when it starts and stops a job.
+//! on the rank's thread, and a `thread_lane` tells that watcher while it has released work to do.
 
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
@@ -117,7 +117,6 @@ class thread_lane {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     std::lock_guard<std::mutex> lock(mutex_);
     watcher_ = detail::current_lane_watcher;
-    if (watcher_ != nullptr) watcher_->lane_started();
     job_.start(job, units);
     wake_.notify_all();
   }
@@ -125,6 +124,7 @@ class thread_lane {
   void release(std::int32_t unit) {
     std::lock_guard<std::mutex> lock(mutex_);
     job_.release(unit);
+    tell_watcher();
     wake_.notify_all();
   }
 
@@ -155,13 +155,25 @@ class thread_lane {
         std::exception_ptr failure = job_.run_unit(unit);
         lock.lock();
         bool const ok = job_.record(unit, std::move(failure));
+        tell_watcher();
         wake_.notify_all();
         if (!ok) break;
       }
-      if (watcher_ != nullptr) watcher_->lane_stopped();
       job_.active = false;
+      tell_watcher();
       wake_.notify_all();
     }
+  }
+
+  //! The lane counts as a thread of its rank while it has released work not yet done: waiting for
+  //! a release it depends on the rank's own thread, and must not hide that thread's deadlock.
+  //! Needs the lock.
+  void tell_watcher() {
+    bool const busy = job_.active && !job_.failure && job_.released > job_.finished;
+    if (watcher_ == nullptr || busy == watched_) return;
+    watched_ = busy;
+    if (busy) watcher_->lane_started();
+    else watcher_->lane_stopped();
   }
 
   std::mutex mutex_;
@@ -169,6 +181,7 @@ class thread_lane {
   std::thread thread_;
   detail::lane_job job_;
   detail::lane_watcher* watcher_ = nullptr;  //!< of the rank that started the job
+  bool watched_ = false;                     //!< the watcher counts this lane as busy
   bool quit_ = false;
 };
 
