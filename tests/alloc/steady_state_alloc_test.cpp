@@ -3,7 +3,7 @@
 // thread is counted (a replaced global operator new; hence a binary of its own). The routing changes
 // every step (so do the row counts); the same routings run twice, and in the second round, whose
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
-// capacity policy, and the smart schedule. FasterMoE is listed, skipped, with what still allocates.
+// capacity policy, the smart schedule, FasterMoE and Parm S2.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -11,6 +11,7 @@
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
+#include <moecomm/patterns/parm.hpp>
 
 #include <atomic>
 #include <cstdlib>
@@ -54,10 +55,10 @@ std::int64_t allocations_in(F&& f) {
   return allocations;
 }
 
-// Steps with routing that changes each step (seeded per step), sizes bounded by the first step's.
+// Steps with routing that changes each step (seeded per step and by `me`: ranks that pass the same
+// `me` get the same tokens), sizes bounded by the first step's.
 template <class Layer, class Experts>
-std::vector<std::int64_t> count_steps(Layer& layer, moecomm::inproc_communicator& comm, Experts& experts, int steps) {
-  std::int32_t const me = comm.rank();
+std::vector<std::int64_t> count_steps(Layer& layer, std::int32_t me, Experts& experts, int steps) {
   std::int64_t const T = 64, H = 16;
   std::int32_t const K = 2, E = 8;
   std::vector<std::int64_t> counts;
@@ -80,6 +81,17 @@ std::vector<std::int64_t> count_steps(Layer& layer, moecomm::inproc_communicator
   return counts;
 }
 
+// After the first round of steps, every step counts 0 allocations on every rank.
+void check_warm_steps(std::vector<std::vector<std::int64_t>> const& counts) {
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    CAPTURE(r);
+    std::string line;
+    for (std::int64_t c : counts[r]) line += std::to_string(c) + " ";
+    MESSAGE("rank ", r, " allocations per step: ", line);
+    for (std::size_t step = counts[r].size() / 2; step < counts[r].size(); ++step) CHECK(counts[r][step] == 0);
+  }
+}
+
 template <class... Policies>
 void check_no_allocation_after_warmup(char const* name, Policies const&... policies) {
   CAPTURE(name);
@@ -90,19 +102,13 @@ void check_no_allocation_after_warmup(char const* name, Policies const&... polic
     auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, 8, 16, policies...);
     if constexpr (decltype(layer)::shadowing_policy::shadows) {
       scale_bias_experts<float> experts(comm.rank(), 2, 16, false);  // parametric: shadowing moves parameters
-      counts[comm.rank()] = count_steps(layer, comm, experts, 8);
+      counts[comm.rank()] = count_steps(layer, comm.rank(), experts, 8);
     } else {
       scale_experts<float> experts{comm.rank() * 2};
-      counts[comm.rank()] = count_steps(layer, comm, experts, 8);
+      counts[comm.rank()] = count_steps(layer, comm.rank(), experts, 8);
     }
   });
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    CAPTURE(r);
-    std::string line;
-    for (std::int64_t c : counts[r]) line += std::to_string(c) + " ";
-    MESSAGE("rank ", r, " allocations per step: ", line);
-    for (std::size_t step = counts[r].size() / 2; step < counts[r].size(); ++step) CHECK(counts[r][step] == 0);
-  }
+  check_warm_steps(counts);
 }
 
 TEST_CASE("a layer step allocates nothing once warm: plain flat") { check_no_allocation_after_warmup("flat"); }
@@ -121,6 +127,22 @@ TEST_CASE("a layer step allocates nothing once warm: FasterMoE shadowing, both r
 
 TEST_CASE("a layer step allocates nothing once warm: smart schedule") {
   check_no_allocation_after_warmup("smart_schedule", moecomm::smart_schedule{2});
+}
+
+// Parm's PauseMP with 2 pieces on MP 2 x EP 2: the pipelined collectives (the rank's thread; the lane
+// keeps its message lists in the pipeline workspace), the MP all-gathers and the gradient sum of the
+// MP pair that holds the same experts.
+TEST_CASE("a layer step allocates nothing once warm: Parm S2") {
+  std::vector<std::vector<std::int64_t>> counts(4);
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::parallel_groups<moecomm::inproc_communicator> groups(comm, {2, 2, 1});
+    moecomm::parm_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::parm_s2> layer(
+        moecomm::host_backend{}, groups, 8, 16, moecomm::parm_s2{2});
+    scale_bias_experts<float> experts(groups.coordinates().ep, 4, 16, false);
+    counts[comm.rank()] = count_steps(layer, groups.coordinates().ep, experts, 8);  // MP peers pass the same tokens
+  });
+  check_warm_steps(counts);
 }
 
 }  // namespace test

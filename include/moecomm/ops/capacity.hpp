@@ -17,8 +17,10 @@
 #include <moecomm/ops/permute_plan.hpp>
 #include <moecomm/ops/validate_routing.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -250,5 +252,58 @@ capacity_result drop_to_capacity(Backend const& be, permute_plan<Backend> const&
   result.dropped_slots = plan.num_rows() - result.kept_slots;
   return result;
 }
+
+namespace detail {
+
+//! The capacity every rank of `comm` uses: the largest rank's `mine` (DeepSpeed's and Tutel's rule).
+//! The same all-gather compares the policies: ranks whose factor, min_capacity or padding differ
+//! would each drop differently, so every rank throws the same invalid_usage naming two of them.
+//! Collective over `comm` (the ranks that exchange rows).
+template <class Comm, class Rule, class Backend>
+std::int64_t agree_on_capacity(Comm& comm, capacity<Rule> const& policy, std::int64_t mine, workspace<Backend>& scratch,
+                               char const* op) {
+  constexpr std::int32_t fields = 4;
+  std::int32_t const ranks = comm.size();
+  std::int64_t* const all = scratch.template host<std::int64_t>(std::int64_t{fields} * (ranks + 1));
+  std::int64_t* const sent = all + std::int64_t{fields} * ranks;
+  sent[0] = mine;
+  std::memcpy(&sent[1], &policy.factor, sizeof(double));  // compared bit for bit
+  sent[2] = policy.min_capacity;
+  sent[3] = policy.pad_to_capacity ? 1 : 0;
+  comm.allgather(sent, all, fields * static_cast<std::int64_t>(sizeof(std::int64_t)));
+  std::int64_t c = 0;
+  for (std::int32_t r = 0; r < ranks; ++r) {
+    std::int64_t const* theirs = all + std::int64_t{fields} * r;
+    if (!std::equal(theirs + 1, theirs + fields, all + 1)) {
+      double factor = 0, first = 0;
+      std::memcpy(&factor, &theirs[1], sizeof(double));
+      std::memcpy(&first, &all[1], sizeof(double));
+      fail(status::invalid_usage, op, "ranks disagree on the capacity policy: rank 0 has factor ", first, ", min_capacity ",
+           all[2], ", pad_to_capacity ", all[3] != 0, "; rank ", r, " has factor ", factor, ", min_capacity ", theirs[2],
+           ", pad_to_capacity ", theirs[3] != 0);
+    }
+    c = theirs[0] > c ? theirs[0] : c;
+  }
+  return c;
+}
+
+//! The global index of this rank's token 0 over `comm`, for `drop_random`'s Philox counter (one
+//! all-gather); 0 for the other rules, which need no agreement.
+template <class Comm, class Rule, class Backend>
+std::int64_t first_token(Comm& comm, capacity<Rule> const&, std::int64_t num_tokens, workspace<Backend>& scratch) {
+  if constexpr (!std::is_same_v<Rule, drop_random>) {
+    return 0;
+  } else {
+    std::int32_t const ranks = comm.size();
+    std::int64_t* const tokens = scratch.template host<std::int64_t>(ranks + 1);
+    tokens[ranks] = num_tokens;
+    comm.allgather(tokens + ranks, tokens, sizeof(std::int64_t));
+    std::int64_t first = 0;
+    for (std::int32_t s = 0; s < comm.rank(); ++s) first += tokens[s];
+    return first;
+  }
+}
+
+}  // namespace detail
 
 MOECOMM_NAMESPACE_END

@@ -127,12 +127,15 @@ class dispatcher {
       validate_capacity_policy(capacity_, "dispatcher::route");
       build_permute_plan(be_, routing, num_experts_, dropless_plan_, scratch_, checks_);  // validates; (t, k) per expert
       permute_plan<Backend> const& all = dropless_plan_;
-      std::int64_t const c = agree_on_capacity(expert_capacity(routing.num_tokens, routing.top_k, num_experts_,
-                                                               capacity_.factor, capacity_.min_capacity));
+      std::int64_t const c = detail::agree_on_capacity(groups_->world(), capacity_,
+                                                       expert_capacity(routing.num_tokens, routing.top_k, num_experts_,
+                                                                       capacity_.factor, capacity_.min_capacity),
+                                                       scratch_, "dispatcher::route");
       report_.capacity = c;
       std::int64_t const slots = routing.num_tokens * routing.top_k;
       array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
-      capacity_result const result = drop_to_capacity(be_, all, c, kept_idx, scratch_, capacity_.rule, first_token(routing));
+      capacity_result const result = drop_to_capacity(be_, all, c, kept_idx, scratch_, capacity_.rule,
+                                                        detail::first_token(groups_->world(), capacity_, routing.num_tokens, scratch_));
       routing_view kept = routing;
       kept.topk_idx = kept_idx.data;
       build_permute_plan(be_, kept, num_experts_, plan_, scratch_, unchecked_routing, capacity_.pad_to_capacity ? c : 0);
@@ -483,49 +486,6 @@ class dispatcher {
   template <class T>
   matrix_view<T const> returned_view(std::int64_t hidden) const {
     return {reinterpret_cast<T const*>(returned_.data()), plan_.num_rows(), hidden};
-  }
-
-  //! The agreed capacity: the largest rank's (DeepSpeed's and Tutel's rule). One all-gather also
-  //! compares the policies: ranks whose factor, min_capacity or padding differ would each drop
-  //! differently, so every rank throws the same invalid_usage naming two of them.
-  std::int64_t agree_on_capacity(std::int64_t mine) {
-    constexpr std::int32_t fields = 4;
-    std::int64_t* const all = scratch_.template host<std::int64_t>(std::int64_t{fields} * (ranks_ + 1));
-    std::int64_t* const sent = all + std::int64_t{fields} * ranks_;
-    sent[0] = mine;
-    std::memcpy(&sent[1], &capacity_.factor, sizeof(double));  // compared bit for bit
-    sent[2] = capacity_.min_capacity;
-    sent[3] = capacity_.pad_to_capacity ? 1 : 0;
-    groups_->world().allgather(sent, all, fields * static_cast<std::int64_t>(sizeof(std::int64_t)));
-    std::int64_t c = 0;
-    for (std::int32_t r = 0; r < ranks_; ++r) {
-      std::int64_t const* theirs = all + std::int64_t{fields} * r;
-      if (!std::equal(theirs + 1, theirs + fields, all + 1)) {
-        double factor = 0, first = 0;
-        std::memcpy(&factor, &theirs[1], sizeof(double));
-        std::memcpy(&first, &all[1], sizeof(double));
-        detail::fail(status::invalid_usage, "dispatcher::route", "ranks disagree on the capacity policy: rank 0 has factor ",
-                     first, ", min_capacity ", all[2], ", pad_to_capacity ", all[3] != 0, "; rank ", r, " has factor ", factor,
-                     ", min_capacity ", theirs[2], ", pad_to_capacity ", theirs[3] != 0);
-      }
-      c = theirs[0] > c ? theirs[0] : c;
-    }
-    return c;
-  }
-
-  //! The global index of this rank's token 0, for `drop_random`'s Philox counter (one all-gather);
-  //! 0 for the other rules, which need no agreement.
-  std::int64_t first_token(routing_view const& routing) {
-    if constexpr (!std::is_same_v<decltype(capacity_.rule), drop_random>) {
-      return 0;
-    } else {
-      std::int64_t* const tokens = scratch_.template host<std::int64_t>(ranks_ + 1);
-      tokens[ranks_] = routing.num_tokens;
-      groups_->world().allgather(tokens + ranks_, tokens, sizeof(std::int64_t));
-      std::int64_t first = 0;
-      for (std::int32_t s = 0; s < groups_->world().rank(); ++s) first += tokens[s];
-      return first;
-    }
   }
 
   //! Receiver budget: rows this rank may send each rank d, after the ranks before it took theirs.

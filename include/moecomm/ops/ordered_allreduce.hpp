@@ -72,22 +72,22 @@ void ordered_allreduce(Backend const& be, Comm& comm, array_view<T> data, worksp
 
   // Agreement, in the back-end's memory (NCCL gathers device memory): -1 marks a bad argument.
   std::int64_t const mine[2] = {bad ? -1 : data.size, chunk_elements};
-  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(ranks));
+  std::int64_t* const all = scratch.template host<std::int64_t>(2 * std::int64_t{ranks});  // kept: no allocation per call
   auto* const words = scratch.template get<std::int64_t>(be, 2 * (std::int64_t{ranks} + 1));
   be.copy(words, mine, 2);
   be.synchronize();  // also orders the communicator after the back-end's earlier writes to `data`
   comm.allgather(words, words + 2, sizeof(mine));
-  be.copy(all.data(), words + 2, 2 * std::int64_t{ranks});
+  be.copy(all, words + 2, 2 * std::int64_t{ranks});
   be.synchronize();
   if (bad) throw *bad;
   for (std::int32_t r = 0; r < ranks; ++r)
-    if (all[2 * static_cast<std::size_t>(r)] < 0)
+    if (all[2 * r] < 0)
       detail::fail(status::aborted, op, "rank ", r, " passed an invalid argument (see its error); nothing was written");
   for (std::int32_t r = 1; r < ranks; ++r)
-    if (all[2 * static_cast<std::size_t>(r)] != all[0] || all[2 * static_cast<std::size_t>(r) + 1] != all[1])
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
       detail::fail(status::invalid_usage, op, "ranks disagree: rank 0 has data.size ", all[0], " and chunk_elements ",
-                   all[1], ", but rank ", r, " has data.size ", all[2 * static_cast<std::size_t>(r)],
-                   " and chunk_elements ", all[2 * static_cast<std::size_t>(r) + 1]);
+                   all[1], ", but rank ", r, " has data.size ", all[2 * r],
+                   " and chunk_elements ", all[2 * r + 1]);
 
   std::int64_t const chunk = std::min(chunk_elements, data.size);
   T* const gathered = scratch.template get<T>(be, chunk * ranks);

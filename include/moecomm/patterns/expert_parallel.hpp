@@ -18,6 +18,7 @@
 #include <moecomm/ops/matrix_checks.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/patterns/experts.hpp>
+#include <moecomm/patterns/layer_arguments.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -193,13 +194,7 @@ class expert_parallel_layer {
 
 
   void check_forward_arguments(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out) const {
-    char const* op = "expert_parallel_layer::forward";
-    detail::require(routing.num_tokens >= 0, op, "routing.num_tokens = ", routing.num_tokens, " is negative");
-    detail::check_rows(x, routing.num_tokens, op, "x", "one row per token: routing.num_tokens");
-    detail::require(x.hidden == hidden_, op, "argument 'x' has hidden = ", x.hidden, ", the layer's hidden = ", hidden_);
-    detail::check_rows(out, routing.num_tokens, op, "out", "one row per token: routing.num_tokens");
-    detail::require(out.hidden == hidden_, op, "argument 'out' has hidden = ", out.hidden, ", the layer's hidden = ", hidden_);
-    detail::check_no_overlap(x, routing.num_tokens, "x", out, routing.num_tokens, "out", op);
+    detail::check_layer_forward_arguments("expert_parallel_layer::forward", routing, x, out, hidden_);
   }
 
   void check_backward_arguments(matrix_view<T const> d_out, optional_output<matrix_view<T>> const& d_x,
@@ -207,21 +202,8 @@ class expert_parallel_layer {
     char const* op = "expert_parallel_layer::backward";
     if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
     routing_view const& routing = dispatcher_.plan().routing();
-    detail::check_rows(d_out, routing.num_tokens, op, "d_out", "one row per token of the last forward");
-    detail::require(d_out.hidden == hidden_, op, "argument 'd_out' has hidden = ", d_out.hidden, ", the layer's hidden = ",
-                    hidden_);
-    if (d_x.wanted()) {
-      detail::check_rows(d_x.view(), routing.num_tokens, op, "d_x", "one row per token of the last forward");
-      detail::require(d_x.view().hidden == hidden_, op, "argument 'd_x' has hidden = ", d_x.view().hidden,
-                      ", the layer's hidden = ", hidden_);
-    }
-    if (d_weights.wanted()) {
-      detail::require(detail::is_weighted<Weighting>(), op,
-                      "argument 'd_weights' was given, but an unweighted layer has no routing-weight gradient; pass "
-                      "moecomm::not_needed");
-      detail::check_elements(d_weights.view(), routing.num_tokens * routing.top_k, op, "d_weights",
-                             "one per routing slot of the last forward: num_tokens * top_k");
-    }
+    detail::check_layer_backward_arguments(op, routing.num_tokens, routing.top_k, detail::is_weighted<Weighting>(), d_out, d_x,
+                                           d_weights, hidden_);
   }
   //! The smart schedule runs dispatch, experts and combine as one pipelined call.
   static constexpr bool pipelined = std::is_same_v<Algorithm, smart_schedule>;

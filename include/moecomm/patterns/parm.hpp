@@ -48,6 +48,7 @@
 #include <moecomm/ops/pipelined_collectives.hpp>
 #include <moecomm/ops/row_collectives.hpp>
 #include <moecomm/patterns/experts.hpp>
+#include <moecomm/patterns/layer_arguments.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -116,7 +117,7 @@ struct fill_with {
 //! the MP peers sum).
 template <class T, class Backend, class Comm, class Schedule = parm_s1, class Capacity = dropless, class Weighting = weighted>
 class parm_layer {
-  static_assert(detail::is_dropless_v<Capacity> || !detail::is_receiver_budget_v<Capacity>,
+  static_assert(!detail::is_receiver_budget_v<Capacity>,
                 "moecomm::parm_layer: receiver_budget is not supported (its drops depend on the MP split); use "
                 "dropless or capacity<rule>");
 
@@ -193,12 +194,7 @@ class parm_layer {
   template <class Experts>
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
     char const* op = "parm_layer::forward";
-    detail::require(routing.num_tokens >= 0, op, "routing.num_tokens = ", routing.num_tokens, " is negative");
-    detail::check_rows(x, routing.num_tokens, op, "x", "one row per token: routing.num_tokens");
-    detail::require(x.hidden == hidden_, op, "argument 'x' has hidden = ", x.hidden, ", the layer's hidden = ", hidden_);
-    detail::check_rows(out, routing.num_tokens, op, "out", "one row per token: routing.num_tokens");
-    detail::require(out.hidden == hidden_, op, "argument 'out' has hidden = ", out.hidden, ", the layer's hidden = ", hidden_);
-    detail::check_no_overlap(x, routing.num_tokens, "x", out, routing.num_tokens, "out", op);
+    detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
     check_experts_slicing(experts, op);
     routed_ = false;
     report_ = {};
@@ -220,42 +216,19 @@ class parm_layer {
       return routing;
     } else {
       build_permute_plan(be(), routing, num_experts_, all_plan_, scratch_, checks_);
-      std::int64_t const c = agree_on_capacity(
-          expert_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor, capacity_.min_capacity));
+      std::int64_t const c = detail::agree_on_capacity(
+          groups_->ep(), capacity_,
+          expert_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor, capacity_.min_capacity), scratch_,
+          "parm_layer::forward");
       std::int64_t const slots = routing.num_tokens * routing.top_k;
       array_view<std::int32_t> const kept_idx{grow(be(), kept_idx_, slots).data(), slots};
-      capacity_result const result = drop_to_capacity(be(), all_plan_, c, kept_idx, scratch_, capacity_.rule, first_token(routing));
+      capacity_result const result = drop_to_capacity(be(), all_plan_, c, kept_idx, scratch_, capacity_.rule,
+                                                          detail::first_token(groups_->ep(), capacity_, routing.num_tokens, scratch_));
       report_.capacity = c;
       report_.dropped_slots = result.dropped_slots;
       routing_view kept = routing;
       kept.topk_idx = kept_idx.data;
       return kept;
-    }
-  }
-
-  //! The largest capacity of the EP group (the dispatcher's rule, over the ranks that exchange).
-  std::int64_t agree_on_capacity(std::int64_t mine) {
-    std::int32_t const n = groups_->ep().size();
-    std::int64_t* const all = scratch_.template host<std::int64_t>(n + 1);
-    all[n] = mine;
-    groups_->ep().allgather(all + n, all, sizeof(std::int64_t));
-    std::int64_t c = 0;
-    for (std::int32_t r = 0; r < n; ++r) c = all[r] > c ? all[r] : c;
-    return c;
-  }
-
-  //! `drop_random`'s global index of this rank's token 0 over the EP group (the dispatcher's rule).
-  std::int64_t first_token(routing_view const& routing) {
-    if constexpr (!std::is_same_v<decltype(capacity_.rule), drop_random>) {
-      return 0;
-    } else {
-      std::int32_t const n = groups_->ep().size();
-      std::int64_t* const tokens = scratch_.template host<std::int64_t>(n + 1);
-      tokens[n] = routing.num_tokens;
-      groups_->ep().allgather(tokens + n, tokens, sizeof(std::int64_t));
-      std::int64_t first = 0;
-      for (std::int32_t s = 0; s < groups_->ep().rank(); ++s) first += tokens[s];
-      return first;
     }
   }
 
@@ -311,20 +284,7 @@ class parm_layer {
                         optional_output<array_view<float>> d_weights, Experts& experts) {
     char const* op = "parm_layer::backward";
     if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
-    detail::check_rows(d_out, tokens_, op, "d_out", "one row per token of the last forward");
-    detail::require(d_out.hidden == hidden_, op, "argument 'd_out' has hidden = ", d_out.hidden, ", the layer's hidden = ", hidden_);
-    if (d_x.wanted()) {
-      detail::check_rows(d_x.view(), tokens_, op, "d_x", "one row per token of the last forward");
-      detail::require(d_x.view().hidden == hidden_, op, "argument 'd_x' has hidden = ", d_x.view().hidden,
-                      ", the layer's hidden = ", hidden_);
-    }
-    if (d_weights.wanted()) {
-      detail::require(detail::is_weighted<Weighting>(), op,
-                      "argument 'd_weights' was given, but an unweighted layer has no routing-weight gradient; pass "
-                      "moecomm::not_needed");
-      detail::check_elements(d_weights.view(), tokens_ * top_k_, op, "d_weights",
-                             "one per routing slot of the last forward: num_tokens * top_k");
-    }
+    detail::check_layer_backward_arguments(op, tokens_, top_k_, detail::is_weighted<Weighting>(), d_out, d_x, d_weights, hidden_);
     check_experts_slicing(experts, op);
     if constexpr (pauses_mp) paused_backward(d_out, d_x, d_weights, experts);
     else baseline_backward(d_out, d_x, d_weights, experts);
@@ -432,9 +392,8 @@ class parm_layer {
     row_allgather(be(), esp, matrix_view<T const>(own_sum), all, scratch_);
     for (std::int32_t g = 0; g < esp_size(); ++g) {
       if (g == esp.rank()) continue;
-      std::int64_t const bytes = row_slice(partial.rows, esp_size(), esp.rank()).count * partial.row_bytes();
-      record(report_.expert_slicing, groups_->esp_member(g), bytes);  // reduce-scatter
-      record(report_.expert_slicing, groups_->esp_member(g), bytes);  // all-gather
+      record(report_.expert_slicing, groups_->esp_member(g), row_slice(partial.rows, esp_size(), g).count * partial.row_bytes());
+      record(report_.expert_slicing, groups_->esp_member(g), own.count * partial.row_bytes());  // all-gather
     }
     return all;
   }
