@@ -16,7 +16,9 @@
 
 #include <moecomm/patterns/parm.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace test {
@@ -175,6 +177,45 @@ void check_parm_schedules_on_rank(Backend const& be, Comm& world, parm_case cons
   std::int64_t const mp = c.sizes.model, slices = c.sizes.expert_slicing;
   CHECK(sums[0] == mp * sums[2]);
   CHECK(sums[1] * slices == mp * sums[3]);
+}
+
+}  // namespace test
+
+namespace test {
+
+// `parm_auto` runs what its model picks, the same on every rank, with the oracle's results: under
+// a model where one collective costs a second it runs S1; where collectives cost almost nothing
+// fixed and copies are free, S2 whenever both pipelined stages move rows (EP > 1 and ESP > 1), and
+// S1 otherwise (pipelining one stage only adds fixed costs).
+template <class Capacity, class Backend, class Comm>
+void check_parm_auto_on_rank(Backend const& be, Comm& world, parm_case const& c, Capacity capacity) {
+  moecomm::parallel_groups<Comm> groups(world, c.sizes);
+  parm_result<float> const want = parm_oracle<float>(groups.coordinates(), c);
+  for (bool const overlap_pays : {false, true}) {
+    CAPTURE(overlap_pays);
+    moecomm::parm_cost_params p;
+    p.intra.alpha_seconds = p.inter.alpha_seconds = overlap_pays ? 1e-15 : 1.0;
+    if (overlap_pays) p.copy_bytes_per_second = 1e30;
+    moecomm::parm_auto const policy{moecomm::parm_cost_model(p), parm_inner, 3};
+    auto const got = run_parm_step<float>(be, groups, c, policy, capacity);
+    check_parm_result(got, want, "parm_auto");
+    moecomm::parm_report const& r = got.report;
+    CHECK(r.automatic);
+    bool const priced = r.shape.tokens > 0;
+    bool const s2 = overlap_pays && priced && c.sizes.expert > 1 && c.sizes.expert_slicing > 1;
+    CHECK(std::string(r.schedule) == (s2 ? "parm_s2" : "parm_s1"));
+    CHECK(r.pieces == (s2 ? 3 : 1));
+    if (priced) {  // the report's predictions are the model's for the agreed shape
+      CHECK(r.shape.tokens == c.tokens);
+      CHECK(r.shape.top_k == c.top_k);
+      CHECK(r.choice.s1.step_total == policy.model.predict_s1(r.shape).step_total);
+      CHECK(r.choice.s2.step_total == policy.model.predict_s2(r.shape).step_total);
+    }
+    std::int32_t const mine = r.pieces;  // every rank runs the same schedule
+    std::vector<std::int32_t> all(static_cast<std::size_t>(world.size()));
+    world.allgather(&mine, all.data(), sizeof mine);
+    CHECK(std::count(all.begin(), all.end(), mine) == world.size());
+  }
 }
 
 }  // namespace test

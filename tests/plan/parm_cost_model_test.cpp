@@ -307,6 +307,34 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
               {"cluster_spec::validate", "gpus_per_node = 0 must be >= 1"});
 }
 
+TEST_CASE("parm_cost_model: a scaled model prices the rows, parameters and FLOPs the real ones stand for") {
+  // Scaling row bytes by 8 is a shape with 8x the hidden size and 1/8 of the inner width (same
+  // FLOPs); parameter bytes and FLOPs scale on their own.
+  parm_cost_model const model;
+  parm_layer_shape const real = parm_small_shape();
+  parm_layer_shape wide = real;
+  wide.hidden *= 8;
+  wide.ffn = 1;
+  wide.parameter_bytes_per_expert *= 3;
+  parm_cost_model const scaled = model.scaled(8, 3, 1);
+  check_same_prediction(scaled.predict_s1(real), model.predict_s1(wide));
+  check_same_prediction(scaled.predict_s2(real), model.predict_s2(wide));
+  check_same_prediction(scaled.predict_deepspeed_mp(real), model.predict_deepspeed_mp(wide));
+  parm_layer_shape heavy = real;
+  heavy.ffn *= 5;
+  check_same_prediction(model.scaled(1, 1, 5).predict_s1(real), model.predict_s1(heavy));
+  check_same_prediction(model.scaled(2, 1, 1).scaled(4, 3, 1).predict_s1(real), model.predict_s1(wide));
+  check_error([&] { (void)model.scaled(0, 1, 1); }, moecomm::status::invalid_argument,
+              {"moecomm::parm_cost_model: token_bytes scale = 0 must be finite and positive"});
+  check_error([&] { (void)model.scaled(1, std::numeric_limits<double>::quiet_NaN(), 1); }, moecomm::status::invalid_argument,
+              {"parameter_bytes scale = nan"});
+  check_error([&] { (void)model.scaled(1, 1, -2); }, moecomm::status::invalid_argument, {"flops scale = -2"});
+  // Experts without parameters: nothing to sum over the MP peers.
+  parm_layer_shape bare = real;
+  bare.parameter_bytes_per_expert = 0;
+  CHECK(model.predict_s1(bare).backward_extra == 0);
+}
+
 TEST_CASE("parm_cost_model: refuses parameters that are not finite and positive") {
   struct bad_field {
     void (*spoil)(parm_cost_params&);
@@ -345,8 +373,8 @@ TEST_CASE("parm_cost_model: errors name each bad field of the shape") {
       {[](parm_layer_shape& s) { s.ffn = 0; }, "shape.ffn = 0 must be at least 1"},
       {[](parm_layer_shape& s) { s.element_bytes = 0; }, "shape.element_bytes = 0 must be at least 1"},
       {[](parm_layer_shape& s) { s.num_experts = 0; }, "shape.num_experts = 0 must be at least 1"},
-      {[](parm_layer_shape& s) { s.parameter_bytes_per_expert = 0; },
-       "shape.parameter_bytes_per_expert = 0 must be at least 1"},
+      {[](parm_layer_shape& s) { s.parameter_bytes_per_expert = -1; },
+       "shape.parameter_bytes_per_expert = -1 must be at least 0"},
       {[](parm_layer_shape& s) { s.sizes.model = 0; }, "shape.sizes.model = 0 must be at least 1"},
       {[](parm_layer_shape& s) { s.sizes.expert = -1; }, "shape.sizes.expert = -1 must be at least 1"},
       {[](parm_layer_shape& s) { s.sizes.expert_slicing = 0; }, "shape.sizes.expert_slicing = 0 must be at least 1"},

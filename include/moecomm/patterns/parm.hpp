@@ -10,6 +10,7 @@
 //! | `deepspeed_mp` | every MP rank dispatches all T tokens (identical within the MP group) → EP all-to-all → expert slices → ESP all-reduce (ordered reduce-scatter + all-gather) → EP all-to-all → combine |
 //! | `parm_s1` | PauseMP with separate collectives: MP split (T/MP tokens each, no traffic) → EP all-to-all → ESP all-gather → expert slices → ESP reduce-scatter → EP all-to-all → combine → MP all-gather |
 //! | `parm_s2` | PauseMP with unified collectives: the same, with the all-to-all ∥ ESP all-gather and the ESP reduce-scatter ∥ all-to-all pipelined in `pieces` (ops/pipelined_collectives.hpp) |
+//! | `parm_auto` | Parm's rule, every step: the ranks agree on the step's shape, `parm_cost_model` prices S1 and S2 for it, and the cheaper runs |
 //!
 //! With ESP = MP (Parm's setting) the ESP all-gather is the MP all-gather of Parm's fused kernel;
 //! with ESP < MP only the ESP group gathers (the rest of the MP group holds the same slices and
@@ -38,6 +39,7 @@
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/ops/alltoall.hpp>
@@ -49,7 +51,9 @@
 #include <moecomm/ops/row_collectives.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/plan/parm_cost_model.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -71,9 +75,24 @@ struct parm_s2 {
   std::int32_t pieces = 4;  //!< pipeline depth: each block is cut into this many row slices
 };
 
+//! Parm's selection rule as a schedule: every forward prices S1 and S2 for the step's shape with
+//! `model` (plan/parm_cost_model.hpp) and runs the one of the smaller predicted step. The shape is
+//! agreed over the world (one all-gather of three integers per rank): the largest MP group's
+//! tokens and top-k, and the share of all slots the capacity kept; so every rank runs the same
+//! schedule. Under a simulated back-end the model prices the model-sized rows the real ones stand
+//! for (`simulation_scale`).
+struct parm_auto {
+  static constexpr char const* name = "parm_auto";
+  parm_cost_model model{};  //!< the cluster's figures: `parm_cost_params::from_cluster`, or fitted (`to_parm_cost_params`)
+  //! F, the experts' whole inner width (H -> F -> H): prices the expert GEMMs. S1 and S2 compute
+  //! the same rows, so it changes the predicted steps but not the choice.
+  std::int64_t ffn = 0;
+  std::int32_t pieces = 4;  //!< S2's pipeline depth, priced and run when S2 is chosen
+};
+
 //! What one step of a `parm_layer` did on this rank (forward).
 struct parm_report {
-  char const* schedule = "";      //!< the schedule the step ran
+  char const* schedule = "";      //!< the schedule the step ran (`parm_auto` runs "parm_s1" or "parm_s2")
   std::int32_t pieces = 1;        //!< its pipeline depth (1: no overlap)
   std::int64_t capacity = 0;      //!< C agreed across the EP group, or 0 when dropless
   std::int64_t dropped_slots = 0; //!< valid slots of the MP group's tokens dropped by capacity
@@ -82,12 +101,17 @@ struct parm_report {
   alltoall_stats alltoall;        //!< the two EP all-to-alls
   alltoall_stats expert_slicing;  //!< the ESP all-gather and reduce-scatter (or all-reduce)
   alltoall_stats model_gather;    //!< the MP all-gather of the output
+  bool automatic = false;         //!< `parm_auto` chose the schedule: `shape` and `choice` say how
+  parm_layer_shape shape;         //!< the agreed shape `parm_auto` priced (tokens 0: no rows anywhere, S1 without pricing)
+  parm_choice choice;             //!< both predictions (seconds) and the pick
 };
 
 namespace detail {
 
 template <class Schedule>
 inline constexpr bool pauses_mp_v = !std::is_same_v<Schedule, deepspeed_mp>;
+template <class Schedule>
+inline constexpr bool pipelines_v = std::is_same_v<Schedule, parm_s2> || std::is_same_v<Schedule, parm_auto>;
 
 //! `to[i] += from[i]`: the summed shares of a gradient into the experts' own.
 template <class P>
@@ -108,7 +132,7 @@ struct fill_with {
 }  // namespace detail
 
 //! One MoE layer under MP + EP + ESP (see the file comment).
-//! @tparam Schedule `deepspeed_mp`, `parm_s1` or `parm_s2`; @tparam Capacity `dropless` or
+//! @tparam Schedule `deepspeed_mp`, `parm_s1`, `parm_s2` or `parm_auto`; @tparam Capacity `dropless` or
 //! `capacity<rule>` (without `pad_to_capacity`); @tparam Weighting `weighted` or `unweighted`.
 //!
 //! Local expert `l` of EP rank `ep` is global expert `ep * E / EP + l`. With ESP > 1 the experts
@@ -132,8 +156,14 @@ class parm_layer {
         replicas_(groups.mp().split(groups.coordinates().esp, groups.coordinates().mp)),
         schedule_(schedule), capacity_(capacity), checks_(checks), num_experts_(num_experts), hidden_(hidden) {
     detail::require(hidden > 0, "parm_layer", "hidden = ", hidden, " must be positive");
-    if constexpr (std::is_same_v<Schedule, parm_s2>)
+    if constexpr (detail::pipelines_v<Schedule>)
       detail::require(schedule.pieces >= 1, "parm_layer", "schedule.pieces = ", schedule.pieces, " must be at least 1");
+    if constexpr (std::is_same_v<Schedule, parm_auto>) {
+      detail::require(schedule.ffn >= 1, "parm_layer", "schedule.ffn = ", schedule.ffn,
+                      " must be the experts' inner width (at least 1): parm_auto prices their GEMMs");
+      simulation_scale const scale = detail::simulated_scale(be);
+      schedule_.model = schedule.model.scaled(scale.payload, scale.parameters, scale.flops);
+    }
     if constexpr (!detail::is_dropless_v<Capacity>) {
       validate_capacity_policy(capacity, "parm_layer");
       detail::require(!capacity.pad_to_capacity, "parm_layer", "capacity.pad_to_capacity is not supported");
@@ -173,6 +203,7 @@ class parm_layer {
   [[nodiscard]] std::int32_t esp_size() const { return groups_->sizes().expert_slicing; }
   [[nodiscard]] std::int32_t pieces() const {
     if constexpr (std::is_same_v<Schedule, parm_s2>) return schedule_.pieces;
+    else if constexpr (std::is_same_v<Schedule, parm_auto>) return chosen_pieces_;
     else return 1;
   }
 
@@ -190,6 +221,48 @@ class parm_layer {
     }
   }
 
+  // ---- parm_auto --------------------------------------------------------------------------------
+  //! Agrees on the step's shape over the world and picks S1 or S2 by `parm_cost_model::choose`.
+  template <class Experts>
+  void choose_schedule(routing_view const& routing, Experts const& experts) {
+    Comm& world = groups_->world();
+    std::int64_t const kept_rows = all_plan_.num_rows() - report_.dropped_slots;
+    std::int64_t const mine[3] = {routing.num_tokens, routing.top_k, kept_rows};
+    shapes_.resize(static_cast<std::size_t>(3 * world.size()));
+    world.allgather(mine, shapes_.data(), static_cast<std::int64_t>(sizeof mine));
+    parm_layer_shape& shape = report_.shape;
+    double slots = 0, kept = 0;
+    for (std::size_t r = 0; r < shapes_.size(); r += 3) {
+      shape.tokens = std::max(shape.tokens, shapes_[r]);
+      shape.top_k = std::max(shape.top_k, static_cast<std::int32_t>(shapes_[r + 1]));
+      slots += static_cast<double>(shapes_[r]) * static_cast<double>(shapes_[r + 1]);
+      kept += static_cast<double>(shapes_[r + 2]);
+    }
+    report_.automatic = true;
+    chosen_pieces_ = 1;
+    report_.schedule = parm_s1::name;
+    if (kept == 0) {  // no rows anywhere: nothing to price, and S1 sends the fewest messages
+      shape.tokens = 0;
+      return;
+    }
+    shape.hidden = hidden_;
+    shape.ffn = schedule_.ffn;
+    shape.element_bytes = static_cast<std::int32_t>(sizeof(T));
+    shape.kept_fraction = kept / slots;
+    shape.num_experts = num_experts_;
+    if constexpr (detail::is_parametric_experts_v<Experts>)
+      shape.parameter_bytes_per_expert = experts.parameter_count() * static_cast<std::int64_t>(sizeof(detail::parameter_t<Experts>)) *
+                                         esp_size();
+    shape.sizes = groups_->sizes();
+    shape.ranks_per_node = groups_->nodes().ranks_per_node();
+    shape.pieces = schedule_.pieces;
+    report_.choice = schedule_.model.choose(shape);
+    if (report_.choice.schedule == parm_schedule::s2) {
+      chosen_pieces_ = schedule_.pieces;
+      report_.schedule = parm_s2::name;
+    }
+  }
+
   // ---- forward ----------------------------------------------------------------------------------
   template <class Experts>
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
@@ -199,8 +272,9 @@ class parm_layer {
     routed_ = false;
     report_ = {};
     report_.schedule = Schedule::name;
-    report_.pieces = pieces();
     routing_view const kept = apply_capacity(routing);
+    if constexpr (std::is_same_v<Schedule, parm_auto>) choose_schedule(routing, experts);
+    report_.pieces = pieces();
     tokens_ = routing.num_tokens;
     top_k_ = routing.top_k;
     if constexpr (pauses_mp) paused_forward(kept, x, out, experts);
@@ -502,6 +576,8 @@ class parm_layer {
   workspace<Backend> scratch_, grad_scratch_, replica_scratch_;
   pipeline_workspace<Backend> pipe_;
   std::vector<std::int64_t> send_rows_, recv_rows_, chunk_counts_;  //!< kept between steps
+  std::vector<std::int64_t> shapes_;  //!< parm_auto: `[world][3]` tokens, top-k and kept rows
+  std::int32_t chosen_pieces_ = 1;    //!< parm_auto: the pieces of the schedule the last forward chose
   std::int64_t gathered_rows_ = 0, tokens_ = 0;
   std::int32_t top_k_ = 0;
   row_range slice_;  //!< this rank's tokens under PauseMP

@@ -10,7 +10,7 @@
 //!
 //! Every collective costs `t(m) = α_c + β_c·m` (FSMoE ASPLOS'25 §6.2: one α-β pair per collective
 //! and link class), `m` being the bytes one rank puts on the wire in it and `c` the link class of
-//! its group. A group of one rank costs nothing. Groups are those of `comm/parallel_groups.hpp`
+//! its group. A group of one rank, or one with nothing to move, costs nothing. Groups are those of `comm/parallel_groups.hpp`
 //! (world rank `(dp·P + ep)·M + mp`): an MP group is `M` consecutive ranks, an ESP group `G`
 //! consecutive ranks of one, an EP group `P` ranks `M` apart. A group kind is priced `intra` when
 //! every group of that kind lies inside one node whatever the world size (MP: `ranks_per_node % M
@@ -83,7 +83,7 @@ struct parm_layer_shape {
   std::int32_t element_bytes = 2;               //!< bytes of one element (2: fp16/bf16 rows)
   double kept_fraction = 1;                     //!< share of the T·K slots the capacity keeps, in (0, 1]; 1: dropless
   std::int32_t num_experts = 0;                 //!< E, a multiple of `sizes.expert`
-  std::int64_t parameter_bytes_per_expert = 0;  //!< bytes of one whole expert's parameters (a rank holds 1/G)
+  std::int64_t parameter_bytes_per_expert = 0;  //!< bytes of one whole expert's parameters (a rank holds 1/G); 0: none
   parallel_sizes sizes;                         //!< M = `model`, P = `expert`, G = `expert_slicing` (divides M)
   std::int32_t ranks_per_node = 0;              //!< consecutive world ranks per node
   std::int32_t pieces = 1;                      //!< W: pieces of S2's pipelines
@@ -132,6 +132,22 @@ class parm_cost_model {
   }
 
   [[nodiscard]] parm_cost_params const& params() const { return params_; }
+
+  //! This model for a layer whose row bytes, parameter bytes and FLOPs are `token_bytes`,
+  //! `parameter_bytes` and `flops` times those its shape gives (a simulated back-end's
+  //! `simulation_scale`: the layer hands the model its real rows, the simulation prices the
+  //! model-sized ones). Scales multiply.
+  //! @throws error (invalid_argument) naming the first scale that is not finite and positive.
+  [[nodiscard]] parm_cost_model scaled(double token_bytes, double parameter_bytes, double flops) const {
+    require_positive("token_bytes scale", token_bytes);
+    require_positive("parameter_bytes scale", parameter_bytes);
+    require_positive("flops scale", flops);
+    parm_cost_model m = *this;
+    m.token_bytes_scale_ *= token_bytes;
+    m.parameter_bytes_scale_ *= parameter_bytes;
+    m.flops_scale_ *= flops;
+    return m;
+  }
 
   //! DeepSpeed-MoE with MP: every MP rank dispatches all S slot rows and runs its 1/G expert slices
   //! on them; with G > 1 the ESP group all-reduces the partial outputs.
@@ -196,7 +212,8 @@ class parm_cost_model {
     at_least_one("ffn", s.ffn);
     at_least_one("element_bytes", s.element_bytes);
     at_least_one("num_experts", s.num_experts);
-    at_least_one("parameter_bytes_per_expert", s.parameter_bytes_per_expert);
+    detail::require(s.parameter_bytes_per_expert >= 0, op, "shape.parameter_bytes_per_expert = ",
+                    s.parameter_bytes_per_expert, " must be at least 0");
     at_least_one("sizes.model", s.sizes.model);
     at_least_one("sizes.expert", s.sizes.expert);
     at_least_one("sizes.expert_slicing", s.sizes.expert_slicing);
@@ -218,7 +235,7 @@ class parm_cost_model {
       return s.ranks_per_node % aligned_block == 0 ? params_.intra : params_.inter;
     };
     symbols l;
-    l.b = static_cast<double>(s.hidden) * s.element_bytes;
+    l.b = static_cast<double>(s.hidden) * s.element_bytes * token_bytes_scale_;
     l.T = static_cast<double>(s.tokens);
     l.S = l.T * s.top_k * s.kept_fraction;
     l.M = M;
@@ -226,9 +243,9 @@ class parm_cost_model {
     l.P = P;
     l.W = s.pieces;
     l.L = static_cast<double>(s.num_experts / P);
-    l.slice_bytes = static_cast<double>(s.parameter_bytes_per_expert) / G;
+    l.slice_bytes = static_cast<double>(s.parameter_bytes_per_expert) * parameter_bytes_scale_ / G;
     // Two GEMMs, H x F/G and F/G x H, 2 FLOPs per multiply-add.
-    l.flops_per_row = 2.0 * 2.0 * static_cast<double>(s.hidden) * static_cast<double>(s.ffn) / G;
+    l.flops_per_row = 2.0 * 2.0 * static_cast<double>(s.hidden) * static_cast<double>(s.ffn) * flops_scale_ / G;
     l.mp_size = M;
     l.ep_size = P;
     l.esp_size = G;
@@ -238,9 +255,9 @@ class parm_cost_model {
     return l;
   }
 
-  //! α + β·m over a group of `ranks` (FSMoE §6.2); nothing over a group of one.
+  //! α + β·m over a group of `ranks` (FSMoE §6.2); nothing over a group of one or with nothing to move.
   static double collective(parm_link const& link, std::int32_t ranks, double bytes) {
-    return ranks == 1 ? 0.0 : link.alpha_seconds + link.beta_seconds_per_byte * bytes;
+    return ranks == 1 || bytes == 0 ? 0.0 : link.alpha_seconds + link.beta_seconds_per_byte * bytes;
   }
 
   //! Two stages over W pieces, stage 2 of piece i beside stage 1 of piece i+1 (systems.md §6
@@ -307,6 +324,7 @@ class parm_cost_model {
   }
 
   parm_cost_params params_;
+  double token_bytes_scale_ = 1, parameter_bytes_scale_ = 1, flops_scale_ = 1;  //!< see `scaled`
 };
 
 inline parm_cost_params parm_cost_params::from_cluster(cluster_spec const& spec) {
