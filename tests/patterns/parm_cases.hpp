@@ -185,7 +185,7 @@ namespace test {
 
 // `parm_auto` runs what its model picks, the same on every rank, with the oracle's results: under
 // a model where one collective costs a second it runs S1; where collectives cost almost nothing
-// fixed and copies are free, S2 whenever both pipelined stages move rows (EP > 1 and ESP > 1), and
+// fixed, copies are free and no port is shared, S2 whenever both pipelined stages move rows (EP > 1 and ESP > 1), and
 // S1 otherwise (pipelining one stage only adds fixed costs).
 template <class Capacity, class Backend, class Comm>
 void check_parm_auto_on_rank(Backend const& be, Comm& world, parm_case const& c, Capacity capacity) {
@@ -195,7 +195,10 @@ void check_parm_auto_on_rank(Backend const& be, Comm& world, parm_case const& c,
     CAPTURE(overlap_pays);
     moecomm::parm_cost_params p;
     p.intra.alpha_seconds = p.inter.alpha_seconds = overlap_pays ? 1e-15 : 1.0;
-    if (overlap_pays) p.copy_bytes_per_second = 1e30;
+    if (overlap_pays) {
+      p.copy_bytes_per_second = 1e30;
+      p.shared_port_bytes_per_second = 0;  // the stages do not contend
+    }
     moecomm::parm_auto const policy{moecomm::parm_cost_model(p), parm_inner, 3};
     auto const got = run_parm_step<float>(be, groups, c, policy, capacity);
     check_parm_result(got, want, "parm_auto");

@@ -186,6 +186,25 @@ TEST_CASE("parm_cost_model: S2 overlaps the two links when they are equally slow
   CHECK(choice.s2.step_total < choice.s1.step_total);
 }
 
+TEST_CASE("parm_cost_model: through one shared port S2's stages do not overlap") {
+  // Both links 1 GB/s and one port of 1 GB/s that both stages cross (GPUs on PCIe, one node): a
+  // step of both pipelined stages moves both pieces through the port, so S2 is S1's bytes plus
+  // S2's extra αs and copies, and S1 wins.
+  parm_cost_params p;
+  p.intra = p.inter = {1e-6, 1e-9};
+  p.shared_port_bytes_per_second = 1e9;
+  parm_cost_model const model(p);
+  auto const shared = model.choose(parm_balanced_shape(8));
+  CHECK(shared.schedule == parm_schedule::s1);
+  CHECK(shared.s2.dispatch > shared.s1.dispatch);
+  // A port 4x faster than either link leaves room for both: the overlap is back.
+  p.shared_port_bytes_per_second = 4e9;
+  CHECK(parm_cost_model(p).choose(parm_balanced_shape(8)).schedule == parm_schedule::s2);
+  p.shared_port_bytes_per_second = -1;
+  check_error([&] { parm_cost_model const m(p); }, moecomm::status::invalid_argument,
+              {"moecomm::parm_cost_model: shared_port_bytes_per_second = -1 must be finite and >= 0"});
+}
+
 TEST_CASE("parm_cost_model: many pieces and a large alpha make S1 cheaper") {
   parm_cost_params p;
   p.intra = p.inter = {1e-3, 1e-9};  // 1 ms per collective
@@ -282,6 +301,8 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
   CHECK(p.inter.alpha_seconds == doctest::Approx(4.5e-6).epsilon(1e-12));
   CHECK(p.inter.beta_seconds_per_byte == doctest::Approx(1 / 3.125e9).epsilon(1e-12));
   CHECK(p.copy_bytes_per_second == doctest::Approx(308e9).epsilon(1e-12));
+  CHECK(p.shared_port_bytes_per_second == doctest::Approx(defaults.shared_port_bytes_per_second).epsilon(1e-12));
+  CHECK(p.shared_port_bytes_per_second == doctest::Approx(15.75e9).epsilon(1e-12));  // GPUs talk over PCIe
 
   // NVLink and a NIC per GPU: the PCIe link limits a GPU; a blocking fabric shared by the 32 GPUs
   // limits it further.
@@ -294,6 +315,7 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
   CHECK(q.intra.alpha_seconds == doctest::Approx(0.5e-6).epsilon(1e-12));
   CHECK(q.intra.beta_seconds_per_byte == doctest::Approx(1 / 150e9).epsilon(1e-12));
   CHECK(q.inter.beta_seconds_per_byte == doctest::Approx(1 / 15.75e9).epsilon(1e-12));
+  CHECK(q.shared_port_bytes_per_second == 0);  // NVLink inside the node, PCIe out of it
   c.fabric = {320e9, 0.5e-6};
   CHECK(parm_cost_params::from_cluster(c).inter.beta_seconds_per_byte == doctest::Approx(1 / 10e9).epsilon(1e-12));
 

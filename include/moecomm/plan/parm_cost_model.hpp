@@ -22,9 +22,12 @@
 //! `L = num_experts / P` (experts per rank, a `1/G` slice of each). The experts receive balanced
 //! load: every rank gets the average.
 //!
+//! S2's concurrent stages contend where they share a GPU's port: on nodes whose GPUs talk over
+//! PCIe (`cluster_spec::intra_node_over_pcie`) every transfer of a GPU, to a peer in its node or
+//! to the NIC, crosses its one PCIe link (`shared_port_bytes_per_second`).
+//!
 //! Not modelled: the gate, the permutations and the data-parallel gradient all-reduce (outside the
-//! schedules); contention between S2's concurrent stages, which the model assumes use different
-//! links (on nodes whose GPUs talk over PCIe, `cluster_spec::intra_node_over_pcie`, they share it).
+//! schedules); any other contention (the NIC's share is in `inter`).
 
 #include <moecomm/comm/parallel_groups.hpp>
 #include <moecomm/config.hpp>
@@ -59,6 +62,11 @@ struct parm_cost_params {
   double gemm_flops = 53.8e12;
   //! A device copy reads and writes: half of the RTX 2080 Ti's 616 GB/s GDDR6.
   double copy_bytes_per_second = 616e9 / 2;
+  //! One GPU's port that all its transfers cross, inside its node and out of it, per direction:
+  //! its PCIe 3.0 x16 link (15.75 GB/s) when GPUs talk over PCIe; 0 when the two link classes
+  //! have ports of their own (e.g. NVLink inside a node, PCIe to the NIC). S2's overlapped stages
+  //! share it.
+  double shared_port_bytes_per_second = 15.75e9;
 
   //! The constants a simulated `spec` prices (the routes of `simulation/platform.hpp`):
   //! - `intra`: α = 2 x `intra_node.latency_seconds` (out of one port, into another), β = 1 /
@@ -68,7 +76,8 @@ struct parm_cost_params {
   //!   `measure_links` measures): its `pcie` link, its share `nics_per_node x nic / gpus_per_node`
   //!   of the node's NICs, and, for a blocking fabric, its share of `fabric` over the domain's GPUs,
   //!   whichever is smallest;
-  //! - `gemm_flops` = `gpu_flops`; `copy_bytes_per_second` = `hbm_bytes_per_second / 2`.
+  //! - `gemm_flops` = `gpu_flops`; `copy_bytes_per_second` = `hbm_bytes_per_second / 2`;
+  //! - `shared_port_bytes_per_second` = `pcie.bytes_per_second` when `intra_node_over_pcie`, else 0.
   //! @throws error (invalid_argument) from `spec.validate()`, or naming `spec.domains` when it is
   //!         not 1 (the model has two link classes; a link between domains would be a third).
   [[nodiscard]] static parm_cost_params from_cluster(cluster_spec const& spec);
@@ -129,6 +138,9 @@ class parm_cost_model {
     require_link("inter", params.inter);
     require_positive("gemm_flops", params.gemm_flops);
     require_positive("copy_bytes_per_second", params.copy_bytes_per_second);
+    detail::require(std::isfinite(params.shared_port_bytes_per_second) && params.shared_port_bytes_per_second >= 0,
+                    "parm_cost_model", "shared_port_bytes_per_second = ", params.shared_port_bytes_per_second,
+                    " must be finite and >= 0 (0: no shared port)");
   }
 
   [[nodiscard]] parm_cost_params const& params() const { return params_; }
@@ -260,11 +272,24 @@ class parm_cost_model {
     return ranks == 1 || bytes == 0 ? 0.0 : link.alpha_seconds + link.beta_seconds_per_byte * bytes;
   }
 
+  //! One piece of one collective: its time, its α and the bytes its rank sends.
+  struct stage {
+    double seconds = 0, alpha = 0, bytes = 0;
+  };
+  static stage piece(parm_link const& link, std::int32_t ranks, double bytes) {
+    double const t = collective(link, ranks, bytes);
+    return t == 0 ? stage{} : stage{t, link.alpha_seconds, bytes};
+  }
+
   //! Two stages over W pieces, stage 2 of piece i beside stage 1 of piece i+1 (systems.md §6
-  //! reconstruction item 2 [I]): the first piece's stage 1, W − 1 steps of the slower stage, the last
-  //! piece's stage 2.
-  static double pipeline(double first_stage, double second_stage, double pieces) {
-    return first_stage + (pieces - 1) * std::max(first_stage, second_stage) + second_stage;
+  //! reconstruction item 2 [I]): the first piece's stage 1, W − 1 steps of both, the last piece's
+  //! stage 2. A step of both takes the slower stage, or, through a shared port, at least the
+  //! larger α plus both pieces' bytes at the port's bandwidth.
+  double pipeline(stage const& first, stage const& second, double pieces) const {
+    double both = std::max(first.seconds, second.seconds);
+    if (params_.shared_port_bytes_per_second > 0)
+      both = std::max(both, std::max(first.alpha, second.alpha) + (first.bytes + second.bytes) / params_.shared_port_bytes_per_second);
+    return first.seconds + (pieces - 1) * both + second.seconds;
   }
 
   //! Seconds of the expert GEMMs on `rows` rows (FLOPs / `gemm_flops`).
@@ -314,8 +339,8 @@ class parm_cost_model {
   parm_prediction s2(symbols const& l) const {
     parm_prediction p = s1(l);
     // One piece of the A2A and of the ESP collective: α + β·m/W each (item 2).
-    double const a2a = collective(l.ep, l.ep_size, l.S / l.M * l.b * (l.P - 1) / l.P / l.W);
-    double const esp = collective(l.esp, l.esp_size, l.S / l.M * l.b * (l.G - 1) / l.W);
+    stage const a2a = piece(l.ep, l.ep_size, l.S / l.M * l.b * (l.P - 1) / l.P / l.W);
+    stage const esp = piece(l.esp, l.esp_size, l.S / l.M * l.b * (l.G - 1) / l.W);
     // Packing and unpacking the G·S/M gathered rows: two device copies per pipeline.
     double const copies = 2 * l.G * l.S / l.M * l.b / params_.copy_bytes_per_second;
     p.dispatch = pipeline(a2a, esp, l.W) + copies;  // the all-gather of piece i−1 beside the A2A of piece i
@@ -340,6 +365,7 @@ inline parm_cost_params parm_cost_params::from_cluster(cluster_spec const& spec)
   p.inter = {2 * spec.pcie.latency_seconds + 2 * spec.nic.latency_seconds + spec.fabric.latency_seconds, 1 / per_gpu};
   p.gemm_flops = spec.gpu_flops;
   p.copy_bytes_per_second = spec.hbm_bytes_per_second / 2;
+  p.shared_port_bytes_per_second = spec.intra_node_over_pcie ? spec.pcie.bytes_per_second : 0;
   return p;
 }
 

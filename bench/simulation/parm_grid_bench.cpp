@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! Parm's evaluation in simulated time: a grid of MoE layers, each run with DeepSpeed-MoE's MP
+//! schedule (`deepspeed_mp`), `parm_s1`, `parm_s2` and `parm_auto`, one training step (forward and
+//! backward) each, on one of Parm's two platforms (SimGrid holds one platform per process):
+//!
+//!     bench_parm_grid --platform=parm-2080ti          (8 nodes x 4 RTX 2080 Ti, 32 ranks; the default)
+//!     bench_parm_grid --platform=parm-2080ti-server   (one node of 8)
+//!     bench_parm_grid ... --csv=FILE                  (one line per layer; scripts/plot-parm-grid draws it)
+//!
+//! The grid is FSMoE's (ASPLOS'25 Table 4; reference/systems.md §6 item 4), the nearest documented
+//! analogue of Parm's 1296 layers: batch B {1, 2, 4} x sequence L {512, 1024, 2048} (T = B·L tokens
+//! per MP group) x hidden H {1024, 2048, 4096} x FFN/H {2, 3, 4} x capacity factor {1.2, 2.4,
+//! dropless}, = 243 layers per (MP, ESP) split, over the splits (2, 1), (2, 2), (4, 1), (4, 2),
+//! (4, 4) (MP inside a node, ESP dividing MP, DP 1, EP = ranks / MP). Our choices, not the papers':
+//! E = the number of ranks, top-2, uniform routing (a fixed random permutation of a flat
+//! popularity), fp16 rows, S2 and `parm_auto` with 4 pieces, `parm_auto` priced with
+//! `parm_cost_params::from_cluster` of the platform. The real rows hold 4 floats and the experts
+//! are MLPs 4 -> 8 -> 4 cut into ESP slices; `simulation_scale` prices every message, copy and
+//! GEMM at the model's size.
+//!
+//! One benchmark per (split, B) runs its 81 layers; its counters are medians over them. After the
+//! benchmarks, the program prints, per split and overall, min / median / max of each schedule's
+//! speedup over `deepspeed_mp`, the share of layers each of S1 / S2 is fastest on, and how often
+//! `parm_auto` picked the faster one (and its worst regret). Times are simulated seconds (SimGrid
+//! 3.32, CM02, no cross-traffic): a model of the cluster, not a measurement of it.
+//!
+//! Check: every schedule's output and input gradient, summed over all ranks, equal `deepspeed_mp`'s
+//! bit for bit (the slices' partial sums are added in the same order by every schedule).
+
+#include <moecomm/moecomm.hpp>
+#include <moecomm/patterns/parm.hpp>
+
+#include "sim_harness.hpp"
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using backend = moecomm::simulated_backend<>;
+using comm_t = moecomm::simgrid_communicator;
+
+constexpr std::int64_t real_hidden = 4, real_ffn = 8;
+constexpr double fp32 = 4.0, fp16 = 2.0;
+constexpr std::int32_t top_k = 2, pieces = 4;
+
+//! The bench's MLPs (sim_harness.hpp) cut along F: without biases, slice s of N is the MLP of
+//! columns [s·F/N, (s+1)·F/N) of W1 and the same rows of W2, and its output is a partial sum.
+struct sliced_mlp : moecomm_bench::mlp_experts {
+  std::int32_t part, parts;
+  sliced_mlp(std::int32_t local, std::int32_t slice, std::int32_t slices, std::uint64_t seed)
+      : mlp_experts(local, real_hidden, real_ffn / slices, seed), part(slice), parts(slices) {}
+  [[nodiscard]] std::int32_t slices() const { return parts; }
+  [[nodiscard]] std::int32_t slice() const { return part; }
+};
+
+struct layer_shape {
+  std::int32_t batch, sequence;
+  std::int64_t hidden, ffn_ratio;
+  double capacity;  // 0: dropless
+  moecomm::parallel_sizes sizes;
+  [[nodiscard]] std::int64_t tokens() const { return std::int64_t{batch} * sequence; }
+};
+
+//! One schedule's simulated step, and its results' checksum.
+struct step_result {
+  double seconds = 0, checksum = 0;
+  char const* ran = "";  // parm_auto: the schedule it picked
+  double predicted_s1 = 0, predicted_s2 = 0;
+};
+
+//! One layer of the grid: what each schedule measured.
+struct layer_result {
+  layer_shape shape;
+  step_result baseline, s1, s2, automatic;
+};
+std::vector<layer_result> g_results;
+
+template <class Schedule, class Capacity>
+step_result run_schedule(moecomm::simulated_platform const& platform, layer_shape const& s, Schedule const& schedule,
+                         Capacity const& capacity) {
+  std::int32_t const ranks = platform.spec().num_gpus(), experts = ranks;
+  std::int32_t const mp_groups = ranks / s.sizes.model;
+  auto const routing = moecomm_bench::skewed_routing(mp_groups, s.tokens(), top_k, experts, 0.0, 2024);
+  backend const be(moecomm::host_backend{},
+                   moecomm_bench::model_scale(double(s.hidden), double(s.hidden * s.ffn_ratio), fp16, real_hidden, real_ffn, fp32));
+  moecomm_bench::step_span span(ranks);
+  std::vector<double> sums(static_cast<std::size_t>(ranks));
+  step_result result;
+  moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, ranks);
+  world.run([&](comm_t comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    moecomm::parallel_groups<comm_t> groups(comm, s.sizes, moecomm::topology(ranks, platform.gpus_per_node()));
+    auto const at = groups.coordinates();
+    std::int32_t const group = at.dp * s.sizes.expert + at.ep, locals = experts / s.sizes.expert;
+    moecomm::parm_layer<float, backend, comm_t, Schedule, Capacity> layer(be, groups, experts, real_hidden, schedule, capacity);
+    sliced_mlp mlp(locals, at.esp, s.sizes.expert_slicing, 100 + static_cast<std::uint64_t>(at.ep * 8 + at.esp));
+    std::int64_t const elements = s.tokens() * real_hidden;
+    std::vector<float> const x = moecomm_bench::random_rows(elements, 200 + static_cast<std::uint64_t>(group));
+    std::vector<float> const d_out = moecomm_bench::random_rows(elements, 300 + static_cast<std::uint64_t>(group));
+    std::vector<float> out(x.size()), d_x(x.size()), d_w(static_cast<std::size_t>(s.tokens() * top_k));
+    comm.barrier();
+    span.start[me] = moecomm::simulated_seconds{}();
+    layer.forward(routing[static_cast<std::size_t>(group)].view(), {x.data(), s.tokens(), real_hidden},
+                  {out.data(), s.tokens(), real_hidden}, mlp);
+    layer.backward({d_out.data(), s.tokens(), real_hidden}, moecomm::matrix_view<float>{d_x.data(), s.tokens(), real_hidden},
+                   moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, mlp);
+    span.end[me] = moecomm::simulated_seconds{}();
+    double sum = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) sum += double(out[i]) + double(d_x[i]);
+    sums[me] = sum;
+    if (me == 0) {  // actors run one at a time
+      result.ran = layer.report().schedule;
+      result.predicted_s1 = layer.report().choice.s1.step_total;
+      result.predicted_s2 = layer.report().choice.s2.step_total;
+    }
+  });
+  result.seconds = span.seconds();
+  for (double v : sums) result.checksum += v;
+  return result;
+}
+
+template <class Capacity>
+layer_result run_layer(moecomm::simulated_platform const& platform, layer_shape const& s, Capacity const& capacity) {
+  moecomm::parm_auto const automatic{moecomm::parm_cost_model(moecomm::parm_cost_params::from_cluster(platform.spec())), real_ffn,
+                                     pieces};
+  layer_result r{s, run_schedule(platform, s, moecomm::deepspeed_mp{}, capacity),
+                 run_schedule(platform, s, moecomm::parm_s1{}, capacity),
+                 run_schedule(platform, s, moecomm::parm_s2{pieces}, capacity),
+                 run_schedule(platform, s, automatic, capacity)};
+  return r;
+}
+
+std::string shape_name(layer_shape const& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "B%d/L%d/H%lld/F%lldH/%s", s.batch, s.sequence, static_cast<long long>(s.hidden),
+                static_cast<long long>(s.ffn_ratio), s.capacity > 0 ? (s.capacity > 2 ? "f2.4" : "f1.2") : "dropless");
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  std::size_t const n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void register_split(moecomm::simulated_platform const& platform, moecomm::parallel_sizes sizes, std::int32_t batch) {
+  std::string const name = "parm_grid/MP:" + std::to_string(sizes.model) + "/ESP:" + std::to_string(sizes.expert_slicing) +
+                           "/B:" + std::to_string(batch);
+  benchmark::RegisterBenchmark(name.c_str(), [&platform, sizes, batch](benchmark::State& state) {
+    std::vector<double> s1, s2, au;
+    double simulated = 0;
+    for (auto _ : state) {
+      for (std::int32_t sequence : {512, 1024, 2048})
+        for (std::int64_t hidden : {1024, 2048, 4096})
+          for (std::int64_t ratio : {2, 3, 4})
+            for (double f : {1.2, 2.4, 0.0}) {
+              layer_shape const s{batch, sequence, hidden, ratio, f, sizes};
+              layer_result const r = f > 0 ? run_layer(platform, s, moecomm::capacity<moecomm::drop_by_position>{f})
+                                           : run_layer(platform, s, moecomm::dropless{});
+              for (step_result const* o : {&r.s1, &r.s2, &r.automatic})
+                if (o->checksum != r.baseline.checksum)
+                  return moecomm_bench::fail(state, shape_name(s) + ": " + (o == &r.automatic ? std::string("parm_auto (") + o->ran + ")" : o == &r.s1 ? "parm_s1" : "parm_s2") +
+                                                        " differs from deepspeed_mp's output and input gradient");
+              s1.push_back(r.baseline.seconds / r.s1.seconds);
+              s2.push_back(r.baseline.seconds / r.s2.seconds);
+              au.push_back(r.baseline.seconds / r.automatic.seconds);
+              simulated += r.baseline.seconds + r.s1.seconds + r.s2.seconds + r.automatic.seconds;
+              g_results.push_back(r);
+            }
+      state.SetIterationTime(simulated);
+    }
+    state.counters["layers"] = double(s1.size());
+    state.counters["speedup_s1"] = median(s1);
+    state.counters["speedup_s2"] = median(s2);
+    state.counters["speedup_auto"] = median(au);
+  })
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kSecond);
+}
+
+//! min / median / max of `v` as text.
+std::string spread(std::vector<double> const& v) {
+  if (v.empty()) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f / %.2f / %.2f", *std::min_element(v.begin(), v.end()), median(v),
+                *std::max_element(v.begin(), v.end()));
+  return buf;
+}
+
+//! The summary of the layers `pick` selects.
+template <class Pick>
+void print_summary(char const* label, Pick&& pick) {
+  std::vector<double> s1, s2, au;
+  std::int64_t n = 0, s1_wins = 0, agree = 0;
+  double worst_regret = 0;
+  for (layer_result const& r : g_results) {
+    if (!pick(r.shape)) continue;
+    ++n;
+    s1.push_back(r.baseline.seconds / r.s1.seconds);
+    s2.push_back(r.baseline.seconds / r.s2.seconds);
+    au.push_back(r.baseline.seconds / r.automatic.seconds);
+    bool const s1_faster = r.s1.seconds <= r.s2.seconds;
+    s1_wins += s1_faster;
+    agree += (std::strcmp(r.automatic.ran, "parm_s1") == 0) == s1_faster;
+    worst_regret = std::max(worst_regret, r.automatic.seconds / std::min(r.s1.seconds, r.s2.seconds) - 1);
+  }
+  if (n == 0) return;
+  std::printf("%-14s %6lld  %-20s %-20s %-20s %5.1f%% / %5.1f%%   %5.1f%%   %+.1f%%\n", label, static_cast<long long>(n),
+              spread(s1).c_str(), spread(s2).c_str(), spread(au).c_str(), 100.0 * double(s1_wins) / double(n),
+              100.0 * double(n - s1_wins) / double(n), 100.0 * double(agree) / double(n), 100.0 * worst_regret);
+}
+
+void write_csv(std::string const& path) {
+  std::ofstream f(path);
+  f << "mp,esp,batch,sequence,hidden,ffn_ratio,capacity,deepspeed_mp_s,parm_s1_s,parm_s2_s,parm_auto_s,auto_ran,"
+       "predicted_s1_s,predicted_s2_s\n";
+  for (layer_result const& r : g_results) {
+    layer_shape const& s = r.shape;
+    f << s.sizes.model << ',' << s.sizes.expert_slicing << ',' << s.batch << ',' << s.sequence << ',' << s.hidden << ','
+      << s.ffn_ratio << ',' << (s.capacity > 0 ? std::to_string(s.capacity).substr(0, 3) : "dropless") << ','
+      << r.baseline.seconds << ',' << r.s1.seconds << ',' << r.s2.seconds << ',' << r.automatic.seconds << ','
+      << r.automatic.ran << ',' << r.automatic.predicted_s1 << ',' << r.automatic.predicted_s2 << '\n';
+  }
+  std::printf("wrote %s (%zu layers)\n", path.c_str(), g_results.size());
+}
+
+//! Takes `--csv=FILE` out of argv, as `take_platform_flag` does.
+std::string take_csv_flag(int& argc, char** argv) {
+  static constexpr char flag[] = "--csv=";
+  std::string path;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], flag, sizeof flag - 1) == 0) path = argv[i] + sizeof flag - 1;
+    else argv[kept++] = argv[i];
+  }
+  argc = kept;
+  return path;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string const name = moecomm_bench::take_platform_flag(argc, argv, "parm-2080ti");
+  std::string const csv = take_csv_flag(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
+  benchmark::AddCustomContext("workload", "FSMoE's grid: B {1,2,4} x L {512,1024,2048} x H {1024,2048,4096} x F/H {2,3,4} x "
+                                          "f {1.2,2.4,dropless}; E = ranks, top-2, uniform routing, fp16 rows, 4 pieces");
+  std::int32_t const per_node = platform.gpus_per_node();
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 0, 1}, moecomm::parallel_sizes{2, 0, 2},
+                                              moecomm::parallel_sizes{4, 0, 1}, moecomm::parallel_sizes{4, 0, 2},
+                                              moecomm::parallel_sizes{4, 0, 4}}) {
+    if (per_node % sizes.model != 0) continue;  // an MP group inside a node
+    moecomm::parallel_sizes s = sizes;
+    s.expert = platform.spec().num_gpus() / sizes.model;
+    for (std::int32_t batch : {1, 2, 4}) register_split(platform, s, batch);
+  }
+  int const rc = moecomm_bench::finish("bench_parm_grid");
+  if (g_results.empty()) return rc;
+  std::printf("\nParm's schedules against deepspeed_mp on %s, simulated step time (forward + backward):\n", platform.name().c_str());
+  std::printf("%-14s %6s  %-20s %-20s %-20s %-17s %-8s %s\n", "split", "layers", "S1 min/med/max", "S2 min/med/max",
+              "auto min/med/max", "S1 / S2 fastest", "auto ok", "auto worst");
+  for (std::int32_t mp : {2, 4})
+    for (std::int32_t esp : {1, 2, 4}) {
+      std::string const label = "MP" + std::to_string(mp) + " ESP" + std::to_string(esp);
+      print_summary(label.c_str(), [&](layer_shape const& s) { return s.sizes.model == mp && s.sizes.expert_slicing == esp; });
+    }
+  print_summary("all", [](layer_shape const&) { return true; });
+  std::printf("(speedup = deepspeed_mp's time / the schedule's; 'auto ok' = parm_auto picked the faster of S1 and S2; "
+              "'auto worst' = its largest excess over the faster; Parm reports 1.13-5.77x over DeepSpeed-MoE)\n");
+  if (!csv.empty()) write_csv(csv);
+  return rc;
+}
