@@ -2,6 +2,8 @@
 // sim.platform: cluster descriptions, their text form, the named platforms, and the SimGrid platform
 // built from them, checked against the alpha-beta time of each route. Each test case runs in its
 // own process (SimGrid: one platform per process), so each builds at most one platform.
+#include "../support/test_support.hpp"
+
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -105,7 +107,7 @@ std::pair<std::vector<std::string>, double> route(std::string const& from, std::
 void check_alpha_beta(double simulated, double latency, double bytes, double bottleneck) {
   double const expected = latency + bytes / bottleneck;
   INFO("simulated " << simulated * 1e6 << " us, alpha-beta " << expected * 1e6 << " us");
-  CHECK(simulated == doctest::Approx(expected).epsilon(1e-9));
+  CHECK(simulated == test::relatively(expected, 1e-9));
 }
 
 // Runs `body` in a child process (which may build its own platform: SimGrid allows one per
@@ -434,8 +436,8 @@ TEST_CASE("platform: every named platform builds, and a message between its fart
     double const near = alpha_beta(platform.spec(), 0, 1, 1 << 20);
     MESSAGE(named << ": 1 MiB gpu0 -> gpu" << last << " " << times[1] * 1e6 << " us (alpha-beta " << far * 1e6
                   << "), gpu0 -> gpu1 " << times[2] * 1e6 << " us (alpha-beta " << near * 1e6 << ")");
-    CHECK(times[1] == doctest::Approx(far).epsilon(1e-9));
-    CHECK(times[2] == doctest::Approx(near).epsilon(1e-9));
+    CHECK(times[1] == test::relatively(far, 1e-9));
+    CHECK(times[2] == test::relatively(near, 1e-9));
   }
 }
 

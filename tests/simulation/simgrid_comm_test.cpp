@@ -141,7 +141,7 @@ TEST_CASE("simulated comm: a flat all-to-all takes the alpha-beta time of the pl
     if (comm.rank() == 0) seconds = moecomm::simulated_seconds{}() - start;
   });
   CAPTURE(alpha_beta);
-  CHECK(seconds == doctest::Approx(alpha_beta).epsilon(0.05));
+  CHECK(seconds == relatively(alpha_beta, 0.05));
 }
 
 TEST_CASE("simulated comm: row collectives and parallel groups behave as in-process") {
@@ -166,8 +166,9 @@ TEST_CASE("simulated comm: the pipelined collectives equal the two collectives i
 }
 
 // Simulated seconds of one alltoall_allgather of `rows` rows per block, MP 4 x EP 2 with ESP 4 on
-// 2 nodes of 4: the all-to-all crosses the NIC, the gather stays on NVLink.
-inline double pipelined_seconds(std::int32_t pieces, std::int64_t rows) {
+// 2 nodes of 4: the all-to-all crosses the NIC, the gather stays on NVLink. Each real row stands
+// for `payload_scale` rows.
+inline double pipelined_seconds(std::int32_t pieces, std::int64_t rows, double payload_scale = 1) {
   moecomm::simgrid_world world = sim_world(8, 4);
   double seconds = 0;
   world.run([&](moecomm::simgrid_communicator comm) {
@@ -176,8 +177,9 @@ inline double pipelined_seconds(std::int32_t pieces, std::int64_t rows) {
     std::vector<std::int64_t> const send(2, rows), recv(8, rows);
     std::vector<float> in(static_cast<std::size_t>(2 * rows * h), 1.0f), out(static_cast<std::size_t>(8 * rows * h));
     moecomm::pipeline_workspace<moecomm::simulated_backend<>> scratch;
+    moecomm::simulated_backend<> const be(moecomm::host_backend{}, {payload_scale, 1, 1});
     double const start = moecomm::simulated_seconds{}();
-    moecomm::alltoall_allgather(moecomm::simulated_backend<>{}, groups.ep(), groups.esp(),
+    moecomm::alltoall_allgather(be, groups.ep(), groups.esp(),
                                 moecomm::matrix_view<float const>{in.data(), 2 * rows, h},
                                 moecomm::array_view<std::int64_t const>(send), moecomm::array_view<std::int64_t const>(recv),
                                 moecomm::matrix_view<float>{out.data(), 8 * rows, h}, scratch, pieces);
@@ -196,6 +198,18 @@ TEST_CASE("simulated comm: pipelining the all-to-all with the all-gather overlap
   CAPTURE(pipelined);
   CHECK(pipelined > 0);
   CHECK(pipelined < 0.95 * separate);
+}
+
+TEST_CASE("simulated comm: both stages of a pipeline move the rows the real ones stand for") {
+  // The second stage runs on the rank's lane, a second actor: it must price its messages at the
+  // rank's payload scale, as the first stage does. 64 rows standing for 256 take as long as 256.
+  for (std::int32_t pieces : {1, 4}) {
+    CAPTURE(pieces);
+    double const scaled = pipelined_seconds(pieces, 64, 4), real = pipelined_seconds(pieces, 256);
+    CAPTURE(scaled);
+    CAPTURE(real);
+    CHECK(scaled == relatively(real, 0.02));
+  }
 }
 
 }  // namespace test

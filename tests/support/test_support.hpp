@@ -204,6 +204,10 @@ void check_untouched(std::vector<T> const& got, std::size_t from, char const* wh
 
 // Runs `f` and checks that it throws moecomm::error with `code` and a message containing every
 // one of `fragments`.
+// Matches values within `relative` of `value`. doctest's own `Approx(v).epsilon(e)` also accepts
+// anything within `e` in absolute terms (its scale is 1): every simulated time in seconds would pass.
+inline doctest::Approx relatively(double value, double relative) { return doctest::Approx(value).epsilon(relative).scale(0); }
+
 template <class F>
 void check_error(F&& f, moecomm::status code, std::vector<std::string> const& fragments) {
   try {

@@ -4,10 +4,12 @@
 //! `actor_lane`: the lane (`<moecomm/core/lane.hpp>`) of a simulated rank: each `start` makes a
 //! second S4U actor on the rank's host, which runs the units while the rank's actor goes on. Both
 //! are charged their own device time, so work overlapped on the lane overlaps in simulated time
-//! (compute on the lane and on the rank share the host's FLOP rate).
+//! (compute on the lane and on the rank share the host's FLOP rate). The lane moves payloads at the
+//! scale of the rank's payload scope around `start` (`simulation_scale`).
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/lane.hpp>
+#include <moecomm/simulation/device_time.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
 #include <simgrid/Exception.hpp>
@@ -32,8 +34,10 @@ class actor_lane {
   void start(Job& job, std::int32_t units) {
     job_.start(job, units);
     int const rank = detail::current_rank();
-    simgrid::s4u::Actor::create("lane", simgrid::s4u::this_actor::get_host(), [this, rank] {
+    double const scale = detail::current_payload_scale();
+    simgrid::s4u::Actor::create("lane", simgrid::s4u::this_actor::get_host(), [this, rank, scale] {
       detail::rank_of_actors()[simgrid::s4u::this_actor::get_pid()] = rank;  // its work is the rank's
+      detail::actor_payload_scope const payload(scale);  // and it moves the rows the rank's stand for
       loop();
     });
   }
