@@ -3,7 +3,7 @@
 // thread is counted (a replaced global operator new; hence a binary of its own). The routing changes
 // every step (so do the row counts); the same routings run twice, and in the second round, whose
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
-// capacity policy, the smart schedule, FasterMoE and Parm S2.
+// capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -132,17 +132,25 @@ TEST_CASE("a layer step allocates nothing once warm: smart schedule") {
 // Parm's PauseMP with 2 pieces on MP 2 x EP 2: the pipelined collectives (the rank's thread; the lane
 // keeps its message lists in the pipeline workspace), the MP all-gathers and the gradient sum of the
 // MP pair that holds the same experts.
-TEST_CASE("a layer step allocates nothing once warm: Parm S2") {
+template <class Schedule>
+void check_parm_warm_steps(Schedule const& schedule) {
   std::vector<std::vector<std::int64_t>> counts(4);
   moecomm::inproc_world const world(4, std::chrono::seconds(30));
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::parallel_groups<moecomm::inproc_communicator> groups(comm, {2, 2, 1});
-    moecomm::parm_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::parm_s2> layer(
-        moecomm::host_backend{}, groups, 8, 16, moecomm::parm_s2{2});
+    moecomm::parm_layer<float, moecomm::host_backend, moecomm::inproc_communicator, Schedule> layer(moecomm::host_backend{}, groups,
+                                                                                                   8, 16, schedule);
     scale_bias_experts<float> experts(groups.coordinates().ep, 4, 16, false);
     counts[comm.rank()] = count_steps(layer, groups.coordinates().ep, experts, 8);  // MP peers pass the same tokens
   });
   check_warm_steps(counts);
+}
+
+TEST_CASE("a layer step allocates nothing once warm: Parm S2") { check_parm_warm_steps(moecomm::parm_s2{2}); }
+
+// parm_auto adds the all-gather of the step's shape and the model's choice.
+TEST_CASE("a layer step allocates nothing once warm: parm_auto") {
+  check_parm_warm_steps(moecomm::parm_auto{moecomm::parm_cost_model(), 32, 2});
 }
 
 }  // namespace test
