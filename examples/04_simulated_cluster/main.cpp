@@ -26,6 +26,7 @@
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
+#include "../common/plot.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -41,7 +42,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <new>
 #include <optional>
@@ -52,7 +52,7 @@
 
 namespace {
 
-using namespace example_support;  // flag checks, formatting, timing, inputs, experts, the Zipf gate (examples/common/)
+using namespace example_support;  // flag checks, formatting, timing, inputs, experts, the Zipf gate, plots (examples/common/)
 
 using moecomm::simgrid_communicator;
 using std::int32_t;
@@ -385,36 +385,6 @@ bool identical_to_plain(std::vector<variant_result> const& variants) {
   return same;
 }
 
-std::string shell_quoted(std::string const& text) {
-  std::string q = "'";
-  for (char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-void write_timeline(options const& o, moecomm::timeline const& recorded, char const* variant) {
-  std::ofstream file(o.timeline);
-  recorded.write_csv(file);
-  file.close();
-  if (!file) {
-    std::printf("4. Timeline: could not write %s\n", o.timeline.c_str());
-    return;
-  }
-  std::printf("4. Timeline of the measured step of '%s', per rank: %s (%zu events)\n", variant, o.timeline.c_str(),
-              recorded.events.size());
-  std::string const csv = ".csv";
-  bool const named_csv = o.timeline.size() >= csv.size() && o.timeline.compare(o.timeline.size() - csv.size(), csv.size(), csv) == 0;
-  std::string const png = (named_csv ? o.timeline.substr(0, o.timeline.size() - csv.size()) : o.timeline) + ".png";
-  std::string const draw = shell_quoted(MOECOMM_PLOT_TIMELINE) + " " + shell_quoted(o.timeline) + " " + shell_quoted(png);
-  if (!o.plot) {
-    std::printf("   draw it with: %s\n", draw.c_str());
-    return;
-  }
-  // The script finds a python3 with matplotlib (Debian's, which scripts/setup installs) or says why not.
-  std::fflush(stdout);
-  if (std::system(draw.c_str()) == 0) std::printf("   drawn: %s\n", png.c_str());
-  else std::printf("   not drawn (see the line above); once matplotlib is installed: %s\n", draw.c_str());
-}
-
 int run(options const& o) {
   auto const wall = clock_type::now();
   problem const p = make_problem(o);
@@ -438,7 +408,8 @@ int run(options const& o) {
   print_traffic(variants, p.scale.payload);
   bool const same = identical_to_plain(variants);
   std::printf("   outputs and input gradients identical to plain EP, flat on every rank: %s\n\n", same ? "yes" : "NO");
-  write_timeline(o, recorded, variants.back().name.c_str());
+  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
+                 "4. Timeline of the measured step of '" + variants.back().name + "'");
   std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
   return same ? 0 : 1;
 }

@@ -24,9 +24,12 @@ inline void axpy(float a, float const* __restrict x, float* __restrict y, std::i
 
 //! One rank's experts: expert(x) = relu(x W1 + b1) W2 + b2, W1 [H][I], W2 [I][H], I = alpha * H.
 //! One expert's flat parameters (and gradient accumulator) are W1, b1, W2, b2 in that order.
+//! Without `output_bias` the experts leave b2 out (its gradient stays 0): a slice that is not the
+//! first of a sliced expert (`sliced_mlp_experts`).
 struct mlp_experts {
   std::int64_t hidden = 0, inner = 0;  //!< H, I
   std::vector<float> params, grads;    //!< [local expert][parameter_count()]
+  bool output_bias = true;
 
   [[nodiscard]] std::int64_t parameter_count() const { return 2 * hidden * inner + inner + hidden; }
   float* parameters(std::int32_t l) { return params.data() + l * parameter_count(); }
@@ -44,7 +47,8 @@ struct mlp_experts {
     for (std::int64_t r = 0; r < in.rows; ++r) {
       hidden_layer(p, in.row(r), z.data());
       float* const y = out.row(r);
-      std::copy(b2, b2 + hidden, y);
+      if (output_bias) std::copy(b2, b2 + hidden, y);
+      else std::fill(y, y + hidden, 0.0f);
       for (std::int64_t j = 0; j < inner; ++j)
         axpy(std::max(z[static_cast<std::size_t>(j)], 0.0f), w2 + j * hidden, y, hidden);
     }
@@ -73,7 +77,7 @@ struct mlp_experts {
       float const* const x = in.row(r);
       float const* const g = d_out.row(r);
       hidden_layer(p, x, z.data());
-      axpy(1.0f, g, db2, hidden);
+      if (output_bias) axpy(1.0f, g, db2, hidden);
       for (std::int64_t j = 0; j < inner; ++j)
         axpy(std::max(z[static_cast<std::size_t>(j)], 0.0f), g, dw2 + j * hidden, hidden);
       std::fill(d_a.begin(), d_a.end(), 0.0f);
@@ -126,6 +130,41 @@ inline mlp_experts mlp_experts_of(std::int64_t hidden, std::int64_t inner,
   for (std::int32_t l = first; l < first + count; ++l) {
     auto const& init = parameters[static_cast<std::size_t>(l)];
     m.params.insert(m.params.end(), init.begin(), init.end());
+  }
+  m.grads.assign(m.params.size(), 0.0f);
+  return m;
+}
+
+//! Experts sliced for expert-slicing parallelism (moecomm/patterns/experts.hpp, 3.): slice `part`
+//! of `parts` of each expert, cut along I: W1's columns and b1's entries `[part·I/parts, (part+1)·I/parts)`,
+//! the same rows of W2, and b2 in slice 0 only. The slices' outputs are partial sums of the expert's.
+struct sliced_mlp_experts : mlp_experts {
+  std::int32_t part = 0, parts = 1;
+  [[nodiscard]] std::int32_t slices() const { return parts; }
+  [[nodiscard]] std::int32_t slice() const { return part; }
+};
+
+//! A rank's slice `part` of `parts` of experts `[first, first + count)` (each expert's whole
+//! initial values, as `mlp_initial_parameters` makes them, of inner width `inner`), zeroed gradients.
+inline sliced_mlp_experts sliced_mlp_experts_of(std::int64_t hidden, std::int64_t inner,
+                                                std::vector<std::vector<float>> const& parameters, std::int32_t first,
+                                                std::int32_t count, std::int32_t part, std::int32_t parts) {
+  sliced_mlp_experts m;
+  m.hidden = hidden;
+  m.inner = inner / parts;
+  m.part = part;
+  m.parts = parts;
+  m.output_bias = part == 0;
+  std::int64_t const w = m.inner, begin = part * w;
+  for (std::int32_t e = first; e < first + count; ++e) {
+    float const* const whole = parameters[static_cast<std::size_t>(e)].data();
+    float const* const b1 = whole + hidden * inner;
+    float const* const w2 = b1 + inner;
+    for (std::int64_t i = 0; i < hidden; ++i)  // W1's columns of the slice, row by row
+      m.params.insert(m.params.end(), whole + i * inner + begin, whole + i * inner + begin + w);
+    m.params.insert(m.params.end(), b1 + begin, b1 + begin + w);
+    m.params.insert(m.params.end(), w2 + begin * hidden, w2 + (begin + w) * hidden);  // W2's rows
+    m.params.insert(m.params.end(), w2 + inner * hidden, w2 + inner * hidden + hidden);  // b2
   }
   m.grads.assign(m.params.size(), 0.0f);
   return m;

@@ -1,0 +1,431 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Example 05: Parm's schedules for an MoE layer under model (MP), expert (EP) and expert-slicing
+//! (ESP) parallelism, on Parm's simulated 32-GPU cluster.
+//!
+//! Default: 8 ranks on the first two nodes (2 x 4 RTX 2080 Ti, PCIe 3.0, 100 Gb/s InfiniBand) of
+//! `platforms/parm-2080ti.platform`, as MP 2 x EP 4 with ESP 2: every expert is cut in two slices,
+//! held by the two ranks of an MP group. The same layer runs four ways, each a fresh layer on a
+//! fresh world on the same tokens and parameters:
+//!   deepspeed_mp (DeepSpeed-MoE: every MP rank dispatches the MP group's tokens), parm_s1 (PauseMP,
+//!   separate collectives), parm_s2 (PauseMP, the all-to-all pipelined with the ESP all-gather) and
+//!   parm_auto (Parm's rule: the cost model prices S1 and S2 for the step and runs the cheaper).
+//! For each: the simulated forward and backward of one measured step after a warm-up step, the rows
+//! each rank dispatches and computes, messages and bytes inside and between nodes, and the cost
+//! model's prediction beside the simulated time. Every schedule's output, input gradient and
+//! routing-weight gradient must equal deepspeed_mp's bit for bit on every rank. parm_s2's measured
+//! step is drawn as a per-rank timeline (CSV and PNG).
+//!
+//! A small real hidden size stands for the model's (`simulation_scale`), so the run is cheap and the
+//! times are the model-sized layer's. Run with --help for the flags.
+
+#include "../common/flags.hpp"
+#include "../common/format.hpp"
+#include "../common/inputs.hpp"
+#include "../common/mlp_experts.hpp"
+#include "../common/plot.hpp"
+#include "../common/timing.hpp"
+#include "../common/zipf_gate.hpp"
+
+#include <moecomm/backend/simulated.hpp>
+#include <moecomm/comm/simgrid.hpp>
+#include <moecomm/moecomm.hpp>
+#include <moecomm/patterns/parm.hpp>
+#include <moecomm/simulation/platform.hpp>
+#include <moecomm/simulation/timeline.hpp>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace example_support;  // flags, formatting, timing, inputs, experts, the gate, plots (examples/common/)
+
+using moecomm::simgrid_communicator;
+using std::int32_t;
+using std::int64_t;
+
+constexpr int32_t topk = 2;
+
+// ---- options ------------------------------------------------------------------------------------
+
+struct options {
+  std::string platform = "parm-2080ti";
+  int32_t ranks = 8;
+  int32_t mp = 2, esp = 2;
+  int32_t experts = 8;
+  int64_t tokens = 4096;       // per MP group: batch 4 x sequence 1024
+  int64_t hidden = 8;          // real elements per row
+  int64_t model_hidden = 2048; // what they stand for
+  int32_t ffn_ratio = 4;       // experts H -> ratio * H -> H
+  int32_t pieces = 4;
+  double zipf = 0;
+  std::uint64_t seed = 1;
+  std::string timeline = MOECOMM_EXAMPLE_TIMELINE_CSV;
+  bool plot = true;
+};
+
+constexpr char const* program = "example_05_parm";
+
+void print_usage() {
+  options const d;
+  std::printf(
+      "usage: %s [flags]\n"
+      "\n"
+      "Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:\n"
+      "deepspeed_mp (the baseline), parm_s1, parm_s2 and parm_auto. Reports the rows each rank dispatches\n"
+      "and computes, messages and bytes inside and between nodes, simulated times beside the cost model's\n"
+      "predictions, which schedule parm_auto picked and why, checks every schedule against the baseline\n"
+      "bit for bit, and draws parm_s2's step as a per-rank timeline.\n"
+      "\n"
+      "flags (--flag value or --flag=value):\n"
+      "  --platform NAME      a platform of platforms/ (default %s)\n"
+      "  --ranks R            ranks on GPUs 0..R-1, whole nodes (default %d)\n"
+      "  --mp M               model-parallel group size, dividing a node's GPUs (default %d)\n"
+      "  --esp G              expert-slicing group size, dividing M (default %d)\n"
+      "  --experts E          experts, a multiple of EP = R / M (default %d)\n"
+      "  --tokens T           tokens per MP group and step, top-%d routing (default %" PRId64 ")\n"
+      "  --hidden H           real elements per token row (default %" PRId64 ")\n"
+      "  --model-hidden HM    the hidden size H stands for (default %" PRId64 ")\n"
+      "  --ffn-ratio F        experts H -> F*H -> H (default %d)\n"
+      "  --pieces W           pipeline depth of parm_s2 and parm_auto (default %d)\n"
+      "  --zipf s             gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
+      "  --timeline PATH.csv  where parm_s2's measured step is written, per rank (default %s)\n"
+      "  --no-plot            do not run scripts/plot-timeline on it\n"
+      "  --help               this text\n",
+      program, d.platform.c_str(), d.ranks, d.mp, d.esp, d.experts, topk, d.tokens, d.hidden, d.model_hidden, d.ffn_ratio,
+      d.pieces, d.zipf, d.timeline.c_str());
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
+    if (arg == "--help") {
+      print_usage();
+      std::exit(0);
+    } else if (arg == "--platform") {
+      o.platform = next();
+    } else if (arg == "--ranks") {
+      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
+    } else if (arg == "--mp") {
+      o.mp = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 10));
+    } else if (arg == "--esp") {
+      o.esp = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 10));
+    } else if (arg == "--experts") {
+      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
+    } else if (arg == "--tokens") {
+      o.tokens = parse_int(program, arg, next(), 1, 1 << 20);
+    } else if (arg == "--hidden") {
+      o.hidden = parse_int(program, arg, next(), 1, 1024);
+    } else if (arg == "--model-hidden") {
+      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
+    } else if (arg == "--ffn-ratio") {
+      o.ffn_ratio = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
+    } else if (arg == "--pieces") {
+      o.pieces = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1024));
+    } else if (arg == "--zipf") {
+      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
+    } else if (arg == "--timeline") {
+      o.timeline = next();
+    } else if (arg == "--no-plot") {
+      o.plot = false;
+    } else {
+      usage_error(program, "unknown flag '" + arg + "'");
+    }
+  });
+  return o;
+}
+
+// ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
+
+//! One MP group's inputs of one step (every rank of the group holds the same).
+struct group_inputs {
+  routing_data gate;
+  std::vector<float> x, d_out;  //!< [T][H]
+};
+
+struct problem {
+  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+
+  options o;
+  moecomm::simulated_platform platform;
+  moecomm::parallel_sizes sizes;
+  int32_t per_node = 0, local_experts = 0;
+  int64_t inner = 0;  //!< the experts' real inner width
+  moecomm::simulation_scale scale;
+  std::vector<std::vector<group_inputs>> steps;  //!< [warm-up, measured][MP group]
+  std::vector<std::vector<float>> parameters;    //!< [E][...]: every whole expert's initial values
+};
+
+problem make_problem(options const& o) {
+  problem p(o);
+  int32_t const gpus = p.platform.spec().num_gpus();
+  p.per_node = std::min(o.ranks, p.platform.gpus_per_node());
+  auto const str = [](auto v) { return std::to_string(v); };
+  if (o.ranks > gpus) usage_error(program, "--ranks " + str(o.ranks) + " exceeds the " + str(gpus) + " GPUs of " + o.platform);
+  if (o.ranks % p.per_node != 0)
+    usage_error(program, "--ranks " + str(o.ranks) + " does not fill whole nodes of " + str(p.per_node) + " GPUs");
+  if (p.per_node % o.mp != 0) usage_error(program, "--mp " + str(o.mp) + " does not divide a node's " + str(p.per_node) + " GPUs");
+  if (o.mp % o.esp != 0) usage_error(program, "--esp " + str(o.esp) + " does not divide --mp " + str(o.mp));
+  p.sizes = {o.mp, o.ranks / o.mp, o.esp};  // DP 1: EP spans the other ranks
+  if (o.experts % p.sizes.expert != 0)
+    usage_error(program, "--experts " + str(o.experts) + " is not a multiple of EP = " + str(p.sizes.expert));
+  p.local_experts = o.experts / p.sizes.expert;
+  p.inner = o.ffn_ratio * o.hidden;
+  if (p.inner % o.esp != 0) usage_error(program, "the experts' inner width " + str(p.inner) + " does not split into --esp slices");
+  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
+  p.scale = {k, k * k, k * k};  // rows grow with H, the experts' H x F matrices with H^2 (F/H fixed)
+  for (int s = 0; s < 2; ++s) {
+    p.steps.emplace_back();
+    for (int32_t g = 0; g < p.sizes.expert; ++g) {
+      std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(s)};
+      std::mt19937_64 rng(seq);
+      group_inputs in;
+      in.gate = route_tokens(o.tokens, o.experts, topk, o.zipf, rng);
+      in.x = random_rows(o.tokens * o.hidden, rng);
+      in.d_out = random_rows(o.tokens * o.hidden, rng);
+      p.steps.back().push_back(std::move(in));
+    }
+  }
+  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
+  return p;
+}
+
+//! The model's view of the measured step: the layer's real shape, priced at the model's size by
+//! `scaled` (as parm_auto does inside the layer).
+moecomm::parm_layer_shape model_shape(problem const& p) {
+  moecomm::parm_layer_shape s;
+  s.tokens = p.o.tokens;
+  s.top_k = topk;
+  s.hidden = p.o.hidden;
+  s.ffn = p.inner;
+  s.element_bytes = sizeof(float);
+  s.num_experts = p.o.experts;
+  s.parameter_bytes_per_expert = (2 * p.o.hidden * p.inner + p.inner + p.o.hidden) * static_cast<int64_t>(sizeof(float));
+  s.sizes = p.sizes;
+  s.ranks_per_node = p.per_node;
+  s.pieces = p.o.pieces;
+  return s;
+}
+
+// ---- one schedule: a fresh layer on a fresh world -----------------------------------------------
+
+struct schedule_result {
+  std::string name;
+  double forward_s = 0, backward_s = 0;  //!< the measured step's, slowest rank
+  int64_t rows_dispatched = 0, rows_computed = 0;  //!< per rank, the largest
+  moecomm::alltoall_stats traffic;                 //!< forward, every collective, all ranks (real bytes)
+  moecomm::parm_report auto_report;                //!< rank 0's, for parm_auto
+  std::vector<std::vector<float>> out, d_x, d_w;   //!< [rank]
+};
+
+void add(moecomm::alltoall_stats& into, moecomm::alltoall_stats const& s) {
+  into.intra_messages += s.intra_messages;
+  into.intra_bytes += s.intra_bytes;
+  into.inter_messages += s.inter_messages;
+  into.inter_bytes += s.inter_bytes;
+}
+
+template <class Schedule>
+schedule_result run_schedule(char const* name, problem const& p, Schedule const& schedule,
+                             moecomm::timeline* recorded = nullptr) {
+  using backend = moecomm::simulated_backend<>;
+  using layer_type = moecomm::parm_layer<float, backend, simgrid_communicator, Schedule>;
+  auto const R = static_cast<std::size_t>(p.o.ranks);
+  int64_t const T = p.o.tokens, H = p.o.hidden;
+  schedule_result res;
+  res.name = name;
+  res.out.resize(R);
+  res.d_x.resize(R);
+  res.d_w.resize(R);
+  std::vector<double> forward(R), backward(R);
+  std::vector<moecomm::parm_report> reports(R);
+  double measured_from = std::numeric_limits<double>::infinity();
+  std::vector<int32_t> gpus(R);
+  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
+  moecomm::simgrid_world world(p.platform, gpus);
+  std::optional<moecomm::timeline_recording> recording;
+  if (recorded != nullptr) recording.emplace(*recorded);
+  world.run([&](simgrid_communicator comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    backend const be(moecomm::host_backend{}, p.scale);
+    moecomm::parallel_groups<simgrid_communicator> groups(comm, p.sizes, moecomm::topology(p.o.ranks, p.per_node));
+    auto const at = groups.coordinates();
+    layer_type layer(be, groups, p.o.experts, H, schedule);
+    auto const clock = moecomm::simulated_seconds{};
+    for (std::size_t s = 0; s < 2; ++s) {
+      group_inputs const& in = p.steps[s][static_cast<std::size_t>(at.ep)];  // the MP group's tokens
+      sliced_mlp_experts experts = sliced_mlp_experts_of(H, p.inner, p.parameters, at.ep * p.local_experts,
+                                                         p.local_experts, at.esp, p.sizes.expert_slicing);
+      std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
+      comm.barrier();  // every rank starts each pass together: a pass's time is its slowest rank's
+      double const start = clock();
+      layer.forward({in.gate.idx.data(), in.gate.weights.data(), T, topk}, {in.x.data(), T, H}, {out.data(), T, H}, experts);
+      double const forward_end = clock();
+      comm.barrier();
+      double const backward_start = clock();
+      layer.backward({in.d_out.data(), T, H}, moecomm::matrix_view<float>{d_x.data(), T, H},
+                     moecomm::array_view<float>{d_w.data(), T * topk}, experts);
+      double const backward_end = clock();
+      if (s == 0) continue;
+      measured_from = std::min(measured_from, start);
+      forward[me] = forward_end - start;
+      backward[me] = backward_end - backward_start;
+      reports[me] = layer.report();
+      res.out[me] = std::move(out);
+      res.d_x[me] = std::move(d_x);
+      res.d_w[me] = std::move(d_w);
+    }
+  });
+  recording.reset();
+  if (recorded != nullptr) {
+    auto& events = recorded->events;
+    events.erase(std::remove_if(events.begin(), events.end(), [&](auto const& e) { return e.start < measured_from; }),
+                 events.end());
+  }
+  res.forward_s = *std::max_element(forward.begin(), forward.end());
+  res.backward_s = *std::max_element(backward.begin(), backward.end());
+  for (auto const& r : reports) {
+    res.rows_dispatched = std::max(res.rows_dispatched, r.rows_dispatched);
+    res.rows_computed = std::max(res.rows_computed, r.rows_computed);
+    add(res.traffic, r.alltoall);
+    add(res.traffic, r.expert_slicing);
+    add(res.traffic, r.model_gather);
+  }
+  res.auto_report = reports.front();
+  return res;
+}
+
+// ---- the report ---------------------------------------------------------------------------------
+
+void print_setup(problem const& p) {
+  moecomm::cluster_spec const& s = p.platform.spec();
+  options const& o = p.o;
+  std::printf("moecomm %d.%d.%d - example 05: Parm's schedules (MP + EP + ESP) on a simulated cluster\n", MOECOMM_VERSION_MAJOR,
+              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
+  std::printf("==============================================================================\n");
+  std::printf(
+      "All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
+      "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
+      "platform's links, expert FLOPs by the GPU's rate, memory kernels by its HBM.\n\n");
+  std::printf("1. Configuration\n");
+  std::printf("   platform %s (%s)\n     source: %s\n", p.platform.name().c_str(), moecomm::platform_file(p.platform.name()).c_str(),
+              s.source.c_str());
+  std::printf("     %d GPUs per node; %s TFLOP/s, HBM %s GB/s per GPU; GPU ports %s GB/s%s, %d x %s Gb/s NIC per node\n",
+              s.gpus_per_node, format("%g", s.gpu_flops / 1e12).c_str(), format("%g", s.hbm_bytes_per_second / 1e9).c_str(),
+              format("%g", s.intra_node.bytes_per_second / 1e9).c_str(), s.intra_node_over_pcie ? " (PCIe)" : "",
+              s.nics_per_node, format("%g", s.nic.bytes_per_second * 8 / 1e9).c_str());
+  std::printf("   ranks R = %d on GPUs 0..%d (%d node%s x %d) as MP %d x EP %d, ESP %d: rank = ep * %d + mp\n", o.ranks,
+              o.ranks - 1, o.ranks / p.per_node, o.ranks / p.per_node == 1 ? "" : "s", p.per_node, p.sizes.model, p.sizes.expert,
+              p.sizes.expert_slicing, p.sizes.model);
+  std::printf("   experts E = %d, %d per EP rank, each cut into %d slice%s; top-%d, gate Zipf(s = %.2f), dropless\n", o.experts,
+              p.local_experts, p.sizes.expert_slicing, p.sizes.expert_slicing == 1 ? "" : "s", topk, o.zipf);
+  std::printf("   tokens: %" PRId64 " per MP group (the same on its %d ranks); fp32 rows of H = %" PRId64
+              " real elements standing for H_model = %" PRId64 "\n     experts H -> %dH -> H; simulation_scale {payload %g, parameters %g, flops %g}\n",
+              o.tokens, p.sizes.model, o.hidden, o.model_hidden, o.ffn_ratio, p.scale.payload, p.scale.parameters, p.scale.flops);
+  std::printf("   each schedule: a fresh layer on a fresh world; one warm-up step, then one measured step; each pass\n"
+              "   starts after a barrier and takes its slowest rank's time; S2 and parm_auto pipeline in %d pieces\n\n",
+              o.pieces);
+}
+
+void print_rows_and_traffic(std::vector<schedule_result> const& results, moecomm::parallel_sizes const& sizes, double payload_scale) {
+  std::printf("2. Work and traffic of the measured forward (rows: the busiest rank; traffic: all ranks, every collective,\n"
+              "   simulated bytes = real bytes x %g)\n", payload_scale);
+  std::printf("   %-14s %12s %12s %11s %12s %11s %12s\n", "schedule", "dispatched", "computed", "intra msgs", "intra bytes",
+              "inter msgs", "inter bytes");
+  for (auto const& r : results)
+    std::printf("   %-14s %12" PRId64 " %12" PRId64 " %11" PRId64 " %12s %11" PRId64 " %12s\n", r.name.c_str(), r.rows_dispatched,
+                r.rows_computed, r.traffic.intra_messages, format_bytes(static_cast<double>(r.traffic.intra_bytes) * payload_scale).c_str(),
+                r.traffic.inter_messages, format_bytes(static_cast<double>(r.traffic.inter_bytes) * payload_scale).c_str());
+  std::printf("   PauseMP dispatches each MP group's rows once instead of once on each of its %d ranks; a slice\n"
+              "   computes MP / ESP = %d times fewer rows (with ESP = MP the ESP all-gather gives it back the rows\n"
+              "   the MP split took away); PauseMP adds the MP all-gather of the output.\n\n",
+              sizes.model, sizes.model / sizes.expert_slicing);
+}
+
+void print_times(std::vector<schedule_result> const& results, moecomm::parm_cost_model const& model, moecomm::parm_layer_shape const& shape) {
+  double const base = results.front().forward_s + results.front().backward_s;
+  double const predicted[] = {model.predict_deepspeed_mp(shape).step_total, model.predict_s1(shape).step_total,
+                              model.predict_s2(shape).step_total};
+  std::printf("3. Simulated time of the measured step (slowest rank) beside the cost model's prediction\n");
+  std::printf("   %-14s %11s %11s %11s %9s %11s\n", "schedule", "forward", "backward", "total", "speed-up", "model");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    auto const& r = results[i];
+    double const total = r.forward_s + r.backward_s;
+    double const model_s = i < 3 ? predicted[i] : (std::string(r.auto_report.schedule) == "parm_s2" ? predicted[2] : predicted[1]);
+    std::printf("   %-14s %11s %11s %11s %8.2fx %11s\n", r.name.c_str(), format_time(r.forward_s).c_str(),
+                format_time(r.backward_s).c_str(), format_time(total).c_str(), base / total, format_time(model_s).c_str());
+  }
+  std::printf("   model: plan/parm_cost_model.hpp with the platform's figures (parm_cost_params::from_cluster): an\n"
+              "   alpha-beta cost per collective and link class, balanced experts; not the gate, the permutations or\n"
+              "   the memory kernels.\n\n");
+}
+
+void print_choice(schedule_result const& automatic, schedule_result const& s1, schedule_result const& s2) {
+  moecomm::parm_report const& r = automatic.auto_report;
+  bool const s2_faster = s2.forward_s + s2.backward_s < s1.forward_s + s1.backward_s;
+  std::printf("4. parm_auto picked %s: predicted step S1 %s, S2 %s (the smaller wins); simulated S1 %s, S2 %s,\n"
+              "   so the pick was %s\n\n",
+              r.schedule, format_time(r.choice.s1.step_total).c_str(), format_time(r.choice.s2.step_total).c_str(),
+              format_time(s1.forward_s + s1.backward_s).c_str(), format_time(s2.forward_s + s2.backward_s).c_str(),
+              (std::string(r.schedule) == "parm_s2") == s2_faster ? "the faster one" : "NOT the faster one");
+}
+
+//! Every schedule's outputs and gradients against deepspeed_mp's, every rank.
+bool identical_to_baseline(std::vector<schedule_result> const& results) {
+  schedule_result const& base = results.front();
+  bool same = true;
+  for (auto const& r : results)
+    for (std::size_t i = 0; i < base.out.size(); ++i) {
+      bool const here = same_bits(r.out[i], base.out[i]) && same_bits(r.d_x[i], base.d_x[i]) && same_bits(r.d_w[i], base.d_w[i]);
+      if (!here) std::printf("   %s differs from deepspeed_mp on rank %zu\n", r.name.c_str(), i);
+      same = same && here;
+    }
+  return same;
+}
+
+int run(options const& o) {
+  auto const wall = clock_type::now();
+  problem const p = make_problem(o);
+  print_setup(p);
+  moecomm::parm_cost_model const model(moecomm::parm_cost_params::from_cluster(p.platform.spec()));
+  moecomm::timeline recorded;
+  std::vector<schedule_result> results;
+  results.push_back(run_schedule("deepspeed_mp", p, moecomm::deepspeed_mp{}));
+  results.push_back(run_schedule("parm_s1", p, moecomm::parm_s1{}));
+  results.push_back(run_schedule("parm_s2", p, moecomm::parm_s2{o.pieces}, &recorded));
+  results.push_back(run_schedule("parm_auto", p, moecomm::parm_auto{model, p.inner, o.pieces}));
+  print_rows_and_traffic(results, p.sizes, p.scale.payload);
+  moecomm::parm_layer_shape const shape = model_shape(p);
+  print_times(results, model.scaled(p.scale.payload, p.scale.parameters, p.scale.flops), shape);
+  print_choice(results[3], results[1], results[2]);
+  bool const same = identical_to_baseline(results);
+  std::printf("5. Outputs, input gradients and routing-weight gradients identical to deepspeed_mp on every rank: %s\n\n",
+              same ? "yes" : "NO");
+  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot, "6. Timeline of parm_s2's measured step");
+  std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
+  return same ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options const o = parse_options(argc, argv);
+  try {
+    return run(o);
+  } catch (moecomm::error const& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+  } catch (std::bad_alloc const&) {
+    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or --ranks, or a smaller --hidden)\n", program);
+  }
+  return 1;
+}

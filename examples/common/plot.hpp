@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! Writing a simulated timeline (moecomm/simulation/timeline.hpp) as CSV and drawing it as a PNG
+//! with scripts/plot-timeline, for the examples that run on simulated clusters.
+
+#include <moecomm/simulation/timeline.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace example_support {
+
+inline std::string shell_quoted(std::string const& text) {
+  std::string q = "'";
+  for (char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+//! Writes `recorded` to `csv_path` and, with `plot`, runs `plot_script` on it to draw
+//! `<csv_path without .csv>.png`; prints, under the heading `title`, what it did.
+inline void write_timeline(moecomm::timeline const& recorded, std::string const& csv_path, std::string const& plot_script,
+                           bool plot, std::string const& title) {
+  std::ofstream file(csv_path);
+  recorded.write_csv(file);
+  file.close();
+  if (!file) {
+    std::printf("%s: could not write %s\n", title.c_str(), csv_path.c_str());
+    return;
+  }
+  std::printf("%s, per rank: %s (%zu events)\n", title.c_str(), csv_path.c_str(), recorded.events.size());
+  std::string const csv = ".csv";
+  bool const named_csv = csv_path.size() >= csv.size() && csv_path.compare(csv_path.size() - csv.size(), csv.size(), csv) == 0;
+  std::string const png = (named_csv ? csv_path.substr(0, csv_path.size() - csv.size()) : csv_path) + ".png";
+  std::string const draw = shell_quoted(plot_script) + " " + shell_quoted(csv_path) + " " + shell_quoted(png);
+  if (!plot) {
+    std::printf("   draw it with: %s\n", draw.c_str());
+    return;
+  }
+  // The script finds a python3 with matplotlib (Debian's, which scripts/setup installs) or says why not.
+  std::fflush(stdout);
+  if (std::system(draw.c_str()) == 0) std::printf("   drawn: %s\n", png.c_str());
+  else std::printf("   not drawn (see the line above); once matplotlib is installed: %s\n", draw.c_str());
+}
+
+}  // namespace example_support
