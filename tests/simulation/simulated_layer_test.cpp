@@ -9,6 +9,11 @@
 #include "../patterns/shadow_cases.hpp"
 #include "sim_support.hpp"
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace test {
 
 template <class T, class Algorithm>
@@ -178,6 +183,62 @@ TEST_CASE("simulated layer: Parm's schedules equal the unsliced oracle on simula
       check_parm_schedules_on_rank<float>(moecomm::simulated_backend<>{}, comm, parm_case{sizes, 37, 8, 2, 0}, moecomm::dropless{});
     });
   }
+}
+
+// Simulated seconds of one forward + backward of `schedule` (earliest start to latest end over the
+// ranks), and which schedule ran. The rows stand for rows of `model_hidden` floats.
+template <class Schedule>
+std::pair<double, std::string> simulated_parm_step(parm_case const& c, double model_hidden, Schedule const& schedule) {
+  moecomm::simulated_backend<> const be(moecomm::host_backend{}, {model_hidden / parm_hidden, 1, 1});
+  std::vector<double> start(8), end(8);
+  std::string ran;
+  moecomm::simgrid_world world = sim_world(8, 4);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    moecomm::parallel_groups<moecomm::simgrid_communicator> groups(comm, c.sizes, moecomm::topology(8, 4));
+    auto const me = static_cast<std::size_t>(comm.rank());
+    comm.barrier();
+    start[me] = moecomm::simulated_seconds{}();
+    auto const result = run_parm_step<float>(be, groups, c, schedule, moecomm::dropless{});
+    end[me] = moecomm::simulated_seconds{}();
+    if (me == 0) ran = result.report.schedule;
+  });
+  return {*std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end()), ran};
+}
+
+TEST_CASE("simulated layer: parm_auto picks the faster of S1 and S2 in simulated time on >= 95 % of a grid, never 5 % slower") {
+  // The test cluster (2 nodes x 4, NVLink inside, one NIC per node): small layers favour S1 (S2's
+  // extra messages), large ones S2 (the NVLink gather hidden behind the NIC-bound all-to-all). The
+  // pick is judged by the time of the schedule it picked; parm_auto's own step adds the all-gather
+  // of the step's shape over the 8 ranks, a ring of 7 latencies (at most 100 µs here).
+  moecomm::parm_auto const automatic{moecomm::parm_cost_model(moecomm::parm_cost_params::from_cluster(two_nodes_of_four())),
+                                     parm_inner, 4};
+  int cases = 0, agreed = 0, s2_faster = 0;
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 2},
+                                              moecomm::parallel_sizes{4, 2, 4}, moecomm::parallel_sizes{2, 4, 1}})
+    for (std::int64_t tokens : {16, 256, 2048})
+      for (double model_hidden : {256.0, 4096.0}) {
+        CAPTURE(sizes.model);
+        CAPTURE(sizes.expert_slicing);
+        CAPTURE(tokens);
+        CAPTURE(model_hidden);
+        parm_case const c{sizes, tokens, 8, 2, 0};
+        double const s1 = simulated_parm_step(c, model_hidden, moecomm::parm_s1{}).first;
+        double const s2 = simulated_parm_step(c, model_hidden, moecomm::parm_s2{4}).first;
+        auto const [seconds, ran] = simulated_parm_step(c, model_hidden, automatic);
+        CAPTURE(s1);
+        CAPTURE(s2);
+        CAPTURE(ran);
+        double const picked = ran == "parm_s2" ? s2 : s1;
+        ++cases;
+        s2_faster += s2 < s1;
+        agreed += (ran == "parm_s2") == (s2 < s1);
+        CHECK(picked <= 1.05 * std::min(s1, s2));
+        CHECK(seconds - picked < 100e-6);
+      }
+  CAPTURE(s2_faster);
+  CHECK(agreed >= 0.95 * cases);
+  CHECK(s2_faster > 0);      // the grid has both winners,
+  CHECK(s2_faster < cases);  // or the agreement would say little
 }
 
 }  // namespace test

@@ -169,14 +169,15 @@ class parm_cost_model {
   }
 
   //! S1: each MP rank dispatches S/M slot rows; A2A, ESP all-gather, expert slices, ESP
-  //! reduce-scatter, A2A and the MP all-gather, one after the other.
+  //! reduce-scatter, A2A and the MP all-gather, one after the other; the gathered rows are
+  //! unpacked, and packed and summed on the way back (device copies).
   //! @throws error (invalid_argument) naming the first field of `shape` that is out of range.
   [[nodiscard]] parm_prediction predict_s1(parm_layer_shape const& shape) const {
     return s1(symbols_of("parm_cost_model::predict_s1", shape));
   }
 
-  //! S2: S1's volumes, with the A2A and the ESP all-gather (then the ESP reduce-scatter and the A2A)
-  //! pipelined over W pieces, plus packing and unpacking the pieces.
+  //! S2: S1's volumes and copies, with the A2A and the ESP all-gather and its copies (then the ESP
+  //! reduce-scatter and its copies, and the A2A) pipelined over W pieces. With W = 1 it is S1.
   //! @throws error (invalid_argument) naming the first field of `shape` that is out of range.
   [[nodiscard]] parm_prediction predict_s2(parm_layer_shape const& shape) const {
     return s2(symbols_of("parm_cost_model::predict_s2", shape));
@@ -292,6 +293,12 @@ class parm_cost_model {
     return first.seconds + (pieces - 1) * both + second.seconds;
   }
 
+  //! `copies` device copies of the G·S/M gathered rows: 1 in the dispatch (unpacking the gathered
+  //! pieces), 2 in the combine (packing them, then summing the members' shares).
+  double copy_seconds(symbols const& l, double copies) const {
+    return copies * l.G * l.S / l.M * l.b / params_.copy_bytes_per_second;
+  }
+
   //! Seconds of the expert GEMMs on `rows` rows (FLOPs / `gemm_flops`).
   double expert_seconds(symbols const& l, double rows) const { return rows * l.flops_per_row / params_.gemm_flops; }
 
@@ -325,9 +332,9 @@ class parm_cost_model {
     double const a2a = collective(l.ep, l.ep_size, l.S / l.M * l.b * (l.P - 1) / l.P);
     // ESP all-gather (then reduce-scatter) of S/M rows from (to) each of G − 1 peers (item 1).
     double const esp = collective(l.esp, l.esp_size, l.S / l.M * l.b * (l.G - 1));
-    p.dispatch = a2a + esp;
+    p.dispatch = a2a + esp + copy_seconds(l, 1);
     p.expert = expert_seconds(l, l.G * l.S / l.M);  // the G peers' rows on 1/G of each expert
-    p.combine = esp + a2a;
+    p.combine = esp + a2a + copy_seconds(l, 2);
     // MP all-gather of the T/M combined token rows each rank holds (item 1).
     p.mp_gather = collective(l.mp, l.mp_size, l.T / l.M * l.b * (l.M - 1));
     // The M/G ranks of an MP group holding the same slice saw different tokens: an ordered
@@ -341,10 +348,13 @@ class parm_cost_model {
     // One piece of the A2A and of the ESP collective: α + β·m/W each (item 2).
     stage const a2a = piece(l.ep, l.ep_size, l.S / l.M * l.b * (l.P - 1) / l.P / l.W);
     stage const esp = piece(l.esp, l.esp_size, l.S / l.M * l.b * (l.G - 1) / l.W);
-    // Packing and unpacking the G·S/M gathered rows: two device copies per pipeline.
-    double const copies = 2 * l.G * l.S / l.M * l.b / params_.copy_bytes_per_second;
-    p.dispatch = pipeline(a2a, esp, l.W) + copies;  // the all-gather of piece i−1 beside the A2A of piece i
-    p.combine = pipeline(esp, a2a, l.W) + copies;   // the reduce-scatter of piece i beside the A2A of piece i−1
+    // The copies belong to the ESP stage of each piece: the gather unpacks what it received, the
+    // reduce-scatter packs and sums before it sends.
+    stage gather = esp, reduce = esp;
+    gather.seconds += copy_seconds(l, 1) / l.W;
+    reduce.seconds += copy_seconds(l, 2) / l.W;
+    p.dispatch = pipeline(a2a, gather, l.W);  // the all-gather of piece i−1 beside the A2A of piece i
+    p.combine = pipeline(reduce, a2a, l.W);   // the reduce-scatter of piece i beside the A2A of piece i−1
     return finished(p);
   }
 
