@@ -24,18 +24,18 @@
 
 namespace moecomm_bench {
 
-//! Takes `--platform=NAME` out of argv (before benchmark::Initialize, which rejects unknown flags)
-//! and returns NAME, or `fallback` when it is not given.
-inline std::string take_platform_flag(int& argc, char** argv, std::string fallback) {
-  static constexpr char flag[] = "--platform=";
-  std::string name = std::move(fallback);
+//! Takes `<flag>VALUE` (e.g. `--platform=`) out of argv (before benchmark::Initialize, which
+//! rejects unknown flags) and returns VALUE, or `fallback` when it is not given.
+inline std::string take_flag(int& argc, char** argv, char const* flag, std::string fallback) {
+  std::size_t const n = std::strlen(flag);
+  std::string value = std::move(fallback);
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], flag, sizeof flag - 1) == 0) name = argv[i] + sizeof flag - 1;
+    if (std::strncmp(argv[i], flag, n) == 0) value = argv[i] + n;
     else argv[kept++] = argv[i];
   }
   argc = kept;
-  return name;
+  return value;
 }
 
 //! Builds the named platform into this process and records it in the benchmark context.

@@ -150,7 +150,7 @@ void register_deepep_dispatch(moecomm::simulated_platform const& platform) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string const name = moecomm_bench::take_platform_flag(argc, argv, "deepep-h800");
+  std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "deepep-h800");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);

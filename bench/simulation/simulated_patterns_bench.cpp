@@ -156,7 +156,7 @@ void register_variant(moecomm::simulated_platform const& platform, config const&
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string const name = moecomm_bench::take_platform_flag(argc, argv, "fastermoe-v100-ib");
+  std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "fastermoe-v100-ib");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);

@@ -269,11 +269,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
     }
   });
   recording.reset();
-  if (recorded != nullptr) {
-    auto& events = recorded->events;
-    events.erase(std::remove_if(events.begin(), events.end(), [&](auto const& e) { return e.start < measured_from; }),
-                 events.end());
-  }
+  if (recorded != nullptr) keep_events_from(*recorded, measured_from);
   res.forward_s = *std::max_element(forward.begin(), forward.end());
   res.backward_s = *std::max_element(backward.begin(), backward.end());
   for (auto const& s : stats) {

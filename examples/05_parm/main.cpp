@@ -200,23 +200,6 @@ problem make_problem(options const& o) {
   return p;
 }
 
-//! The model's view of the measured step: the layer's real shape, priced at the model's size by
-//! `scaled` (as parm_auto does inside the layer).
-moecomm::parm_layer_shape model_shape(problem const& p) {
-  moecomm::parm_layer_shape s;
-  s.tokens = p.o.tokens;
-  s.top_k = topk;
-  s.hidden = p.o.hidden;
-  s.ffn = p.inner;
-  s.element_bytes = sizeof(float);
-  s.num_experts = p.o.experts;
-  s.parameter_bytes_per_expert = (2 * p.o.hidden * p.inner + p.inner + p.o.hidden) * static_cast<int64_t>(sizeof(float));
-  s.sizes = p.sizes;
-  s.ranks_per_node = p.per_node;
-  s.pieces = p.o.pieces;
-  return s;
-}
-
 // ---- one schedule: a fresh layer on a fresh world -----------------------------------------------
 
 struct schedule_result {
@@ -287,11 +270,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
     }
   });
   recording.reset();
-  if (recorded != nullptr) {
-    auto& events = recorded->events;
-    events.erase(std::remove_if(events.begin(), events.end(), [&](auto const& e) { return e.start < measured_from; }),
-                 events.end());
-  }
+  if (recorded != nullptr) keep_events_from(*recorded, measured_from);
   res.forward_s = *std::max_element(forward.begin(), forward.end());
   res.backward_s = *std::max_element(backward.begin(), backward.end());
   for (auto const& r : reports) {
@@ -405,8 +384,8 @@ int run(options const& o) {
   results.push_back(run_schedule("parm_s2", p, moecomm::parm_s2{o.pieces}, &recorded));
   results.push_back(run_schedule("parm_auto", p, moecomm::parm_auto{model, p.inner, o.pieces}));
   print_rows_and_traffic(results, p.sizes, p.scale.payload);
-  moecomm::parm_layer_shape const shape = model_shape(p);
-  print_times(results, model.scaled(p.scale.payload, p.scale.parameters, p.scale.flops), shape);
+  // The shape parm_auto agreed on (the layer's real rows), priced as the layer prices it.
+  print_times(results, model.scaled(p.scale.payload, p.scale.parameters, p.scale.flops), results[3].auto_report.shape);
   print_choice(results[3], results[1], results[2]);
   bool const same = identical_to_baseline(results);
   std::printf("5. Outputs, input gradients and routing-weight gradients identical to deepspeed_mp on every rank: %s\n\n",

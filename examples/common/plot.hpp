@@ -1,17 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! Writing a simulated timeline (moecomm/simulation/timeline.hpp) as CSV and drawing it as a PNG
-//! with scripts/plot-timeline, for the examples that run on simulated clusters.
+//! Trimming a simulated timeline (moecomm/simulation/timeline.hpp) to the measured step, writing it
+//! as CSV and drawing it as a PNG with scripts/plot-timeline, for the examples on simulated clusters.
 
 #include <moecomm/simulation/timeline.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
 namespace example_support {
+
+//! Drops the events that began before `start` (a warm-up step's).
+inline void keep_events_from(moecomm::timeline& recorded, double start) {
+  auto& events = recorded.events;
+  events.erase(std::remove_if(events.begin(), events.end(), [&](auto const& e) { return e.start < start; }), events.end());
+}
 
 inline std::string shell_quoted(std::string const& text) {
   std::string q = "'";

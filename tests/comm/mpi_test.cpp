@@ -10,6 +10,7 @@
 // communicator of its own, and ctest runs it in a separate mpiexec (host.mpi.timeout).
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include "../support/mpi_doctest.hpp"
 #include "../support/test_support.hpp"
 #include "row_collectives_cases.hpp"
 #include "ordered_values.hpp"
@@ -437,14 +438,7 @@ TEST_CASE("timeout - a rank that skips a collective makes the others time out, a
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_dup(MPI_COMM_WORLD, &test::test_comm);
-  int rc = 0;
-  {
-    doctest::Context context(argc, argv);
-    rc = context.run();
-  }
-  // Every rank exits with the worst result, so that one rank's failure fails the run.
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int const worst = test::run_doctest_over_mpi(argc, argv);
   MPI_Finalize();  // test_comm is not freed: after a failed test case it may still have pending operations
   return worst;
 }

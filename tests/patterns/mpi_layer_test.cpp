@@ -5,6 +5,7 @@
 // plain one (shadow_cases.hpp), over both replica paths, with the smart schedule.
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include "../support/mpi_doctest.hpp"
 #include "layer_cases.hpp"
 #include "shadow_cases.hpp"
 
@@ -49,13 +50,7 @@ TEST_CASE("FasterMoE over MPI: shadowed == plain, collective replicas") { check_
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  int rc = 0;
-  {
-    doctest::Context context(argc, argv);
-    rc = context.run();
-  }
-  int worst = 0;  // one rank's failure fails every rank
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int const worst = test::run_doctest_over_mpi(argc, argv);
   MPI_Finalize();
   return worst;
 }

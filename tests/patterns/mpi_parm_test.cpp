@@ -6,6 +6,7 @@
 // MPI_THREAD_MULTIPLE.
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include "../support/mpi_doctest.hpp"
 #include "parm_cases.hpp"
 
 #include <moecomm/backend/host.hpp>
@@ -69,13 +70,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
-  int rc = 0;
-  {
-    doctest::Context context(argc, argv);
-    rc = context.run();
-  }
-  int worst = 0;  // one rank's failure fails every rank
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int const worst = test::run_doctest_over_mpi(argc, argv);
   MPI_Finalize();
   return worst;
 }
