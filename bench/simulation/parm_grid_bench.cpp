@@ -7,6 +7,8 @@
 //!     bench_parm_grid --platform=parm-2080ti          (8 nodes x 4 RTX 2080 Ti, 32 ranks; the default)
 //!     bench_parm_grid --platform=parm-2080ti-server   (one node of 8)
 //!     bench_parm_grid ... --csv=FILE                  (one line per layer; scripts/plot-parm-grid draws it)
+//!     bench_parm_grid ... --gradients=layer           (PauseMP sums its expert gradients over the MP peers
+//!                                                      in the layer; default: trainer, as Parm measures)
 //!
 //! The grid is FSMoE's (ASPLOS'25 Table 4; reference/systems.md §6 item 4), the nearest documented
 //! analogue of Parm's 1296 layers: batch B {1, 2, 4} x sequence L {512, 1024, 2048} (T = B·L tokens
@@ -15,7 +17,12 @@
 //! (4, 4) (MP inside a node, ESP dividing MP, DP 1, EP = ranks / MP). Our choices, not the papers':
 //! E = the number of ranks, top-2, uniform routing (a fixed random permutation of a flat
 //! popularity), fp16 rows, S2 and `parm_auto` with 4 pieces, `parm_auto` priced with
-//! `parm_cost_params::from_cluster` of the platform. The real rows hold 4 floats and the experts
+//! `parm_cost_params::from_cluster` of the platform. Under PauseMP with ESP < MP the MP peers holding
+//! one slice see different tokens; by default their gradients are left to the trainer's expert
+//! data-parallel all-reduce (`replica_gradients::left_to_trainer`), which Parm, like DeepSpeed-MoE's
+//! layer timings, does not count in the layer: with DP 1 the baseline has no such all-reduce, so
+//! the default favours PauseMP by one all-reduce of the local experts' slices over MP / ESP ranks,
+//! which `--gradients=layer` charges to the layer. The real rows hold 4 floats and the experts
 //! are MLPs 4 -> 8 -> 4 cut into ESP slices; `simulation_scale` prices every message, copy and
 //! GEMM at the model's size.
 //!
@@ -83,6 +90,7 @@ struct layer_result {
   step_result baseline, s1, s2, automatic;
 };
 std::vector<layer_result> g_results;
+moecomm::replica_gradients g_gradients = moecomm::replica_gradients::left_to_trainer;
 
 template <class Schedule, class Capacity>
 step_result run_schedule(moecomm::simulated_platform const& platform, layer_shape const& s, Schedule const& schedule,
@@ -131,10 +139,10 @@ step_result run_schedule(moecomm::simulated_platform const& platform, layer_shap
 template <class Capacity>
 layer_result run_layer(moecomm::simulated_platform const& platform, layer_shape const& s, Capacity const& capacity) {
   moecomm::parm_auto const automatic{moecomm::parm_cost_model(moecomm::parm_cost_params::from_cluster(platform.spec())), real_ffn,
-                                     pieces};
+                                     pieces, g_gradients};
   layer_result r{s, run_schedule(platform, s, moecomm::deepspeed_mp{}, capacity),
-                 run_schedule(platform, s, moecomm::parm_s1{}, capacity),
-                 run_schedule(platform, s, moecomm::parm_s2{pieces}, capacity),
+                 run_schedule(platform, s, moecomm::parm_s1{g_gradients}, capacity),
+                 run_schedule(platform, s, moecomm::parm_s2{pieces, g_gradients}, capacity),
                  run_schedule(platform, s, automatic, capacity)};
   return r;
 }
@@ -240,11 +248,19 @@ void write_csv(std::string const& path) {
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "parm-2080ti");
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
+  std::string const gradients = moecomm_bench::take_flag(argc, argv, "--gradients=", "trainer");
+  if (gradients != "trainer" && gradients != "layer") {
+    std::fprintf(stderr, "bench_parm_grid: --gradients=%s must be 'trainer' or 'layer'\n", gradients.c_str());
+    return 1;
+  }
+  if (gradients == "layer") g_gradients = moecomm::replica_gradients::summed_here;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   benchmark::AddCustomContext("workload", "FSMoE's grid: B {1,2,4} x L {512,1024,2048} x H {1024,2048,4096} x F/H {2,3,4} x "
                                           "f {1.2,2.4,dropless}; E = ranks, top-2, uniform routing, fp16 rows, 4 pieces");
+  benchmark::AddCustomContext("expert gradients over MP peers", gradients == "layer" ? "summed in the layer"
+                                                                                    : "left to the trainer's expert-DP all-reduce");
   std::int32_t const per_node = platform.gpus_per_node();
   for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 0, 1}, moecomm::parallel_sizes{2, 0, 2},
                                               moecomm::parallel_sizes{4, 0, 1}, moecomm::parallel_sizes{4, 0, 2},

@@ -250,6 +250,24 @@ void check_parm_near_oracle(parm_result<T> const& got, parm_result<T> const& wan
   CHECK(got.grads == want.grads);
 }
 
+// `grads` summed in ascending rank over the ranks of this rank's MP group that hold its slice (MP
+// index congruent modulo ESP), as a trainer's expert-data-parallel reduction would; from the
+// world's rank arithmetic, not the layer's groups.
+template <class Comm>
+std::vector<float> sum_over_slice_peers(moecomm::parallel_groups<Comm>& groups, std::vector<float> const& grads) {
+  Comm& world = groups.world();
+  std::int32_t const M = groups.sizes().model, G = groups.sizes().expert_slicing, me = world.rank();
+  std::size_t const n = grads.size();
+  std::vector<float> all(n * static_cast<std::size_t>(world.size()));
+  world.allgather(grads.data(), all.data(), static_cast<std::int64_t>(n * sizeof(float)));
+  std::vector<float> sum(n, 0.0f);
+  for (std::int32_t r = 0; r < world.size(); ++r) {
+    if (r / M != me / M || (r % M) % G != (me % M) % G) continue;
+    for (std::size_t i = 0; i < n; ++i) sum[i] += all[static_cast<std::size_t>(r) * n + i];
+  }
+  return sum;
+}
+
 // One rank: deepspeed_mp against the oracle, every other schedule against deepspeed_mp bit for bit
 // (so, in fp32, every schedule equals the oracle bit for bit), and the rows per rank that PauseMP saves.
 template <class T, class Capacity, class Backend, class Comm>
@@ -268,6 +286,12 @@ void check_parm_schedules_on_rank(Backend const& be, Comm& world, parm_case cons
     check_parm_result(s2, base, "parm_s2");
     CHECK(s2.report.rows_computed == s1.report.rows_computed);
   }
+  // Gradients left to the trainer: the same rows, and each rank keeps its tokens' share, which its
+  // MP peers holding the same slice sum (ascending rank) to the baseline's gradient.
+  auto const share = run_parm_step<T>(be, groups, c, moecomm::parm_s2{3, moecomm::replica_gradients::left_to_trainer}, capacity);
+  parm_result<T> summed = share;
+  summed.grads = sum_over_slice_peers(groups, share.grads);
+  check_parm_result(summed, base, "parm_s2 with gradients left to the trainer");
   // PauseMP: the MP group's rows are dispatched once, not MP times; slices compute MP / ESP fewer.
   std::int64_t base_rows[2] = {base.report.rows_dispatched, base.report.rows_computed};
   std::int64_t paused_rows[2] = {s1.report.rows_dispatched, s1.report.rows_computed};
@@ -300,6 +324,7 @@ void check_parm_auto_on_rank(Backend const& be, Comm& world, parm_case const& c,
     p.intra.alpha_seconds = p.inter.alpha_seconds = overlap_pays ? 1e-15 : 1.0;
     if (overlap_pays) {
       p.copy_bytes_per_second = 1e30;
+      p.kernel_launch_seconds = 0;
       p.shared_port_bytes_per_second = 0;  // the stages do not contend
     }
     moecomm::parm_auto const policy{moecomm::parm_cost_model(p), parm_inner, 3};

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parm's cost model (plan/parm_cost_model.hpp): the three schedules on hand-computed numbers, the
-// link class of each group kind, S2 against S1 (equal without pipelining but for the copies, cheaper
-// by overlap, dearer with many pieces and a large α), predictions that grow with the tokens, the
-// conversion from a cluster_spec, and errors that name the field.
+// Parm's cost model (plan/parm_cost_model.hpp): the three schedules on hand-computed numbers, where
+// each group's peers are, S2 against S1 (equal in one piece, cheaper by overlap, dearer with many
+// pieces, a large α or many copy launches), predictions that grow with the tokens, the conversion
+// from a cluster_spec, and errors that name the field.
 
 #include "../support/test_support.hpp"
 
@@ -26,12 +26,14 @@ parm_cost_params parm_unit_params() {
   p.inter = {0.5, 0.25};
   p.gemm_flops = 64;
   p.copy_bytes_per_second = 128;
+  p.kernel_launch_seconds = 0.0625;
+  p.shared_port_bytes_per_second = 0;
   return p;
 }
 
 // T 8, K 2 (S = 16 slot rows), H 4 x 2 bytes (b = 8), F 8, E 4 (L = 2 per rank), 128 bytes per
-// expert (a slice: 64); M 4, P 2, G 2, 4 ranks per node: MP and ESP inside a node, EP across
-// (4 % (P·M = 8) != 0); W 2.
+// expert (a slice: 64); M 4, P 2, G 2, 4 ranks per node: MP, ESP and the MP / ESP = 2 ranks holding
+// one slice inside a node, the EP peer in the other node (one EP rank per node); W 2.
 parm_layer_shape parm_small_shape() {
   parm_layer_shape s;
   s.tokens = 8;
@@ -61,48 +63,55 @@ TEST_CASE("parm_cost_model: the three schedules against hand-computed numbers") 
   parm_cost_model const model(parm_unit_params());
   parm_layer_shape const shape = parm_small_shape();
   // Expert FLOPs per row: 2 GEMMs x 2·H·F/G = 4·4·8/2 = 64, i.e. 1 s per row at 64 FLOP/s.
+  // A kernel: 1/16 s + bytes / 128.
 
   // DeepSpeed-MoE with MP: every MP rank dispatches all S = 16 rows.
-  //   A2A over EP (inter): m = 16·8·(2−1)/2 = 64 B -> 0.5 + 0.25·64 = 16.5
-  //   ESP all-reduce (intra) = reduce-scatter + all-gather, each m = 16·8·(2−1)/2 = 64 -> 2 x (0.25 + 8) = 16.5
-  //   expert: 16 rows -> 16;  combine = 16.5 + 16.5 = 33;  no MP gather, nothing backward-only
-  //   forward = 16.5 + 16 + 33 = 65.5;  step = 2·(16.5 + 33) + 3·16 = 147
-  check_same_prediction(model.predict_deepspeed_mp(shape), {16.5, 16, 33, 0, 0, 65.5, 147});
+  //   A2A over EP (1 peer, inter): 16·8/2 = 64 B to it -> 0.5 + 0.25·64 = 16.5
+  //   ESP (1 peer, intra), S/G·b = 64 B to it -> 0.25 + 8 = 8.25 per collective;
+  //     reduce-scatter: + 2 kernels, the own slice copied (64 B) and 2 slices summed (3·64 B = 1.5 copies)
+  //       -> 8.25 + 0.125 + 160/128 = 9.625;  all-gather: + 1 copy of 64 B -> 8.25 + 0.0625 + 0.5 = 8.8125
+  //   expert: 16 rows -> 16;  combine = 9.625 + 8.8125 + 16.5 = 34.9375;  no MP gather, nothing backward-only
+  //   forward = 16.5 + 16 + 34.9375 = 67.4375;  step = 2·(16.5 + 34.9375) + 3·16 = 150.875
+  check_same_prediction(model.predict_deepspeed_mp(shape), {16.5, 16, 34.9375, 0, 0, 67.4375, 150.875});
 
-  // S1: S/M = 4 rows per MP rank.
-  //   A2A: m = 4·8·1/2 = 16 -> 0.5 + 4 = 4.5;  ESP all-gather: m = 4·8·(2−1) = 32 -> 0.25 + 4 = 4.25
-  //   a copy of the G·S/M = 8 gathered rows: 8·8 B / 128 B/s = 0.5; 1 in the dispatch, 2 in the combine
-  //   dispatch = 8.75 + 0.5 = 9.25, combine = 8.75 + 1 = 9.75;  expert: G·S/M = 8 rows -> 8
-  //   MP all-gather (intra): T/M = 2 rows from each of 3 peers, m = 2·8·3 = 48 -> 0.25 + 6 = 6.25
-  //   gradient sum over M/G = 2 ranks: m = L·slice·(M/G − 1) = 2·64·1 = 128 -> 0.25 + 16 = 16.25
-  //   forward = 9.25 + 8 + 9.75 + 6.25 = 33.25;  step = 2·(9.25 + 9.75 + 6.25) + 3·8 + 16.25 = 90.75
-  check_same_prediction(model.predict_s1(shape), {9.25, 8, 9.75, 6.25, 16.25, 33.25, 90.75});
+  // S1: S/M = 4 rows (32 B) per MP rank.
+  //   A2A: 16 B to the peer -> 0.5 + 4 = 4.5;  ESP all-gather: 32 B to the peer -> 0.25 + 4 = 4.25
+  //   unpacking: G·P = 4 copies of G·32 = 64 B in all -> 0.25 + 0.5;  dispatch = 4.5 + 5 = 9.5
+  //   reduce-scatter: 4.25 + G·P + 2 = 6 kernels (0.375) + (64 packed + 32 own + 1.5·32 summed) / 128 = 5.75
+  //   combine = 5.75 + 4.5 = 10.25;  expert: G·S/M = 8 rows -> 8
+  //   MP all-gather (3 intra peers): T/M = 2 rows, 16 B to each -> 0.25 + 6, + 1 copy of 16 B -> 6.4375
+  //   gradient sum over the 2 ranks holding a slice (intra): L·slice = 128 B -> 0.25 + 16 = 16.25
+  //   forward = 9.5 + 8 + 10.25 + 6.4375 = 34.1875;  step = 2·(9.5 + 10.25 + 6.4375) + 3·8 + 16.25 = 92.625
+  check_same_prediction(model.predict_s1(shape), {9.5, 8, 10.25, 6.4375, 16.25, 34.1875, 92.625});
 
-  // S2, W = 2: pieces of A2A 0.5 + 0.25·16/2 = 2.5 and of ESP 0.25 + 0.125·32/2 = 2.25, the ESP
-  // pieces carrying half of S1's copies each: gather 2.25 + 0.25 = 2.5, reduce 2.25 + 0.5 = 2.75.
-  //   dispatch pipeline 2.5 + 1·max(2.5, 2.5) + 2.5 = 7.5, combine 2.75 + 1·max(2.75, 2.5) + 2.5 = 8
-  //   forward = 7.5 + 8 + 8 + 6.25 = 29.75;  step = 2·(7.5 + 8 + 6.25) + 3·8 + 16.25 = 83.75
-  check_same_prediction(model.predict_s2(shape), {7.5, 8, 8, 6.25, 16.25, 29.75, 83.75});
+  // S2, W = 2: pieces of A2A 0.5 + 0.25·8 = 2.5 and of ESP 0.25 + 0.125·16 = 2.25; every piece has
+  // all of S1's kernels and half its bytes: gather 2.25 + 0.25 + 0.25 = 2.75, reduce 2.25 + 0.375 + 0.5625 = 3.1875.
+  //   dispatch 2.5 + 1·max(2.5, 2.75) + 2.75 = 8, combine 3.1875 + 1·max(3.1875, 2.5) + 2.5 = 8.875
+  //   forward = 8 + 8 + 8.875 + 6.4375 = 31.3125;  step = 2·(8 + 8.875 + 6.4375) + 3·8 + 16.25 = 86.875
+  check_same_prediction(model.predict_s2(shape), {8, 8, 8.875, 6.4375, 16.25, 31.3125, 86.875});
 
   auto const choice = model.choose(shape);
   CHECK(choice.schedule == parm_schedule::s2);
   check_same_prediction(choice.s1, model.predict_s1(shape));
   check_same_prediction(choice.s2, model.predict_s2(shape));
 
-  // Capacity keeping half the slots halves S, and with it the slot-row terms (here: all but the MP
-  // gather and the gradient sum). S1's A2A: m = 8 -> 0.5 + 2 = 2.5; ESP: m = 16 -> 0.25 + 2 = 2.25;
-  // a copy 0.25.
+  // Capacity keeping half the slots halves S and the slot-row terms, not the kernels, the MP gather
+  // or the gradient sum. S1: A2A 0.5 + 2 = 2.5; ESP 0.25 + 2 = 2.25; gather 2.25 + 0.25 + 0.25 = 2.75;
+  // reduce 2.25 + 0.375 + 0.5625 = 3.1875; expert 4.
   parm_layer_shape half = shape;
   half.kept_fraction = 0.5;
-  check_same_prediction(model.predict_s1(half), {5, 4, 5.25, 6.25, 16.25, 20.5, 2 * 16.5 + 12 + 16.25});
+  check_same_prediction(model.predict_s1(half), {5.25, 4, 5.6875, 6.4375, 16.25, 21.375, 63});
 }
 
-TEST_CASE("parm_cost_model: a group kind is intra-node when every group of it fits in a node") {
-  // β 1 s/B inside a node, 2 s/B across, no α, copies free: a term is its bytes, or twice them.
+TEST_CASE("parm_cost_model: each group's peers in the node are priced intra, the others inter") {
+  // β 1 s/B inside a node, 2 s/B across, no α, copies and kernels free, no shared port: a term is
+  // the larger of a rank's intra-node bytes and twice its inter-node bytes.
   parm_cost_params p;
   p.intra = {0, 1};
   p.inter = {0, 2};
   p.copy_bytes_per_second = 1e300;
+  p.kernel_launch_seconds = 0;
+  p.shared_port_bytes_per_second = 0;
   parm_cost_model const model(p);
   parm_layer_shape s;
   s.tokens = 8;
@@ -112,27 +121,57 @@ TEST_CASE("parm_cost_model: a group kind is intra-node when every group of it fi
   s.num_experts = 8;
   s.parameter_bytes_per_expert = 2;
 
-  // M 2, P 2, G 1: S1's dispatch is its A2A, m = (8/2)·1·(1/2) = 2 B; its MP gather m = 4·1·1 = 4 B.
+  // M 2, P 2, G 1: S1's dispatch is its A2A, (8/2)/2 = 2 B to the peer; its MP gather 4 B to the peer.
   s.sizes = {2, 2, 1};
   s.ranks_per_node = 4;  // EP groups in blocks of P·M = 4: inside a node
   CHECK(model.predict_s1(s).dispatch == 2);
   CHECK(model.predict_s1(s).mp_gather == 4);
-  s.ranks_per_node = 6;  // P·M = 4 <= 6, but ranks 4..7 straddle two nodes
+  s.ranks_per_node = 6;  // P·M = 4 <= 6, but ranks 4..7 straddle two nodes: priced as all inter
   CHECK(model.predict_s1(s).dispatch == 4);
   CHECK(model.predict_s1(s).mp_gather == 4);
   s.ranks_per_node = 1;  // one rank per node: every group spans nodes
   CHECK(model.predict_s1(s).dispatch == 4);
   CHECK(model.predict_s1(s).mp_gather == 8);
 
+  // M 2, P 4, 4 ranks per node: an EP group covers two whole nodes, 2 of its ranks in each, so each
+  // rank has 1 peer inside its node (1 B at 1 s/B) and 2 outside (2 B at 2 s/B): 4, the inter side.
+  s.sizes = {2, 4, 1};
+  s.ranks_per_node = 4;
+  CHECK(model.predict_s1(s).dispatch == 4);
+  // Through a shared port of 0.5 B/s all 3 B queue at the port: 6.
+  p.shared_port_bytes_per_second = 0.5;
+  CHECK(parm_cost_model(p).predict_s1(s).dispatch == 6);
+  p.shared_port_bytes_per_second = 0;
+
   // M 4, G 2, P 1 on 6 ranks per node: ESP groups (pairs) fit, MP groups (fours) do not, the
   // EP group of one rank costs nothing.
   s.sizes = {4, 1, 2};
   s.ranks_per_node = 6;
   auto const s1 = model.predict_s1(s);
-  CHECK(s1.dispatch == 2);         // ESP all-gather: m = (8/4)·1·(2−1) = 2, intra
-  CHECK(s1.mp_gather == 12);       // m = 2·1·3 = 6, inter
-  CHECK(s1.backward_extra == 16);  // priced as MP: m = L·slice·(M/G − 1) = 8·1·1 = 8, inter
+  CHECK(s1.dispatch == 2);         // ESP all-gather: 8/4 = 2 B to the peer, intra
+  CHECK(s1.mp_gather == 12);       // 2 B to each of 3 peers, inter
+  CHECK(s1.backward_extra == 16);  // the 2 ranks holding a slice, 2 apart, straddle nodes: L·slice = 8·1 B, inter
   CHECK(model.predict_deepspeed_mp(s).dispatch == 0);
+}
+
+TEST_CASE("parm_cost_model: S2 pays W times S1's copy launches") {
+  // Only kernels cost (1 s each): S1 unpacks G·P blocks once and packs G·P + 2 (own copy, sum) once;
+  // S2 does it in every one of its W pieces.
+  parm_cost_params p;
+  p.intra = p.inter = {0, 1e-300};
+  p.copy_bytes_per_second = 1e300;
+  p.kernel_launch_seconds = 1;
+  p.shared_port_bytes_per_second = 0;
+  parm_cost_model const model(p);
+  parm_layer_shape s = parm_small_shape();  // G 2, P 2, W 2
+  for (std::int32_t pieces : {1, 2, 5}) {
+    CAPTURE(pieces);
+    s.pieces = pieces;
+    CHECK(model.predict_s2(s).dispatch == 4.0 * pieces);
+    CHECK(model.predict_s2(s).combine == 6.0 * pieces);
+  }
+  CHECK(model.predict_s1(s).dispatch == 4);
+  CHECK(model.choose(s).schedule == parm_schedule::s1);
 }
 
 TEST_CASE("parm_cost_model: in one piece S2 is S1, and S1 wins the tie") {
@@ -167,6 +206,8 @@ parm_layer_shape parm_balanced_shape(std::int32_t pieces) {
 TEST_CASE("parm_cost_model: S2 overlaps the two links when they are equally slow") {
   parm_cost_params p;
   p.intra = p.inter = {1e-6, 1e-9};  // 1 GB/s both
+  p.kernel_launch_seconds = 0;
+  p.shared_port_bytes_per_second = 0;
   parm_cost_model const model(p);
   auto const choice = model.choose(parm_balanced_shape(8));
   CHECK(choice.schedule == parm_schedule::s2);
@@ -187,6 +228,7 @@ TEST_CASE("parm_cost_model: through one shared port S2's stages do not overlap")
   p.intra = p.inter = {1e-6, 1e-9};
   p.shared_port_bytes_per_second = 1e9;
   p.copy_bytes_per_second = 1e30;  // copies free: S2 could otherwise hide them behind the all-to-all
+  p.kernel_launch_seconds = 0;
   parm_cost_model const model(p);
   auto const shared = model.choose(parm_balanced_shape(8));
   CHECK(shared.schedule == parm_schedule::s1);
@@ -202,6 +244,8 @@ TEST_CASE("parm_cost_model: through one shared port S2's stages do not overlap")
 TEST_CASE("parm_cost_model: many pieces and a large alpha make S1 cheaper") {
   parm_cost_params p;
   p.intra = p.inter = {1e-3, 1e-9};  // 1 ms per collective
+  p.kernel_launch_seconds = 0;
+  p.shared_port_bytes_per_second = 0;
   parm_cost_model const model(p);
   auto const many = model.choose(parm_balanced_shape(64));
   CHECK(many.schedule == parm_schedule::s1);
@@ -284,19 +328,21 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
   // The defaults are parm-2080ti's.
   parm_cost_params const defaults;
   parm_cost_params const p = parm_cost_params::from_cluster(parm_2080ti_spec());
-  CHECK(p.intra.alpha_seconds == doctest::Approx(defaults.intra.alpha_seconds).epsilon(1e-12));
-  CHECK(p.intra.beta_seconds_per_byte == doctest::Approx(defaults.intra.beta_seconds_per_byte).epsilon(1e-12));
-  CHECK(p.inter.alpha_seconds == doctest::Approx(defaults.inter.alpha_seconds).epsilon(1e-12));
-  CHECK(p.inter.beta_seconds_per_byte == doctest::Approx(defaults.inter.beta_seconds_per_byte).epsilon(1e-12));
-  CHECK(p.gemm_flops == doctest::Approx(defaults.gemm_flops).epsilon(1e-12));
-  CHECK(p.copy_bytes_per_second == doctest::Approx(defaults.copy_bytes_per_second).epsilon(1e-12));
+  CHECK(p.intra.alpha_seconds == relatively(defaults.intra.alpha_seconds, 1e-12));
+  CHECK(p.intra.beta_seconds_per_byte == relatively(defaults.intra.beta_seconds_per_byte, 1e-12));
+  CHECK(p.inter.alpha_seconds == relatively(defaults.inter.alpha_seconds, 1e-12));
+  CHECK(p.inter.beta_seconds_per_byte == relatively(defaults.inter.beta_seconds_per_byte, 1e-12));
+  CHECK(p.gemm_flops == relatively(defaults.gemm_flops, 1e-12));
+  CHECK(p.copy_bytes_per_second == relatively(defaults.copy_bytes_per_second, 1e-12));
   // Inside a node: two PCIe ports of 1 µs; across: 1 + 1 + 0.5 + 1 + 1 µs, the NIC's 12.5 GB/s over 4 GPUs.
-  CHECK(p.intra.alpha_seconds == doctest::Approx(2e-6).epsilon(1e-12));
-  CHECK(p.inter.alpha_seconds == doctest::Approx(4.5e-6).epsilon(1e-12));
-  CHECK(p.inter.beta_seconds_per_byte == doctest::Approx(1 / 3.125e9).epsilon(1e-12));
-  CHECK(p.copy_bytes_per_second == doctest::Approx(308e9).epsilon(1e-12));
-  CHECK(p.shared_port_bytes_per_second == doctest::Approx(defaults.shared_port_bytes_per_second).epsilon(1e-12));
-  CHECK(p.shared_port_bytes_per_second == doctest::Approx(15.75e9).epsilon(1e-12));  // GPUs talk over PCIe
+  CHECK(p.intra.alpha_seconds == relatively(2e-6, 1e-12));
+  CHECK(p.inter.alpha_seconds == relatively(4.5e-6, 1e-12));
+  CHECK(p.inter.beta_seconds_per_byte == relatively(1 / 3.125e9, 1e-12));
+  CHECK(p.copy_bytes_per_second == relatively(308e9, 1e-12));
+  CHECK(p.kernel_launch_seconds == relatively(4e-6, 1e-12));
+  CHECK(p.kernel_launch_seconds == relatively(defaults.kernel_launch_seconds, 1e-12));
+  CHECK(p.shared_port_bytes_per_second == relatively(defaults.shared_port_bytes_per_second, 1e-12));
+  CHECK(p.shared_port_bytes_per_second == relatively(15.75e9, 1e-12));  // GPUs talk over PCIe
 
   // NVLink and a NIC per GPU: the PCIe link limits a GPU; a blocking fabric shared by the 32 GPUs
   // limits it further.
@@ -306,12 +352,12 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
   c.nics_per_node = 4;
   c.nic = {25e9, 1e-6};
   parm_cost_params const q = parm_cost_params::from_cluster(c);
-  CHECK(q.intra.alpha_seconds == doctest::Approx(0.5e-6).epsilon(1e-12));
-  CHECK(q.intra.beta_seconds_per_byte == doctest::Approx(1 / 150e9).epsilon(1e-12));
-  CHECK(q.inter.beta_seconds_per_byte == doctest::Approx(1 / 15.75e9).epsilon(1e-12));
+  CHECK(q.intra.alpha_seconds == relatively(0.5e-6, 1e-12));
+  CHECK(q.intra.beta_seconds_per_byte == relatively(1 / 150e9, 1e-12));
+  CHECK(q.inter.beta_seconds_per_byte == relatively(1 / 15.75e9, 1e-12));
   CHECK(q.shared_port_bytes_per_second == 0);  // NVLink inside the node, PCIe out of it
   c.fabric = {320e9, 0.5e-6};
-  CHECK(parm_cost_params::from_cluster(c).inter.beta_seconds_per_byte == doctest::Approx(1 / 10e9).epsilon(1e-12));
+  CHECK(parm_cost_params::from_cluster(c).inter.beta_seconds_per_byte == relatively(1 / 10e9, 1e-12));
 
   c.domains = 2;
   c.inter_domain = {1.25e9, 25e-6};

@@ -8,7 +8,7 @@
 //! | call | charged bytes (one kernel each) |
 //! |---|---|
 //! | `for_each_row(rows, k)` | `rows × k.bytes_per_row()` (rows of the hidden size: scaled) |
-//! | `for_each_index(n, f)` | `n × 8` (an index read and written) |
+//! | `for_each_index(n, f)` | `n × 8` (an index read and written); `n × f.bytes_per_index()`, scaled inside a payload scope, when `f` declares it (a kernel over row elements) |
 //! | `reduce(n, ...)` | `n × 8` |
 //! | `stable_sort_by_key(n, end_bit)` | `⌈end_bit / 8⌉` radix passes × `n × 16` (key and value, read and written) |
 //! | `copy(n)` | `2 × n × sizeof(T)`, scaled inside a payload scope |
@@ -34,6 +34,10 @@ template <class Kernel, class = void>
 struct declares_row_bytes : std::false_type {};
 template <class Kernel>
 struct declares_row_bytes<Kernel, std::void_t<decltype(std::declval<Kernel const&>().bytes_per_row())>> : std::true_type {};
+template <class Kernel, class = void>
+struct declares_index_bytes : std::false_type {};
+template <class Kernel>
+struct declares_index_bytes<Kernel, std::void_t<decltype(std::declval<Kernel const&>().bytes_per_index())>> : std::true_type {};
 }  // namespace detail
 
 template <class Inner = host_backend>
@@ -63,7 +67,10 @@ class simulated_backend {
   template <class F>
   void for_each_index(std::int64_t n, F const& f) const {
     inner_.for_each_index(n, f);
-    detail::charge_memory(8.0 * static_cast<double>(n));
+    if constexpr (detail::declares_index_bytes<F>::value)  // elements of rows: as many more as a row stands for
+      detail::charge_memory(detail::current_payload_scale() * static_cast<double>(n) * static_cast<double>(f.bytes_per_index()));
+    else
+      detail::charge_memory(8.0 * static_cast<double>(n));
   }
 
   template <class F>
@@ -106,7 +113,12 @@ class simulated_backend {
   //! While the result lives, the calling actor's messages and copies are scaled by `simulated_scale().payload`
   //! (rows) or `.parameters` (see `<moecomm/core/simulation_hooks.hpp>`).
   [[nodiscard]] detail::actor_payload_scope payload_scope(detail::payload_kind kind) const {
-    return detail::actor_payload_scope(kind == detail::payload_kind::rows ? scale_.payload : scale_.parameters);
+    switch (kind) {
+      case detail::payload_kind::rows: return detail::actor_payload_scope(scale_.payload);
+      case detail::payload_kind::parameters: return detail::actor_payload_scope(scale_.parameters);
+      case detail::payload_kind::control: break;
+    }
+    return detail::actor_payload_scope(1.0);
   }
 
  private:

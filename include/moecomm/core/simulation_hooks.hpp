@@ -28,9 +28,10 @@ struct simulation_scale {
 
 namespace detail {
 
-//! What a payload scope moves: token rows (scale with the hidden size) or expert parameters (with
-//! the hidden and the expert's inner size).
-enum class payload_kind { rows, parameters };
+//! What a payload scope moves: token rows (scale with the hidden size), expert parameters (with
+//! the hidden and the expert's inner size), or control words (sizes, counts: never scaled, for
+//! the agreement a collective runs inside an outer scope).
+enum class payload_kind { rows, parameters, control };
 
 template <class Backend, class = void>
 struct scales_payload : std::false_type {};

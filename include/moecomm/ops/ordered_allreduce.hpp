@@ -12,6 +12,7 @@
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
 
@@ -32,6 +33,8 @@ struct sum_gathered_in_rank_order {
   std::int64_t n;
   std::int32_t ranks;
   T* data;
+  //! Every rank's value read, the sum written (the simulated back-end prices the kernel by it).
+  [[nodiscard]] std::int64_t bytes_per_index() const { return (ranks + std::int64_t{1}) * std::int64_t{sizeof(T)}; }
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
     T acc = gathered[i];
     for (std::int32_t r = 1; r < ranks; ++r) acc = acc + gathered[r * n + i];
@@ -74,11 +77,15 @@ void ordered_allreduce(Backend const& be, Comm& comm, array_view<T> data, worksp
   std::int64_t const mine[2] = {bad ? -1 : data.size, chunk_elements};
   std::int64_t* const all = scratch.template host<std::int64_t>(2 * std::int64_t{ranks});  // kept: no allocation per call
   auto* const words = scratch.template get<std::int64_t>(be, 2 * (std::int64_t{ranks} + 1));
-  be.copy(words, mine, 2);
-  be.synchronize();  // also orders the communicator after the back-end's earlier writes to `data`
-  comm.allgather(words, words + 2, sizeof(mine));
-  be.copy(all, words + 2, 2 * std::int64_t{ranks});
-  be.synchronize();
+  {
+    // Control words: not what a caller's payload scope (e.g. parameters) stands for.
+    [[maybe_unused]] auto const control = detail::payload_scope(be, detail::payload_kind::control);
+    be.copy(words, mine, 2);
+    be.synchronize();  // also orders the communicator after the back-end's earlier writes to `data`
+    comm.allgather(words, words + 2, sizeof(mine));
+    be.copy(all, words + 2, 2 * std::int64_t{ranks});
+    be.synchronize();
+  }
   if (bad) throw *bad;
   for (std::int32_t r = 0; r < ranks; ++r)
     if (all[2 * r] < 0)

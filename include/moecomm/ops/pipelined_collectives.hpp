@@ -17,7 +17,8 @@
 //! S1). Each piece moves one message per peer and collective, so more pieces mean more latency terms
 //! (and on CUDA the lane is a second host thread on the back-end's stream: the pieces are ordered,
 //! not concurrent, on the device). A piece of a gather is packed into one contiguous message and
-//! unpacked after it arrives (one device copy per block and piece).
+//! unpacked after it arrives (one device copy per block and piece that holds rows; plan/parm_cost_model.hpp
+//! prices each copy's launch).
 //!
 //! Both take `recv_rows` `[G][P]`: the rows gather rank g receives from all-to-all rank p (the same
 //! table on every gather rank), and `send_rows` `[P]`: the rows this rank sends all-to-all rank p.
@@ -202,7 +203,7 @@ void alltoall_allgather(Backend const& be, Comm& a2a, Comm& gather, matrix_view<
     for (std::int32_t g = 0; g < members; ++g)
       for (std::int32_t p = 0; p < peers; ++p) {
         row_range const piece = at.piece(g, p, c);
-        be.copy(out.data + (at.block(g, p) + piece.begin) * h, packed + at.packed(g, c, p) * h, piece.count * h);
+        if (piece.count > 0) be.copy(out.data + (at.block(g, p) + piece.begin) * h, packed + at.packed(g, c, p) * h, piece.count * h);
       }
     be.synchronize();
   };
@@ -240,11 +241,11 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
     for (std::int32_t g = 0; g < members; ++g)
       for (std::int32_t p = 0; p < peers; ++p) {
         row_range const piece = at.piece(g, p, c);
-        be.copy(packed + at.packed(g, c, p) * h, in.data + (at.block(g, p) + piece.begin) * h, piece.count * h);
+        if (piece.count > 0) be.copy(packed + at.packed(g, c, p) * h, in.data + (at.block(g, p) + piece.begin) * h, piece.count * h);
       }
     std::int64_t const rows = at.packed_rows(me, c);
     T* const from = staged + members * (at.packed(me, c) - first_own) * h;  // [g][rows]
-    be.copy(from + me * rows * h, packed + at.packed(me, c) * h, rows * h);
+    if (rows > 0) be.copy(from + me * rows * h, packed + at.packed(me, c) * h, rows * h);
     be.synchronize();
     message_lists& lists = scratch.first().messages();
     lists.clear_messages();
@@ -254,8 +255,9 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
       if (rows > 0) lists.recvs.push_back({g, from + g * rows * h, rows * row_bytes});
     }
     if (members > 1) gather.exchange(lists.sends, lists.recvs);
-    be.for_each_index(rows * h, detail::sum_staged_in_rank_order<T>{from, rows * h, members,
-                                                                    reduced + (at.packed(me, c) - first_own) * h});
+    if (rows > 0)
+      be.for_each_index(rows * h, detail::sum_staged_in_rank_order<T>{from, rows * h, members,
+                                                                      reduced + (at.packed(me, c) - first_own) * h});
     be.synchronize();
   };
   auto return_piece = [&](std::int32_t c) {  // the all-to-all of piece c's sums back to their sources

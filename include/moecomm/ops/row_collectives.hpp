@@ -58,6 +58,8 @@ struct sum_staged_in_rank_order {
   std::int64_t n;
   std::int32_t ranks;
   T* out;
+  //! Every rank's element read, the sum written (the simulated back-end prices the kernel by it).
+  [[nodiscard]] std::int64_t bytes_per_index() const { return (ranks + std::int64_t{1}) * std::int64_t{sizeof(T)}; }
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       T acc = staged[i];

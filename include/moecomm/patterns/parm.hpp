@@ -65,14 +65,32 @@ MOECOMM_NAMESPACE_BEGIN
 struct deepspeed_mp {
   static constexpr char const* name = "deepspeed_mp";
 };
+
+//! Under PauseMP with ESP < MP, the MP / ESP peers holding the same expert slice compute different
+//! tokens: who sums their expert gradients.
+enum class replica_gradients {
+  //! The layer, in ascending rank (`ordered_allreduce`), in every backward: each rank ends with the
+  //! baseline's gradient, so the trainer's reduction is the same for every schedule (over
+  //! `parallel_groups::dp()`).
+  summed_here,
+  //! Each rank keeps its own tokens' share, and the trainer sums the expert gradients over
+  //! `parallel_groups::expert_dp()`, which spans those peers and the data-parallel replicas (as
+  //! Megatron-LM's expert data-parallel group does with expert tensor parallel size 1, and as Parm
+  //! folds the sum into the DP/EDP all-reduce). Saves the layer one all-reduce of its local
+  //! experts' slices per step; the trainer's reduction spans MP / ESP times more ranks.
+  left_to_trainer,
+};
+
 //! PauseMP with separate collectives.
 struct parm_s1 {
   static constexpr char const* name = "parm_s1";
+  replica_gradients gradients = replica_gradients::summed_here;
 };
 //! PauseMP with unified (pipelined) collectives.
 struct parm_s2 {
   static constexpr char const* name = "parm_s2";
   std::int32_t pieces = 4;  //!< pipeline depth: each block is cut into this many row slices
+  replica_gradients gradients = replica_gradients::summed_here;
 };
 
 //! Parm's selection rule as a schedule: every forward prices S1 and S2 for the step's shape with
@@ -88,6 +106,7 @@ struct parm_auto {
   //! the same rows, so it changes the predicted steps but not the choice.
   std::int64_t ffn = 0;
   std::int32_t pieces = 4;  //!< S2's pipeline depth, priced and run when S2 is chosen
+  replica_gradients gradients = replica_gradients::summed_here;
 };
 
 //! What one step of a `parm_layer` did on this rank (forward).
@@ -118,6 +137,7 @@ template <class P>
 struct add_into {
   P const* from;
   P* to;
+  [[nodiscard]] std::int64_t bytes_per_index() const { return 3 * std::int64_t{sizeof(P)}; }  // two read, one written
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { to[i] = to[i] + from[i]; }
 };
 
@@ -206,6 +226,11 @@ class parm_layer {
     else if constexpr (std::is_same_v<Schedule, parm_auto>) return chosen_pieces_;
     else return 1;
   }
+  //! PauseMP with MP peers holding this rank's slice, whose gradients the layer sums.
+  [[nodiscard]] bool sums_replica_gradients() const {
+    if constexpr (pauses_mp) return mp_size() / esp_size() > 1 && schedule_.gradients == replica_gradients::summed_here;
+    else return false;
+  }
 
   template <class Experts>
   void check_experts_slicing(Experts const& experts, char const* op) const {
@@ -251,7 +276,8 @@ class parm_layer {
     shape.kept_fraction = kept / slots;
     shape.num_experts = num_experts_;
     if constexpr (detail::is_parametric_experts_v<Experts>)
-      shape.parameter_bytes_per_expert = experts.parameter_count() * static_cast<std::int64_t>(sizeof(detail::parameter_t<Experts>)) *
+      if (sums_replica_gradients())
+        shape.parameter_bytes_per_expert = experts.parameter_count() * static_cast<std::int64_t>(sizeof(detail::parameter_t<Experts>)) *
                                          esp_size();
     shape.sizes = groups_->sizes();
     shape.ranks_per_node = groups_->nodes().ranks_per_node();
@@ -393,7 +419,7 @@ class parm_layer {
                                        : optional_output<array_view<float>>(not_needed));
     alltoall_allgather(be(), groups_->ep(), groups_->esp(), d_sent, send_rows(), recv_rows(),
                        view(grow_rows(d_expert_out_, rows), rows), pipe_, pieces());
-    bool const replicated = mp_size() / esp_size() > 1;
+    bool const replicated = sums_replica_gradients();
     stage_gradients(experts, replicated);
     for_each_segment([&](std::int32_t l, std::int64_t b, std::int64_t n) {
       matrix_view<T> const d_in = rows_at(grow_rows(d_partial_in_, rows), b, n);
@@ -446,6 +472,7 @@ class parm_layer {
       using P = detail::parameter_t<Experts>;
       std::int64_t const count = experts.parameter_count(), n = count * dispatcher_.num_local_experts();
       P* const staged = grad_scratch_.template get<P>(be(), n);
+      [[maybe_unused]] auto const payload = detail::payload_scope(be(), detail::payload_kind::parameters);
       ordered_allreduce(be(), replicas_, array_view<P>{staged, n}, replica_scratch_);
       for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l)
         be().for_each_index(count, detail::add_into<P>{staged + l * count, experts.gradients(l)});

@@ -8,23 +8,30 @@
 //! the reconstruction of reference/systems.md §6 [I]. Times are in seconds. Like
 //! `plan/cost_model.hpp`, it predicts and never measures.
 //!
-//! Every collective costs `t(m) = α_c + β_c·m` (FSMoE ASPLOS'25 §6.2: one α-β pair per collective
-//! and link class), `m` being the bytes one rank puts on the wire in it and `c` the link class of
-//! its group. A group of one rank, or one with nothing to move, costs nothing. Groups are those of `comm/parallel_groups.hpp`
-//! (world rank `(dp·P + ep)·M + mp`): an MP group is `M` consecutive ranks, an ESP group `G`
-//! consecutive ranks of one, an EP group `P` ranks `M` apart. A group kind is priced `intra` when
-//! every group of that kind lies inside one node whatever the world size (MP: `ranks_per_node % M
-//! == 0`; ESP: `% G == 0`; EP: `% (P·M) == 0`), else `inter`: a group that spans nodes waits for its
-//! slowest link. The sum of parameter gradients runs over ranks of an MP group and is priced as MP.
+//! Every collective costs `t = α + max(n_intra·m·β_intra, n_inter·m·β_inter, (n_intra + n_inter)·m
+//! / B_port)` (FSMoE ASPLOS'25 §6.2: one α-β pair per collective and link class), a rank sending `m`
+//! bytes to each of its `n_intra` peers in its node and `n_inter` peers in other nodes at once: the
+//! two link classes run side by side unless both cross one shared port (`B_port`,
+//! `shared_port_bytes_per_second`); α is the slower class's. A group of one rank, or one with nothing
+//! to move, costs nothing. Groups are those of `comm/parallel_groups.hpp` (world rank `(dp·P + ep)·M
+//! + mp`): an MP group is `M` consecutive ranks, an ESP group `G` consecutive ranks of one, an EP
+//! group `P` ranks `M` apart, the ranks of an MP group holding the same slice `M/G` ranks `G` apart.
+//! A group of `n` ranks `d` apart lies in one node when `ranks_per_node % (n·d) == 0`, covers whole
+//! nodes with `ranks_per_node / d` of its ranks in each when `(n·d) % ranks_per_node == 0` and
+//! `ranks_per_node % d == 0`, and otherwise is priced as if every peer were in another node.
+//!
+//! Device copies are priced as the simulated back-end charges them: `launch + bytes /
+//! copy_bytes_per_second` each (`kernel_launch_seconds`), one per block and piece of the pipelined
+//! collectives (ops/pipelined_collectives.hpp), so S2 pays W times S1's launches.
 //!
 //! Symbols: `b = hidden · element_bytes` (bytes of a row), `T = tokens`, `S = T · top_k ·
 //! kept_fraction` (slot rows of an MP group), `M`, `P`, `G` the MP, EP and ESP sizes, `W = pieces`,
 //! `L = num_experts / P` (experts per rank, a `1/G` slice of each). The experts receive balanced
 //! load: every rank gets the average.
 //!
-//! S2's concurrent stages contend where they share a GPU's port: on nodes whose GPUs talk over
-//! PCIe (`cluster_spec::intra_node_over_pcie`) every transfer of a GPU, to a peer in its node or
-//! to the NIC, crosses its one PCIe link (`shared_port_bytes_per_second`).
+//! S2's concurrent stages contend where they share a GPU's port, as one collective's link classes
+//! do: on nodes whose GPUs talk over PCIe (`cluster_spec::intra_node_over_pcie`) every transfer of
+//! a GPU, to a peer in its node or to the NIC, crosses its one PCIe link.
 //!
 //! Not modelled: the gate, the permutations and the data-parallel gradient all-reduce (outside the
 //! schedules); any other contention (the NIC's share is in `inter`).
@@ -62,6 +69,8 @@ struct parm_cost_params {
   double gemm_flops = 53.8e12;
   //! A device copy reads and writes: half of the RTX 2080 Ti's 616 GB/s GDDR6.
   double copy_bytes_per_second = 616e9 / 2;
+  //! The fixed cost of one kernel (a copy, a sum): the platform file's `kernel_launch_us`.
+  double kernel_launch_seconds = 4e-6;
   //! One GPU's port that all its transfers cross, inside its node and out of it, per direction:
   //! its PCIe 3.0 x16 link (15.75 GB/s) when GPUs talk over PCIe; 0 when the two link classes
   //! have ports of their own (e.g. NVLink inside a node, PCIe to the NIC). S2's overlapped stages
@@ -77,6 +86,7 @@ struct parm_cost_params {
   //!   of the node's NICs, and, for a blocking fabric, its share of `fabric` over the domain's GPUs,
   //!   whichever is smallest;
   //! - `gemm_flops` = `gpu_flops`; `copy_bytes_per_second` = `hbm_bytes_per_second / 2`;
+  //!   `kernel_launch_seconds` = `kernel_launch_seconds`;
   //! - `shared_port_bytes_per_second` = `pcie.bytes_per_second` when `intra_node_over_pcie`, else 0.
   //! @throws error (invalid_argument) from `spec.validate()`, or naming `spec.domains` when it is
   //!         not 1 (the model has two link classes; a link between domains would be a third).
@@ -138,6 +148,8 @@ class parm_cost_model {
     require_link("inter", params.inter);
     require_positive("gemm_flops", params.gemm_flops);
     require_positive("copy_bytes_per_second", params.copy_bytes_per_second);
+    detail::require(std::isfinite(params.kernel_launch_seconds) && params.kernel_launch_seconds >= 0, "parm_cost_model",
+                    "kernel_launch_seconds = ", params.kernel_launch_seconds, " must be finite and >= 0");
     detail::require(std::isfinite(params.shared_port_bytes_per_second) && params.shared_port_bytes_per_second >= 0,
                     "parm_cost_model", "shared_port_bytes_per_second = ", params.shared_port_bytes_per_second,
                     " must be finite and >= 0 (0: no shared port)");
@@ -195,12 +207,17 @@ class parm_cost_model {
   }
 
  private:
-  //! The symbols of the file comment for one checked shape, each group's size and link.
+  //! A group of ranks as the file comment prices it: its size and where its peers are.
+  struct group {
+    std::int32_t ranks = 1;
+    double intra_peers = 0, inter_peers = 0;  //!< of each rank: in its node, in other nodes
+  };
+
+  //! The symbols of the file comment for one checked shape, and each group.
   struct symbols {
     double b, T, S, M, G, P, W, L, slice_bytes;
     double flops_per_row;  //!< forward FLOPs of one row on 1/G of an expert
-    std::int32_t mp_size, ep_size, esp_size;
-    parm_link mp, ep, esp;
+    group mp, ep, esp, same_slice;
   };
 
   static void require_positive(char const* name, double value) {
@@ -213,6 +230,14 @@ class parm_cost_model {
                     ".alpha_seconds = ", link.alpha_seconds, " must be finite and >= 0");
     detail::require(std::isfinite(link.beta_seconds_per_byte) && link.beta_seconds_per_byte > 0, "parm_cost_model",
                     name, ".beta_seconds_per_byte = ", link.beta_seconds_per_byte, " must be finite and positive");
+  }
+
+  //! A group of `ranks` ranks `stride` apart on nodes of `per_node` consecutive ranks (file comment).
+  static group group_of(std::int64_t ranks, std::int64_t stride, std::int64_t per_node) {
+    std::int64_t in_node = 1;  // the ranks of the group in one node
+    if (per_node % (ranks * stride) == 0) in_node = ranks;
+    else if ((ranks * stride) % per_node == 0 && per_node % stride == 0) in_node = per_node / stride;
+    return {static_cast<std::int32_t>(ranks), static_cast<double>(in_node - 1), static_cast<double>(ranks - in_node)};
   }
 
   //! Checks every field of `shape` (errors name it as `shape.<field>`) and derives the symbols.
@@ -244,9 +269,6 @@ class parm_cost_model {
                     s.sizes.expert_slicing, " does not divide shape.sizes.model = ", s.sizes.model,
                     " (an ESP group lies inside an MP group)");
     std::int32_t const M = s.sizes.model, P = s.sizes.expert, G = s.sizes.expert_slicing;
-    auto const link = [&](std::int64_t aligned_block) {
-      return s.ranks_per_node % aligned_block == 0 ? params_.intra : params_.inter;
-    };
     symbols l;
     l.b = static_cast<double>(s.hidden) * s.element_bytes * token_bytes_scale_;
     l.T = static_cast<double>(s.tokens);
@@ -259,44 +281,49 @@ class parm_cost_model {
     l.slice_bytes = static_cast<double>(s.parameter_bytes_per_expert) * parameter_bytes_scale_ / G;
     // Two GEMMs, H x F/G and F/G x H, 2 FLOPs per multiply-add.
     l.flops_per_row = 2.0 * 2.0 * static_cast<double>(s.hidden) * static_cast<double>(s.ffn) * flops_scale_ / G;
-    l.mp_size = M;
-    l.ep_size = P;
-    l.esp_size = G;
-    l.mp = link(M);
-    l.ep = link(std::int64_t{P} * M);  // an EP group lies in the block of P·M ranks of its dp index
-    l.esp = link(G);
+    l.mp = group_of(M, 1, s.ranks_per_node);
+    l.ep = group_of(P, M, s.ranks_per_node);
+    l.esp = group_of(G, 1, s.ranks_per_node);
+    l.same_slice = group_of(M / G, G, s.ranks_per_node);
     return l;
   }
 
-  //! α + β·m over a group of `ranks` (FSMoE §6.2); nothing over a group of one or with nothing to move.
-  static double collective(parm_link const& link, std::int32_t ranks, double bytes) {
-    return ranks == 1 || bytes == 0 ? 0.0 : link.alpha_seconds + link.beta_seconds_per_byte * bytes;
+  //! One collective, or one piece of one: its time, its α, the bytes its rank puts on the wire, and
+  //! the device copies that belong to it (included in `seconds`).
+  struct stage {
+    double seconds = 0, alpha = 0, bytes = 0, copies = 0;
+  };
+
+  //! A rank of `g` sending `bytes_per_peer` to each of its peers (file comment); nothing over a group
+  //! of one or with nothing to move.
+  stage collective(group const& g, double bytes_per_peer) const {
+    if (g.ranks == 1 || bytes_per_peer == 0) return {};
+    double const alpha = g.inter_peers > 0 ? params_.inter.alpha_seconds : params_.intra.alpha_seconds;
+    double const intra = g.intra_peers * bytes_per_peer, inter = g.inter_peers * bytes_per_peer;
+    double wire = std::max(intra * params_.intra.beta_seconds_per_byte, inter * params_.inter.beta_seconds_per_byte);
+    if (params_.shared_port_bytes_per_second > 0) wire = std::max(wire, (intra + inter) / params_.shared_port_bytes_per_second);
+    return {alpha + wire, alpha, intra + inter, 0};
   }
 
-  //! One piece of one collective: its time, its α and the bytes its rank sends.
-  struct stage {
-    double seconds = 0, alpha = 0, bytes = 0;
-  };
-  static stage piece(parm_link const& link, std::int32_t ranks, double bytes) {
-    double const t = collective(link, ranks, bytes);
-    return t == 0 ? stage{} : stage{t, link.alpha_seconds, bytes};
+  //! `s` followed by `launches` device kernels moving `bytes` through a copy in all.
+  stage with_copies(stage s, double launches, double bytes) const {
+    double const t = launches * params_.kernel_launch_seconds + bytes / params_.copy_bytes_per_second;
+    s.seconds += t;
+    s.copies += t;
+    return s;
   }
 
   //! Two stages over W pieces, stage 2 of piece i beside stage 1 of piece i+1 (systems.md §6
   //! reconstruction item 2 [I]): the first piece's stage 1, W − 1 steps of both, the last piece's
   //! stage 2. A step of both takes the slower stage, or, through a shared port, at least the
-  //! larger α plus both pieces' bytes at the port's bandwidth.
+  //! larger α plus both pieces' bytes at the port's bandwidth plus their copies.
   double pipeline(stage const& first, stage const& second, double pieces) const {
     double both = std::max(first.seconds, second.seconds);
     if (params_.shared_port_bytes_per_second > 0)
-      both = std::max(both, std::max(first.alpha, second.alpha) + (first.bytes + second.bytes) / params_.shared_port_bytes_per_second);
+      both = std::max(both, std::max(first.alpha, second.alpha) +
+                                (first.bytes + second.bytes) / params_.shared_port_bytes_per_second + first.copies +
+                                second.copies);
     return first.seconds + (pieces - 1) * both + second.seconds;
-  }
-
-  //! `copies` device copies of the G·S/M gathered rows: 1 in the dispatch (unpacking the gathered
-  //! pieces), 2 in the combine (packing them, then summing the members' shares).
-  double copy_seconds(symbols const& l, double copies) const {
-    return copies * l.G * l.S / l.M * l.b / params_.copy_bytes_per_second;
   }
 
   //! Seconds of the expert GEMMs on `rows` rows (FLOPs / `gemm_flops`).
@@ -312,51 +339,52 @@ class parm_cost_model {
 
   parm_prediction deepspeed_mp(symbols const& l) const {
     parm_prediction p;
-    // Every MP rank sends all S rows over EP but its own 1/P (systems.md §6, baseline item 2 [C]).
-    double const a2a = collective(l.ep, l.ep_size, l.S * l.b * (l.P - 1) / l.P);
-    // The ESP all-reduce of the outputs of the R = S rows received: an ordered reduce-scatter, then
-    // an all-gather, each moving (G − 1)/G of them (systems.md §6, baseline item 3 [C]).
-    double const esp_slice = collective(l.esp, l.esp_size, l.S * l.b * (l.G - 1) / l.G);
+    // Every MP rank sends all S rows over EP, S/P to each peer (systems.md §6, baseline item 2 [C]).
+    double const a2a = collective(l.ep, l.S * l.b / l.P).seconds;
     p.dispatch = a2a;
     p.expert = expert_seconds(l, l.S);  // all S rows on 1/G of each expert, on every MP rank
-    p.combine = 2 * esp_slice + a2a;
+    // The ESP all-reduce of the outputs of the R = S rows received (systems.md §6, baseline item 3
+    // [C]): an ordered reduce-scatter (its own slice copied, then G slices summed), then an all-gather
+    // (its own slice copied), each sending S/G rows to each peer.
+    double const slice = l.S / l.G * l.b;
+    stage const esp = collective(l.esp, slice);
+    double const reduce = l.G == 1 ? 0 : with_copies(esp, 2, slice + (l.G + 1) / 2 * slice).seconds;
+    double const gather = l.G == 1 ? 0 : with_copies(esp, 1, slice).seconds;
+    p.combine = reduce + gather + a2a;
     // No MP gather and nothing backward-only: every MP rank holds the whole output and gradients.
     return finished(p);
   }
 
-  //! S1's terms; S2 replaces its dispatch and combine.
-  parm_prediction s1(symbols const& l) const {
+  //! S1's and S2's terms: S2 is the pipeline of W pieces, S1 the same in one piece (systems.md §6
+  //! reconstruction items 1-3 [I]).
+  parm_prediction pause_mp(symbols const& l) const {
     parm_prediction p;
-    // After the MP split each MP rank sends its S/M rows over EP but its own 1/P (systems.md §6
-    // reconstruction item 1 [I]; the other S1 and S2 formulas cite the same section).
-    double const a2a = collective(l.ep, l.ep_size, l.S / l.M * l.b * (l.P - 1) / l.P);
-    // ESP all-gather (then reduce-scatter) of S/M rows from (to) each of G − 1 peers (item 1).
-    double const esp = collective(l.esp, l.esp_size, l.S / l.M * l.b * (l.G - 1));
-    p.dispatch = a2a + esp + copy_seconds(l, 1);
+    double const W = l.W, own = l.S / l.M * l.b;  // the bytes of this rank's rows after the MP split
+    // One piece of the A2A: a 1/P share of this rank's rows to each peer.
+    stage const a2a = collective(l.ep, own / l.P / W);
+    // One piece of the ESP all-gather, unpacked block by block (G·P copies of G·own/W bytes in all);
+    // of the reduce-scatter: packed likewise, this rank's own piece copied, the G pieces summed.
+    stage const esp = collective(l.esp, own / W);
+    stage const gather = with_copies(esp, l.G * l.P, l.G * own / W);
+    stage const reduce = with_copies(esp, l.G * l.P + 2, (l.G + 1 + (l.G + 1) / 2) * own / W);
+    p.dispatch = pipeline(a2a, gather, W);  // the all-gather of piece i−1 beside the A2A of piece i
     p.expert = expert_seconds(l, l.G * l.S / l.M);  // the G peers' rows on 1/G of each expert
-    p.combine = esp + a2a + copy_seconds(l, 2);
-    // MP all-gather of the T/M combined token rows each rank holds (item 1).
-    p.mp_gather = collective(l.mp, l.mp_size, l.T / l.M * l.b * (l.M - 1));
+    p.combine = pipeline(reduce, a2a, W);  // the reduce-scatter of piece i beside the A2A of piece i−1
+    // MP all-gather of the T/M combined token rows each rank holds, its own copied first (item 1).
+    double const mine = l.T / l.M * l.b;
+    p.mp_gather = l.M == 1 ? 0 : with_copies(collective(l.mp, mine), 1, mine).seconds;
     // The M/G ranks of an MP group holding the same slice saw different tokens: an ordered
     // all-reduce (all-gather, then a sum) of their L slices' gradients (item 3).
-    p.backward_extra = collective(l.mp, l.mp_size / l.esp_size, l.L * l.slice_bytes * (l.M / l.G - 1));
+    p.backward_extra = collective(l.same_slice, l.L * l.slice_bytes).seconds;
     return finished(p);
   }
 
-  parm_prediction s2(symbols const& l) const {
-    parm_prediction p = s1(l);
-    // One piece of the A2A and of the ESP collective: α + β·m/W each (item 2).
-    stage const a2a = piece(l.ep, l.ep_size, l.S / l.M * l.b * (l.P - 1) / l.P / l.W);
-    stage const esp = piece(l.esp, l.esp_size, l.S / l.M * l.b * (l.G - 1) / l.W);
-    // The copies belong to the ESP stage of each piece: the gather unpacks what it received, the
-    // reduce-scatter packs and sums before it sends.
-    stage gather = esp, reduce = esp;
-    gather.seconds += copy_seconds(l, 1) / l.W;
-    reduce.seconds += copy_seconds(l, 2) / l.W;
-    p.dispatch = pipeline(a2a, gather, l.W);  // the all-gather of piece i−1 beside the A2A of piece i
-    p.combine = pipeline(reduce, a2a, l.W);   // the reduce-scatter of piece i beside the A2A of piece i−1
-    return finished(p);
+  parm_prediction s1(symbols l) const {
+    l.W = 1;
+    return pause_mp(l);
   }
+
+  parm_prediction s2(symbols const& l) const { return pause_mp(l); }
 
   parm_cost_params params_;
   double token_bytes_scale_ = 1, parameter_bytes_scale_ = 1, flops_scale_ = 1;  //!< see `scaled`
@@ -375,6 +403,7 @@ inline parm_cost_params parm_cost_params::from_cluster(cluster_spec const& spec)
   p.inter = {2 * spec.pcie.latency_seconds + 2 * spec.nic.latency_seconds + spec.fabric.latency_seconds, 1 / per_gpu};
   p.gemm_flops = spec.gpu_flops;
   p.copy_bytes_per_second = spec.hbm_bytes_per_second / 2;
+  p.kernel_launch_seconds = spec.kernel_launch_seconds;
   p.shared_port_bytes_per_second = spec.intra_node_over_pcie ? spec.pcie.bytes_per_second : 0;
   return p;
 }
