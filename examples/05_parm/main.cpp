@@ -346,7 +346,7 @@ void print_times(std::vector<schedule_result> const& results, moecomm::parm_cost
   }
   std::printf("   model: plan/parm_cost_model.hpp with the platform's figures (parm_cost_params::from_cluster): an\n"
               "   alpha-beta cost per collective and link class, balanced experts; not the gate, the permutations or\n"
-              "   the memory kernels.\n\n");
+              "   the memory kernels other than the collectives' copies.\n\n");
 }
 
 void print_choice(schedule_result const& automatic, schedule_result const& s1, schedule_result const& s2) {

@@ -37,5 +37,14 @@ struct fill_value {
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { data[i] = value; }
 };
 
+//! `to[i] += from[i]` (e.g. summed gradient shares into the experts' own).
+template <class T>
+struct add_into {
+  T const* from;
+  T* to;
+  [[nodiscard]] std::int64_t bytes_per_index() const { return 3 * std::int64_t{sizeof(T)}; }  // two read, one written
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { to[i] = to[i] + from[i]; }
+};
+
 }  // namespace detail
 MOECOMM_NAMESPACE_END

@@ -36,6 +36,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/functional.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
@@ -131,23 +132,6 @@ template <class Schedule>
 inline constexpr bool pauses_mp_v = !std::is_same_v<Schedule, deepspeed_mp>;
 template <class Schedule>
 inline constexpr bool pipelines_v = std::is_same_v<Schedule, parm_s2> || std::is_same_v<Schedule, parm_auto>;
-
-//! `to[i] += from[i]`: the summed shares of a gradient into the experts' own.
-template <class P>
-struct add_into {
-  P const* from;
-  P* to;
-  [[nodiscard]] std::int64_t bytes_per_index() const { return 3 * std::int64_t{sizeof(P)}; }  // two read, one written
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { to[i] = to[i] + from[i]; }
-};
-
-//! `data[i] = value`.
-template <class V>
-struct fill_with {
-  V* data;
-  V value;
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { data[i] = value; }
-};
 
 }  // namespace detail
 
@@ -442,7 +426,7 @@ class parm_layer {
     row_allgather(be(), groups_->mp(), matrix_view<T const>(d_x_mine), matrix_view<T>{d_x_all.data, tokens_, hidden_}, scratch_);
     if constexpr (detail::is_weighted<Weighting>()) {
       float* const d_w_all = d_weights.wanted() ? d_weights.view().data : grow(be(), d_weights_unwanted_, tokens_ * k).data();
-      if (!d_weights.wanted()) be().for_each_index(mine.count * k, detail::fill_with<float>{d_w_mine, 0.0f});
+      if (!d_weights.wanted()) be().for_each_index(mine.count * k, detail::fill_value<float>{d_w_mine, 0.0f});
       row_allgather(be(), groups_->mp(), matrix_view<float const>{d_w_mine, mine.count, k}, matrix_view<float>{d_w_all, tokens_, k},
                     scratch_);
     }
@@ -457,7 +441,7 @@ class parm_layer {
       using P = detail::parameter_t<Experts>;
       std::int64_t const n = experts.parameter_count() * dispatcher_.num_local_experts();
       P* const staged = grad_scratch_.template get<P>(be(), n);
-      be().for_each_index(n, detail::fill_with<P>{staged, P{0}});
+      be().for_each_index(n, detail::fill_value<P>{staged, P{0}});
     }
   }
   template <class Experts>

@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `hybridep_layer`: HybridEP (arXiv 2510.19470 §IV-A; reference/systems.md §5), expert
+//! parallelism for GPUs in several data centres (domains, `topology`) joined by slow links: move
+//! experts inside a domain, tokens only between same-offset ranks.
+//!
+//! The ranks of each domain are cut into expert domains of `S` consecutive ranks (`hybridep::
+//! expert_domain`, dividing the ranks per domain). Rank `r` at offset `o` of expert domain `j`:
+//! - all-gathers, inside its expert domain, the parameters of the `S · L` experts its members own
+//!   (`L = E / R` per rank), so it can compute any of them;
+//! - sends each slot whose expert belongs to expert domain `j'` to the rank at offset `o` of `j'`,
+//!   which holds that expert after the gather; slots for its own expert domain stay here.
+//!
+//! That is plain expert parallelism over the same-offset group (one rank per expert domain, `S · L`
+//! experts each, the expert domain's experts in ascending id), so the layer is the library's
+//! `dispatcher` over that group: combine order, capacity and the backward are the dispatcher's,
+//! and outputs and input gradients equal plain EP's bit for bit (an expert's row does not depend
+//! on the rank computing it). Per rank: `R/S − 1` all-to-all peers and `S − 1` all-gather peers,
+//! i.e. the paper's pair counts `G·(G/S − 1)` and `G·(S − 1)` for `G = R` ranks. `S = 1` is plain EP;
+//! `S` = the ranks per domain gathers every expert of the domain, and only cross-domain tokens move.
+//!
+//! Overlap (§III): `begin_expert_gather(experts)` starts the all-gather on the back-end's lane
+//! (core/lane.hpp) and returns; the caller runs its pre-expert compute (attention, dense FFN) and
+//! then `forward`, which routes and dispatches while the gather finishes and waits for it only
+//! before the experts compute. `forward` without `begin_expert_gather` gathers first.
+//!
+//! Backward: the dispatcher's mirror exchanges; each rank computes the gradients of the `S · L`
+//! experts on its rows, and an ordered reduce-scatter inside the expert domain sums them, in
+//! ascending offset, into the owners' (`ordered_reduce_scatter`). The owners' gradients equal plain
+//! EP's where the sums are exact; otherwise they differ by the reassociation of one sum over `S`
+//! shares.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/functional.hpp>
+#include <moecomm/core/lane.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/core/optional_output.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/core/simulation_hooks.hpp>
+#include <moecomm/core/topology.hpp>
+#include <moecomm/core/workspace.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/ops/row_collectives.hpp>
+#include <moecomm/patterns/experts.hpp>
+#include <moecomm/patterns/layer_arguments.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! HybridEP's layout: `expert_domain` = S, the ranks of a domain that gather each other's experts.
+struct hybridep {
+  std::int32_t expert_domain = 1;  //!< S: divides the ranks per domain; 1 is plain expert parallelism
+};
+
+//! What one step of a `hybridep_layer` did on this rank.
+struct hybridep_report {
+  std::int32_t expert_domain = 1;  //!< S
+  std::int64_t gathered_experts = 0;  //!< experts this rank computes: S · L
+  alltoall_stats exchange;           //!< the token all-to-alls (the dispatcher's), forward and backward
+  alltoall_stats expert_gather;      //!< the parameter all-gather and the gradients' reduce-scatter
+};
+
+namespace detail {
+
+//! Where a rank sits in HybridEP's layout: its expert domain (global index) and offset in it.
+struct expert_domain_place {
+  std::int32_t domain = 0, offset = 0, size = 1;
+  static expert_domain_place of(topology const& topo, std::int32_t rank, std::int32_t size) {
+    std::int32_t const per_domain = topo.ranks_per_domain();
+    require(size >= 1 && per_domain % size == 0, "hybridep_layer", "policy.expert_domain = ", size,
+            " must be positive and divide the ", per_domain, " ranks of a domain");
+    for (std::int32_t r = 0; r < topo.num_ranks(); ++r)  // expert domains are runs of consecutive ranks
+      require(topo.domain_of(r) == r / per_domain, "hybridep_layer", "rank ", r, " is in domain ", topo.domain_of(r),
+              ": HybridEP needs each domain's ranks consecutive (rank / ", per_domain, ")");
+    return {rank / size, rank % size, size};
+  }
+};
+
+}  // namespace detail
+
+//! One MoE layer under HybridEP (see the file comment).
+//! @tparam Capacity `dropless` or `capacity<rule>`; @tparam Weighting `weighted` or `unweighted`.
+//! The experts must be parametric (patterns/experts.hpp): the layer moves their parameters. Local
+//! expert `l` of rank `r` is global expert `r · E / R + l`, as in plain expert parallelism.
+template <class T, class Backend, class Comm, class Capacity = dropless, class Weighting = weighted>
+class hybridep_layer {
+ public:
+  //! Collective over the world of `groups`, whose topology names the domains.
+  //! @throws error (invalid_argument) naming `policy.expert_domain` when it does not divide the ranks
+  //!         of a domain, or `num_experts` unless it is a positive multiple of the ranks.
+  hybridep_layer(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
+                 hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {})
+      : be_(be),
+        world_(&groups.world()),
+        place_(detail::expert_domain_place::of(groups.topo(), groups.world().rank(), policy.expert_domain)),
+        same_offset_(groups.world().split(place_.offset, place_.domain)),
+        expert_domain_(groups.world().split(place_.domain, place_.offset)),
+        same_offset_groups_(same_offset_, groups.topo().of_members(same_offset_members(groups))),
+        dispatcher_(be, same_offset_groups_, num_experts, capacity, flat{}, checks),
+        topo_(groups.topo()),
+        hidden_(hidden),
+        local_experts_(num_experts / groups.world().size()) {
+    detail::require(hidden > 0, "hybridep_layer", "hidden = ", hidden, " must be positive");
+    detail::require(num_experts % groups.world().size() == 0, "hybridep_layer", "num_experts = ", num_experts,
+                    " must be a positive multiple of the ", groups.world().size(), " ranks");
+  }
+
+  //! Starts the all-gather of the expert domain's parameters in the background and returns: run
+  //! the pre-expert compute, then `forward`. Collective over the expert domain. `experts`'
+  //! parameters must not change until `forward` returns.
+  template <class Experts>
+  void begin_expert_gather(Experts& experts) {
+    if constexpr (detail::check_experts<T, Experts, true, false>()) start_gather(experts);
+  }
+
+  //! `out[t]` = the combine of t's kept slots' expert outputs (plain expert parallelism's). Collective
+  //! over the world. `routing` and `x` must stay alive and unchanged until `backward` is done.
+  //! @param x `[>= T][hidden]`; @param out `[>= T][hidden]`.
+  //! @throws error (invalid_argument) naming the argument, before any communication.
+  template <class Experts>
+  void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
+    if constexpr (detail::check_experts<T, Experts, true, false>()) checked_forward(routing, x, out, experts);
+  }
+
+  //! The gradients of `x`, of the routing weights (weighted) and, summed into their owners', of the
+  //! experts' parameters, for the last forward. Collective over the world.
+  //! @param d_x `[>= T][hidden]` or `not_needed`; @param d_weights `[>= T * K]` or `not_needed`.
+  template <class ExpertsBackward>
+  void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
+    if constexpr (detail::check_experts<T, ExpertsBackward, true, true>()) checked_backward(d_out, d_x, d_weights, experts);
+  }
+
+  [[nodiscard]] hybridep_report const& report() const { return report_; }
+  //! The dispatcher over the same-offset group (its report: capacity, drops, rows).
+  [[nodiscard]] dispatcher<Backend, Comm, Capacity, flat> const& dispatch_state() const { return dispatcher_; }
+  //! The ranks of this rank's expert domain, and of its same-offset group.
+  [[nodiscard]] Comm& expert_domain() { return expert_domain_; }
+  [[nodiscard]] Comm& same_offset() { return same_offset_; }
+
+ private:
+  //! World ranks of this rank's same-offset group, in group rank order (expert domain ascending).
+  std::vector<std::int32_t> same_offset_members(exchange_groups<Comm>& groups) const {
+    std::vector<std::int32_t> members;
+    for (std::int32_t d = 0; d < groups.world().size() / place_.size; ++d) members.push_back(d * place_.size + place_.offset);
+    return members;
+  }
+
+  template <class Experts>
+  void start_gather(Experts& experts) {
+    using P = detail::parameter_t<Experts>;
+    std::int64_t const count = experts.parameter_count(), mine = local_experts_ * count;
+    P* const staged = reinterpret_cast<P*>(grow(be_, staged_params_, mine * std::int64_t(sizeof(P))).data());
+    grow(be_, gathered_params_, place_.size * mine * std::int64_t(sizeof(P)));
+    for (std::int32_t l = 0; l < local_experts_; ++l) be_.copy(staged + l * count, experts.parameters(l), count);
+    be_.synchronize();
+    gather_ = {this, &hybridep_layer::template gather_parameters<P>, count};
+    if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be_);
+    lane_->start(gather_, 1);
+    gathering_ = true;
+    lane_->release(0);
+    record_gather(local_experts_ * count * std::int64_t(sizeof(P)));
+  }
+
+  //! The lane's job: the all-gather of the staged parameters (`count` of type P per expert).
+  template <class P>
+  static void gather_parameters(hybridep_layer& self, std::int64_t count) {
+    [[maybe_unused]] auto const payload = detail::payload_scope(self.be_, detail::payload_kind::parameters);
+    row_allgather(self.be_, self.expert_domain_,
+                  matrix_view<P const>{reinterpret_cast<P const*>(self.staged_params_.data()), self.local_experts_, count},
+                  matrix_view<P>{reinterpret_cast<P*>(self.gathered_params_.data()), std::int64_t{self.place_.size} * self.local_experts_, count},
+                  self.gather_scratch_);
+  }
+  //! The job the lane runs (a plain struct: starting it allocates nothing).
+  struct gather_job {
+    hybridep_layer* layer = nullptr;
+    void (*gather)(hybridep_layer&, std::int64_t) = nullptr;
+    std::int64_t count = 0;
+    void operator()(std::int32_t) const { gather(*layer, count); }
+  };
+
+  //! Waits for the gather started by `begin_expert_gather`, rethrowing its failure.
+  void finish_gather() {
+    if (!gathering_) return;
+    gathering_ = false;
+    struct finish_job {  // on every exit, the lane lets go of the job
+      lane_t<Backend>& l;
+      ~finish_job() { l.finish(); }
+    } const finish{*lane_};
+    lane_->wait(0);
+  }
+
+  //! The all-gather's (or the reduce-scatter's) messages: one to each other member of the expert domain.
+  void record_gather(std::int64_t bytes) {
+    std::int32_t const first = world_->rank() - place_.offset;
+    for (std::int32_t m = 0; m < place_.size; ++m) report_.expert_gather.record(topo_, world_->rank(), first + m, bytes);
+  }
+
+  template <class Experts>
+  void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
+    char const* op = "hybridep_layer::forward";
+    detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
+    routed_ = false;
+    if (!gathering_) {  // not begun: gather now (and count it afresh)
+      report_.expert_gather = {};
+      start_gather(experts);
+    }
+    struct wait_on_exit {  // a failed dispatch still lets the lane go before the job's state dies
+      hybridep_layer& layer;
+      ~wait_on_exit() {
+        try { layer.finish_gather(); } catch (...) {}
+      }
+    } const waiter{*this};
+    alltoall_stats const gather_stats = report_.expert_gather;
+    dispatcher_.route(routing);
+    std::int64_t const rows = dispatcher_.received_rows();
+    dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
+    finish_gather();
+    using P = detail::parameter_t<Experts>;
+    P const* const gathered = reinterpret_cast<P const*>(gathered_params_.data());
+    matrix_view<T> const expert_out = view(grow_rows(expert_out_, rows), rows);
+    for_each_expert([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      experts.forward(gathered + l * experts.parameter_count(), rows_at(expert_in_, b, n), rows_at(expert_out_, b, n));
+      detail::charge_expert_flops(be_, experts, n, 1);
+    });
+    dispatcher_.template combine<Weighting, T>(matrix_view<T const>(expert_out), out);
+    report_.expert_domain = place_.size;
+    report_.gathered_experts = std::int64_t{place_.size} * local_experts_;
+    report_.exchange = dispatcher_.report().exchange;
+    report_.expert_gather = gather_stats;
+    routed_ = true;
+  }
+
+  template <class Experts>
+  void checked_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                        optional_output<array_view<float>> d_weights, Experts& experts) {
+    char const* op = "hybridep_layer::backward";
+    if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
+    routing_view const& routing = dispatcher_.plan().routing();
+    detail::check_layer_backward_arguments(op, routing.num_tokens, routing.top_k, detail::is_weighted<Weighting>(), d_out,
+                                           d_x, d_weights, hidden_);
+    using P = detail::parameter_t<Experts>;
+    std::int64_t const rows = dispatcher_.received_rows(), count = experts.parameter_count();
+    std::int64_t const gathered_count = std::int64_t{place_.size} * local_experts_ * count;
+    matrix_view<T> const d_expert_out = view(grow_rows(d_expert_out_, rows), rows);
+    matrix_view<T> const d_expert_in = view(grow_rows(d_expert_in_, rows), rows);
+    dispatcher_.template combine_backward<Weighting, T>(d_out, d_expert_out, d_weights);
+    P const* const gathered = reinterpret_cast<P const*>(gathered_params_.data());
+    P* const shares = reinterpret_cast<P*>(grow(be_, gradient_shares_, gathered_count * std::int64_t(sizeof(P))).data());
+    be_.for_each_index(gathered_count, detail::fill_value<P>{shares, P(0)});
+    for_each_expert([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      experts.backward(gathered + l * count, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), rows_at(d_expert_in_, b, n),
+                       shares + l * count);
+      detail::charge_expert_flops(be_, experts, n, 2);
+    });
+    // The members' shares of this rank's experts, summed in ascending offset, then into the owner's.
+    P* const summed = reinterpret_cast<P*>(grow(be_, summed_gradients_, local_experts_ * count * std::int64_t(sizeof(P))).data());
+    {
+      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+      ordered_reduce_scatter(be_, expert_domain_, matrix_view<P const>{shares, std::int64_t{place_.size} * local_experts_, count},
+                             matrix_view<P>{summed, local_experts_, count}, gather_scratch_);
+    }
+    record_gather(local_experts_ * count * std::int64_t(sizeof(P)));
+    for (std::int32_t l = 0; l < local_experts_; ++l)
+      be_.for_each_index(count, detail::add_into<P>{summed + l * count, experts.gradients(l)});
+    dispatcher_.template dispatch_backward<T>(matrix_view<T const>(d_expert_in), d_x);
+    report_.exchange = dispatcher_.report().exchange;
+  }
+
+  using rows_t = typename Backend::template buffer_type<T>;
+  using bytes_t = typename Backend::template buffer_type<char>;
+  rows_t& grow_rows(rows_t& b, std::int64_t rows) const { return grow(be_, b, rows * hidden_); }
+  matrix_view<T> view(rows_t& b, std::int64_t rows) const { return {b.data(), rows, hidden_}; }
+  matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
+
+  //! `f(l, first row, rows)` for each of the `S · L` experts this rank computes.
+  template <class F>
+  void for_each_expert(F&& f) const {
+    auto const& offsets = dispatcher_.local_expert_offsets();
+    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l)
+      f(l, offsets[static_cast<std::size_t>(l)], offsets[static_cast<std::size_t>(l) + 1] - offsets[static_cast<std::size_t>(l)]);
+  }
+
+  Backend be_;
+  Comm* world_;
+  detail::expert_domain_place place_;
+  Comm same_offset_, expert_domain_;
+  exchange_groups<Comm> same_offset_groups_;
+  dispatcher<Backend, Comm, Capacity, flat> dispatcher_;
+  topology topo_;
+  std::int64_t hidden_;
+  std::int32_t local_experts_;
+  hybridep_report report_;
+  rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;  //!< kept from step to step
+  bytes_t staged_params_, gathered_params_, gradient_shares_, summed_gradients_;
+  workspace<Backend> gather_scratch_;  //!< the lane's (and the backward's) collectives
+  std::unique_ptr<lane_t<Backend>> lane_;
+  gather_job gather_;
+  bool gathering_ = false;
+  bool routed_ = false;
+};
+
+MOECOMM_NAMESPACE_END

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// HybridEP (patterns/hybridep.hpp) over in-process ranks: on 8 and 16 ranks in 2 and 4 domains, for
+// every expert-domain size S dividing a domain's ranks (1 = plain EP, all = every expert of the
+// domain gathered), the layer's output, input gradient, routing-weight gradient and owners'
+// parameter gradients equal plain expert parallelism's bit for bit (dyadic payloads: exact sums),
+// with and without the explicit background gather; each rank exchanges tokens with exactly the
+// R/S − 1 same-offset ranks and parameters with its S − 1 expert-domain peers (the paper's pair
+// counts), parameters never leave a domain, and with S = the domain every token message crosses
+// domains. Bad layouts are clear errors.
+
+#include "shadow_cases.hpp"
+
+#include <moecomm/comm/inproc.hpp>
+#include <moecomm/patterns/hybridep.hpp>
+
+namespace test {
+
+struct hybridep_case {
+  shadow_case layer;
+  std::int32_t nodes_per_domain;
+};
+
+template <class Capacity>
+void check_hybridep_equals_plain(hybridep_case const& h, std::int32_t expert_domain, bool background, Capacity const& capacity) {
+  shadow_case const& c = h.layer;
+  CAPTURE(c.ranks);
+  CAPTURE(h.nodes_per_domain);
+  CAPTURE(expert_domain);
+  CAPTURE(background);
+  auto const in = make_shadow_inputs<float>(c);
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+  world.run([&](comm_t comm) {
+    moecomm::topology const topo(c.ranks, c.per_node, h.nodes_per_domain);
+    moecomm::exchange_groups<comm_t> groups(comm, topo);
+    std::int32_t const me = comm.rank(), R = c.ranks, S = expert_domain;
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t, Capacity> plain(moecomm::host_backend{}, groups, c.experts, c.hidden, capacity);
+    auto const want = run_step(plain, me, c, in);
+
+    moecomm::hybridep_layer<float, moecomm::host_backend, comm_t, Capacity> layer(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                                                   moecomm::hybridep{S}, capacity);
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
+    moecomm::routing_view const view{r.idx.data(), r.w.data(), r.tokens, r.top_k};
+    scale_bias_experts<float> experts(me, c.experts / R, c.hidden, c.exact);
+    layer_result<float> got{poisoned<float>(r.tokens * c.hidden), poisoned<float>(r.tokens * c.hidden),
+                            poisoned<float>(r.tokens * r.top_k), {}};
+    if (background) layer.begin_expert_gather(experts);
+    layer.forward(view, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {got.out.data(), r.tokens, c.hidden},
+                  experts);
+    moecomm::hybridep_report const forward = layer.report();
+    layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {got.d_x.data(), r.tokens, c.hidden},
+                   got.d_w, experts);
+    got.grads = experts.grads;
+    check_same_result(got, want, me, c);
+    CHECK(layer.dispatch_state().report().dropped_slots == plain.dispatch_state().report().dropped_slots);
+
+    // Pair counts: the dispatch and the combine each message every same-offset peer once (the
+    // routing is uniform and dense enough to reach every expert from every rank), the gather
+    // every expert-domain peer once, and the backward adds one reduce-scatter to the same peers.
+    CHECK(forward.expert_domain == S);
+    CHECK(forward.gathered_experts == std::int64_t{S} * (c.experts / R));
+    CHECK(forward.exchange.messages() == 2 * (R / S - 1));
+    CHECK(forward.expert_gather.messages() == S - 1);
+    CHECK(layer.report().expert_gather.messages() == 2 * (S - 1));
+    CHECK(forward.expert_gather.inter_domain_messages == 0);  // parameters stay in their domain
+    if (S == topo.ranks_per_domain())  // every expert of the domain is here: tokens only cross domains
+      CHECK(forward.exchange.intra_messages + forward.exchange.inter_messages == 0);
+    CHECK(layer.same_offset().size() == R / S);
+    CHECK(layer.expert_domain().size() == S);
+  });
+}
+
+// Uniform top-2 routing over 16 experts, 96 tokens per rank: every rank reaches every expert.
+shadow_case const dense8{8, 2, 16, 2, 8, {96, 96, 96, 96, 96, 96, 96, 96}, 0.0, true};
+shadow_case const dense16{16, 4, 32, 2, 8, std::vector<std::int64_t>(16, 160), 0.0, true};
+
+TEST_CASE("HybridEP: every expert-domain size equals plain expert parallelism bit for bit (8 and 16 ranks, 2 and 4 domains)") {
+  for (hybridep_case const& h : {hybridep_case{dense8, 2}, hybridep_case{dense8, 1}, hybridep_case{dense16, 2},
+                                 hybridep_case{dense16, 1}}) {
+    std::int32_t const per_domain = h.layer.per_node * h.nodes_per_domain;
+    for (std::int32_t s = 1; s <= per_domain; ++s) {
+      if (per_domain % s != 0) continue;
+      check_hybridep_equals_plain(h, s, s % 2 == 0, moecomm::dropless{});
+    }
+  }
+}
+
+TEST_CASE("HybridEP: with capacity it drops plain expert parallelism's slots, in the background gather too") {
+  shadow_case skewed = dense8;
+  skewed.zipf = 1.2;
+  for (std::int32_t s : {2, 4})
+    for (bool background : {false, true})
+      check_hybridep_equals_plain(hybridep_case{skewed, 2}, s, background,
+                                  moecomm::capacity<moecomm::drop_by_position>{0.75, 0, false, {}});
+}
+
+TEST_CASE("HybridEP: an expert domain that does not divide a domain, or domains not of consecutive ranks, are refused") {
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(4, 2, 1));  // 2 domains of 2
+    check_error([&] { moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, groups, 8, 4, moecomm::hybridep{3}); },
+                moecomm::status::invalid_argument,
+                {"moecomm::hybridep_layer: policy.expert_domain = 3 must be positive and divide the 2 ranks of a domain"});
+    // Ranks 0, 2 on node 0 and 1, 3 on node 1: domains that interleave the ranks.
+    moecomm::exchange_groups<comm_t> interleaved(comm, moecomm::topology({0, 1, 0, 1}, {0, 1}));
+    check_error([&] { moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, interleaved, 8, 4, moecomm::hybridep{2}); },
+                moecomm::status::invalid_argument, {"rank 1 is in domain 1: HybridEP needs each domain's ranks consecutive"});
+  });
+}
+
+}  // namespace test
