@@ -9,6 +9,8 @@
 #include "../patterns/shadow_cases.hpp"
 #include "sim_support.hpp"
 
+#include <moecomm/patterns/hybridep.hpp>
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -239,6 +241,69 @@ TEST_CASE("simulated layer: parm_auto picks the faster of S1 and S2 in simulated
   CHECK(agreed >= 0.95 * cases);
   CHECK(s2_faster > 0);      // the grid has both winners,
   CHECK(s2_faster < cases);  // or the agreement would say little
+}
+
+}  // namespace test
+
+namespace test {
+
+// HybridEP on the test cluster's 2 nodes taken as 2 domains of 4 ranks: the layer against plain EP
+// on simulated ranks, and the simulated time of a forward preceded by `pre_flops` of pre-expert
+// compute, with the expert gather begun before that compute or left to the forward.
+struct hybridep_run {
+  double seconds = 0;
+};
+
+hybridep_run simulated_hybridep(std::int32_t expert_domain, bool background, double pre_flops) {
+  shadow_case const c{8, 4, 16, 2, 8, std::vector<std::int64_t>(8, 96), 0.0, true};
+  auto const in = make_shadow_inputs<float>(c);
+  // Parameters standing for 2^20 times their real bytes: the gather is as long as the compute.
+  moecomm::simulation_scale const scale{1, double(1 << 20), 1};
+  hybridep_run run;
+  moecomm::simgrid_world world = sim_world(8, 4);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    using comm_t = moecomm::simgrid_communicator;
+    moecomm::simulated_backend<> const be(moecomm::host_backend{}, scale);
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(8, 4, 1));
+    std::int32_t const me = comm.rank();
+    moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, comm_t> plain(be, groups, c.experts, c.hidden);
+    auto const want = run_step(plain, me, c, in);
+    moecomm::hybridep_layer<float, moecomm::simulated_backend<>, comm_t> layer(be, groups, c.experts, c.hidden,
+                                                                               moecomm::hybridep{expert_domain});
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
+    scale_bias_experts<float> experts(me, c.experts / c.ranks, c.hidden, c.exact);
+    layer_result<float> got{poisoned<float>(r.tokens * c.hidden), poisoned<float>(r.tokens * c.hidden),
+                            poisoned<float>(r.tokens * r.top_k), {}};
+    comm.barrier();
+    double const start = moecomm::simulated_seconds{}();
+    if (background) layer.begin_expert_gather(experts);
+    be.charge_flops(pre_flops);  // the caller's attention and dense FFN
+    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden},
+                  {got.out.data(), r.tokens, c.hidden}, experts);
+    comm.barrier();
+    if (me == 0) run.seconds = moecomm::simulated_seconds{}() - start;
+    layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {got.d_x.data(), r.tokens, c.hidden},
+                   got.d_w, experts);
+    got.grads = experts.grads;
+    check_same_result(got, want, me, c);
+  });
+  return run;
+}
+
+TEST_CASE("simulated layer: HybridEP equals plain expert parallelism on simulated ranks, and its background gather hides behind the pre-expert compute") {
+  for (std::int32_t s : {1, 2, 4}) {
+    CAPTURE(s);
+    // Each of the S - 1 peers' 2 experts stand for 2^20 x 128 B: the gather takes (S - 1) x 1.34 ms
+    // over the 100 GB/s ports; the pre-expert compute, 8e10 FLOPs at 10 TFLOP/s, 8 ms. Begun before
+    // the compute, the gather is hidden behind it: the forward is shorter by most of the gather.
+    double const gather = (s - 1) * double(1 << 20) * 128 / 100e9;
+    double const sequential = simulated_hybridep(s, false, 8e10).seconds;
+    double const overlapped = simulated_hybridep(s, true, 8e10).seconds;
+    CAPTURE(sequential);
+    CAPTURE(overlapped);
+    CHECK(overlapped > 8e-3);
+    CHECK(overlapped <= sequential - 0.8 * gather);
+  }
 }
 
 }  // namespace test

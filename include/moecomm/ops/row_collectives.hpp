@@ -107,13 +107,16 @@ void exchange_with_every_rank(Comm& comm, message_lists& lists, std::int64_t row
 
 //! `all` (every rank's `rows x hidden`, the same shape on every rank) receives, in slice r, group
 //! rank r's `mine` (`row_slice(all.rows, size, r)` rows). Collective over `comm`.
+//! @param kind what the rows are, for a simulated back-end's scale (token rows, or expert parameters
+//!        gathered as rows).
 //! @throws error (invalid_argument) naming `mine` or `all`, before any message; (invalid_usage) from
 //!         the communicator when ranks disagree on the shape.
 template <class Backend, class Comm, class T>
-void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, matrix_view<T> all, workspace<Backend>& scratch) {
+void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, matrix_view<T> all, workspace<Backend>& scratch,
+                   detail::payload_kind kind = detail::payload_kind::rows) {
   std::int32_t const n = comm.size(), me = comm.rank();
   row_range const own = detail::check_sliced("row_allgather", all, "all", mine, "mine", n, me);
-  [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::rows);
+  [[maybe_unused]] auto const payload = detail::payload_scope(be, kind);
   be.copy(all.data + own.begin * all.hidden, mine.data, own.count * all.hidden);
   be.synchronize();
   detail::exchange_with_every_rank(
@@ -128,16 +131,17 @@ void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, mat
 //! `out` (`row_slice(in.rows, size, rank)` rows) = this rank's slice of the sum of every rank's `in`,
 //! added left to right in ascending rank: bitwise the same on every transport. Collective over `comm`.
 //! @param scratch holds the staged slices (`size x` this rank's slice) and the message lists.
+//! @param kind what the rows are, for a simulated back-end's scale (as `row_allgather`'s).
 //! @throws error (invalid_argument) naming `in` or `out`, before any message; (invalid_usage) from
 //!         the communicator when ranks disagree on the shape.
 template <class Backend, class Comm, class T>
 void ordered_reduce_scatter(Backend const& be, Comm& comm, matrix_view<T const> in, matrix_view<T> out,
-                            workspace<Backend>& scratch) {
+                            workspace<Backend>& scratch, detail::payload_kind kind = detail::payload_kind::rows) {
   std::int32_t const n = comm.size(), me = comm.rank();
   row_range const own = detail::check_sliced("ordered_reduce_scatter", in, "in", out, "out", n, me);
   std::int64_t const elements = own.count * in.hidden;
   T* const staged = scratch.template get<T>(be, elements * n);  // [rank][slice]
-  [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::rows);
+  [[maybe_unused]] auto const payload = detail::payload_scope(be, kind);
   be.copy(staged + me * elements, in.data + own.begin * in.hidden, elements);
   be.synchronize();
   detail::exchange_with_every_rank(

@@ -175,11 +175,10 @@ class hybridep_layer {
   //! The lane's job: the all-gather of the staged parameters (`count` of type P per expert).
   template <class P>
   static void gather_parameters(hybridep_layer& self, std::int64_t count) {
-    [[maybe_unused]] auto const payload = detail::payload_scope(self.be_, detail::payload_kind::parameters);
     row_allgather(self.be_, self.expert_domain_,
                   matrix_view<P const>{reinterpret_cast<P const*>(self.staged_params_.data()), self.local_experts_, count},
                   matrix_view<P>{reinterpret_cast<P*>(self.gathered_params_.data()), std::int64_t{self.place_.size} * self.local_experts_, count},
-                  self.gather_scratch_);
+                  self.gather_scratch_, detail::payload_kind::parameters);
   }
   //! The job the lane runs (a plain struct: starting it allocates nothing).
   struct gather_job {
@@ -265,11 +264,8 @@ class hybridep_layer {
     });
     // The members' shares of this rank's experts, summed in ascending offset, then into the owner's.
     P* const summed = reinterpret_cast<P*>(grow(be_, summed_gradients_, local_experts_ * count * std::int64_t(sizeof(P))).data());
-    {
-      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
-      ordered_reduce_scatter(be_, expert_domain_, matrix_view<P const>{shares, std::int64_t{place_.size} * local_experts_, count},
-                             matrix_view<P>{summed, local_experts_, count}, gather_scratch_);
-    }
+    ordered_reduce_scatter(be_, expert_domain_, matrix_view<P const>{shares, std::int64_t{place_.size} * local_experts_, count},
+                           matrix_view<P>{summed, local_experts_, count}, gather_scratch_, detail::payload_kind::parameters);
     record_gather(local_experts_ * count * std::int64_t(sizeof(P)));
     for (std::int32_t l = 0; l < local_experts_; ++l)
       be_.for_each_index(count, detail::add_into<P>{summed + l * count, experts.gradients(l)});
