@@ -316,13 +316,16 @@ class parm_cost_model {
   //! Two stages over W pieces, stage 2 of piece i beside stage 1 of piece i+1 (systems.md §6
   //! reconstruction item 2 [I]): the first piece's stage 1, W − 1 steps of both, the last piece's
   //! stage 2. A step of both takes the slower stage, or, through a shared port, at least the
-  //! larger α plus both pieces' bytes at the port's bandwidth plus their copies.
+  //! larger α plus both pieces' bytes at the port's bandwidth plus the copies of the stages that
+  //! move bytes there (a stage's copies wait for its own transfer; a stage without one, e.g. the
+  //! ESP stage with ESP 1, copies beside the other stage's transfer).
   double pipeline(stage const& first, stage const& second, double pieces) const {
     double both = std::max(first.seconds, second.seconds);
-    if (params_.shared_port_bytes_per_second > 0)
+    if (params_.shared_port_bytes_per_second > 0) {
+      double const copies = (first.bytes > 0 ? first.copies : 0) + (second.bytes > 0 ? second.copies : 0);
       both = std::max(both, std::max(first.alpha, second.alpha) +
-                                (first.bytes + second.bytes) / params_.shared_port_bytes_per_second + first.copies +
-                                second.copies);
+                                (first.bytes + second.bytes) / params_.shared_port_bytes_per_second + copies);
+    }
     return first.seconds + (pieces - 1) * both + second.seconds;
   }
 
