@@ -26,6 +26,7 @@
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/dispatch_layout.hpp>
 #include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/ops/expert_codec.hpp>
 #include <moecomm/ops/gradient_reduce.hpp>
 #include <moecomm/ops/ordered_allreduce.hpp>
 #include <moecomm/ops/permute.hpp>

@@ -3,12 +3,13 @@
 // thread is counted (a replaced global operator new; hence a binary of its own). The routing changes
 // every step (so do the row counts); the same routings run twice, and in the second round, whose
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
-// capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto.
+// capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto; and HybridEP's expert codec.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
 
 #include <moecomm/comm/inproc.hpp>
+#include <moecomm/ops/expert_codec.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/patterns/parm.hpp>
@@ -151,6 +152,32 @@ TEST_CASE("a layer step allocates nothing once warm: Parm S2") { check_parm_warm
 // parm_auto adds the all-gather of the step's shape and the model's choice.
 TEST_CASE("a layer step allocates nothing once warm: parm_auto") {
   check_parm_warm_steps(moecomm::parm_auto{moecomm::parm_cost_model(), 32, 2});
+}
+
+// The shared expert's mean, an encode and a decode, twice: the second round allocates nothing (the
+// sort's keys and scratch and the mean's exchange come from the workspace).
+TEST_CASE("codec: a warm shared mean, encode and decode allocate nothing") {
+  std::int64_t const n = 2039, k = moecomm::top_k_for_ratio(n, 50.0);
+  std::vector<std::int64_t> second_round(2, -1);
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::host_backend const be;
+    moecomm::workspace<moecomm::host_backend> scratch;
+    auto const expert = finite_rows<float>(1, n, 10u + static_cast<std::uint32_t>(comm.rank()));
+    std::vector<float> shared(n), params(n), values(k);
+    std::vector<std::int32_t> indices(k);
+    auto step = [&] {
+      moecomm::shared_expert_mean(be, comm, moecomm::matrix_view<float const>(expert.data(), 1, n),
+                                  moecomm::array_view<float>(shared), scratch);
+      moecomm::encode_expert(be, moecomm::array_view<float const>(expert), moecomm::array_view<float const>(shared), k,
+                             moecomm::array_view<std::int32_t>(indices), moecomm::array_view<float>(values), scratch);
+      moecomm::decode_expert(be, moecomm::array_view<float const>(shared), moecomm::array_view<std::int32_t const>(indices),
+                             moecomm::array_view<float const>(values), moecomm::array_view<float>(params));
+    };
+    step();
+    second_round[static_cast<std::size_t>(comm.rank())] = allocations_in(step);
+  });
+  CHECK(second_round == std::vector<std::int64_t>(2, 0));
 }
 
 }  // namespace test

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The data-movement kernels, instantiated for every element type and both access widths, for the
-// ptxas resource check (check_kernels.sh): no spills, and 16-byte vector accesses on aligned rows.
+// The data-movement kernels, instantiated for every element type and both access widths, and the
+// expert codec's element kernels, for the ptxas resource check (check_kernels.sh): no spills, and
+// 16-byte vector accesses on aligned rows.
 
 #include <moecomm/moecomm.cuh>
 
@@ -20,5 +21,11 @@ namespace moecomm::detail {
 MOECOMM_ROW_KERNELS(float, 4)
 MOECOMM_ROW_KERNELS(__half, 8)
 MOECOMM_ROW_KERNELS(__nv_bfloat16, 8)
+
+template __global__ void for_each_index_kernel(std::int64_t, sum_local_experts);
+template __global__ void for_each_index_kernel(std::int64_t, divide_by_count);
+template __global__ void for_each_index_kernel(std::int64_t, residual_order_key);
+template __global__ void for_each_index_kernel(std::int64_t, gather_kept_values);
+template __global__ void for_each_index_kernel(std::int64_t, scatter_kept_values);
 
 }  // namespace moecomm::detail

@@ -4,6 +4,7 @@
 // code 77, which CTest shows as "Skipped"), never as passed.
 
 #define DOCTEST_CONFIG_IMPLEMENT
+#include "../ops/expert_codec_cases.hpp"
 #include "../ops/layout_cases.hpp"
 #include "../ops/permute_cases.hpp"
 #include "../ops/sort_chunks_cases.hpp"
@@ -38,6 +39,11 @@ TEST_CASE_TEMPLATE_INVOKE(sort_chunks_example, MOECOMM_TEST_ONE_TYPE);
 TEST_CASE_TEMPLATE_INVOKE(validation_routing, MOECOMM_TEST_ONE_TYPE);
 TEST_CASE_TEMPLATE_INVOKE(validation_buffers, MOECOMM_TEST_ALL_TYPES);
 TEST_CASE_TEMPLATE_INVOKE(validation_sort_chunks, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(codec_sweep, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(codec_ties, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(codec_exact, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(codec_errors, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(codec_in_place, MOECOMM_TEST_ONE_TYPE);
 
 }  // namespace test
 

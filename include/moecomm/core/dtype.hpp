@@ -114,6 +114,15 @@ MOECOMM_HOST_DEVICE inline float add32(float a, float b) {
 #endif
 }
 
+//! `a / b` rounded once to fp32 (nvcc's fast-math division is not).
+MOECOMM_HOST_DEVICE inline float div32(float a, float b) {
+#if MOECOMM_DEVICE_PASS()
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
 }  // namespace detail
 
 MOECOMM_NAMESPACE_END

@@ -24,6 +24,11 @@ struct minimum {
   MOECOMM_HOST_DEVICE T operator()(T a, T b) const { return b < a ? b : a; }
 };
 
+struct maximum {
+  template <class T>
+  MOECOMM_HOST_DEVICE T operator()(T a, T b) const { return b > a ? b : a; }
+};
+
 struct plus {
   template <class T>
   MOECOMM_HOST_DEVICE T operator()(T a, T b) const { return a + b; }

@@ -28,14 +28,6 @@ inline constexpr float router_infinity = __builtin_huge_valf();
 //! Megatron-LM's guard in the sigmoid renormalisations: `s / (sum + 1e-20)`.
 inline constexpr float router_epsilon = 1e-20f;
 
-MOECOMM_HOST_DEVICE inline float div32(float a, float b) {
-#if MOECOMM_DEVICE_PASS()
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
 MOECOMM_HOST_DEVICE inline float exp32(float x) {
 #if MOECOMM_DEVICE_PASS()
   return expf(x);
