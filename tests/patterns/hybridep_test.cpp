@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // HybridEP (patterns/hybridep.hpp) over in-process ranks: on 8 and 16 ranks in 2 and 4 domains, for
-// every expert-domain size S dividing a domain's ranks (1 = plain EP, all = every expert of the
-// domain gathered), the layer's output, input gradient, routing-weight gradient and owners'
+// every expert-domain size S dividing the ranks (1 = plain EP, all = every expert gathered) with
+// expert domains across the data centres, and every S dividing a data centre's ranks within them, the layer's output, input gradient, routing-weight gradient and owners'
 // parameter gradients equal plain expert parallelism's bit for bit (dyadic payloads: exact sums),
 // with and without the explicit background gather; each rank exchanges tokens with exactly the
 // R/S − 1 same-offset ranks and parameters with its S − 1 expert-domain peers (the paper's pair
@@ -21,11 +21,14 @@ struct hybridep_case {
 };
 
 template <class Capacity>
-void check_hybridep_equals_plain(hybridep_case const& h, std::int32_t expert_domain, bool background, Capacity const& capacity) {
+void check_hybridep_equals_plain(hybridep_case const& h, moecomm::hybridep policy, bool background, Capacity const& capacity) {
   shadow_case const& c = h.layer;
+  std::int32_t const expert_domain = policy.expert_domain;
+  bool const across = policy.spread == moecomm::expert_domain_spread::across_data_centres;
   CAPTURE(c.ranks);
   CAPTURE(h.nodes_per_domain);
   CAPTURE(expert_domain);
+  CAPTURE(across);
   CAPTURE(background);
   auto const in = make_shadow_inputs<float>(c);
   using comm_t = moecomm::inproc_communicator;
@@ -38,7 +41,7 @@ void check_hybridep_equals_plain(hybridep_case const& h, std::int32_t expert_dom
     auto const want = run_step(plain, me, c, in);
 
     moecomm::hybridep_layer<float, moecomm::host_backend, comm_t, Capacity> layer(moecomm::host_backend{}, groups, c.experts, c.hidden,
-                                                                                   moecomm::hybridep{S}, capacity);
+                                                                                   policy, capacity);
     auto const& r = in.routing[static_cast<std::size_t>(me)];
     moecomm::routing_view const view{r.idx.data(), r.w.data(), r.tokens, r.top_k};
     scale_bias_experts<float> experts(me, c.experts / R, c.hidden, c.exact);
@@ -62,9 +65,15 @@ void check_hybridep_equals_plain(hybridep_case const& h, std::int32_t expert_dom
     CHECK(forward.exchange.messages() == 2 * (R / S - 1));
     CHECK(forward.expert_gather.messages() == S - 1);
     CHECK(layer.report().expert_gather.messages() == 2 * (S - 1));
-    CHECK(forward.expert_gather.inter_domain_messages == 0);  // parameters stay in their domain
-    if (S == topo.ranks_per_domain())  // every expert of the domain is here: tokens only cross domains
-      CHECK(forward.exchange.intra_messages + forward.exchange.inter_messages == 0);
+    std::int32_t const D = topo.num_domains();
+    if (!across) {
+      CHECK(forward.expert_gather.inter_domain_messages == 0);  // parameters stay in their data centre
+      if (S == topo.ranks_per_domain())                          // its experts are all here: tokens only leave it
+        CHECK(forward.exchange.intra_messages + forward.exchange.inter_messages == 0);
+    } else if (S % D == 0) {  // an expert domain spans every data centre: tokens stay in theirs
+      CHECK(forward.exchange.inter_domain_messages == 0);
+      CHECK(forward.expert_gather.inter_domain_messages == (D - 1) * (S / D));
+    }
     CHECK(layer.same_offset().size() == R / S);
     CHECK(layer.expert_domain().size() == S);
   });
@@ -78,9 +87,11 @@ TEST_CASE("HybridEP: every expert-domain size equals plain expert parallelism bi
   for (hybridep_case const& h : {hybridep_case{dense8, 2}, hybridep_case{dense8, 1}, hybridep_case{dense16, 2},
                                  hybridep_case{dense16, 1}}) {
     std::int32_t const per_domain = h.layer.per_node * h.nodes_per_domain;
-    for (std::int32_t s = 1; s <= per_domain; ++s) {
-      if (per_domain % s != 0) continue;
-      check_hybridep_equals_plain(h, s, s % 2 == 0, moecomm::dropless{});
+    for (std::int32_t s = 1; s <= h.layer.ranks; ++s) {
+      if (h.layer.ranks % s != 0) continue;
+      check_hybridep_equals_plain(h, {s, moecomm::expert_domain_spread::across_data_centres}, s % 2 == 0, moecomm::dropless{});
+      if (per_domain % s == 0)
+        check_hybridep_equals_plain(h, {s, moecomm::expert_domain_spread::within_data_centres}, s % 2 == 1, moecomm::dropless{});
     }
   }
 }
@@ -90,7 +101,9 @@ TEST_CASE("HybridEP: with capacity it drops plain expert parallelism's slots, in
   skewed.zipf = 1.2;
   for (std::int32_t s : {2, 4})
     for (bool background : {false, true})
-      check_hybridep_equals_plain(hybridep_case{skewed, 2}, s, background,
+      check_hybridep_equals_plain(hybridep_case{skewed, 2}, {s, background ? moecomm::expert_domain_spread::across_data_centres
+                                                                           : moecomm::expert_domain_spread::within_data_centres},
+                                  background,
                                   moecomm::capacity<moecomm::drop_by_position>{0.75, 0, false, {}});
 }
 
@@ -100,8 +113,11 @@ TEST_CASE("HybridEP: an expert domain that does not divide a domain, or domains 
   world.run([&](comm_t comm) {
     moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(4, 2, 1));  // 2 domains of 2
     check_error([&] { moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, groups, 8, 4, moecomm::hybridep{3}); },
+                moecomm::status::invalid_argument, {"moecomm::hybridep_layer: policy.expert_domain = 3 must be positive and divide the 4 ranks"});
+    moecomm::hybridep const within{4, moecomm::expert_domain_spread::within_data_centres};
+    check_error([&] { moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, groups, 8, 4, within); },
                 moecomm::status::invalid_argument,
-                {"moecomm::hybridep_layer: policy.expert_domain = 3 must be positive and divide the 2 ranks of a domain"});
+                {"moecomm::hybridep_layer: policy.expert_domain = 4 must be positive and divide the 2 ranks of a domain"});
     // Ranks 0, 2 on node 0 and 1, 3 on node 1: domains that interleave the ranks.
     moecomm::exchange_groups<comm_t> interleaved(comm, moecomm::topology({0, 1, 0, 1}, {0, 1}));
     check_error([&] { moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, interleaved, 8, 4, moecomm::hybridep{2}); },

@@ -247,7 +247,7 @@ TEST_CASE("simulated layer: parm_auto picks the faster of S1 and S2 in simulated
 
 namespace test {
 
-// HybridEP on the test cluster's 2 nodes taken as 2 domains of 4 ranks: the layer against plain EP
+// HybridEP on the test cluster's 2 nodes taken as 2 domains of 4 ranks, expert domains within them: the layer against plain EP
 // on simulated ranks, and the simulated time of a forward preceded by `pre_flops` of pre-expert
 // compute, with the expert gather begun before that compute or left to the forward.
 struct hybridep_run {
@@ -269,7 +269,7 @@ hybridep_run simulated_hybridep(std::int32_t expert_domain, bool background, dou
     moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, comm_t> plain(be, groups, c.experts, c.hidden);
     auto const want = run_step(plain, me, c, in);
     moecomm::hybridep_layer<float, moecomm::simulated_backend<>, comm_t> layer(be, groups, c.experts, c.hidden,
-                                                                               moecomm::hybridep{expert_domain});
+                                                                               moecomm::hybridep{expert_domain, moecomm::expert_domain_spread::within_data_centres});
     auto const& r = in.routing[static_cast<std::size_t>(me)];
     scale_bias_experts<float> experts(me, c.experts / c.ranks, c.hidden, c.exact);
     layer_result<float> got{poisoned<float>(r.tokens * c.hidden), poisoned<float>(r.tokens * c.hidden),

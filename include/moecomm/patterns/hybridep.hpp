@@ -5,20 +5,28 @@
 //! parallelism for GPUs in several data centres (domains, `topology`) joined by slow links: move
 //! experts inside a domain, tokens only between same-offset ranks.
 //!
-//! The ranks of each domain are cut into expert domains of `S` consecutive ranks (`hybridep::
-//! expert_domain`, dividing the ranks per domain). Rank `r` at offset `o` of expert domain `j`:
+//! The ranks are cut into expert domains of `S` ranks (`hybridep::expert_domain`), laid out by
+//! `hybridep::spread`:
+//! - `across_data_centres` (the paper's aim, and the default): ranks are taken local index first,
+//!   data centre second (position `l · D + d` for local rank `l` of data centre `d` of `D`), so an
+//!   expert domain holds the same local rank of `S` data centres (or, for `S > D`, `S / D` local
+//!   ranks of every one): the experts cross the slow links, and the same-offset all-to-all stays
+//!   inside a data centre when `S` is a multiple of `D`;
+//! - `within_data_centres`: `S` consecutive ranks of one data centre (`S` divides its ranks): the
+//!   gather stays on the fast links, and cross-domain tokens still cross the slow ones.
+//! Rank `r` at offset `o` of expert domain `j`:
 //! - all-gathers, inside its expert domain, the parameters of the `S · L` experts its members own
 //!   (`L = E / R` per rank), so it can compute any of them;
 //! - sends each slot whose expert belongs to expert domain `j'` to the rank at offset `o` of `j'`,
 //!   which holds that expert after the gather; slots for its own expert domain stay here.
 //!
 //! That is plain expert parallelism over the same-offset group (one rank per expert domain, `S · L`
-//! experts each, the expert domain's experts in ascending id), so the layer is the library's
-//! `dispatcher` over that group: combine order, capacity and the backward are the dispatcher's,
+//! experts each, the expert domain's experts by member, then local index), so the layer is the
+//! library's `dispatcher` over that group, on expert ids relabeled to that order: combine order, capacity and the backward are the dispatcher's,
 //! and outputs and input gradients equal plain EP's bit for bit (an expert's row does not depend
 //! on the rank computing it). Per rank: `R/S − 1` all-to-all peers and `S − 1` all-gather peers,
 //! i.e. the paper's pair counts `G·(G/S − 1)` and `G·(S − 1)` for `G = R` ranks. `S = 1` is plain EP;
-//! `S` = the ranks per domain gathers every expert of the domain, and only cross-domain tokens move.
+//! `S = R` gathers every expert everywhere and moves no token.
 //!
 //! Overlap (§III): `begin_expert_gather(experts)` starts the all-gather on the back-end's lane
 //! (core/lane.hpp) and returns; the caller runs its pre-expert compute (attention, dense FFN) and
@@ -34,6 +42,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/lane.hpp>
 #include <moecomm/core/matrix.hpp>
@@ -57,9 +66,16 @@
 
 MOECOMM_NAMESPACE_BEGIN
 
-//! HybridEP's layout: `expert_domain` = S, the ranks of a domain that gather each other's experts.
+//! How HybridEP's expert domains lie over the data centres (`topology`'s domains).
+enum class expert_domain_spread {
+  across_data_centres,  //!< the same local rank of several data centres: experts cross the slow links
+  within_data_centres,  //!< consecutive ranks of one data centre: experts stay on the fast links
+};
+
+//! HybridEP's layout: `expert_domain` = S, the ranks that gather each other's experts.
 struct hybridep {
-  std::int32_t expert_domain = 1;  //!< S: divides the ranks per domain; 1 is plain expert parallelism
+  std::int32_t expert_domain = 1;  //!< S: divides the ranks (`within_data_centres`: a data centre's); 1 is plain EP
+  expert_domain_spread spread = expert_domain_spread::across_data_centres;
 };
 
 //! What one step of a `hybridep_layer` did on this rank.
@@ -72,19 +88,51 @@ struct hybridep_report {
 
 namespace detail {
 
-//! Where a rank sits in HybridEP's layout: its expert domain (global index) and offset in it.
-struct expert_domain_place {
-  std::int32_t domain = 0, offset = 0, size = 1;
-  static expert_domain_place of(topology const& topo, std::int32_t rank, std::int32_t size) {
-    std::int32_t const per_domain = topo.ranks_per_domain();
-    require(size >= 1 && per_domain % size == 0, "hybridep_layer", "policy.expert_domain = ", size,
-            " must be positive and divide the ", per_domain, " ranks of a domain");
-    for (std::int32_t r = 0; r < topo.num_ranks(); ++r)  // expert domains are runs of consecutive ranks
+//! HybridEP's layout of the world: each rank's position (expert domains are runs of `size`
+//! positions), and the way back.
+struct expert_domain_layout {
+  std::int32_t size = 1, ranks = 1, domains = 1, per_domain = 1;
+  expert_domain_spread spread = expert_domain_spread::across_data_centres;
+
+  static expert_domain_layout of(topology const& topo, hybridep const& policy) {
+    std::int32_t const per_domain = topo.ranks_per_domain(), ranks = topo.num_ranks(), s = policy.expert_domain;
+    for (std::int32_t r = 0; r < ranks; ++r)
       require(topo.domain_of(r) == r / per_domain, "hybridep_layer", "rank ", r, " is in domain ", topo.domain_of(r),
               ": HybridEP needs each domain's ranks consecutive (rank / ", per_domain, ")");
-    return {rank / size, rank % size, size};
+    bool const within = policy.spread == expert_domain_spread::within_data_centres;
+    std::int32_t const limit = within ? per_domain : ranks;
+    require(s >= 1 && limit % s == 0, "hybridep_layer", "policy.expert_domain = ", s, " must be positive and divide the ",
+            limit, within ? " ranks of a domain" : " ranks");
+    return {s, ranks, topo.num_domains(), per_domain, policy.spread};
+  }
+  [[nodiscard]] std::int32_t position_of(std::int32_t rank) const {
+    if (spread == expert_domain_spread::within_data_centres) return rank;
+    return (rank % per_domain) * domains + rank / per_domain;
+  }
+  [[nodiscard]] std::int32_t rank_at(std::int32_t position) const {
+    if (spread == expert_domain_spread::within_data_centres) return position;
+    return (position % domains) * per_domain + position / domains;
+  }
+  //! World ranks of expert domain `j`, by offset; of the same-offset group of offset `o`, by expert domain.
+  [[nodiscard]] std::vector<std::int32_t> members(std::int32_t j) const {
+    std::vector<std::int32_t> m;
+    for (std::int32_t o = 0; o < size; ++o) m.push_back(rank_at(j * size + o));
+    return m;
+  }
+  [[nodiscard]] std::vector<std::int32_t> same_offset(std::int32_t o) const {
+    std::vector<std::int32_t> m;
+    for (std::int32_t j = 0; j < ranks / size; ++j) m.push_back(rank_at(j * size + o));
+    return m;
   }
 };
+
+//! `out[e]` = expert e's id in the order of positions: owner position · L + local index.
+inline void expert_labels_by_position(expert_domain_layout const& layout, std::int32_t local_experts, std::vector<std::int32_t>& out) {
+  out.resize(static_cast<std::size_t>(layout.ranks) * static_cast<std::size_t>(local_experts));
+  for (std::int32_t r = 0; r < layout.ranks; ++r)
+    for (std::int32_t l = 0; l < local_experts; ++l)
+      out[static_cast<std::size_t>(r * local_experts + l)] = layout.position_of(r) * local_experts + l;
+}
 
 }  // namespace detail
 
@@ -102,10 +150,11 @@ class hybridep_layer {
                  hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {})
       : be_(be),
         world_(&groups.world()),
-        place_(detail::expert_domain_place::of(groups.topo(), groups.world().rank(), policy.expert_domain)),
-        same_offset_(groups.world().split(place_.offset, place_.domain)),
-        expert_domain_(groups.world().split(place_.domain, place_.offset)),
-        same_offset_groups_(same_offset_, groups.topo().of_members(same_offset_members(groups))),
+        layout_(detail::expert_domain_layout::of(groups.topo(), policy)),
+        position_(layout_.position_of(groups.world().rank())),
+        same_offset_(groups.world().split(position_ % layout_.size, position_ / layout_.size)),
+        expert_domain_(groups.world().split(position_ / layout_.size, position_ % layout_.size)),
+        same_offset_groups_(same_offset_, groups.topo().of_members(layout_.same_offset(position_ % layout_.size))),
         dispatcher_(be, same_offset_groups_, num_experts, capacity, flat{}, checks),
         topo_(groups.topo()),
         hidden_(hidden),
@@ -113,6 +162,11 @@ class hybridep_layer {
     detail::require(hidden > 0, "hybridep_layer", "hidden = ", hidden, " must be positive");
     detail::require(num_experts % groups.world().size() == 0, "hybridep_layer", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", groups.world().size(), " ranks");
+    detail::expert_labels_by_position(layout_, local_experts_, labels_);
+    for (std::size_t e = 0; e < labels_.size(); ++e) relabel_ = relabel_ || labels_[e] != static_cast<std::int32_t>(e);
+    if (relabel_) be_.copy(grow(be_, device_labels_, num_experts).data(), labels_.data(), num_experts);
+    be_.synchronize();
+    for (std::int32_t r : layout_.members(position_ / layout_.size)) expert_domain_members_.push_back(r);
   }
 
   //! Starts the all-gather of the expert domain's parameters in the background and returns: run
@@ -149,19 +203,12 @@ class hybridep_layer {
   [[nodiscard]] Comm& same_offset() { return same_offset_; }
 
  private:
-  //! World ranks of this rank's same-offset group, in group rank order (expert domain ascending).
-  std::vector<std::int32_t> same_offset_members(exchange_groups<Comm>& groups) const {
-    std::vector<std::int32_t> members;
-    for (std::int32_t d = 0; d < groups.world().size() / place_.size; ++d) members.push_back(d * place_.size + place_.offset);
-    return members;
-  }
-
   template <class Experts>
   void start_gather(Experts& experts) {
     using P = detail::parameter_t<Experts>;
     std::int64_t const count = experts.parameter_count(), mine = local_experts_ * count;
     P* const staged = reinterpret_cast<P*>(grow(be_, staged_params_, mine * std::int64_t(sizeof(P))).data());
-    grow(be_, gathered_params_, place_.size * mine * std::int64_t(sizeof(P)));
+    grow(be_, gathered_params_, layout_.size * mine * std::int64_t(sizeof(P)));
     for (std::int32_t l = 0; l < local_experts_; ++l) be_.copy(staged + l * count, experts.parameters(l), count);
     be_.synchronize();
     gather_ = {this, &hybridep_layer::template gather_parameters<P>, count};
@@ -177,7 +224,7 @@ class hybridep_layer {
   static void gather_parameters(hybridep_layer& self, std::int64_t count) {
     row_allgather(self.be_, self.expert_domain_,
                   matrix_view<P const>{reinterpret_cast<P const*>(self.staged_params_.data()), self.local_experts_, count},
-                  matrix_view<P>{reinterpret_cast<P*>(self.gathered_params_.data()), std::int64_t{self.place_.size} * self.local_experts_, count},
+                  matrix_view<P>{reinterpret_cast<P*>(self.gathered_params_.data()), std::int64_t{self.layout_.size} * self.local_experts_, count},
                   self.gather_scratch_, detail::payload_kind::parameters);
   }
   //! The job the lane runs (a plain struct: starting it allocates nothing).
@@ -201,8 +248,7 @@ class hybridep_layer {
 
   //! The all-gather's (or the reduce-scatter's) messages: one to each other member of the expert domain.
   void record_gather(std::int64_t bytes) {
-    std::int32_t const first = world_->rank() - place_.offset;
-    for (std::int32_t m = 0; m < place_.size; ++m) report_.expert_gather.record(topo_, world_->rank(), first + m, bytes);
+    for (std::int32_t peer : expert_domain_members_) report_.expert_gather.record(topo_, world_->rank(), peer, bytes);
   }
 
   template <class Experts>
@@ -221,7 +267,7 @@ class hybridep_layer {
       }
     } const waiter{*this};
     alltoall_stats const gather_stats = report_.expert_gather;
-    dispatcher_.route(routing);
+    dispatcher_.route(by_position(routing));
     std::int64_t const rows = dispatcher_.received_rows();
     dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
     finish_gather();
@@ -233,8 +279,8 @@ class hybridep_layer {
       detail::charge_expert_flops(be_, experts, n, 1);
     });
     dispatcher_.template combine<Weighting, T>(matrix_view<T const>(expert_out), out);
-    report_.expert_domain = place_.size;
-    report_.gathered_experts = std::int64_t{place_.size} * local_experts_;
+    report_.expert_domain = layout_.size;
+    report_.gathered_experts = std::int64_t{layout_.size} * local_experts_;
     report_.exchange = dispatcher_.report().exchange;
     report_.expert_gather = gather_stats;
     routed_ = true;
@@ -250,7 +296,7 @@ class hybridep_layer {
                                            d_x, d_weights, hidden_);
     using P = detail::parameter_t<Experts>;
     std::int64_t const rows = dispatcher_.received_rows(), count = experts.parameter_count();
-    std::int64_t const gathered_count = std::int64_t{place_.size} * local_experts_ * count;
+    std::int64_t const gathered_count = std::int64_t{layout_.size} * local_experts_ * count;
     matrix_view<T> const d_expert_out = view(grow_rows(d_expert_out_, rows), rows);
     matrix_view<T> const d_expert_in = view(grow_rows(d_expert_in_, rows), rows);
     dispatcher_.template combine_backward<Weighting, T>(d_out, d_expert_out, d_weights);
@@ -264,7 +310,7 @@ class hybridep_layer {
     });
     // The members' shares of this rank's experts, summed in ascending offset, then into the owner's.
     P* const summed = reinterpret_cast<P*>(grow(be_, summed_gradients_, local_experts_ * count * std::int64_t(sizeof(P))).data());
-    ordered_reduce_scatter(be_, expert_domain_, matrix_view<P const>{shares, std::int64_t{place_.size} * local_experts_, count},
+    ordered_reduce_scatter(be_, expert_domain_, matrix_view<P const>{shares, std::int64_t{layout_.size} * local_experts_, count},
                            matrix_view<P>{summed, local_experts_, count}, gather_scratch_, detail::payload_kind::parameters);
     record_gather(local_experts_ * count * std::int64_t(sizeof(P)));
     for (std::int32_t l = 0; l < local_experts_; ++l)
@@ -287,9 +333,24 @@ class hybridep_layer {
       f(l, offsets[static_cast<std::size_t>(l)], offsets[static_cast<std::size_t>(l) + 1] - offsets[static_cast<std::size_t>(l)]);
   }
 
+  //! `routing` with its experts relabeled to the order of positions (the same view when it is already).
+  routing_view by_position(routing_view const& routing) {
+    if (!relabel_) return routing;
+    std::int64_t const slots = detail::checked_mul(routing.num_tokens, std::int64_t{routing.top_k}, "hybridep_layer::forward",
+                                                   "routing.num_tokens x routing.top_k");
+    std::int32_t* const idx = grow(be_, relabeled_idx_, slots).data();
+    if (slots > 0)
+      be_.for_each_index(slots, detail::relabel_experts{routing.topk_idx, device_labels_.data(),
+                                                        static_cast<std::int32_t>(labels_.size()), idx});
+    routing_view relabeled = routing;
+    relabeled.topk_idx = idx;
+    return relabeled;
+  }
+
   Backend be_;
   Comm* world_;
-  detail::expert_domain_place place_;
+  detail::expert_domain_layout layout_;
+  std::int32_t position_;
   Comm same_offset_, expert_domain_;
   exchange_groups<Comm> same_offset_groups_;
   dispatcher<Backend, Comm, Capacity, flat> dispatcher_;
@@ -297,6 +358,9 @@ class hybridep_layer {
   std::int64_t hidden_;
   std::int32_t local_experts_;
   hybridep_report report_;
+  std::vector<std::int32_t> labels_, expert_domain_members_;  //!< host: experts by position; this rank's expert domain
+  bool relabel_ = false;  //!< positions differ from ranks: routing is relabeled each step
+  typename Backend::template buffer_type<std::int32_t> device_labels_, relabeled_idx_;
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;  //!< kept from step to step
   bytes_t staged_params_, gathered_params_, gradient_shares_, summed_gradients_;
   workspace<Backend> gather_scratch_;  //!< the lane's (and the backward's) collectives
