@@ -53,6 +53,7 @@ hybridep_layer_shape hybridep_shape(std::int32_t G, std::int32_t K, std::int32_t
   s.token_bytes = D;
   s.pre_expert_seconds = Lat_PE;
   s.expert_flops = flops;
+  s.spread = moecomm::expert_domain_spread::within_data_centres;  // the layout of the hand-computed cases
   return s;
 }
 
@@ -82,11 +83,11 @@ TEST_CASE("hybridep_planner: each term against hand-computed numbers") {
   // S = 1: no all-gather; in the data centre D·3/8 = 12 B -> 0.25 + 3 = 3.25 s; A2A 33.
   //   comp 3 + 4 = 7, comm 0 + 66, overlap min(3, 0) + min(4, 66) = 4, total 7 + 66 − 4 = 69.
   check_same_prediction(planner.predict(two, 1), {1, 1, 56, 0, 0, 12, 16, 0, 33, 7, 66, 4, 69});
-  // S = 2: p = 2/3; A2A pairs 8·(4 − 1), AG pairs 8·1; V_AG = 2·8·1 = 16 B -> 0.25 + 4 = 4.25 s;
-  //   in the data centre D·2/8 = 8 B; comm 4.25 + 66, overlap 3 + 4, total 7 + 70.25 − 7.
-  check_same_prediction(planner.predict(two, 2), {2, 2.0 / 3, 24, 8, 16, 8, 16, 4.25, 33, 7, 70.25, 7, 70.25});
-  // S = 4 = G: V_AG = 2·8·3 = 48 B -> 12.25 s; nothing left for the own data centre.
-  check_same_prediction(planner.predict(two, 4), {4, 0, 8, 24, 48, 0, 16, 12.25, 33, 7, 78.25, 7, 78.25});
+  // S = 2: p = (N − S)/(N − 1) = 6/7; A2A pairs 8·(4 − 1), AG pairs 8·1; V_AG = 2·8·1 = 16 B ->
+  //   0.25 + 4 = 4.25 s; in the data centre D·2/8 = 8 B; comm 4.25 + 66, overlap 3 + 4, total 7 + 70.25 − 7.
+  check_same_prediction(planner.predict(two, 2), {2, 6.0 / 7, 24, 8, 16, 8, 16, 4.25, 33, 7, 70.25, 7, 70.25});
+  // S = 4 = G: p = 4/7; V_AG = 2·8·3 = 48 B -> 12.25 s; nothing left for the own data centre.
+  check_same_prediction(planner.predict(two, 4), {4, 4.0 / 7, 8, 24, 48, 0, 16, 12.25, 33, 7, 78.25, 7, 78.25});
   // Expert domains inside a data centre cannot cut the cross-DC bytes, the slower class here.
   hybridep_choice const c = planner.choose(two);
   CHECK(c.expert_domain_ranks == 1);
@@ -140,7 +141,36 @@ TEST_CASE("hybridep_planner: pair counts and p of each expert-domain size, G = 8
   two.domains = 2;
   CHECK(planner.predict(two, 4).a2a_pairs == 16 * 3);
   CHECK(planner.predict(two, 4).ag_pairs == 16 * 3);
-  CHECK(planner.predict(two, 4).p == 4.0 / 7);  // p is the in-DC share: cross-DC tokens always travel
+  CHECK(planner.predict(two, 4).p == 12.0 / 15);  // (N − S)/(N − 1): of all outgoing bytes
+}
+
+TEST_CASE("hybridep_planner: expert domains across data centres move experts over the slow links and keep tokens home") {
+  // Two data centres of 4 (N = 8), the unit links (inside 4 B/s + 0.25 s, across 0.5 B/s + 1 s), n 2
+  // experts of 8 B, D 32 B, Lat_PE 3 s, GEMMs 64 FLOPs (4 s). Positions l·2 + d: expert domain j of
+  // S = 2 holds local rank j of both data centres; its same-offset group (positions 2j + o) is data
+  // centre o: tokens never cross.
+  hybridep_planner const planner(hybridep_unit_params());
+  hybridep_layer_shape across = hybridep_shape(4, 2, 2, 8, 32, 3, 64);
+  across.spread = moecomm::expert_domain_spread::across_data_centres;
+  // S = 2: one peer across: V_AG 16 B -> 1 + 32 = 33 s; A2A: 3 peers in the data centre, D·2/8 = 8 B
+  // each -> 0.25 + 6 = 6.25 s. total max(3, 33) + max(4, 12.5) = 45.5; comm 33 + 12.5, overlap 3 + 4.
+  hybridep_prediction const two = planner.predict(across, 2);
+  check_same_prediction(two, {2, 6.0 / 7, 24, 8, 16, 24, 0, 33, 6.25, 7, 45.5, 7, 45.5, 16});
+  // S = 4: positions 0..3 = local ranks 0, 1 of both: 1 peer near (16 B -> 4.25 s), 2 far (32 B -> 65 s);
+  // A2A: the other expert domain (positions 4..7) at the same offset is in the same data centre: 16 B -> 4.25 s.
+  hybridep_prediction const four = planner.predict(across, 4);
+  check_same_prediction(four, {4, 4.0 / 7, 8, 24, 48, 16, 0, 65, 4.25, 7, 73.5, 7, 73.5, 32});
+  // S = 8 gathers all: 3 near (48 B -> 12.25 s), 4 far (64 B -> 129 s); no all-to-all.
+  CHECK(planner.predict(across, 8).allgather == 129);
+  CHECK(planner.predict(across, 8).a2a == 0);
+  // Within data centres every S pays the 33 s all-to-all across (the first test case): across, S = 2
+  // pays 33 s of gather once and a 6.25 s all-to-all twice, and wins.
+  hybridep_choice const c = planner.choose(across);
+  CHECK(c.candidates.size() == 4);  // the divisors of N = 8
+  CHECK(c.expert_domain_ranks == 2);
+  CHECK(c.chosen().total == 45.5);
+  check_error([&] { (void)planner.predict(across, 3); }, moecomm::status::invalid_argument,
+              {"moecomm::hybridep_planner::predict: expert_domain_ranks = 3 does not divide the 8 ranks"});
 }
 
 TEST_CASE("hybridep_planner: S_ED = 1 is plain EP's two all-to-alls") {

@@ -57,6 +57,7 @@
 #include <moecomm/ops/row_collectives.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/plan/hybridep_planner.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -65,12 +66,6 @@
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
-
-//! How HybridEP's expert domains lie over the data centres (`topology`'s domains).
-enum class expert_domain_spread {
-  across_data_centres,  //!< the same local rank of several data centres: experts cross the slow links
-  within_data_centres,  //!< consecutive ranks of one data centre: experts stay on the fast links
-};
 
 //! HybridEP's layout: `expert_domain` = S, the ranks that gather each other's experts.
 struct hybridep {

@@ -12,13 +12,16 @@
 //! ranks, `n` experts per rank, `P_E` bytes of one expert, `D` token bytes a rank sends per all-to-all
 //! (its whole dispatch buffer, its own share included: tokens x row bytes x top_k), `Lat_PE` the
 //! pre-expert compute (attention and dense FFN, given by the caller), `S = S_ED` ranks per expert
-//! domain, a divisor of `G`. Routing is uniform: a rank sends `D/N` to each rank's experts, so every
+//! domain, a divisor of `N` (of `G` within data centres). Routing is uniform: a rank sends `D/N` to each rank's experts, so every
 //! rank predicts the same time and the system's time (the maximum over ranks) is any rank's.
 //!
-//! Domain partition (§IV-A): the expert domains are `S` consecutive ranks of one data centre; a rank's
-//! offset is its position in its expert domain. Every rank all-gathers its expert domain's experts,
-//! computes its own tokens for them, and sends the tokens for other expert domains' experts to the
-//! rank of the same offset there, which now holds them.
+//! Domain partition (§IV-A): the expert domains are runs of `S` positions of the layout
+//! `expert_domain_spread` names (across data centres, the default; or within them); a rank's offset
+//! is its place in its expert domain. Every rank all-gathers its expert domain's experts, computes
+//! its own tokens for them, and sends the tokens for other expert domains' experts to the rank of
+//! the same offset there, which now holds them. Each peer's bytes go over `intra` or `inter` as the
+//! peer is in the rank's data centre or not; the two classes run side by side (the maximum), and the
+//! slowest offset is the layer's. The bullets below give the sums for `within_data_centres`.
 //! - All-gather: `|G_AG| = S`, `V_AG = n·P_E·(S − 1)` (§III writes `P_E·(|G_AG| − 1)` for one expert
 //!   per GPU; a peer brings its `n`), `Lat_AG = α_intra + V_AG / B_intra`, 0 when `S = 1`.
 //! - All-to-all: `|G_A2A| = N/S` same-offset ranks; a rank keeps `S/N` of `D` and sends `V_A2A =
@@ -28,10 +31,10 @@
 //!   cross-domain all-to-all between same-offset ranks. The two link classes run side by side:
 //!   `Lat_A2A = max(α_intra + in-DC bytes / B_intra, α_inter + cross-DC bytes / B_inter)`, a class
 //!   without bytes costing 0.
-//! - `p = (G − S)/(G − 1)`: the share of the bytes a rank sends to its own data centre's other ranks
-//!   under plain EP that still go as tokens (1: plain EP, `S = 1`; 0: all experts gathered, `S = G`).
-//!   It is the `p` of §III-E's case formulas, whose volumes are `V_A2A = p·D·(G − 1)/G` and `V_AG =
-//!   (1 − p)·(G − 1)·P_E`: both give it for `K = 1`. It is not the share of pairs `(G/S − 1)/(G − 1)`:
+//! - `p = (N − S)/(N − 1)`: the share of plain EP's outgoing bytes that still go as tokens (1: plain
+//!   EP, `S = 1`; 0: all experts gathered, `S = N`). It is the `p` of §III-E's case formulas, whose
+//!   volumes are `V_A2A = p·D·(G − 1)/G` and `V_AG = (1 − p)·(G − 1)·P_E`: both give it for `K = 1`
+//!   (`N = G`). It is not the share of pairs `(G/S − 1)/(G − 1)`:
 //!   the A2A pairs `G·(G/S − 1)` and the AG pairs `G·(S − 1)` of a data centre sum to `G·(G − 1)` only
 //!   for `S = 1` or `S = G`, and an A2A peer receives `S` ranks' share of tokens.
 //! - Pairs over the layer (systems.md §5 [I from Table VII]): A2A `N·(N/S − 1)`, AG `N·(S − 1)`.
@@ -106,6 +109,16 @@ struct hybridep_params {
   [[nodiscard]] static hybridep_params from_cluster(cluster_spec const& spec);
 };
 
+//! How HybridEP's expert domains lie over the data centres (patterns/hybridep.hpp).
+enum class expert_domain_spread {
+  //! Ranks taken local index first, data centre second (position `l·K + d`); an expert domain is
+  //! `S` consecutive positions: the same local rank of `S` data centres, or `S / K` local ranks of
+  //! every one. Experts cross the slow links; with `K | S` tokens stay in their data centre.
+  across_data_centres,
+  //! `S` consecutive ranks of one data centre (`S` divides `G`): experts stay on the fast links.
+  within_data_centres,
+};
+
 //! One MoE layer over `domains` data centres of `ranks_per_domain` ranks: what the model needs.
 struct hybridep_layer_shape {
   std::int32_t ranks_per_domain = 0;            //!< G: ranks of one data centre
@@ -115,23 +128,25 @@ struct hybridep_layer_shape {
   std::int64_t token_bytes = 0;                 //!< D: a rank's dispatch buffer, its own share included
   double pre_expert_seconds = 0;                //!< Lat_PE: attention and dense FFN before the MoE block
   double expert_flops = 0;                      //!< FLOPs of the expert GEMMs one rank runs in the layer
+  expert_domain_spread spread = expert_domain_spread::across_data_centres;  //!< where expert domains lie
 };
 
 //! The model's terms for one expert-domain size (seconds, bytes per rank).
 struct hybridep_prediction {
   std::int32_t expert_domain_ranks = 1;  //!< S = S_ED
-  double p = 1;                          //!< (G − S)/(G − 1); 1 when G = 1
+  double p = 1;                          //!< (N − S)/(N − 1): plain EP's outgoing bytes still sent as tokens; 1 when N = 1
   std::int64_t a2a_pairs = 0;            //!< N·(N/S − 1): ordered pairs of ranks exchanging tokens
   std::int64_t ag_pairs = 0;             //!< N·(S − 1): ordered pairs of ranks exchanging experts
   double allgather_bytes = 0;            //!< V_AG = n·P_E·(S − 1)
-  double a2a_bytes_intra = 0;            //!< D·(G − S)/N, to peers in the rank's data centre
-  double a2a_bytes_inter = 0;            //!< D·(K − 1)/K, to peers in other data centres
+  double a2a_bytes_intra = 0;            //!< to same-offset peers in the rank's data centre (within: D·(G − S)/N)
+  double a2a_bytes_inter = 0;            //!< to same-offset peers in other data centres (within: D·(K − 1)/K)
   double allgather = 0;                  //!< Lat_AG
   double a2a = 0;                        //!< Lat_A2A, one all-to-all (dispatch or combine)
   double compute = 0;                    //!< Lat_comp = Lat_PE + n·Lat_Ep
   double communication = 0;              //!< Lat_comm = Lat_AG + 2·Lat_A2A
   double overlap = 0;                    //!< Lat_ovlp = min(Lat_PE, Lat_AG) + min(n·Lat_Ep, 2·Lat_A2A)
   double total = 0;                      //!< Lat_comp + Lat_comm − Lat_ovlp
+  double allgather_bytes_inter = 0;      //!< the part of V_AG from peers in other data centres
 };
 
 //! What `hybridep_planner::choose` decided, and why.
@@ -184,9 +199,13 @@ class hybridep_planner {
   [[nodiscard]] hybridep_prediction predict(hybridep_layer_shape const& shape, std::int32_t expert_domain_ranks) const {
     char const* const op = "hybridep_planner::predict";
     symbols const l = symbols_of(op, shape);
-    detail::require(expert_domain_ranks >= 1 && shape.ranks_per_domain % expert_domain_ranks == 0, op,
-                    "expert_domain_ranks = ", expert_domain_ranks, " does not divide shape.ranks_per_domain = ",
-                    shape.ranks_per_domain, " (an expert domain lies inside a data centre)");
+    if (l.within)
+      detail::require(expert_domain_ranks >= 1 && shape.ranks_per_domain % expert_domain_ranks == 0, op,
+                      "expert_domain_ranks = ", expert_domain_ranks, " does not divide shape.ranks_per_domain = ",
+                      shape.ranks_per_domain, " (within_data_centres: an expert domain lies inside a data centre)");
+    else
+      detail::require(expert_domain_ranks >= 1 && l.ranks % expert_domain_ranks == 0, op, "expert_domain_ranks = ",
+                      expert_domain_ranks, " does not divide the ", l.ranks, " ranks");
     return predicted(l, expert_domain_ranks);
   }
 
@@ -197,8 +216,9 @@ class hybridep_planner {
     symbols const l = symbols_of("hybridep_planner::choose", shape);
     hybridep_choice c;
     std::size_t best = 0;
-    for (std::int32_t s = 1; s <= shape.ranks_per_domain; ++s) {
-      if (shape.ranks_per_domain % s != 0) continue;
+    std::int64_t const limit = l.within ? shape.ranks_per_domain : l.ranks;
+    for (std::int32_t s = 1; s <= limit; ++s) {
+      if (limit % s != 0) continue;
       c.candidates.push_back(predicted(l, s));
       if (c.candidates.back().total < c.candidates[best].total) best = c.candidates.size() - 1;  // strict: ties keep the smaller S
     }
@@ -219,6 +239,11 @@ class hybridep_planner {
   struct symbols {
     double G, K, N, n, P_E, D, Lat_PE, expert_seconds;
     std::int64_t ranks;  //!< N, for the pair counts
+    bool within;         //!< `expert_domain_spread::within_data_centres`
+    //! The data centre of the rank at `position` of the expert-domain layout.
+    [[nodiscard]] std::int64_t data_centre(std::int64_t position) const {
+      return within ? position / static_cast<std::int64_t>(G) : position % static_cast<std::int64_t>(K);
+    }
   };
 
   static void require_positive(char const* name, double value) {
@@ -262,6 +287,7 @@ class hybridep_planner {
     l.Lat_PE = s.pre_expert_seconds;
     l.expert_seconds = s.expert_flops * flops_scale_ / params_.gemm_flops;
     l.ranks = ranks;
+    l.within = s.spread == expert_domain_spread::within_data_centres;
     return l;
   }
 
@@ -270,20 +296,41 @@ class hybridep_planner {
     return bytes > 0 ? link.alpha_seconds + bytes / link.bytes_per_second : 0.0;
   }
 
+  //! Seconds of `intra` bytes and `inter` bytes sent at once over the two link classes.
+  double side_by_side(double intra, double inter) const {
+    return std::max(over(params_.intra, intra), over(params_.inter, inter));
+  }
+
   hybridep_prediction predicted(symbols const& l, std::int32_t expert_domain_ranks) const {
-    double const S = expert_domain_ranks;
+    std::int64_t const s = expert_domain_ranks, groups = l.ranks / s;
+    double const S = static_cast<double>(s);
     hybridep_prediction r;
     r.expert_domain_ranks = expert_domain_ranks;
-    r.p = l.G > 1 ? (l.G - S) / (l.G - 1) : 1.0;
-    r.a2a_pairs = l.ranks * (l.ranks / expert_domain_ranks - 1);
-    r.ag_pairs = l.ranks * (expert_domain_ranks - 1);
-    // §III: V_AG = P_E·(|G_AG| − 1), |G_AG| = S, n experts per peer.
-    r.allgather_bytes = l.n * l.P_E * (S - 1);
-    r.allgather = over(params_.intra, r.allgather_bytes);
-    // §III: V_A2A = D·(|G_A2A| − 1)/|G_A2A|, |G_A2A| = N/S: split by where the peers are.
-    r.a2a_bytes_intra = l.D * (l.G - S) / l.N;
-    r.a2a_bytes_inter = l.D * (l.K - 1) / l.K;
-    r.a2a = std::max(over(params_.intra, r.a2a_bytes_intra), over(params_.inter, r.a2a_bytes_inter));
+    r.p = l.N > 1 ? (l.N - S) / (l.N - 1) : 1.0;
+    r.a2a_pairs = l.ranks * (groups - 1);
+    r.ag_pairs = l.ranks * (s - 1);
+    // Each offset o of expert domain 0 (positions [0, S)) stands for its rank; every expert domain
+    // is laid out alike. Peers in o's data centre, in its expert domain and in its same-offset group
+    // (positions j·S + o); the slowest offset is the layer's.
+    double const expert_bytes = l.n * l.P_E, to_each_group = l.D * S / l.N;  // §III: V_AG per peer; D/N per expert domain's rank
+    for (std::int64_t o = 0; o < s; ++o) {
+      std::int64_t const dc = l.data_centre(o);
+      double gather_near = -1, a2a_near = -1;  // peers in o's data centre, o itself excluded below
+      for (std::int64_t q = 0; q < s; ++q) gather_near += l.data_centre(q) == dc;
+      for (std::int64_t j = 0; j < groups; ++j) a2a_near += l.data_centre(j * s + o) == dc;
+      double const gather_far = S - 1 - gather_near, a2a_far = static_cast<double>(groups) - 1 - a2a_near;
+      // §III: Lat_AG over V_AG = n·P_E·(|G_AG| − 1), |G_AG| = S; Lat_A2A over V_A2A = D·(|G_A2A| − 1)/|G_A2A|,
+      // |G_A2A| = N/S; each split by where the peers are.
+      double const allgather = side_by_side(gather_near * expert_bytes, gather_far * expert_bytes);
+      double const a2a = side_by_side(a2a_near * to_each_group, a2a_far * to_each_group);
+      if (o > 0 && allgather + 2 * a2a <= r.allgather + 2 * r.a2a) continue;
+      r.allgather = allgather;
+      r.a2a = a2a;
+      r.allgather_bytes = (S - 1) * expert_bytes;
+      r.allgather_bytes_inter = gather_far * expert_bytes;
+      r.a2a_bytes_intra = a2a_near * to_each_group;
+      r.a2a_bytes_inter = a2a_far * to_each_group;
+    }
     // §III: Lat_comp, Lat_comm = Lat_AG + 2·Lat_A2A, Lat_ovlp (GEMM overlap bounded, file comment).
     r.compute = l.Lat_PE + l.expert_seconds;
     r.communication = r.allgather + 2 * r.a2a;
