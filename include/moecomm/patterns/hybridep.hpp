@@ -164,6 +164,16 @@ class hybridep_layer {
     for (std::int32_t r : layout_.members(position_ / layout_.size)) expert_domain_members_.push_back(r);
   }
 
+  //! Its groups and lane point into it: it stays where it was made.
+  hybridep_layer(hybridep_layer const&) = delete;
+  hybridep_layer& operator=(hybridep_layer const&) = delete;
+  ~hybridep_layer() {
+    try {
+      finish_gather();  // a gather begun and never waited for: let the lane go first
+    } catch (...) {
+    }
+  }
+
   //! Starts the all-gather of the expert domain's parameters in the background and returns: run
   //! the pre-expert compute, then `forward`. Collective over the expert domain. `experts`'
   //! parameters must not change until `forward` returns.
