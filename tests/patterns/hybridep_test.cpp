@@ -126,3 +126,97 @@ TEST_CASE("HybridEP: an expert domain that does not divide a domain, or domains 
 }
 
 }  // namespace test
+
+namespace test {
+
+// With compression the other members' experts are the shared expert with each one's farthest
+// parameters restored; the owners compute their own exactly. For x -> x * w + b every output and
+// input-gradient element moves by at most |x| |dw| + |db| per slot (|g| |dw| for d_x), weighted and
+// summed over the token's slots; here bounded by the largest dropped residual, e, times (1 + |x|)
+// (times |g|) per slot. The owners' parameter gradients do not depend on the parameters: exact.
+TEST_CASE("HybridEP: with compression the gathered experts are decoded, and the output moves no more than the dropped residuals allow") {
+  shadow_case const c = dense8;
+  auto const in = make_shadow_inputs<float>(c);
+  using comm_t = moecomm::inproc_communicator;
+  for (double ratio : {1.0, 2.0, 4.0, 16.0}) {
+    CAPTURE(ratio);
+    moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+    world.run([&](comm_t comm) {
+      moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, 1));
+      std::int32_t const me = comm.rank();
+      moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t> plain(moecomm::host_backend{}, groups, c.experts, c.hidden);
+      auto const want = run_step(plain, me, c, in);
+      moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> layer(
+          moecomm::host_backend{}, groups, c.experts, c.hidden, moecomm::hybridep{4, moecomm::expert_domain_spread::across_data_centres, ratio});
+      auto const got = run_step(layer, me, c, in);
+      // The largest dropped residual of any expert of this rank's expert domain, from the world's parameters.
+      std::int32_t const locals = c.experts / c.ranks;
+      std::vector<float> all(static_cast<std::size_t>(c.ranks * locals * 2 * c.hidden));
+      scale_bias_experts<float> const mine(me, locals, c.hidden, c.exact);
+      comm.allgather(mine.params.data(), all.data(), static_cast<std::int64_t>(mine.params.size() * sizeof(float)));
+      std::int64_t const n = 2 * c.hidden;
+      float worst = 0;
+      {
+        moecomm::host_backend const be;
+        std::int32_t const per_node = c.per_node, D = c.ranks / per_node;  // positions l·D + d, expert domains of 4
+        std::int32_t const first = (me % per_node * D + me / per_node) / 4 * 4;
+        std::vector<float> shared(static_cast<std::size_t>(n), 0.0f), members;
+        for (std::int32_t p = first; p < first + 4; ++p) {
+          std::int32_t const r = p % D * per_node + p / D;
+          members.insert(members.end(), all.begin() + r * locals * n, all.begin() + (r + 1) * locals * n);
+        }
+        for (std::int64_t i = 0; i < n; ++i) {  // per rank left to right, then ranks in order: the codec's order
+          float total = 0;
+          for (std::int32_t m = 0; m < 4; ++m) {
+            float part = 0;
+            for (std::int32_t l = 0; l < locals; ++l) part += members[static_cast<std::size_t>((m * locals + l) * n + i)];
+            total += part;
+          }
+          shared[static_cast<std::size_t>(i)] = total / float(4 * locals);
+        }
+        std::int64_t const k = moecomm::top_k_for_ratio(n, ratio);
+        std::vector<std::int32_t> idx(static_cast<std::size_t>(k));
+        std::vector<float> val(static_cast<std::size_t>(k));
+        moecomm::workspace<moecomm::host_backend> ws;
+        for (std::int32_t e = 0; e < 4 * locals; ++e) {
+          moecomm::array_view<float const> expert{members.data() + e * n, n};
+          moecomm::encode_expert(be, expert, {shared.data(), n}, k, {idx.data(), k}, {val.data(), k}, ws);
+          worst = std::max(worst, moecomm::dropped_residual_max_abs(be, expert, {shared.data(), n}, {idx.data(), k}));
+        }
+      }
+      if (ratio == 1) CHECK(worst == 0);
+      else CHECK(worst > 0);  // the bound below is not vacuous
+      auto const& r = in.routing[static_cast<std::size_t>(me)];
+      auto const& x = in.x[static_cast<std::size_t>(me)];
+      auto const& g = in.d_out[static_cast<std::size_t>(me)];
+      for (std::int64_t t = 0; t < r.tokens; ++t) {
+        float weight = 0;
+        for (std::int32_t k = 0; k < r.top_k; ++k)
+          if (r.idx[static_cast<std::size_t>(t * r.top_k + k)] >= 0) weight += r.w[static_cast<std::size_t>(t * r.top_k + k)];
+        for (std::int64_t h = 0; h < c.hidden; ++h) {
+          std::size_t const i = static_cast<std::size_t>(t * c.hidden + h);
+          float const slack = 1e-5f * (1 + std::fabs(want.out[i]));  // reassociation of the weighted sum
+          REQUIRE(std::fabs(got.out[i] - want.out[i]) <= weight * worst * (1 + std::fabs(x[i])) + slack);
+          REQUIRE(std::fabs(got.d_x[i] - want.d_x[i]) <= float(r.top_k) * worst * std::fabs(g[i]) + slack);
+        }
+      }
+      check_bitwise(got.grads, want.grads, 2 * c.hidden, "owner's parameter gradient vs plain");
+      if (ratio == 1) check_same_result(got, want, me, c);
+    });
+  }
+}
+
+TEST_CASE("HybridEP: a compression ratio below 1 or not finite is refused, naming the policy field") {
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(2, 1, 1));
+    for (double bad : {0.5, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
+      check_error([&] {
+        moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, groups, 4, 4,
+                                                                        moecomm::hybridep{2, moecomm::expert_domain_spread::across_data_centres, bad});
+      }, moecomm::status::invalid_argument, {"moecomm::hybridep_layer: policy.compression = ", "must be finite and >= 1"});
+  });
+}
+
+}  // namespace test

@@ -33,6 +33,14 @@
 //! then `forward`, which routes and dispatches while the gather finishes and waits for it only
 //! before the experts compute. `forward` without `begin_expert_gather` gathers first.
 //!
+//! Parameter-efficient migration (§IV-B; ops/expert_codec.hpp), with `hybridep::compression` > 1:
+//! the expert domain's shared expert (the mean of its experts, `refresh_shared_expert`, computed on
+//! first use and whenever the caller asks, e.g. after an optimizer step) is on every member; each
+//! rank sends, per expert, only the `ceil(P / compression)` parameters farthest from it (values and
+//! indices), and the others decode `shared` with those values scattered over it. A rank computes
+//! its own experts with their exact parameters; the gradients of the decoded ones still return to
+//! the owners. With `compression = 1` the gathered parameters are exact.
+//!
 //! Backward: the dispatcher's mirror exchanges; each rank computes the gradients of the `S · L`
 //! experts on its rows, and an ordered reduce-scatter inside the expert domain sums them, in
 //! ascending offset, into the owners' (`ordered_reduce_scatter`). The owners' gradients equal plain
@@ -54,11 +62,13 @@
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/ops/expert_codec.hpp>
 #include <moecomm/ops/row_collectives.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
 #include <moecomm/plan/hybridep_planner.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <type_traits>
@@ -71,6 +81,9 @@ MOECOMM_NAMESPACE_BEGIN
 struct hybridep {
   std::int32_t expert_domain = 1;  //!< S: divides the ranks (`within_data_centres`: a data centre's); 1 is plain EP
   expert_domain_spread spread = expert_domain_spread::across_data_centres;
+  //! Parameters per gathered expert over those sent (finite, >= 1): 1 sends them all, exactly; 50 is
+  //! the paper's setting. Above 1 the experts' parameters must be float.
+  double compression = 1;
 };
 
 //! What one step of a `hybridep_layer` did on this rank.
@@ -153,8 +166,11 @@ class hybridep_layer {
         dispatcher_(be, same_offset_groups_, num_experts, capacity, flat{}, checks),
         topo_(groups.topo()),
         hidden_(hidden),
+        compression_(policy.compression),
         local_experts_(num_experts / groups.world().size()) {
     detail::require(hidden > 0, "hybridep_layer", "hidden = ", hidden, " must be positive");
+    detail::require(std::isfinite(policy.compression) && policy.compression >= 1, "hybridep_layer", "policy.compression = ",
+                    policy.compression, " must be finite and >= 1 (1: the experts' exact parameters)");
     detail::require(num_experts % groups.world().size() == 0, "hybridep_layer", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", groups.world().size(), " ranks");
     detail::expert_labels_by_position(layout_, local_experts_, labels_);
@@ -180,6 +196,14 @@ class hybridep_layer {
   template <class Experts>
   void begin_expert_gather(Experts& experts) {
     if constexpr (detail::check_experts<T, Experts, true, false>()) start_gather(experts);
+  }
+
+  //! With compression: recomputes the shared expert, the mean of the expert domain's experts in a
+  //! fixed order, from their current parameters. Collective over the expert domain; call it after
+  //! the optimizer has moved the experts far enough (it runs once by itself, on first use).
+  template <class Experts>
+  void refresh_shared_expert(Experts& experts) {
+    if constexpr (detail::check_experts<T, Experts, true, false>()) compute_shared_expert(experts);
   }
 
   //! `out[t]` = the combine of t's kept slots' expert outputs (plain expert parallelism's). Collective
@@ -216,12 +240,96 @@ class hybridep_layer {
     grow(be_, gathered_params_, layout_.size * mine * std::int64_t(sizeof(P)));
     for (std::int32_t l = 0; l < local_experts_; ++l) be_.copy(staged + l * count, experts.parameters(l), count);
     be_.synchronize();
-    gather_ = {this, &hybridep_layer::template gather_parameters<P>, count};
+    std::int64_t sent = mine * std::int64_t(sizeof(P));
+    if (compressed()) {
+      if constexpr (std::is_same_v<P, float>) {
+        if (!shared_ready_) compute_shared_expert(experts);
+        std::int64_t const k = top_k_for_ratio(count, compression_);
+        encode_own_experts(count, k);
+        gather_ = {this, &hybridep_layer::gather_compressed, k};
+        sent = local_experts_ * k * std::int64_t(sizeof(float) + sizeof(std::int32_t));
+      } else {
+        detail::fail(status::invalid_argument, "hybridep_layer", "policy.compression = ", compression_,
+                     " needs float expert parameters (the codec's)");
+      }
+    } else {
+      gather_ = {this, &hybridep_layer::template gather_parameters<P>, count};
+    }
     if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be_);
     lane_->start(gather_, 1);
     gathering_ = true;
     lane_->release(0);
-    record_gather(local_experts_ * count * std::int64_t(sizeof(P)));
+    record_gather(sent);
+  }
+
+  [[nodiscard]] bool compressed() const { return compression_ > 1; }
+
+  template <class Experts>
+  void compute_shared_expert(Experts& experts) {
+    using P = detail::parameter_t<Experts>;
+    detail::require(std::is_same_v<P, float>, "hybridep_layer::refresh_shared_expert", "the experts' parameters must be float (the codec's)");
+    if (gathering_)
+      detail::fail(status::invalid_usage, "hybridep_layer::refresh_shared_expert", "called between begin_expert_gather and forward");
+    if constexpr (std::is_same_v<P, float>) {
+      std::int64_t const count = experts.parameter_count();
+      float* const own = reinterpret_cast<float*>(grow(be_, shared_inputs_, local_experts_ * count * std::int64_t(sizeof(float))).data());
+      for (std::int32_t l = 0; l < local_experts_; ++l) be_.copy(own + l * count, experts.parameters(l), count);
+      be_.synchronize();
+      float* const shared = reinterpret_cast<float*>(grow(be_, shared_, count * std::int64_t(sizeof(float))).data());
+      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+      shared_expert_mean(be_, expert_domain_, matrix_view<float const>{own, local_experts_, count}, array_view<float>{shared, count},
+                         codec_scratch_);
+      shared_ready_ = true;
+      shared_count_ = count;
+    }
+  }
+
+  //! This rank's experts (staged) as `k` values and indices each, into its rows of the gathered codes.
+  void encode_own_experts(std::int64_t count, std::int64_t k) {
+    detail::require(shared_count_ == count, "hybridep_layer", "the experts have ", count,
+                    " parameters, the shared expert ", shared_count_, ": call refresh_shared_expert after changing them");
+    std::int64_t const rows = std::int64_t{layout_.size} * local_experts_;
+    std::int32_t* const idx = reinterpret_cast<std::int32_t*>(grow(be_, code_indices_, (rows + local_experts_) * k * 4).data());
+    float* const val = reinterpret_cast<float*>(grow(be_, code_values_, (rows + local_experts_) * k * 4).data());
+    float const* const staged = reinterpret_cast<float const*>(staged_params_.data());
+    float const* const shared = reinterpret_cast<float const*>(shared_.data());
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+    for (std::int32_t l = 0; l < local_experts_; ++l)  // the own codes after the gathered ones: [rows][k], then [L][k]
+      encode_expert(be_, array_view<float const>{staged + l * count, count}, array_view<float const>{shared, count}, k,
+                    array_view<std::int32_t>{idx + (rows + l) * k, k}, array_view<float>{val + (rows + l) * k, k}, codec_scratch_);
+    be_.synchronize();
+  }
+
+  //! The lane's job with compression: the codes' all-gather (`k` per expert).
+  static void gather_compressed(hybridep_layer& self, std::int64_t k) {
+    std::int64_t const rows = std::int64_t{self.layout_.size} * self.local_experts_, L = self.local_experts_;
+    auto* const idx = reinterpret_cast<std::int32_t*>(self.code_indices_.data());
+    auto* const val = reinterpret_cast<float*>(self.code_values_.data());
+    row_allgather(self.be_, self.expert_domain_, matrix_view<std::int32_t const>{idx + rows * k, L, k},
+                  matrix_view<std::int32_t>{idx, rows, k}, self.gather_scratch_, detail::payload_kind::parameters);
+    row_allgather(self.be_, self.expert_domain_, matrix_view<float const>{val + rows * k, L, k}, matrix_view<float>{val, rows, k},
+                  self.gather_scratch_, detail::payload_kind::parameters);
+  }
+
+  //! With compression, after the gather: the other members' experts decoded, this rank's exact.
+  void decode_gathered(std::int64_t count) {
+    std::int64_t const k = top_k_for_ratio(count, compression_);
+    float* const gathered = reinterpret_cast<float*>(gathered_params_.data());
+    auto const* const idx = reinterpret_cast<std::int32_t const*>(code_indices_.data());
+    auto const* const val = reinterpret_cast<float const*>(code_values_.data());
+    float const* const shared = reinterpret_cast<float const*>(shared_.data());
+    std::int32_t const me = position_ % layout_.size;
+    [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+    for (std::int32_t m = 0; m < layout_.size; ++m)
+      for (std::int32_t l = 0; l < local_experts_; ++l) {
+        std::int64_t const row = std::int64_t{m} * local_experts_ + l;
+        if (m == me)
+          be_.copy(gathered + row * count, reinterpret_cast<float const*>(staged_params_.data()) + l * count, count);
+        else
+          decode_expert(be_, array_view<float const>{shared, count}, array_view<std::int32_t const>{idx + row * k, k},
+                        array_view<float const>{val + row * k, k}, array_view<float>{gathered + row * count, count});
+      }
+    be_.synchronize();
   }
 
   //! The lane's job: the all-gather of the staged parameters (`count` of type P per expert).
@@ -277,6 +385,8 @@ class hybridep_layer {
     dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
     finish_gather();
     using P = detail::parameter_t<Experts>;
+    if constexpr (std::is_same_v<P, float>)
+      if (compressed()) decode_gathered(experts.parameter_count());
     P const* const gathered = reinterpret_cast<P const*>(gathered_params_.data());
     matrix_view<T> const expert_out = view(grow_rows(expert_out_, rows), rows);
     for_each_expert([&](std::int32_t l, std::int64_t b, std::int64_t n) {
@@ -361,6 +471,7 @@ class hybridep_layer {
   dispatcher<Backend, Comm, Capacity, flat> dispatcher_;
   topology topo_;
   std::int64_t hidden_;
+  double compression_;
   std::int32_t local_experts_;
   hybridep_report report_;
   std::vector<std::int32_t> labels_, expert_domain_members_;  //!< host: experts by position; this rank's expert domain
@@ -368,6 +479,10 @@ class hybridep_layer {
   typename Backend::template buffer_type<std::int32_t> device_labels_, relabeled_idx_;
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;  //!< kept from step to step
   bytes_t staged_params_, gathered_params_, gradient_shares_, summed_gradients_;
+  bytes_t shared_, shared_inputs_, code_indices_, code_values_;  //!< compression: the shared expert, the codes
+  bool shared_ready_ = false;
+  std::int64_t shared_count_ = 0;
+  workspace<Backend> codec_scratch_;
   workspace<Backend> gather_scratch_;  //!< the lane's (and the backward's) collectives
   std::unique_ptr<lane_t<Backend>> lane_;
   gather_job gather_;
