@@ -2,16 +2,20 @@
 // The expert-parallel layer across 4 MPI processes (2 nodes x 2) equals the single-process oracle,
 // for every capacity policy and all-to-all algorithm: the same check as the in-process test
 // (layer_cases.hpp), each process running its own rank. And FasterMoE's shadowed layer equals the
-// plain one (shadow_cases.hpp), over both replica paths, with the smart schedule.
+// plain one (shadow_cases.hpp), over both replica paths, with the smart schedule; and HybridEP
+// equals it too (hybridep_cases.hpp).
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../support/mpi_doctest.hpp"
 #include "layer_cases.hpp"
+#include "hybridep_cases.hpp"
 #include "shadow_cases.hpp"
 
 #include <moecomm/comm/mpi.hpp>
 
 #include <mpi.h>
+
+#include <cstdio>
 
 namespace test {
 
@@ -46,10 +50,30 @@ void check_mpi_shadowing(Path const& path, bool exact) {
 TEST_CASE("FasterMoE over MPI: shadowed == plain, point-to-point replicas") { check_mpi_shadowing(moecomm::point_to_point_path{256}, true); }
 TEST_CASE("FasterMoE over MPI: shadowed == plain, collective replicas") { check_mpi_shadowing(moecomm::collective_path{}, false); }
 
+// HybridEP on 4 processes as 2 data centres of 2: every expert-domain size, across and within,
+// equals plain EP bit for bit with the paper's pair counts. Its gather runs on a second thread.
+TEST_CASE("HybridEP over MPI: every expert-domain size equals plain expert parallelism bit for bit") {
+  moecomm::mpi_communicator comm(MPI_COMM_WORLD, {});
+  REQUIRE(comm.size() == 4);
+  hybridep_case const h{{4, 2, 8, 2, 8, {96, 96, 96, 96}, 0.0, true}, 1};
+  auto const in = make_shadow_inputs<float>(h.layer);
+  for (std::int32_t s : {1, 2, 4}) {
+    CAPTURE(s);
+    check_hybridep_on_rank(comm, h, in, {s, moecomm::expert_domain_spread::across_data_centres}, s != 1, moecomm::dropless{});
+    if (s <= 2) check_hybridep_on_rank(comm, h, in, {s, moecomm::expert_domain_spread::within_data_centres}, true, moecomm::dropless{});
+  }
+}
+
 }  // namespace test
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // HybridEP's background gather calls MPI from the lane's thread
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    std::fprintf(stderr, "moecomm_mpi_layer_tests: MPI provides thread level %d, HybridEP needs MPI_THREAD_MULTIPLE (%d)\n",
+                 provided, MPI_THREAD_MULTIPLE);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   int const worst = test::run_doctest_over_mpi(argc, argv);
   MPI_Finalize();
   return worst;
