@@ -3,7 +3,8 @@
 // thread is counted (a replaced global operator new; hence a binary of its own). The routing changes
 // every step (so do the row counts); the same routings run twice, and in the second round, whose
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
-// capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto; and HybridEP's expert codec.
+// capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto, HybridEP (exact and compressed);
+// and HybridEP's expert codec.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -12,6 +13,7 @@
 #include <moecomm/ops/expert_codec.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
+#include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
 
 #include <atomic>
@@ -152,6 +154,25 @@ TEST_CASE("a layer step allocates nothing once warm: Parm S2") { check_parm_warm
 // parm_auto adds the all-gather of the step's shape and the model's choice.
 TEST_CASE("a layer step allocates nothing once warm: parm_auto") {
   check_parm_warm_steps(moecomm::parm_auto{moecomm::parm_cost_model(), 32, 2});
+}
+
+// HybridEP on 4 ranks in 2 data centres, expert domains of 2 across them, with and without the
+// codec: the lane's gather (its job is a plain struct), the relabeled routing, the dispatcher over
+// the same-offset group and the gradients' reduce-scatter.
+TEST_CASE("a layer step allocates nothing once warm: HybridEP, exact and compressed") {
+  for (double compression : {1.0, 4.0}) {
+    CAPTURE(compression);
+    std::vector<std::vector<std::int64_t>> counts(4);
+    moecomm::inproc_world const world(4, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2, 1));
+      moecomm::hybridep_layer<float, moecomm::host_backend, moecomm::inproc_communicator> layer(
+          moecomm::host_backend{}, groups, 8, 16, {2, moecomm::expert_domain_spread::across_data_centres, compression});
+      scale_bias_experts<float> experts(comm.rank(), 2, 16, false);
+      counts[comm.rank()] = count_steps(layer, comm.rank(), experts, 8);
+    });
+    check_warm_steps(counts);
+  }
 }
 
 // The shared expert's mean, an encode and a decode, twice: the second round allocates nothing (the
