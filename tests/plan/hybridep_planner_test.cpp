@@ -169,6 +169,9 @@ TEST_CASE("hybridep_planner: expert domains across data centres move experts ove
   CHECK(c.candidates.size() == 4);  // the divisors of N = 8
   CHECK(c.expert_domain_ranks == 2);
   CHECK(c.chosen().total == 45.5);
+  // The backward: 2 x 6.25 + 33 + 2 x 4 = 53.5; the step 45.5 + 53.5.
+  CHECK(two.backward == 53.5);
+  CHECK(two.step_total == 99);
   check_error([&] { (void)planner.predict(across, 3); }, moecomm::status::invalid_argument,
               {"moecomm::hybridep_planner::predict: expert_domain_ranks = 3 does not divide the 8 ranks"});
 }

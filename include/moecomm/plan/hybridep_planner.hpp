@@ -147,6 +147,11 @@ struct hybridep_prediction {
   double overlap = 0;                    //!< Lat_ovlp = min(Lat_PE, Lat_AG) + min(n·Lat_Ep, 2·Lat_A2A)
   double total = 0;                      //!< Lat_comp + Lat_comm − Lat_ovlp
   double allgather_bytes_inter = 0;      //!< the part of V_AG from peers in other data centres
+  //! The backward (not in the paper's model, which is the forward's): the two all-to-alls again, the
+  //! gathered experts' gradients reduce-scattered to their owners (the gather's volume, after the
+  //! experts' backward: nothing left to hide it), and the GEMMs twice: `2·Lat_A2A + Lat_AG + 2·n·Lat_Ep`.
+  double backward = 0;
+  double step_total = 0;  //!< total + backward: a training step of the layer after its pre-expert compute
 };
 
 //! What `hybridep_planner::choose` decided, and why.
@@ -337,6 +342,8 @@ class hybridep_planner {
     r.overlap = std::min(l.Lat_PE, r.allgather) + std::min(l.expert_seconds, 2 * r.a2a);
     // Lat_comp + Lat_comm − Lat_ovlp, in the form that rounds once per stream.
     r.total = std::max(l.Lat_PE, r.allgather) + std::max(l.expert_seconds, 2 * r.a2a);
+    r.backward = 2 * r.a2a + r.allgather + 2 * l.expert_seconds;
+    r.step_total = r.total + r.backward;
     return r;
   }
 

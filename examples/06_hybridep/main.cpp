@@ -1,0 +1,367 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Example 06: HybridEP on a simulated cross-data-centre cluster (HybridEP, arXiv 2510.19470).
+//!
+//! Default: HybridEP's 16-GPU platform, `platforms/hybridep-a800-16.platform`: 4 data centres of one
+//! node of 4 A800 (PCIe inside, 10 Gb/s Ethernet between). One MoE layer of 32 experts (MLPs
+//! H -> 4H -> H, H = 150 in fp16: 0.36 MB each, the paper's expert size) runs one training step
+//! (the pre-expert compute, forward, backward) as plain expert parallelism and as HybridEP with
+//! expert domains of every size S (across the data centres), and with the planner's S and the
+//! 50x top-k codec. For each: the simulated step, the bytes per link class (tokens and experts),
+//! and the planner's prediction beside it. Every exact run must give plain EP's outputs and
+//! gradients bit for bit on every rank. The planner's S is drawn as a per-rank timeline, where the
+//! expert gather hides behind the pre-expert compute.
+//!
+//! A small real hidden size stands for the model's (`simulation_scale`), so the run is cheap and the
+//! times are the model-sized layer's. Run with --help for the flags.
+
+#include "../common/flags.hpp"
+#include "../common/format.hpp"
+#include "../common/inputs.hpp"
+#include "../common/mlp_experts.hpp"
+#include "../common/plot.hpp"
+#include "../common/zipf_gate.hpp"
+
+#include <moecomm/backend/simulated.hpp>
+#include <moecomm/comm/simgrid.hpp>
+#include <moecomm/moecomm.hpp>
+#include <moecomm/patterns/hybridep.hpp>
+#include <moecomm/plan/hybridep_planner.hpp>
+#include <moecomm/simulation/platform.hpp>
+#include <moecomm/simulation/timeline.hpp>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace example_support;  // flags, formatting, inputs, experts, the gate, plots (examples/common/)
+
+using comm_t = moecomm::simgrid_communicator;
+using backend = moecomm::simulated_backend<>;
+using std::int32_t;
+using std::int64_t;
+
+constexpr int32_t topk = 2;
+constexpr char const* program = "example_06_hybridep";
+
+struct options {
+  std::string platform = "hybridep-a800-16";
+  int32_t experts = 32;
+  int64_t tokens = 16384;      // per rank and step: 16384 x 2 slots x 150 x 2 B = 9.8 MB of traffic per GPU
+  int64_t hidden = 4;          // real elements per row
+  int64_t model_hidden = 150;  // what they stand for: 0.36 MB experts
+  double pre_expert_ms = 2;    // attention and dense FFN before the MoE block
+  double compression = 50;     // the codec's run at the planner's S
+  double zipf = 0;
+  std::uint64_t seed = 1;
+  std::string timeline = MOECOMM_EXAMPLE_TIMELINE_CSV;
+  bool plot = true;
+};
+
+void print_usage() {
+  options const d;
+  std::printf(
+      "usage: %s [flags]\n\n"
+      "Runs one MoE layer on a SIMULATED cross-data-centre cluster (SimGrid) as plain expert parallelism and as\n"
+      "HybridEP with expert domains of every size S across the data centres (and the planner's S with the top-k\n"
+      "codec): simulated step times beside the planner's predictions, bytes per link class, a bitwise check\n"
+      "against plain EP, and the planner's S drawn as a per-rank timeline.\n\n"
+      "flags (--flag value or --flag=value):\n"
+      "  --platform NAME       a platform of platforms/ with one node per data centre (default %s)\n"
+      "  --experts E           experts, a multiple of the ranks (default %d)\n"
+      "  --tokens T            tokens per rank and step, top-%d routing (default %" PRId64 ")\n"
+      "  --hidden H            real elements per token row (default %" PRId64 ")\n"
+      "  --model-hidden HM     the hidden size H stands for; experts HM -> 4 HM -> HM (default %" PRId64 ")\n"
+      "  --pre-expert-ms MS    pre-expert compute per step, simulated (default %.1f)\n"
+      "  --compression C       the codec's ratio at the planner's S (default %.0f)\n"
+      "  --zipf s              gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
+      "  --timeline PATH.csv   where the planner's S's step is written, per rank (default %s)\n"
+      "  --no-plot             do not run scripts/plot-timeline on it\n"
+      "  --help                this text\n",
+      program, d.platform.c_str(), d.experts, topk, d.tokens, d.hidden, d.model_hidden, d.pre_expert_ms, d.compression, d.zipf,
+      d.timeline.c_str());
+}
+
+options parse_options(int argc, char** argv) {
+  options o;
+  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
+    if (arg == "--help") {
+      print_usage();
+      std::exit(0);
+    } else if (arg == "--platform") {
+      o.platform = next();
+    } else if (arg == "--experts") {
+      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
+    } else if (arg == "--tokens") {
+      o.tokens = parse_int(program, arg, next(), 1, 1 << 22);
+    } else if (arg == "--hidden") {
+      o.hidden = parse_int(program, arg, next(), 1, 1024);
+    } else if (arg == "--model-hidden") {
+      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
+    } else if (arg == "--pre-expert-ms") {
+      o.pre_expert_ms = parse_real(program, arg, next(), 0.0, 1e6);
+    } else if (arg == "--compression") {
+      o.compression = parse_real(program, arg, next(), 1.0, 1e6);
+    } else if (arg == "--zipf") {
+      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
+    } else if (arg == "--timeline") {
+      o.timeline = next();
+    } else if (arg == "--no-plot") {
+      o.plot = false;
+    } else {
+      usage_error(program, "unknown flag '" + arg + "'");
+    }
+  });
+  return o;
+}
+
+// ---- the problem ------------------------------------------------------------------------------
+
+struct rank_inputs {
+  routing_data gate;
+  std::vector<float> x, d_out;
+};
+
+struct problem {
+  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+  options o;
+  moecomm::simulated_platform platform;
+  int32_t ranks = 0, per_node = 0, domains = 0, local_experts = 0;
+  int64_t inner = 0;
+  moecomm::simulation_scale scale;
+  std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up, measured][rank]
+  std::vector<std::vector<float>> parameters;   //!< [E]: every expert's initial values
+};
+
+problem make_problem(options const& o) {
+  problem p(o);
+  moecomm::cluster_spec const& spec = p.platform.spec();
+  p.ranks = spec.num_gpus();
+  p.per_node = p.platform.gpus_per_node();
+  p.domains = spec.domains;
+  if (spec.nodes_per_domain != 1)
+    usage_error(program, "--platform " + o.platform + " has " + std::to_string(spec.nodes_per_domain) +
+                             " nodes per data centre; the planner models one (HybridEP's setting)");
+  if (o.experts % p.ranks != 0)
+    usage_error(program, "--experts " + std::to_string(o.experts) + " is not a multiple of the " + std::to_string(p.ranks) + " ranks");
+  p.local_experts = o.experts / p.ranks;
+  p.inner = 4 * o.hidden;
+  // Rows grow with H (fp16 model rows, fp32 real ones); the experts' H x 4H matrices with H^2.
+  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
+  p.scale = {k * 2.0 / 4.0, k * k * 2.0 / 4.0, k * k};
+  for (int s = 0; s < 2; ++s) {
+    p.steps.emplace_back();
+    for (int32_t r = 0; r < p.ranks; ++r) {
+      std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(s)};
+      std::mt19937_64 rng(seq);
+      rank_inputs in;
+      in.gate = route_tokens(o.tokens, o.experts, topk, o.zipf, rng);
+      in.x = random_rows(o.tokens * o.hidden, rng);
+      in.d_out = random_rows(o.tokens * o.hidden, rng);
+      p.steps.back().push_back(std::move(in));
+    }
+  }
+  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
+  return p;
+}
+
+//! The planner's view of the model-sized layer.
+moecomm::hybridep_layer_shape planner_shape(problem const& p) {
+  moecomm::hybridep_layer_shape s;
+  s.ranks_per_domain = p.per_node;
+  s.domains = p.domains;
+  s.experts_per_rank = p.local_experts;
+  double const model_inner = 4.0 * static_cast<double>(p.o.model_hidden);
+  s.parameter_bytes_per_expert =
+      static_cast<int64_t>(2.0 * (2.0 * static_cast<double>(p.o.model_hidden) * model_inner + model_inner + static_cast<double>(p.o.model_hidden)));
+  s.token_bytes = p.o.tokens * topk * p.o.model_hidden * 2;
+  s.pre_expert_seconds = p.o.pre_expert_ms * 1e-3;
+  s.expert_flops = 4.0 * static_cast<double>(p.o.tokens * topk) * static_cast<double>(p.o.model_hidden) * model_inner;
+  return s;
+}
+
+// ---- one run: a fresh layer on a fresh world -----------------------------------------------------
+
+struct run_result {
+  std::string name;
+  double step_s = 0;                                      //!< the measured step, earliest start to latest end
+  moecomm::alltoall_stats tokens, experts;                //!< measured step, all ranks, real bytes
+  std::vector<std::vector<float>> out, d_x, d_w, grads;  //!< [rank]
+};
+
+void add(moecomm::alltoall_stats& into, moecomm::alltoall_stats const& s) {
+  into.intra_messages += s.intra_messages;
+  into.intra_bytes += s.intra_bytes;
+  into.inter_messages += s.inter_messages;
+  into.inter_bytes += s.inter_bytes;
+  into.inter_domain_messages += s.inter_domain_messages;
+  into.inter_domain_bytes += s.inter_domain_bytes;
+}
+
+//! `policy` empty: plain expert parallelism.
+run_result run(problem const& p, std::string name, std::optional<moecomm::hybridep> policy, moecomm::timeline* recorded = nullptr) {
+  auto const R = static_cast<std::size_t>(p.ranks);
+  int64_t const T = p.o.tokens, H = p.o.hidden;
+  run_result res;
+  res.name = std::move(name);
+  res.out.resize(R);
+  res.d_x.resize(R);
+  res.d_w.resize(R);
+  res.grads.resize(R);
+  std::vector<double> start(R), end(R);
+  std::vector<moecomm::alltoall_stats> tokens(R), experts(R);
+  std::vector<int32_t> gpus(R);
+  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
+  moecomm::simgrid_world world(p.platform, gpus);
+  std::optional<moecomm::timeline_recording> recording;
+  if (recorded != nullptr) recording.emplace(*recorded);
+  world.run([&](comm_t comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    backend const be(moecomm::host_backend{}, p.scale);
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(p.ranks, p.per_node, 1));  // a data centre = a node
+    std::optional<moecomm::expert_parallel_layer<float, backend, comm_t>> plain;
+    std::optional<moecomm::hybridep_layer<float, backend, comm_t>> hybrid;
+    if (policy) hybrid.emplace(be, groups, p.o.experts, H, *policy);
+    else plain.emplace(be, groups, p.o.experts, H);
+    mlp_experts mlp = mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
+    for (std::size_t s = 0; s < 2; ++s) {
+      rank_inputs const& in = p.steps[s][me];
+      std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
+      moecomm::routing_view const routing{in.gate.idx.data(), in.gate.weights.data(), T, topk};
+      comm.barrier();
+      start[me] = moecomm::simulated_seconds{}();
+      if (hybrid) hybrid->begin_expert_gather(mlp);  // in the background, beside the pre-expert compute
+      be.charge_flops(p.o.pre_expert_ms * 1e-3 * p.platform.spec().gpu_flops / p.scale.flops);
+      moecomm::matrix_view<float const> const x{in.x.data(), T, H};
+      moecomm::matrix_view<float> const y{out.data(), T, H};
+      moecomm::matrix_view<float const> const g{in.d_out.data(), T, H};
+      moecomm::matrix_view<float> const dx{d_x.data(), T, H};
+      moecomm::array_view<float> const dw{d_w.data(), T * topk};
+      if (hybrid) {
+        hybrid->forward(routing, x, y, mlp);
+        hybrid->backward(g, dx, dw, mlp);
+      } else {
+        plain->forward(routing, x, y, mlp);
+        plain->backward(g, dx, dw, mlp);
+      }
+      end[me] = moecomm::simulated_seconds{}();
+      if (s == 0) {
+        std::fill(mlp.grads.begin(), mlp.grads.end(), 0.0f);
+        continue;
+      }
+      if (hybrid) {
+        tokens[me] = hybrid->report().exchange;
+        experts[me] = hybrid->report().expert_gather;
+      } else {
+        tokens[me] = plain->dispatch_state().report().exchange;
+      }
+      res.out[me] = std::move(out);
+      res.d_x[me] = std::move(d_x);
+      res.d_w[me] = std::move(d_w);
+      res.grads[me] = mlp.grads;
+    }
+  });
+  double const first = *std::min_element(start.begin(), start.end());
+  recording.reset();
+  if (recorded != nullptr) keep_events_from(*recorded, first);
+  res.step_s = *std::max_element(end.begin(), end.end()) - first;
+  for (std::size_t r = 0; r < R; ++r) {
+    add(res.tokens, tokens[r]);
+    add(res.experts, experts[r]);
+  }
+  return res;
+}
+
+bool same_bits(run_result const& a, run_result const& b) {
+  return a.out == b.out && a.d_x == b.d_x && a.d_w == b.d_w;
+}
+
+// ---- the report -----------------------------------------------------------------------------------
+
+std::string link_bytes(moecomm::alltoall_stats const& s, double scale) {
+  return format_bytes(static_cast<double>(s.intra_bytes + s.inter_bytes) * scale) + " / " +
+         format_bytes(static_cast<double>(s.inter_domain_bytes) * scale);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options const o = parse_options(argc, argv);
+  problem const p = make_problem(o);
+  moecomm::cluster_spec const& spec = p.platform.spec();
+  std::printf("moecomm %d.%d.%d - example 06: HybridEP on a simulated cross-data-centre cluster\n", MOECOMM_VERSION_MAJOR,
+              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
+  std::printf("==============================================================================\n");
+  std::printf("All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
+              "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
+              "platform's links, expert FLOPs by the GPU's rate, memory kernels by its HBM.\n\n");
+  std::printf("1. Configuration\n");
+  std::printf("   platform %s: %d data centres x %d GPUs (%s)\n     source: %s\n", p.platform.name().c_str(), p.domains,
+              p.per_node, moecomm::platform_file(p.platform.name()).c_str(), spec.source.c_str());
+  std::printf("     inside a data centre %s per GPU port; between data centres %s per data centre\n",
+              format_bytes(spec.intra_node.bytes_per_second).c_str(), format_bytes(spec.inter_domain.bytes_per_second).c_str());
+  moecomm::hybridep_layer_shape const shape = planner_shape(p);
+  std::printf("   E = %d experts (%d per rank), MLP %" PRId64 " -> %" PRId64 " -> %" PRId64 " fp16: %s each; top-%d, Zipf(%.1f)\n",
+              o.experts, p.local_experts, o.model_hidden, 4 * o.model_hidden, o.model_hidden,
+              format_bytes(static_cast<double>(shape.parameter_bytes_per_expert)).c_str(), topk, o.zipf);
+  std::printf("   %" PRId64 " tokens per rank: %s of token traffic per GPU per all-to-all; pre-expert compute %.1f ms\n",
+              o.tokens, format_bytes(static_cast<double>(shape.token_bytes)).c_str(), o.pre_expert_ms);
+  std::printf("   real rows of %" PRId64 " floats stand for the model's (simulation_scale {payload %.3g, parameters %.3g, flops %.3g})\n\n",
+              o.hidden, p.scale.payload, p.scale.parameters, p.scale.flops);
+
+  moecomm::hybridep_planner const planner(moecomm::hybridep_params::from_cluster(spec));
+  moecomm::hybridep_choice const choice = planner.choose(shape);
+
+  std::vector<run_result> runs;
+  runs.push_back(run(p, "plain EP", std::nullopt));
+  moecomm::timeline recorded;
+  for (auto const& c : choice.candidates) {
+    int32_t const s = c.expert_domain_ranks;
+    bool const planned = s == choice.expert_domain_ranks;
+    runs.push_back(run(p, "HybridEP S=" + std::to_string(s), moecomm::hybridep{s}, planned ? &recorded : nullptr));
+  }
+  runs.push_back(run(p, "HybridEP S=" + std::to_string(choice.expert_domain_ranks) + " codec " + format("%.0fx", o.compression),
+                     moecomm::hybridep{choice.expert_domain_ranks, moecomm::expert_domain_spread::across_data_centres, o.compression}));
+
+  std::printf("2. One training step (pre-expert compute, forward, backward), simulated, beside the planner\n");
+  std::printf("   (bytes: all ranks, the measured step; 'in DC / across' = inside data centres / between them)\n");
+  std::printf("   %-24s %10s %8s %10s   %-25s %-25s\n", "run", "step", "speedup", "planner", "tokens in DC / across",
+              "experts in DC / across");
+  bool all_equal = true;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    run_result const& r = runs[i];
+    std::string predicted = "-";
+    if (i >= 1 && i <= choice.candidates.size()) predicted = format_time(choice.candidates[i - 1].step_total);
+    bool const exact = i <= choice.candidates.size();
+    if (exact && i > 0) all_equal = all_equal && same_bits(r, runs[0]);
+    std::printf("   %-24s %10s %7.2fx %10s   %-25s %-25s%s\n", r.name.c_str(), format_time(r.step_s).c_str(), runs[0].step_s / r.step_s,
+                predicted.c_str(), link_bytes(r.tokens, p.scale.payload).c_str(), link_bytes(r.experts, p.scale.parameters).c_str(),
+                i >= 1 && i <= choice.candidates.size() && choice.candidates[i - 1].expert_domain_ranks == choice.expert_domain_ranks
+                    ? "  <- planner's S"
+                    : "");
+  }
+  std::printf("   planner: plan/hybridep_planner.hpp with the platform's figures (hybridep_params::from_cluster): the paper's\n"
+              "   stream model of the forward (gather beside the pre-expert compute, two all-to-alls, GEMMs) plus the backward\n"
+              "   (two all-to-alls, the gradients' reduce-scatter, the GEMMs twice); uniform routing; not the permutations.\n\n");
+
+  std::printf("3. The planner chose S = %d (p = %.3f of plain EP's bytes still sent as tokens); section III-E's closed\n"
+              "   form for one data centre gives p* = %.3f and picks p = %.3f. Expert domains lie across the data centres:\n"
+              "   experts (%s each) cross the slow links, tokens stay inside a data centre when S is a multiple of %d.\n\n",
+              choice.expert_domain_ranks, choice.p, choice.p_star, choice.p_rule,
+              format_bytes(static_cast<double>(shape.parameter_bytes_per_expert)).c_str(), p.domains);
+
+  std::printf("4. Outputs, input gradients and routing-weight gradients of every exact HybridEP run identical to plain EP\n"
+              "   on every rank: %s (the codec's run differs by design: its gathered experts are approximations)\n\n",
+              all_equal ? "yes" : "NO");
+  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
+                 "5. Timeline of the planner's S's measured step (the gather on each rank's lane, beside the compute)");
+  return all_equal ? 0 : 1;
+}
