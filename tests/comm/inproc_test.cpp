@@ -6,6 +6,7 @@
 #include "inproc_support.hpp"
 
 #include <moecomm/comm/inproc.hpp>
+#include <moecomm/ops/alltoall/stats.hpp>
 #include <moecomm/core/topology.hpp>
 
 #include <atomic>
@@ -100,6 +101,41 @@ TEST_CASE("topology maps ranks to nodes, contiguously or as given") {
   check_error([] { moecomm::topology(8, 3); }, moecomm::status::invalid_argument, {"ranks_per_node = 3"});
   check_error([] { moecomm::topology(std::vector<std::int32_t>{0, 0, 1}); }, moecomm::status::invalid_argument,
               {"node 1 has 1 ranks but node 0 has 2"});
+}
+
+TEST_CASE("topology puts nodes in domains, induces a group's topology, and alltoall_stats counts three link classes") {
+  moecomm::topology const one(8, 2);  // default: one domain
+  CHECK(one.num_domains() == 1);
+  CHECK(one.same_domain(0, 7));
+  moecomm::topology const three_level(12, 2, /*nodes_per_domain=*/3);  // 2 domains of 3 nodes of 2 ranks
+  CHECK(three_level.num_domains() == 2);
+  CHECK(three_level.ranks_per_domain() == 6);
+  CHECK(three_level.domain_of(5) == 0);
+  CHECK(three_level.domain_of(6) == 1);
+  CHECK(!three_level.same_domain(5, 6));
+  // Ranks 1, 3, 6, 8 as a group: nodes 0, 1, 3, 4 (renumbered 0..3), domains 0, 0, 1, 1.
+  moecomm::topology const members = three_level.of_members({1, 3, 6, 8});
+  CHECK(members.num_ranks() == 4);
+  CHECK(members.ranks_per_node() == 1);
+  CHECK(members.num_domains() == 2);
+  CHECK(members.same_domain(0, 1));
+  CHECK(!members.same_domain(1, 2));
+  moecomm::alltoall_stats stats;
+  stats.record(three_level, 0, 1, 10);   // same node
+  stats.record(three_level, 0, 2, 20);   // same domain, other node
+  stats.record(three_level, 0, 11, 40);  // other domain
+  stats.record(three_level, 0, 0, 80);   // itself: not a message
+  CHECK(stats.intra_messages == 1);
+  CHECK(stats.inter_messages == 1);
+  CHECK(stats.inter_domain_messages == 1);
+  CHECK(stats.inter_domain_bytes == 40);
+  CHECK(stats.bytes() == 70);
+  check_error([] { moecomm::topology(8, 2, 3); }, moecomm::status::invalid_argument, {"nodes_per_domain = 3"});
+  check_error([] { moecomm::topology({0, 0, 1, 1, 2, 2}, {0, 0, 1}); }, moecomm::status::invalid_argument,
+              {"domain 1 has 1 nodes but domain 0 has 2"});
+  check_error([] { moecomm::topology({0, 1}, {0}); }, moecomm::status::invalid_argument, {"domain_of_node has 1 entries, the nodes 2"});
+  check_error([] { (void)moecomm::topology(4, 2).of_members({0, 4}); }, moecomm::status::invalid_argument,
+              {"topology::of_members: member 4 is not a rank of 4"});
 }
 
 TEST_CASE("ranks calling different collectives all get an error naming the operation and the ranks") {

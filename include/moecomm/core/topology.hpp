@@ -47,38 +47,18 @@ class topology {
       : node_(std::move(node_of_rank)), domain_(std::move(domain_of_node)) {
     std::int32_t const ranks = static_cast<std::int32_t>(node_.size());
     detail::require(ranks > 0, "topology", "node_of_rank is empty");
-    std::int32_t nodes = 0;
-    for (std::int32_t r = 0; r < ranks; ++r) {
-      std::int32_t const n = node_[static_cast<std::size_t>(r)];
-      detail::require(n >= 0 && n < ranks, "topology", "node_of_rank[", r, "] = ", n, " is not in [0, ", ranks, ")");
-      nodes = n + 1 > nodes ? n + 1 : nodes;
-    }
-    std::vector<std::int32_t> size(static_cast<std::size_t>(nodes), 0);
-    local_.resize(node_.size());
-    for (std::int32_t r = 0; r < ranks; ++r) local_[static_cast<std::size_t>(r)] = size[static_cast<std::size_t>(node_[static_cast<std::size_t>(r)])]++;
+    std::vector<std::int32_t> const size = equal_groups(node_, "node_of_rank", "node", "ranks");
+    std::int32_t const nodes = static_cast<std::int32_t>(size.size());
     per_node_ = size[0];
-    for (std::int32_t n = 0; n < nodes; ++n)
-      detail::require(size[static_cast<std::size_t>(n)] == per_node_, "topology", "node ", n, " has ",
-                      size[static_cast<std::size_t>(n)], " ranks but node 0 has ", per_node_,
-                      " (every node must hold the same number)");
+    std::vector<std::int32_t> seen(size.size(), 0);
+    local_.resize(node_.size());
+    for (std::int32_t r = 0; r < ranks; ++r) local_[static_cast<std::size_t>(r)] = seen[static_cast<std::size_t>(node_[static_cast<std::size_t>(r)])]++;
     rank_at_.assign(static_cast<std::size_t>(ranks), 0);
     for (std::int32_t r = 0; r < ranks; ++r) rank_at_[static_cast<std::size_t>(node_of(r) * per_node_ + local_of(r))] = r;
     if (domain_.empty()) domain_.assign(static_cast<std::size_t>(nodes), 0);
     detail::require(static_cast<std::int32_t>(domain_.size()) == nodes, "topology", "domain_of_node has ", domain_.size(),
                     " entries, the nodes ", nodes);
-    std::int32_t domains = 0;
-    for (std::int32_t n = 0; n < nodes; ++n) {
-      std::int32_t const d = domain_[static_cast<std::size_t>(n)];
-      detail::require(d >= 0 && d < nodes, "topology", "domain_of_node[", n, "] = ", d, " is not in [0, ", nodes, ")");
-      domains = d + 1 > domains ? d + 1 : domains;
-    }
-    std::vector<std::int32_t> in_domain(static_cast<std::size_t>(domains), 0);
-    for (std::int32_t d : domain_) ++in_domain[static_cast<std::size_t>(d)];
-    for (std::int32_t d = 0; d < domains; ++d)
-      detail::require(in_domain[static_cast<std::size_t>(d)] == in_domain[0], "topology", "domain ", d, " has ",
-                      in_domain[static_cast<std::size_t>(d)], " nodes but domain 0 has ", in_domain[0],
-                      " (every domain must hold the same number)");
-    nodes_per_domain_ = in_domain[0];
+    nodes_per_domain_ = equal_groups(domain_, "domain_of_node", "domain", "nodes")[0];
   }
 
   //! The topology of the members of a group, in group rank order: `members[i]` is the rank (of
@@ -124,6 +104,25 @@ class topology {
   [[nodiscard]] bool same_domain(std::int32_t a, std::int32_t b) const { return domain_of(a) == domain_of(b); }
 
  private:
+  //! The size of each group `0..G-1` that `group_of[i]` names, checked: ids in `[0, size)`, every
+  //! group as large as group 0. Errors name `name[i]`, or the `kind` whose count of `members` differs.
+  static std::vector<std::int32_t> equal_groups(std::vector<std::int32_t> const& group_of, char const* name, char const* kind,
+                                                char const* members) {
+    std::int32_t const n = static_cast<std::int32_t>(group_of.size());
+    std::int32_t groups = 0;
+    for (std::int32_t i = 0; i < n; ++i) {
+      std::int32_t const g = group_of[static_cast<std::size_t>(i)];
+      detail::require(g >= 0 && g < n, "topology", name, "[", i, "] = ", g, " is not in [0, ", n, ")");
+      groups = g + 1 > groups ? g + 1 : groups;
+    }
+    std::vector<std::int32_t> size(static_cast<std::size_t>(groups), 0);
+    for (std::int32_t g : group_of) ++size[static_cast<std::size_t>(g)];
+    for (std::int32_t g = 0; g < groups; ++g)
+      detail::require(size[static_cast<std::size_t>(g)] == size[0], "topology", kind, " ", g, " has ", size[static_cast<std::size_t>(g)],
+                      " ", members, " but ", kind, " 0 has ", size[0], " (every ", kind, " must hold the same number)");
+    return size;
+  }
+
   std::vector<std::int32_t> node_, local_, rank_at_, domain_;
   std::int32_t per_node_ = 1, nodes_per_domain_ = 1;
 };
