@@ -167,3 +167,31 @@ TEST_CASE("HybridEP: a compression ratio below 1 or not finite is refused, namin
 }
 
 }  // namespace test
+
+#include <moecomm/patterns/layer_policies.hpp>
+
+namespace test {
+
+// The short form: one policy value, `hybridep{S}`, among the others in any order, turns the layer
+// a trainer builds with make_expert_parallel_layer into HybridEP, with the same results.
+TEST_CASE("HybridEP: one policy value in make_expert_parallel_layer makes the layer HybridEP") {
+  shadow_case const c = dense8;
+  auto const in = make_shadow_inputs<float>(c);
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::capacity<moecomm::drop_by_position> const capacity{1.0, 0, false, {}};
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, 1));
+    auto plain = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden, capacity);
+    auto hybrid = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                             moecomm::hybridep{2}, capacity);
+    static_assert(std::is_same_v<decltype(hybrid), moecomm::hybridep_layer<float, moecomm::host_backend, comm_t,
+                                                                           moecomm::capacity<moecomm::drop_by_position>>>);
+    auto const want = run_step(plain, comm.rank(), c, in);
+    auto const got = run_step(hybrid, comm.rank(), c, in);
+    check_same_result(got, want, comm.rank(), c);
+    CHECK(hybrid.report().expert_domain == 2);
+  });
+}
+
+}  // namespace test

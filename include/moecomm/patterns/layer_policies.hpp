@@ -12,9 +12,11 @@
 //!
 //! Each policy belongs to one kind, recognised by the traits below (specialise them for a policy
 //! of your own): capacity (default `dropless`), all-to-all algorithm (`flat`), weighting
-//! (`weighted`), shadowing (`no_shadowing`) and `routing_checks` (all on). The full positional form
-//! `expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, Weighting, Shadowing>` stays; the
-//! type of a layer made here is `expert_parallel_layer_of<T, Backend, Comm, Policies...>`.
+//! (`weighted`), shadowing (`no_shadowing`), `routing_checks` (all on) and HybridEP's expert
+//! domains (`hybridep{S, ...}`: the layer becomes a `hybridep_layer`, patterns/hybridep.hpp, whose
+//! exchange is its own, so it takes no all-to-all algorithm or shadowing policy). The full
+//! positional forms stay; the type of a layer made here is `expert_parallel_layer_of<T, Backend,
+//! Comm, Policies...>`.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/routing.hpp>
@@ -22,6 +24,7 @@
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/patterns/hybridep.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -55,6 +58,10 @@ struct is_shadowing_policy<P, std::void_t<decltype(P::shadows)>> : std::true_typ
 template <class P>
 struct is_routing_checks : std::is_same<P, routing_checks> {};
 
+//! HybridEP's expert domains (`hybridep`).
+template <class P>
+struct is_expert_domain_policy : std::is_same<P, hybridep> {};
+
 namespace detail {
 
 //! How many of `Policies` are of the kind `Is`.
@@ -87,14 +94,14 @@ auto policy_value(Default const& fallback, First const& first, Rest const&... re
 template <class Policy>
 inline constexpr int kinds_of = is_capacity_policy<Policy>::value + is_alltoall_algorithm<Policy>::value +
                                 is_weighting_policy<Policy>::value + is_shadowing_policy<Policy>::value +
-                                is_routing_checks<Policy>::value;
+                                is_routing_checks<Policy>::value + is_expert_domain_policy<Policy>::value;
 
 //! One static_assert per mistake, naming it.
 template <class... Policies>
 constexpr bool check_layer_policies() {
   static_assert(((kinds_of<Policies> == 1) && ...),
                 "moecomm::make_expert_parallel_layer: an argument after `hidden` is not a layer policy (a capacity "
-                "policy, an all-to-all algorithm, weighted/unweighted, a shadowing policy or routing_checks); "
+                "policy, an all-to-all algorithm, weighted/unweighted, a shadowing policy, routing_checks or hybridep); "
                 "specialise moecomm::is_capacity_policy (or the trait of its kind) for a policy of your own");
   static_assert(count_of_kind<is_capacity_policy, Policies...> <= 1,
                 "moecomm::make_expert_parallel_layer: two capacity policies given; name each kind at most once");
@@ -106,6 +113,12 @@ constexpr bool check_layer_policies() {
                 "moecomm::make_expert_parallel_layer: two shadowing policies given; name each kind at most once");
   static_assert(count_of_kind<is_routing_checks, Policies...> <= 1,
                 "moecomm::make_expert_parallel_layer: routing_checks given twice");
+  static_assert(count_of_kind<is_expert_domain_policy, Policies...> <= 1,
+                "moecomm::make_expert_parallel_layer: hybridep given twice");
+  static_assert(count_of_kind<is_expert_domain_policy, Policies...> == 0 ||
+                    (count_of_kind<is_alltoall_algorithm, Policies...> == 0 && count_of_kind<is_shadowing_policy, Policies...> == 0),
+                "moecomm::make_expert_parallel_layer: hybridep runs its own exchange (the dispatcher over each "
+                "offset's ranks) and moves experts itself: drop the all-to-all algorithm and the shadowing policy");
   return true;
 }
 
@@ -113,11 +126,14 @@ constexpr bool check_layer_policies() {
 
 //! The layer type `make_expert_parallel_layer<T>(be, groups, E, H, policies...)` returns.
 template <class T, class Backend, class Comm, class... Policies>
-using expert_parallel_layer_of =
+using expert_parallel_layer_of = std::conditional_t<
+    (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0),
+    hybridep_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
+                   detail::policy_of_t<is_weighting_policy, weighted, Policies...>>,
     expert_parallel_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
                           detail::policy_of_t<is_alltoall_algorithm, flat, Policies...>,
                           detail::policy_of_t<is_weighting_policy, weighted, Policies...>,
-                          detail::policy_of_t<is_shadowing_policy, no_shadowing, Policies...>>;
+                          detail::policy_of_t<is_shadowing_policy, no_shadowing, Policies...>>>;
 
 //! An expert-parallel layer of element type `T` with the given policies, in any order, each kind
 //! at most once; every kind not named takes its default. Collective (as the constructor).
@@ -125,7 +141,16 @@ template <class T, class Backend, class Comm, class... Policies>
 [[nodiscard]] expert_parallel_layer_of<T, Backend, Comm, Policies...> make_expert_parallel_layer(
     Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden, Policies const&... policies) {
   static_assert(detail::check_layer_policies<Policies...>());
-  return {std::move(be),
+  if constexpr (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0)
+    return {std::move(be),
+            groups,
+            num_experts,
+            hidden,
+            detail::policy_value<is_expert_domain_policy>(hybridep{}, policies...),
+            detail::policy_value<is_capacity_policy>(dropless{}, policies...),
+            detail::policy_value<is_routing_checks>(routing_checks{}, policies...)};
+  else
+    return {std::move(be),
           groups,
           num_experts,
           hidden,
