@@ -4,7 +4,7 @@
 // every step (so do the row counts); the same routings run twice, and in the second round, whose
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
 // capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto, HybridEP (exact and compressed);
-// and HybridEP's expert codec.
+// and HybridEP's expert codec; the replica schedulers.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -15,6 +15,7 @@
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
+#include <moecomm/plan/replica_schedule.hpp>
 
 #include <atomic>
 #include <cstdlib>
@@ -199,6 +200,37 @@ TEST_CASE("codec: a warm shared mean, encode and decode allocate nothing") {
     second_round[static_cast<std::size_t>(comm.rank())] = allocations_in(step);
   });
   CHECK(second_round == std::vector<std::int64_t>(2, 0));
+}
+
+// The replica schedulers on two count matrices of one shape, twice: the second round allocates
+// nothing (the flow network, pools and results keep their capacity).
+TEST_CASE("replica schedules: a warm workspace allocates nothing") {
+  std::int32_t const R = 8, E = 16;
+  moecomm::replica_sets sets;
+  sets.num_ranks = R;
+  for (std::int32_t e = 0; e < E; ++e) {
+    for (std::int32_t i = 0; i <= e % 3; ++i) sets.ranks.push_back((e + 3 * i) % R);
+    sets.offsets.push_back(static_cast<std::int32_t>(sets.ranks.size()));
+  }
+  std::vector<std::vector<std::int64_t>> counts(2, std::vector<std::int64_t>(R * E));
+  for (std::size_t i = 0; i < counts[0].size(); ++i) {
+    counts[0][i] = static_cast<std::int64_t>((i * 7919) % 23);
+    counts[1][i] = static_cast<std::int64_t>((i * 104729) % 41);
+  }
+  moecomm::topology const topo(R, 4);
+  moecomm::replica_schedule_workspace workspace;
+  moecomm::replica_schedule minmax;
+  moecomm::comm_aware_schedule aware;
+  std::vector<std::int64_t> load;
+  auto const step = [&](std::vector<std::int64_t> const& c) {
+    moecomm::expert_loads(c.data(), R, E, load);
+    moecomm::schedule_replicas(sets, load.data(), minmax, workspace);
+    moecomm::schedule_replicas_comm_aware(sets, topo, moecomm::link_weights{}, c.data(), aware, workspace);
+  };
+  step(counts[0]);
+  step(counts[1]);
+  CHECK(allocations_in([&] { step(counts[0]); }) == 0);
+  CHECK(allocations_in([&] { step(counts[1]); }) == 0);
 }
 
 }  // namespace test
