@@ -12,8 +12,13 @@
 //!     bench_hybridep --platform=hybridep-a800-16   (4 data centres x 4 A800; the default)
 //!     bench_hybridep --platform=hybridep-a800-32   (8 x 4)
 //!     bench_hybridep ... --csv=FILE                (one line per (traffic, variant); scripts/plot-hybridep draws it)
+//!     bench_hybridep --data-centres=128 --gpus-per-dc=8 --traffic=24 --only-planned
+//!                                                  (the scaling run: the platform's figures on D x G GPUs,
+//!                                                   E = the ranks, one traffic, flat against the planner's S)
+//!     bench_hybridep ... --model-only               (no simulation: the planner's predicted steps, plain EP
+//!                                                   (S = 1) against its pick, for every traffic)
 //!
-//! Configuration (systems.md §5; ours where the paper is silent): E = 32 experts; each expert an MLP
+//! Configuration (systems.md §5; ours where the paper is silent): E = 32 experts (the ranks, when more); each expert an MLP
 //! H -> 4H -> H in fp16 with H = 150, so 2·H·4H·2 B = 0.36 MB, Table V's expert size; top-2 uniform
 //! routing; dropless; per-GPU token traffic D = T·K·H·2 B of 6, 12, 24, 48, 96 and 192 MB (T up to
 //! 320 000 tokens per rank). Pre-expert compute (attention, dense FFN) charged before the layer: 2 ms
@@ -55,8 +60,9 @@ using comm_t = moecomm::simgrid_communicator;
 
 constexpr std::int64_t model_hidden = 150, model_ffn = 600, real_hidden = 4, real_ffn = 16, real_tokens = 2048;
 constexpr double fp16 = 2.0, fp32 = 4.0, pre_expert_seconds = 2e-3;
-constexpr std::int32_t top_k = 2, num_experts = 32;
-constexpr double traffic_mb[] = {6, 12, 24, 48, 96, 192};
+constexpr std::int32_t top_k = 2;
+std::int32_t num_experts = 32;  // E = 32 (Table V), or the ranks when there are more
+std::vector<double> traffic_mb = {6, 12, 24, 48, 96, 192};
 
 //! Model tokens per rank for `mb` megabytes of dispatch traffic per GPU.
 double model_tokens(double mb) { return mb * 1e6 / (top_k * model_hidden * fp16); }
@@ -163,8 +169,8 @@ shadowing shadowing_for(moecomm::cluster_spec const& spec) {
   return shadowing{p, {}, {}};
 }
 
-//! HybridEP's planner on the model-sized layer of `mb` traffic.
-std::int32_t planned_expert_domain(moecomm::simulated_platform const& platform, double mb) {
+//! HybridEP's planner's choice for the model-sized layer of `mb` traffic.
+moecomm::hybridep_choice planner_choice(moecomm::simulated_platform const& platform, double mb) {
   moecomm::hybridep_planner const planner(moecomm::hybridep_params::from_cluster(platform.spec()));
   moecomm::hybridep_layer_shape shape;
   shape.ranks_per_domain = platform.gpus_per_node();
@@ -174,7 +180,22 @@ std::int32_t planned_expert_domain(moecomm::simulated_platform const& platform, 
   shape.token_bytes = std::int64_t(mb * 1e6);
   shape.pre_expert_seconds = pre_expert_seconds;
   shape.expert_flops = 4.0 * model_tokens(mb) * top_k * model_hidden * model_ffn;
-  return planner.choose(shape).expert_domain_ranks;
+  return planner.choose(shape);
+}
+
+std::int32_t planned_expert_domain(moecomm::simulated_platform const& platform, double mb) {
+  return planner_choice(platform, mb).expert_domain_ranks;
+}
+
+//! `--model-only`: the planner's predicted steps, without simulating.
+void print_model(moecomm::simulated_platform const& platform) {
+  std::printf("The planner's model (not a simulation) on %s, %d ranks, E = %d: one layer's step\n", platform.name().c_str(),
+              platform.spec().num_gpus(), num_experts);
+  for (double mb : traffic_mb) {
+    moecomm::hybridep_choice const c = planner_choice(platform, mb);
+    std::printf("%6gMB  plain EP (S 1) %9.1f ms   HybridEP S %4d %9.1f ms   %5.2fx\n", mb, c.candidates.front().step_total * 1e3,
+                c.expert_domain_ranks, c.chosen().step_total * 1e3, c.candidates.front().step_total / c.chosen().step_total);
+  }
 }
 
 template <class Make>
@@ -223,6 +244,11 @@ void print_summary(char const* platform) {
         if (best == 0 || r.o.seconds < best) best = r.o.seconds, best_s = r.variant.substr(11);
       }
     }
+    if (base[0] > 0 && planned > 0 && (base[1] == 0 || base[2] == 0)) {  // --only-planned
+      std::printf("%6gMB %8.1fms %10s %10s   %7.1fms %5.2fx (%s) over flat\n", mb, base[0] * 1e3, "-", "-", planned * 1e3,
+                  base[0] / planned, planned_s.c_str());
+      continue;
+    }
     if (base[0] == 0 || base[1] == 0 || base[2] == 0 || best == 0) continue;
     double const mean = (base[0] + base[1] + base[2]) / 3;
     std::printf("%6gMB %8.1fms %8.1fms %8.1fms   %7.1fms %5.2fx (%s)   %7.1fms %5.2fx (%s)   %7.1fms %5.2fx\n", mb,
@@ -246,10 +272,28 @@ void write_csv(std::string const& path) {
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "hybridep-a800-16");
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
+  int const data_centres = std::stoi(moecomm_bench::take_flag(argc, argv, "--data-centres=", "0"));
+  int const gpus_per_dc = std::stoi(moecomm_bench::take_flag(argc, argv, "--gpus-per-dc=", "0"));
+  std::string const traffic = moecomm_bench::take_flag(argc, argv, "--traffic=", "");
+  bool const only_planned = moecomm_bench::take_flag(argc, argv, "--only-planned", "no") != "no";
+  bool const model_only = moecomm_bench::take_flag(argc, argv, "--model-only", "no") != "no";
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
+  moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name, [&](moecomm::cluster_spec& spec) {
+    if (data_centres <= 0 && gpus_per_dc <= 0) return;
+    if (data_centres > 0) spec.domains = data_centres;
+    if (gpus_per_dc > 0) spec.gpus_per_node = gpus_per_dc;
+    spec.name += "-scaled";
+    spec.source += "; scaled to " + std::to_string(spec.domains) + " data centres x " + std::to_string(spec.gpus_per_node) +
+                   " GPUs by bench_hybridep";
+  });
   std::int32_t const ranks = platform.spec().num_gpus();
+  num_experts = std::max(32, ranks);
+  if (!traffic.empty()) traffic_mb = {std::stod(traffic)};
+  if (model_only) {
+    print_model(platform);
+    return 0;
+  }
   benchmark::AddCustomContext("workload", "E = 32, MLP 150 -> 600 -> 150 fp16 (0.36 MB), top-2 uniform, dropless, 2 ms "
                                           "pre-expert compute; per-GPU traffic 6-192 MB");
   shadowing const shadow = shadowing_for(platform.spec());
@@ -258,6 +302,14 @@ int main(int argc, char** argv) {
       using L = moecomm::expert_parallel_layer<float, backend, comm_t>;
       return std::make_unique<variant<L>>(be, g, num_experts, real_hidden);
     });
+    std::int32_t const planned = planned_expert_domain(platform, mb);
+    if (only_planned) {
+      register_variant(platform, mb, "hybridep/S:" + std::to_string(planned), true,
+                       [planned](backend const& be, moecomm::exchange_groups<comm_t>& g) {
+                         return std::make_unique<variant<hybridep_t>>(be, g, num_experts, real_hidden, moecomm::hybridep{planned});
+                       });
+      continue;
+    }
     register_variant(platform, mb, "hier2d", false, [](backend const& be, moecomm::exchange_groups<comm_t>& g) {
       using L = moecomm::expert_parallel_layer<float, backend, comm_t, moecomm::dropless, moecomm::hierarchical_2d>;
       return std::make_unique<variant<L>>(be, g, num_experts, real_hidden);
@@ -267,7 +319,6 @@ int main(int argc, char** argv) {
       return std::make_unique<variant<L>>(be, g, num_experts, real_hidden, moecomm::dropless{}, moecomm::flat{},
                                              moecomm::routing_checks{}, shadow);
     });
-    std::int32_t const planned = planned_expert_domain(platform, mb);
     register_variant(platform, mb, "hybridep/S:" + std::to_string(planned) + "/c50", false,
                      [planned](backend const& be, moecomm::exchange_groups<comm_t>& g) {
                        moecomm::hybridep const policy{planned, moecomm::expert_domain_spread::across_data_centres, 50};

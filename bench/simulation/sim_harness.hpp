@@ -38,13 +38,24 @@ inline std::string take_flag(int& argc, char** argv, char const* flag, std::stri
   return value;
 }
 
-//! Builds the named platform into this process and records it in the benchmark context.
-inline moecomm::simulated_platform const& use_platform(std::string const& name) {
-  static moecomm::simulated_platform const platform = moecomm::simulated_platform::named(name);
+//! Builds the named platform, its spec first changed by `adjust(cluster_spec&)`, into this process
+//! and records it in the benchmark context (one platform per process: the first call's).
+template <class Adjust>
+moecomm::simulated_platform const& use_platform(std::string const& name, Adjust&& adjust) {
+  static moecomm::simulated_platform const platform = [&] {
+    moecomm::cluster_spec spec = moecomm::read_cluster_spec(moecomm::platform_file(name));
+    adjust(spec);
+    return moecomm::simulated_platform(spec);
+  }();
   platform.build();
   benchmark::AddCustomContext("platform", platform.name() + " (" + platform.spec().source + ")");
   benchmark::AddCustomContext("time", "simulated seconds (SimGrid 3.32, network model CM02, no cross-traffic)");
   return platform;
+}
+
+//! The named platform as shipped.
+inline moecomm::simulated_platform const& use_platform(std::string const& name) {
+  return use_platform(name, [](moecomm::cluster_spec&) {});
 }
 
 //! One rank's routing: `[T][K]` distinct experts and weights summing to 1 per token.
