@@ -20,6 +20,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #if !MOECOMM_CUDA_COMPILATION()
@@ -103,6 +105,16 @@ struct cuda_allocator {
   return ok;
 }
 
+namespace detail {
+//! `reduce`'s device memory (the result slot, then CUB's scratch), grown and kept: a warm `reduce`
+//! allocates nothing. Shared by the copies of a back-end; the lock orders reductions from two of
+//! the rank's threads (its own and a lane).
+struct cuda_reduce_scratch {
+  std::mutex lock;
+  buffer<unsigned char, cuda_allocator> bytes;
+};
+}  // namespace detail
+
 //! Runs kernel functors on the current device, in order on `stream`. Calls are asynchronous
 //! except those that return a value to the host (`reduce`) and `synchronize`.
 class cuda_backend {
@@ -114,7 +126,7 @@ class cuda_backend {
   //! @param stream the stream all work is ordered on.
   //! @param timeout the longest any host wait may take before `error(timeout)`.
   explicit cuda_backend(cudaStream_t stream = nullptr, std::chrono::milliseconds timeout = std::chrono::seconds(100))
-      : stream_(stream), timeout_(timeout) {}
+      : stream_(stream), timeout_(timeout), reduce_scratch_(std::make_shared<detail::cuda_reduce_scratch>()) {}
 
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
 
@@ -148,17 +160,19 @@ class cuda_backend {
   template <class T, class Map, class Op>
   [[nodiscard]] T reduce(std::int64_t n, T init, Map const& map, Op const& op) const {
     if (n <= 0) return init;
-    auto result = allocate<T>(1);
+    std::lock_guard<std::mutex> const hold(reduce_scratch_->lock);
     thrust::counting_iterator<std::int64_t> const first(0);
     std::size_t bytes = 0;
-    detail::cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, first, result.data(), n, op, map, init, stream_),
+    detail::cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, first, static_cast<T*>(nullptr), n, op, map, init, stream_),
                        "cub::DeviceReduce::TransformReduce");
-    auto scratch = allocate<unsigned char>(static_cast<std::int64_t>(bytes));
-    detail::cuda_check(
-        cub::DeviceReduce::TransformReduce(scratch.data(), bytes, first, result.data(), n, op, map, init, stream_),
-        "cub::DeviceReduce::TransformReduce");
+    std::size_t const slot = (sizeof(T) + 255) / 256 * 256;  // CUB's scratch stays 256-byte aligned
+    grow(*this, reduce_scratch_->bytes, static_cast<std::int64_t>(slot + bytes));
+    T* const result = reinterpret_cast<T*>(reduce_scratch_->bytes.data());
+    detail::cuda_check(cub::DeviceReduce::TransformReduce(reduce_scratch_->bytes.data() + slot, bytes, first, result, n, op, map,
+                                                          init, stream_),
+                       "cub::DeviceReduce::TransformReduce");
     T value = init;
-    copy(&value, result.data(), 1);
+    copy(&value, result, 1);
     synchronize();
     return value;
   }
@@ -213,6 +227,7 @@ class cuda_backend {
  private:
   cudaStream_t stream_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<detail::cuda_reduce_scratch> reduce_scratch_;  //!< kept by every copy of this back-end
 };
 
 MOECOMM_NAMESPACE_END
