@@ -36,6 +36,7 @@
 //! every rank; the reported objective uses α as given.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/replica_placement.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/plan/detail/flow_network.hpp>
@@ -61,6 +62,11 @@ struct replica_sets {
   //! E.
   [[nodiscard]] std::int32_t num_experts() const { return static_cast<std::int32_t>(offsets.size()) - 1; }
 };
+
+//! The replica sets of `placement` (expert by expert, ascending rank).
+[[nodiscard]] inline replica_sets replica_sets_of(replica_placement const& placement) {
+  return {placement.num_ranks(), placement.replica_offsets(), placement.replica_ranks()};
+}
 
 //! A min-max schedule (`schedule_replicas`).
 struct replica_schedule {
