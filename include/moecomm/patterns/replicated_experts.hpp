@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `replicated_expert_layer`: experts held by several ranks (`replica_placement`), each token sent
+//! to one replica of its expert (FineMoE/MicroMoE and FlexMoE; reference/systems.md §3, §4).
+//!
+//! Each step, per forward:
+//! 1. this rank's tokens per expert (a dropless permute plan on the real experts), all-gathered
+//!    into the `[R][E]` counts, the same on every rank;
+//! 2. the split of each expert's tokens over its replicas: `finemoe_split` solves the exact min-max
+//!    schedule (`schedule_replicas`, FineMoE eq. 3) and assigns by FineMoE's Algorithm 1;
+//!    `even_split` shares each rank's tokens evenly (FlexMoE). `plan/replica_assignment.hpp`;
+//! 3. every slot relabeled to its replica's *slot id* `rank · S + local index` (a rank's tokens of
+//!    an expert go to the replicas as contiguous ranges of their (token, slot) order);
+//! 4. plain expert parallelism over the `R · S` slots: the library's `dispatcher`, whose combine
+//!    adds every token's slots in slot order, so outputs and input gradients are plain EP's bit for
+//!    bit whatever the placement and split (an expert's row does not depend on the replica).
+//!
+//! Backward: the dispatcher's; each replica accumulates its rows' share of its expert's gradient
+//! in `experts.gradients(l)`, then the replicas of each expert all-reduce them (`ordered_allreduce`,
+//! ascending rank), slot row by slot row in ascending local index, so that every replica ends with
+//! the expert's whole gradient: plain EP's owner's, bitwise where the sums are exact. Dropless only
+//! (FineMoE drops nothing).
+//!
+//! The experts object of rank `r` holds the parameters of its slots: `parameters(l)` is the replica
+//! in slot `(r, l)` (`placement.expert_at(r, l)`); replicas of an expert must start equal, and stay
+//! so when the trainer applies the all-reduced gradients alike.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/functional.hpp>
+#include <moecomm/core/matrix.hpp>
+#include <moecomm/core/optional_output.hpp>
+#include <moecomm/core/replica_placement.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/core/workspace.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/ops/ordered_allreduce.hpp>
+#include <moecomm/ops/permute_plan.hpp>
+#include <moecomm/patterns/experts.hpp>
+#include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/plan/replica_assignment.hpp>
+#include <moecomm/plan/replica_schedule.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! FineMoE's split: the exact min-max schedule, then Algorithm 1.
+struct finemoe_split {
+  static constexpr char const* name = "finemoe";
+};
+//! FlexMoE's split: each rank's tokens of an expert shared evenly among its replicas.
+struct even_split {
+  static constexpr char const* name = "even";
+};
+
+//! What one step of a `replicated_expert_layer` decided and did on this rank.
+struct replicated_report {
+  std::int64_t busiest_rank_rows = 0;      //!< the largest rank load after the split (the min-max bound with finemoe_split)
+  std::vector<std::int64_t> rank_rows;     //!< rows each rank computes this step
+  alltoall_stats exchange;                 //!< the dispatcher's
+};
+
+namespace detail {
+
+//! `out[i]` = the slot id of the replica that takes slot i (file comment, 3.); masked slots unchanged.
+struct relabel_to_replica {
+  std::int32_t const* idx;
+  std::int32_t const* row_of;          //!< the real experts' plan
+  std::int32_t const* expert_offsets;  //!< `[E + 1]`, same plan
+  std::int32_t const* range_first;     //!< `[E + 1]`: expert e's ranges
+  std::int64_t const* range_end;       //!< end of each range, a position among the expert's rows
+  std::int32_t const* range_slot;      //!< the replica's slot id
+  std::int32_t num_experts;
+  std::int32_t* out;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int32_t const e = idx[i];
+    if (!is_valid_expert(e, num_experts) || row_of[i] < 0) {
+      out[i] = e;
+      return;
+    }
+    std::int64_t const p = row_of[i] - expert_offsets[e];
+    std::int32_t r = range_first[e];
+    while (r + 1 < range_first[e + 1] && p >= range_end[r]) ++r;
+    out[i] = range_slot[r];
+  }
+};
+
+}  // namespace detail
+
+//! One MoE layer over replicated experts (see the file comment).
+//! @tparam Split `finemoe_split` or `even_split`; @tparam Weighting `weighted` or `unweighted`.
+template <class T, class Backend, class Comm, class Split = finemoe_split, class Weighting = weighted>
+class replicated_expert_layer {
+ public:
+  //! Collective over the world of `groups` (one communicator per slot row is split off).
+  //! @throws error (invalid_argument) naming `placement` when its ranks are not the world's.
+  replicated_expert_layer(Backend be, exchange_groups<Comm>& groups, replica_placement placement, std::int64_t hidden,
+                          Split split = {}, routing_checks checks = {})
+      : be_(be), world_(&groups.world()), placement_(checked(std::move(placement), groups.world().size())),
+        sets_(replica_sets_of(placement_)),
+        dispatcher_(be, groups, placement_.num_ranks() * placement_.slots_per_rank(), dropless{}, flat{}, unchecked_routing),
+        split_(split), checks_(checks), hidden_(hidden) {
+    detail::require(hidden > 0, "replicated_expert_layer", "hidden = ", hidden, " must be positive");
+    std::int32_t const me = world_->rank(), E = placement_.num_experts();
+    for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {  // replica groups, slot row by slot row
+      std::int32_t const e = placement_.expert_at(me, l);
+      replica_groups_.push_back(world_->split(e >= 0 ? e : E + me, me));
+    }
+  }
+
+  //! `out[t]` = plain expert parallelism's combine (file comment). Collective.
+  //! @param x `[>= T][hidden]`; @param out `[>= T][hidden]`.
+  template <class Experts>
+  void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
+    if constexpr (detail::check_experts<T, Experts, true, false>()) checked_forward(routing, x, out, experts);
+  }
+
+  //! The gradients of `x` and of the routing weights, and every replica's expert gradient (all
+  //! replicas summed). Collective.
+  template <class ExpertsBackward>
+  void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x, optional_output<array_view<float>> d_weights,
+                ExpertsBackward&& experts) {
+    if constexpr (detail::check_experts<T, ExpertsBackward, true, true>()) checked_backward(d_out, d_x, d_weights, experts);
+  }
+
+  [[nodiscard]] replicated_report const& report() const { return report_; }
+  [[nodiscard]] replica_placement const& placement() const { return placement_; }
+  //! The dispatcher over the slots (its report: rows received, messages).
+  [[nodiscard]] dispatcher<Backend, Comm, dropless, flat> const& dispatch_state() const { return dispatcher_; }
+
+ private:
+  static replica_placement checked(replica_placement p, std::int32_t ranks) {
+    detail::require(p.num_ranks() == ranks, "replicated_expert_layer", "placement has ", p.num_ranks(),
+                    " ranks, the world ", ranks);
+    return p;
+  }
+
+  template <class Experts>
+  void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
+    char const* op = "replicated_expert_layer::forward";
+    detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
+    routed_ = false;
+    std::int32_t const R = placement_.num_ranks(), E = placement_.num_experts(), me = world_->rank();
+    // 1. This rank's rows per expert, then every rank's.
+    build_permute_plan(be_, routing, E, real_plan_, scratch_, checks_);
+    std::int32_t* const offsets = scratch_.template host<std::int32_t>(E + 1);
+    be_.copy(offsets, real_plan_.expert_offsets(), E + 1);
+    be_.synchronize();
+    counts_.resize(static_cast<std::size_t>(R) * E);
+    mine_.resize(static_cast<std::size_t>(E));
+    for (std::int32_t e = 0; e < E; ++e) mine_[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
+    world_->allgather(mine_.data(), counts_.data(), E * std::int64_t(sizeof(std::int64_t)));  // host memory: not NCCL yet
+    // 2. The split and the assignment.
+    if constexpr (std::is_same_v<Split, finemoe_split>) {
+      loads_.assign(static_cast<std::size_t>(E), 0);
+      for (std::int32_t s = 0; s < R; ++s)
+        for (std::int32_t e = 0; e < E; ++e) loads_[static_cast<std::size_t>(e)] += counts_[static_cast<std::size_t>(s) * E + e];
+      schedule_replicas(sets_, loads_.data(), schedule_, schedule_workspace_);
+      assign_tokens_finemoe(sets_, counts_.data(), schedule_.split, assignment_);
+    } else {
+      assign_tokens_evenly(sets_, counts_.data(), assignment_);
+    }
+    record_loads();
+    // 3. Each slot to its replica's slot id.
+    build_ranges(me);
+    std::int64_t const slots = routing.num_tokens * routing.top_k;
+    std::int32_t* const relabeled = grow(be_, relabeled_idx_, slots).data();
+    if (slots > 0)
+      be_.for_each_index(slots, detail::relabel_to_replica{routing.topk_idx, real_plan_.row_of(), real_plan_.expert_offsets(),
+                                                           device_range_first_, device_range_end_, device_range_slot_, E,
+                                                           relabeled});
+    routing_view by_slot = routing;
+    by_slot.topk_idx = relabeled;
+    // 4. Plain expert parallelism over the slots.
+    dispatcher_.route(by_slot);
+    std::int64_t const rows = dispatcher_.received_rows();
+    dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
+    matrix_view<T> const expert_out = view(grow_rows(expert_out_, rows), rows);
+    for_each_slot([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      experts.forward(experts.parameters(l), rows_at(expert_in_, b, n), rows_at(expert_out_, b, n));
+      detail::charge_expert_flops(be_, experts, n, 1);
+    });
+    dispatcher_.template combine<Weighting, T>(matrix_view<T const>(expert_out), out);
+    report_.exchange = dispatcher_.report().exchange;
+    routed_ = true;
+  }
+
+  template <class Experts>
+  void checked_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x, optional_output<array_view<float>> d_weights,
+                        Experts& experts) {
+    char const* op = "replicated_expert_layer::backward";
+    if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
+    routing_view const& routing = dispatcher_.plan().routing();
+    detail::check_layer_backward_arguments(op, routing.num_tokens, routing.top_k, detail::is_weighted<Weighting>(), d_out, d_x,
+                                           d_weights, hidden_);
+    std::int64_t const rows = dispatcher_.received_rows();
+    matrix_view<T> const d_expert_out = view(grow_rows(d_expert_out_, rows), rows);
+    matrix_view<T> const d_expert_in = view(grow_rows(d_expert_in_, rows), rows);
+    dispatcher_.template combine_backward<Weighting, T>(d_out, d_expert_out, d_weights);
+    for_each_slot([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      experts.backward(experts.parameters(l), rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), rows_at(d_expert_in_, b, n),
+                       experts.gradients(l));
+      detail::charge_expert_flops(be_, experts, n, 2);
+    });
+    // Every replica group in ascending local index: a rank's groups come in the same order as its peers'.
+    std::int32_t const me = world_->rank();
+    for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {
+      std::int32_t const e = placement_.expert_at(me, l);
+      if (e < 0 || placement_.replica_count(e) == 1) continue;
+      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+      ordered_allreduce(be_, replica_groups_[static_cast<std::size_t>(l)],
+                        array_view<detail::parameter_t<Experts>>{experts.gradients(l), experts.parameter_count()}, scratch_);
+    }
+    dispatcher_.template dispatch_backward<T>(matrix_view<T const>(d_expert_in), d_x);
+    report_.exchange = dispatcher_.report().exchange;
+  }
+
+  //! The ranges of this rank's tokens per expert (own replica first, then ascending rank), on the device.
+  void build_ranges(std::int32_t me) {
+    std::int32_t const E = placement_.num_experts(), S = placement_.slots_per_rank();
+    std::size_t const K = sets_.ranks.size();
+    range_first_.assign(1, 0);
+    range_end_.clear();
+    range_slot_.clear();
+    for (std::int32_t e = 0; e < E; ++e) {
+      std::int32_t const first = sets_.offsets[static_cast<std::size_t>(e)], n = sets_.offsets[static_cast<std::size_t>(e) + 1] - first;
+      std::int32_t const own = replica_assignment::own_replica(sets_, me, e), local = placement_.local_index_of(e);
+      std::int64_t end = 0;
+      auto add = [&](std::int32_t j) {
+        std::int64_t const t = assignment_.take[static_cast<std::size_t>(me) * K + static_cast<std::size_t>(first + j)];
+        if (t == 0) return;
+        end += t;
+        range_end_.push_back(end);
+        range_slot_.push_back(sets_.ranks[static_cast<std::size_t>(first + j)] * S + local);
+      };
+      if (own >= 0) add(own);
+      for (std::int32_t j = 0; j < n; ++j)
+        if (j != own) add(j);
+      range_first_.push_back(static_cast<std::int32_t>(range_end_.size()));
+    }
+    std::int64_t const ranges = static_cast<std::int64_t>(range_end_.size());
+    device_range_first_ = tables_.template get<std::int32_t>(be_, E + 1);
+    device_range_end_ = range_tables_.template get<std::int64_t>(be_, ranges + 1);
+    device_range_slot_ = slot_tables_.template get<std::int32_t>(be_, ranges + 1);
+    be_.copy(device_range_first_, range_first_.data(), E + 1);
+    be_.copy(device_range_end_, range_end_.data(), ranges);
+    be_.copy(device_range_slot_, range_slot_.data(), ranges);
+    be_.synchronize();
+  }
+
+  void record_loads() {
+    std::int32_t const R = placement_.num_ranks();
+    std::size_t const K = sets_.ranks.size();
+    report_.rank_rows.assign(static_cast<std::size_t>(R), 0);
+    for (std::int32_t s = 0; s < R; ++s)
+      for (std::size_t k = 0; k < K; ++k) report_.rank_rows[static_cast<std::size_t>(sets_.ranks[k])] += assignment_.take[static_cast<std::size_t>(s) * K + k];
+    report_.busiest_rank_rows = 0;
+    for (std::int64_t r : report_.rank_rows) report_.busiest_rank_rows = std::max(report_.busiest_rank_rows, r);
+  }
+
+  using rows_t = typename Backend::template buffer_type<T>;
+  rows_t& grow_rows(rows_t& b, std::int64_t rows) const { return grow(be_, b, rows * hidden_); }
+  matrix_view<T> view(rows_t& b, std::int64_t rows) const { return {b.data(), rows, hidden_}; }
+  matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
+
+  //! `f(l, first row, rows)` for each slot of this rank.
+  template <class F>
+  void for_each_slot(F&& f) const {
+    auto const& offsets = dispatcher_.local_expert_offsets();
+    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l)
+      f(l, offsets[static_cast<std::size_t>(l)], offsets[static_cast<std::size_t>(l) + 1] - offsets[static_cast<std::size_t>(l)]);
+  }
+
+  Backend be_;
+  Comm* world_;
+  replica_placement placement_;
+  replica_sets sets_;
+  dispatcher<Backend, Comm, dropless, flat> dispatcher_;
+  Split split_;
+  routing_checks checks_;
+  std::int64_t hidden_;
+  std::vector<Comm> replica_groups_;  //!< per slot row: this rank's replica group
+  permute_plan<Backend> real_plan_;
+  workspace<Backend> scratch_, tables_, range_tables_, slot_tables_;
+  std::vector<std::int64_t> mine_, counts_, loads_;  //!< host: this rank's rows per expert, every rank's, the loads
+  std::vector<std::int32_t> range_first_, range_slot_;
+  std::vector<std::int64_t> range_end_;
+  std::int32_t* device_range_first_ = nullptr;
+  std::int64_t* device_range_end_ = nullptr;
+  std::int32_t* device_range_slot_ = nullptr;
+  replica_schedule schedule_;
+  replica_schedule_workspace schedule_workspace_;
+  replica_assignment assignment_;
+  replicated_report report_;
+  typename Backend::template buffer_type<std::int32_t> relabeled_idx_;
+  rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;
+  bool routed_ = false;
+};
+
+MOECOMM_NAMESPACE_END
