@@ -15,6 +15,7 @@
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
+#include <moecomm/patterns/replicated_experts.hpp>
 #include <moecomm/plan/replica_schedule.hpp>
 
 #include <atomic>
@@ -174,6 +175,29 @@ TEST_CASE("a layer step allocates nothing once warm: HybridEP, exact and compres
     });
     check_warm_steps(counts);
   }
+}
+
+// Replicated experts on 4 ranks (cyclic placement, 2 replicas each), both splits: the real
+// experts' plan, the counts' all-gather, the schedule (its workspace), the assignment, the
+// relabeling tables and the replica groups' all-reduces.
+template <class Split>
+void check_replicated_warm_steps() {
+  std::vector<std::vector<std::int64_t>> counts(4);
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
+    moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(4, 4, 2);  // 8 experts
+    moecomm::replicated_expert_layer<float, moecomm::host_backend, moecomm::inproc_communicator, Split> layer(
+        moecomm::host_backend{}, groups, placement, 16);
+    scale_bias_experts<float> experts(comm.rank(), 4, 16, false);
+    counts[comm.rank()] = count_steps(layer, comm.rank(), experts, 8);
+  });
+  check_warm_steps(counts);
+}
+
+TEST_CASE("a layer step allocates nothing once warm: replicated experts, FineMoE's and FlexMoE's splits") {
+  check_replicated_warm_steps<moecomm::finemoe_split>();
+  check_replicated_warm_steps<moecomm::even_split>();
 }
 
 // The shared expert's mean, an encode and a decode, twice: the second round allocates nothing (the

@@ -33,6 +33,9 @@ struct replica_assignment {
   //! `take[s * K + offsets[e] + j]`: tokens rank s sends to replica j of expert e (K = all replicas),
   //! aligned with `replica_sets::ranks`.
   std::vector<std::int64_t> take;
+  //! Algorithm 1's running totals (tokens a replica still takes, a rank still sends), kept between
+  //! calls so that a warm assignment allocates nothing.
+  std::vector<std::int64_t> still_takes, still_sends;
 
   //! The replica (index into expert e's list) that takes position `p` of rank `s`'s tokens of `e`:
   //! the own replica's range first, then the others in ascending rank. `p` must be below the count.
@@ -89,7 +92,10 @@ inline void assign_tokens_finemoe(replica_sets const& sets, std::int64_t const* 
   std::int32_t const R = sets.num_ranks, E = sets.num_experts();
   std::size_t const K = sets.ranks.size();
   detail::require(split.size() == K, op, "split has ", split.size(), " entries, the replicas ", K);
-  std::vector<std::int64_t> left(K), input(static_cast<std::size_t>(R));
+  std::vector<std::int64_t>& left = out.still_takes;
+  std::vector<std::int64_t>& input = out.still_sends;
+  left.resize(K);
+  input.resize(static_cast<std::size_t>(R));
   for (std::int32_t e = 0; e < E; ++e) {
     std::int32_t const first = sets.offsets[static_cast<std::size_t>(e)], n = sets.offsets[static_cast<std::size_t>(e) + 1] - first;
     std::int64_t load = 0, taken = 0;
