@@ -3,12 +3,13 @@
 // for every capacity policy and all-to-all algorithm: the same check as the in-process test
 // (layer_cases.hpp), each process running its own rank. And FasterMoE's shadowed layer equals the
 // plain one (shadow_cases.hpp), over both replica paths, with the smart schedule; and HybridEP
-// equals it too (hybridep_cases.hpp).
+// equals it too (hybridep_cases.hpp), and so do replicated experts (replicated_cases.hpp).
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../support/mpi_doctest.hpp"
 #include "layer_cases.hpp"
 #include "hybridep_cases.hpp"
+#include "replicated_cases.hpp"
 #include "shadow_cases.hpp"
 
 #include <moecomm/comm/mpi.hpp>
@@ -61,6 +62,20 @@ TEST_CASE("HybridEP over MPI: every expert-domain size equals plain expert paral
     CAPTURE(s);
     check_hybridep_on_rank(comm, h, in, {s, moecomm::expert_domain_spread::across_data_centres}, s != 1, moecomm::dropless{});
     if (s <= 2) check_hybridep_on_rank(comm, h, in, {s, moecomm::expert_domain_spread::within_data_centres}, true, moecomm::dropless{});
+  }
+}
+
+// Replicated experts on 4 processes: a cyclic placement (8 experts, 2 replicas each), both splits,
+// uniform and Zipf 1.2 routing, equal to plain EP.
+TEST_CASE("Replicated experts over MPI: both splits equal plain expert parallelism bit for bit") {
+  moecomm::mpi_communicator comm(MPI_COMM_WORLD, {});
+  moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(4, 4, 2);
+  for (double zipf : {0.0, 1.2}) {
+    CAPTURE(zipf);
+    shadow_case const c{4, 2, 8, 2, 8, {64, 40, 0, 96}, zipf, true};
+    auto const in = make_shadow_inputs<float>(c);
+    check_replicated_on_rank<moecomm::finemoe_split>(comm, c, in, placement);
+    check_replicated_on_rank<moecomm::even_split>(comm, c, in, placement);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/parm_cases.hpp"
+#include "../patterns/replicated_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
 #include "sim_support.hpp"
 
@@ -303,6 +304,23 @@ TEST_CASE("simulated layer: HybridEP equals plain expert parallelism on simulate
     CAPTURE(overlapped);
     CHECK(overlapped > 8e-3);
     CHECK(overlapped <= sequential - 0.8 * gather);
+  }
+}
+
+}  // namespace test
+
+namespace test {
+
+TEST_CASE("simulated layer: replicated experts equal plain expert parallelism on simulated ranks, both splits") {
+  shadow_case const c{8, 4, 16, 2, 8, {80, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};
+  auto const in = make_shadow_inputs<float>(c);
+  moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(8, 4, 2);
+  for (int split = 0; split < 2; ++split) {
+    moecomm::simgrid_world world = sim_world(8, 4);
+    world.run([&](moecomm::simgrid_communicator comm) {
+      if (split == 0) check_replicated_on_rank<moecomm::finemoe_split>(comm, c, in, placement, moecomm::simulated_backend<>{});
+      else check_replicated_on_rank<moecomm::even_split>(comm, c, in, placement, moecomm::simulated_backend<>{});
+    });
   }
 }
 

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Replicated experts' per-rank check, shared by the in-process (replicated_experts_test.cpp), MPI
+// and simulated tests: plain expert parallelism first, then the replicated layer on the same
+// inputs, compared bit for bit, every replica's gradient against the plain owner's.
+
+#include "shadow_cases.hpp"
+
+#include <moecomm/patterns/replicated_experts.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace test {
+
+// scale_bias_experts whose slot l holds the parameters of expert `placement.expert_at(rank, l)`.
+inline scale_bias_experts<float> slot_experts(moecomm::replica_placement const& p, std::int32_t rank, std::int64_t hidden) {
+  scale_bias_experts<float> experts(rank, p.slots_per_rank(), hidden, true);
+  for (std::int32_t l = 0; l < p.slots_per_rank(); ++l) {
+    std::int32_t const e = std::max(p.expert_at(rank, l), 0);
+    for (std::int64_t i = 0; i < 2 * hidden; ++i)
+      experts.params[static_cast<std::size_t>(l * 2 * hidden + i)] = parameter_value(e, i, true);
+  }
+  return experts;
+}
+
+// One rank of any world: plain EP, then the replicated layer with `Split` on `placement`.
+template <class Split, class Comm, class Backend = moecomm::host_backend>
+void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<float> const& in,
+                              moecomm::replica_placement const& placement, Backend const& be = Backend{}) {
+  std::int32_t const me = comm.rank(), E = c.experts, L = E / c.ranks, R = c.ranks;
+  moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  moecomm::expert_parallel_layer<float, Backend, Comm> plain(be, groups, E, c.hidden);
+  layer_result<float> const want = run_step(plain, me, c, in);
+  // Every rank's plain gradients and rows, to find each replica's owner's.
+  std::int64_t const n = static_cast<std::int64_t>(want.grads.size());
+  std::vector<float> owners(static_cast<std::size_t>(n * R));
+  comm.allgather(want.grads.data(), owners.data(), n * std::int64_t(sizeof(float)));
+  std::int64_t const rows = plain.dispatch_state().received_rows();
+  std::vector<std::int64_t> plain_rows(static_cast<std::size_t>(R));
+  comm.allgather(&rows, plain_rows.data(), sizeof rows);
+  std::int64_t const plain_busiest = *std::max_element(plain_rows.begin(), plain_rows.end());
+
+  moecomm::replicated_expert_layer<float, Backend, Comm, Split> layer(be, groups, placement, c.hidden);
+  auto const& r = in.routing[static_cast<std::size_t>(me)];
+  auto experts = slot_experts(placement, me, c.hidden);
+  layer_result<float> got{poisoned<float>(r.tokens * c.hidden), poisoned<float>(r.tokens * c.hidden),
+                          poisoned<float>(r.tokens * r.top_k), {}};
+  layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden},
+                {got.out.data(), r.tokens, c.hidden}, experts);
+  layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {got.d_x.data(), r.tokens, c.hidden},
+                 got.d_w, experts);
+  CAPTURE(me);
+  check_bitwise(got.out, want.out, c.hidden, "replicated layer output vs plain");
+  check_bitwise(got.d_x, want.d_x, c.hidden, "replicated input gradient vs plain");
+  check_bitwise(got.d_w, want.d_w, 1, "replicated routing-weight gradient vs plain");
+  for (std::int32_t l = 0; l < placement.slots_per_rank(); ++l) {  // each replica: its expert's whole gradient
+    std::int32_t const e = placement.expert_at(me, l);
+    if (e < 0) continue;
+    auto const owner = owners.begin() + (e / L) * n + (e % L) * 2 * c.hidden;
+    std::vector<float> const expected(owner, owner + 2 * c.hidden);
+    std::vector<float> const slot(experts.grads.begin() + l * 2 * c.hidden, experts.grads.begin() + (l + 1) * 2 * c.hidden);
+    CAPTURE(l);
+    CAPTURE(e);
+    check_bitwise(slot, expected, 2 * c.hidden, "replica gradient vs plain owner's");
+  }
+  // The rows that arrived are the ones the assignment gave this rank: the relabel follows the split.
+  auto const& report = layer.report();
+  CHECK(layer.dispatch_state().received_rows() == report.rank_rows[static_cast<std::size_t>(me)]);
+  std::int64_t busiest = 0;
+  for (std::int64_t rows_of_rank : report.rank_rows) busiest = std::max(busiest, rows_of_rank);
+  CHECK(report.busiest_rank_rows == busiest);
+  if constexpr (std::is_same_v<Split, moecomm::finemoe_split>) CHECK(busiest <= plain_busiest);
+}
+
+}  // namespace test
