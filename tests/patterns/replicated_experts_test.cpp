@@ -41,3 +41,37 @@ TEST_CASE("replicated experts: every placement and split equals plain expert par
 }
 
 }  // namespace test
+
+#include <moecomm/patterns/layer_policies.hpp>
+
+namespace test {
+
+// The short form: one policy value, `replicated<Split>{placement}`, makes the layer replicated.
+TEST_CASE("replicated experts: one policy value in make_expert_parallel_layer makes the layer replicated") {
+  shadow_case const c = zipf;
+  auto const in = make_shadow_inputs<float>(c);
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(8, 4, 2);
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    auto plain = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    auto replicas = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                               moecomm::replicated<moecomm::even_split>{placement});
+    static_assert(std::is_same_v<decltype(replicas),
+                                 moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t, moecomm::even_split>>);
+    auto const want = run_step(plain, comm.rank(), c, in);
+    auto experts = slot_experts(placement, comm.rank(), c.hidden);
+    auto const& r = in.routing[static_cast<std::size_t>(comm.rank())];
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden));
+    replicas.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[comm.rank()].data(), r.tokens, c.hidden},
+                     {out.data(), r.tokens, c.hidden}, experts);
+    check_bitwise(out, want.out, c.hidden, "short form's replicated output vs plain");
+    check_error([&] {
+      auto wrong = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, 32, c.hidden,
+                                                              moecomm::replicated<>{placement});
+    }, moecomm::status::invalid_argument, {"replicated.placement holds 16 experts, num_experts = 32"});
+  });
+}
+
+}  // namespace test

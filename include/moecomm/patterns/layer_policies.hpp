@@ -12,9 +12,11 @@
 //!
 //! Each policy belongs to one kind, recognised by the traits below (specialise them for a policy
 //! of your own): capacity (default `dropless`), all-to-all algorithm (`flat`), weighting
-//! (`weighted`), shadowing (`no_shadowing`), `routing_checks` (all on) and HybridEP's expert
-//! domains (`hybridep{S, ...}`: the layer becomes a `hybridep_layer`, patterns/hybridep.hpp, whose
-//! exchange is its own, so it takes no all-to-all algorithm or shadowing policy). The full
+//! (`weighted`), shadowing (`no_shadowing`), `routing_checks` (all on), HybridEP's expert
+//! domains (`hybridep{S, ...}`: the layer becomes a `hybridep_layer`, patterns/hybridep.hpp) and
+//! replicated experts (`replicated<finemoe_split | even_split>{placement}`: a
+//! `replicated_expert_layer`, patterns/replicated_experts.hpp, dropless). Those two run their own
+//! exchange, so they take no all-to-all algorithm or shadowing policy. The full
 //! positional forms stay; the type of a layer made here is `expert_parallel_layer_of<T, Backend,
 //! Comm, Policies...>`.
 
@@ -25,6 +27,7 @@
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
 #include <moecomm/patterns/hybridep.hpp>
+#include <moecomm/patterns/replicated_experts.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -62,6 +65,12 @@ struct is_routing_checks : std::is_same<P, routing_checks> {};
 template <class P>
 struct is_expert_domain_policy : std::is_same<P, hybridep> {};
 
+//! Replicated experts (`replicated<Split>`).
+template <class P>
+struct is_replication_policy : std::false_type {};
+template <class Split>
+struct is_replication_policy<replicated<Split>> : std::true_type {};
+
 namespace detail {
 
 //! How many of `Policies` are of the kind `Is`.
@@ -94,14 +103,16 @@ auto policy_value(Default const& fallback, First const& first, Rest const&... re
 template <class Policy>
 inline constexpr int kinds_of = is_capacity_policy<Policy>::value + is_alltoall_algorithm<Policy>::value +
                                 is_weighting_policy<Policy>::value + is_shadowing_policy<Policy>::value +
-                                is_routing_checks<Policy>::value + is_expert_domain_policy<Policy>::value;
+                                is_routing_checks<Policy>::value + is_expert_domain_policy<Policy>::value +
+                                is_replication_policy<Policy>::value;
 
 //! One static_assert per mistake, naming it.
 template <class... Policies>
 constexpr bool check_layer_policies() {
   static_assert(((kinds_of<Policies> == 1) && ...),
                 "moecomm::make_expert_parallel_layer: an argument after `hidden` is not a layer policy (a capacity "
-                "policy, an all-to-all algorithm, weighted/unweighted, a shadowing policy, routing_checks or hybridep); "
+                "policy, an all-to-all algorithm, weighted/unweighted, a shadowing policy, routing_checks, hybridep or "
+                "replicated); "
                 "specialise moecomm::is_capacity_policy (or the trait of its kind) for a policy of your own");
   static_assert(count_of_kind<is_capacity_policy, Policies...> <= 1,
                 "moecomm::make_expert_parallel_layer: two capacity policies given; name each kind at most once");
@@ -119,21 +130,56 @@ constexpr bool check_layer_policies() {
                     (count_of_kind<is_alltoall_algorithm, Policies...> == 0 && count_of_kind<is_shadowing_policy, Policies...> == 0),
                 "moecomm::make_expert_parallel_layer: hybridep runs its own exchange (the dispatcher over each "
                 "offset's ranks) and moves experts itself: drop the all-to-all algorithm and the shadowing policy");
+  static_assert(count_of_kind<is_replication_policy, Policies...> <= 1,
+                "moecomm::make_expert_parallel_layer: replicated given twice");
+  static_assert(count_of_kind<is_replication_policy, Policies...> == 0 ||
+                    (count_of_kind<is_alltoall_algorithm, Policies...> == 0 && count_of_kind<is_shadowing_policy, Policies...> == 0 &&
+                     count_of_kind<is_capacity_policy, Policies...> == 0 && count_of_kind<is_expert_domain_policy, Policies...> == 0),
+                "moecomm::make_expert_parallel_layer: replicated experts run their own dropless exchange over the replica "
+                "slots: drop the capacity policy, the all-to-all algorithm, the shadowing policy and hybridep");
   return true;
 }
 
 }  // namespace detail
 
 //! The layer type `make_expert_parallel_layer<T>(be, groups, E, H, policies...)` returns.
+namespace detail {
+//! The `Split` of the `replicated<Split>` among `Policies` (finemoe_split when there is none).
+template <class... Policies>
+struct replication_split {
+  using type = finemoe_split;
+};
+template <class First, class... Rest>
+struct replication_split<First, Rest...> {
+  using type = typename replication_split<Rest...>::type;
+};
+template <class Split, class... Rest>
+struct replication_split<replicated<Split>, Rest...> {
+  using type = Split;
+};
+
+//! `policy.placement`, checked against the layer's expert count.
+template <class Split>
+replica_placement const& placement_for(std::int32_t num_experts, replicated<Split> const& policy) {
+  require(policy.placement.num_experts() == num_experts, "make_expert_parallel_layer", "replicated.placement holds ",
+          policy.placement.num_experts(), " experts, num_experts = ", num_experts);
+  return policy.placement;
+}
+}  // namespace detail
+
 template <class T, class Backend, class Comm, class... Policies>
 using expert_parallel_layer_of = std::conditional_t<
+    (detail::count_of_kind<is_replication_policy, Policies...> > 0),
+    replicated_expert_layer<T, Backend, Comm, typename detail::replication_split<Policies...>::type,
+                            detail::policy_of_t<is_weighting_policy, weighted, Policies...>>,
+    std::conditional_t<
     (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0),
     hybridep_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
                    detail::policy_of_t<is_weighting_policy, weighted, Policies...>>,
     expert_parallel_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
                           detail::policy_of_t<is_alltoall_algorithm, flat, Policies...>,
                           detail::policy_of_t<is_weighting_policy, weighted, Policies...>,
-                          detail::policy_of_t<is_shadowing_policy, no_shadowing, Policies...>>>;
+                          detail::policy_of_t<is_shadowing_policy, no_shadowing, Policies...>>>>;
 
 //! An expert-parallel layer of element type `T` with the given policies, in any order, each kind
 //! at most once; every kind not named takes its default. Collective (as the constructor).
@@ -141,7 +187,11 @@ template <class T, class Backend, class Comm, class... Policies>
 [[nodiscard]] expert_parallel_layer_of<T, Backend, Comm, Policies...> make_expert_parallel_layer(
     Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden, Policies const&... policies) {
   static_assert(detail::check_layer_policies<Policies...>());
-  if constexpr (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0)
+  if constexpr (detail::count_of_kind<is_replication_policy, Policies...> > 0) {
+    auto const& policy = detail::policy_value<is_replication_policy>(replicated<>{replica_placement::contiguous(1, 1)}, policies...);
+    return {std::move(be), groups, detail::placement_for(num_experts, policy), hidden, policy.split,
+            detail::policy_value<is_routing_checks>(routing_checks{}, policies...)};
+  } else if constexpr (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0)
     return {std::move(be),
             groups,
             num_experts,

@@ -60,6 +60,15 @@ struct even_split {
   static constexpr char const* name = "even";
 };
 
+//! The short form's policy (patterns/layer_policies.hpp): experts replicated by `placement`, each
+//! token sent to one replica by `Split`'s rule. `make_expert_parallel_layer<T>(be, groups, E, H,
+//! replicated<finemoe_split>{placement})` returns a `replicated_expert_layer`.
+template <class Split = finemoe_split>
+struct replicated {
+  replica_placement placement;
+  Split split{};
+};
+
 //! What one step of a `replicated_expert_layer` decided and did on this rank.
 struct replicated_report {
   std::int64_t busiest_rank_rows = 0;      //!< the largest rank load after the split (the min-max bound with finemoe_split)
