@@ -13,24 +13,10 @@ namespace test {
 TEST_CASE("README HybridEP snippet runs") {
   shadow_case const c{8, 4, 16, 2, 8, std::vector<std::int64_t>(8, 64), 0.0, true};
   auto const in = make_shadow_inputs<float>(c);
-  std::vector<layer_result<float>> got(8), want(8);
+  std::vector<layer_result<float>> want(8);
+  rank_io io(c, in);
   std::vector<scale_bias_experts<float>> rank_experts;
   for (std::int32_t r = 0; r < 8; ++r) rank_experts.emplace_back(r, 2, c.hidden, c.exact);
-  auto routing = [&](std::int32_t r) {
-    auto const& g = in.routing[static_cast<std::size_t>(r)];
-    return moecomm::routing_view{g.idx.data(), g.w.data(), g.tokens, g.top_k};
-  };
-  auto rows = [&](std::vector<float> const& v, std::int32_t r) { return moecomm::matrix_view<float const>{v.data(), in.routing[r].tokens, c.hidden}; };
-  auto x = [&](std::int32_t r) { return rows(in.x[static_cast<std::size_t>(r)], r); };
-  auto d_out = [&](std::int32_t r) { return rows(in.d_out[static_cast<std::size_t>(r)], r); };
-  auto out = [&](std::int32_t r) { return moecomm::matrix_view<float>{got[r].out.data(), in.routing[r].tokens, c.hidden}; };
-  auto d_x = [&](std::int32_t r) { return moecomm::matrix_view<float>{got[r].d_x.data(), in.routing[r].tokens, c.hidden}; };
-  auto d_w = [&](std::int32_t r) { return moecomm::array_view<float>{got[r].d_w.data(), in.routing[r].tokens * c.top_k}; };
-  for (std::int32_t r = 0; r < 8; ++r) {
-    got[r].out = poisoned<float>(in.routing[r].tokens * c.hidden);
-    got[r].d_x = poisoned<float>(in.routing[r].tokens * c.hidden);
-    got[r].d_w = poisoned<float>(in.routing[r].tokens * c.top_k);
-  }
   // example-begin readme-hybridep
   moecomm::inproc_world const world(/*ranks=*/8);
   world.run([&](moecomm::inproc_communicator comm) {
@@ -42,8 +28,8 @@ TEST_CASE("README HybridEP snippet runs") {
     auto& experts = rank_experts[comm.rank()];  // parametric: the layer moves their parameters
     layer.begin_expert_gather(experts);         // in the background, while ...
     /* ... the caller's attention and dense FFN run here ... */
-    layer.forward(routing(comm.rank()), x(comm.rank()), out(comm.rank()), experts);
-    layer.backward(d_out(comm.rank()), d_x(comm.rank()), d_w(comm.rank()), experts);
+    layer.forward(io.routing(comm.rank()), io.x(comm.rank()), io.out(comm.rank()), experts);
+    layer.backward(io.d_out(comm.rank()), io.d_x(comm.rank()), io.d_w(comm.rank()), experts);
   });
   // example-end readme-hybridep
   moecomm::inproc_world const reference(8);
@@ -54,8 +40,8 @@ TEST_CASE("README HybridEP snippet runs") {
     want[comm.rank()] = run_step(plain, comm.rank(), c, in);
   });
   for (std::int32_t r = 0; r < 8; ++r) {
-    got[r].grads = rank_experts[r].grads;
-    check_same_result(got[r], want[r], r, c);
+    io.got[r].grads = rank_experts[r].grads;
+    check_same_result(io.got[r], want[r], r, c);
   }
 }
 

@@ -14,22 +14,8 @@ namespace test {
 TEST_CASE("README replicated experts snippet runs") {
   shadow_case const c{8, 4, 16, 2, 8, {80, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};
   auto const in = make_shadow_inputs<float>(c);
-  std::vector<layer_result<float>> got(8);
+  rank_io io(c, in);
   std::vector<std::int64_t> busiest(8);
-  auto routing = [&](std::int32_t r) {
-    auto const& g = in.routing[static_cast<std::size_t>(r)];
-    return moecomm::routing_view{g.idx.data(), g.w.data(), g.tokens, g.top_k};
-  };
-  auto x = [&](std::int32_t r) { return moecomm::matrix_view<float const>{in.x[r].data(), in.routing[r].tokens, c.hidden}; };
-  auto d_out = [&](std::int32_t r) { return moecomm::matrix_view<float const>{in.d_out[r].data(), in.routing[r].tokens, c.hidden}; };
-  auto out = [&](std::int32_t r) { return moecomm::matrix_view<float>{got[r].out.data(), in.routing[r].tokens, c.hidden}; };
-  auto d_x = [&](std::int32_t r) { return moecomm::matrix_view<float>{got[r].d_x.data(), in.routing[r].tokens, c.hidden}; };
-  auto d_w = [&](std::int32_t r) { return moecomm::array_view<float>{got[r].d_w.data(), in.routing[r].tokens * c.top_k}; };
-  for (std::int32_t r = 0; r < 8; ++r) {
-    got[r].out = poisoned<float>(in.routing[r].tokens * c.hidden);
-    got[r].d_x = poisoned<float>(in.routing[r].tokens * c.hidden);
-    got[r].d_w = poisoned<float>(in.routing[r].tokens * c.top_k);
-  }
   std::vector<double> expected_load;
   for (std::int32_t e = 0; e < 16; ++e) expected_load.push_back(1.0 / std::pow(e + 1.0, 1.2));
   // example-begin readme-replicated
@@ -43,8 +29,8 @@ TEST_CASE("README replicated experts snippet runs") {
     moecomm::replicated_expert_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::finemoe_split> layer(
         moecomm::host_backend{}, groups, placement, /*hidden=*/8);
     auto experts = slot_experts(placement, comm.rank(), 8);  // slot l holds expert placement.expert_at(rank, l)
-    layer.forward(routing(comm.rank()), x(comm.rank()), out(comm.rank()), experts);
-    layer.backward(d_out(comm.rank()), d_x(comm.rank()), d_w(comm.rank()), experts);
+    layer.forward(io.routing(comm.rank()), io.x(comm.rank()), io.out(comm.rank()), experts);
+    layer.backward(io.d_out(comm.rank()), io.d_x(comm.rank()), io.d_w(comm.rank()), experts);
     busiest[comm.rank()] = layer.report().busiest_rank_rows;  // the min-max bound
   });
   // example-end readme-replicated
@@ -58,9 +44,9 @@ TEST_CASE("README replicated experts snippet runs") {
   });
   for (std::int32_t r = 0; r < 8; ++r) {
     CAPTURE(r);
-    check_bitwise(got[r].out, want[r].out, c.hidden, "out");
-    check_bitwise(got[r].d_x, want[r].d_x, c.hidden, "d_x");
-    check_bitwise(got[r].d_w, want[r].d_w, 1, "d_weights");
+    check_bitwise(io.got[r].out, want[r].out, c.hidden, "out");
+    check_bitwise(io.got[r].d_x, want[r].d_x, c.hidden, "d_x");
+    check_bitwise(io.got[r].d_w, want[r].d_w, 1, "d_weights");
     CHECK(busiest[r] == busiest[0]);
   }
 }

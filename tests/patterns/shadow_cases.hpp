@@ -136,6 +136,34 @@ layer_result<T> run_step(Layer& layer, std::int32_t me, shadow_case const& c, sh
   return res;
 }
 
+// Every rank's inputs and (NaN-poisoned) outputs as the views a layer takes: the README snippets' `io`.
+struct rank_io {
+  shadow_case const& c;
+  shadow_inputs<float> const& in;
+  std::vector<layer_result<float>> got;
+  rank_io(shadow_case const& layer_case, shadow_inputs<float> const& inputs)
+      : c(layer_case), in(inputs), got(static_cast<std::size_t>(layer_case.ranks)) {
+    for (std::int32_t r = 0; r < c.ranks; ++r) {
+      std::int64_t const t = tokens(r);
+      got[static_cast<std::size_t>(r)] = {poisoned<float>(t * c.hidden), poisoned<float>(t * c.hidden), poisoned<float>(t * c.top_k), {}};
+    }
+  }
+  [[nodiscard]] std::int64_t tokens(std::int32_t r) const { return in.routing[static_cast<std::size_t>(r)].tokens; }
+  [[nodiscard]] moecomm::routing_view routing(std::int32_t r) const {
+    auto const& g = in.routing[static_cast<std::size_t>(r)];
+    return {g.idx.data(), g.w.data(), g.tokens, g.top_k};
+  }
+  [[nodiscard]] moecomm::matrix_view<float const> x(std::int32_t r) const { return {in.x[static_cast<std::size_t>(r)].data(), tokens(r), c.hidden}; }
+  [[nodiscard]] moecomm::matrix_view<float const> d_out(std::int32_t r) const {
+    return {in.d_out[static_cast<std::size_t>(r)].data(), tokens(r), c.hidden};
+  }
+  [[nodiscard]] moecomm::matrix_view<float> out(std::int32_t r) { return {got[static_cast<std::size_t>(r)].out.data(), tokens(r), c.hidden}; }
+  [[nodiscard]] moecomm::matrix_view<float> d_x(std::int32_t r) { return {got[static_cast<std::size_t>(r)].d_x.data(), tokens(r), c.hidden}; }
+  [[nodiscard]] moecomm::array_view<float> d_w(std::int32_t r) {
+    return {got[static_cast<std::size_t>(r)].d_w.data(), tokens(r) * c.top_k};
+  }
+};
+
 template <class T>
 void check_same_result(layer_result<T> const& shadowed, layer_result<T> const& plain, std::int32_t me, shadow_case const& c) {
   CAPTURE(me);
