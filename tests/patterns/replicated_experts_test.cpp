@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Replicated experts (patterns/replicated_experts.hpp) over 8 in-process ranks: for contiguous,
+// Replicated experts (patterns/replicated_experts.hpp) over 8 and 16 in-process ranks: for contiguous,
 // cyclic and load-aware placements, with FineMoE's exact split and FlexMoE's even one, on uniform,
 // Zipf 1.2 and Zipf 8 routing and a rank without tokens, the layer's output, input gradient and
 // routing-weight gradient equal plain expert parallelism's bit for bit, and every replica's
@@ -45,6 +45,17 @@ TEST_CASE("replicated experts: every placement and split equals plain expert par
 #include <moecomm/patterns/layer_policies.hpp>
 
 namespace test {
+
+TEST_CASE("replicated experts: 16 ranks, 4 replicas per expert or load-aware, both splits, equal plain expert parallelism") {
+  shadow_case const c{16, 4, 32, 2, 8, {90, 12, 0, 40, 64, 3, 77, 20, 5, 60, 31, 0, 48, 9, 70, 15}, 1.2, true};
+  std::vector<double> hot;
+  for (std::int32_t e = 0; e < 32; ++e) hot.push_back(1.0 / std::pow(e + 1.0, 1.2));
+  for (moecomm::replica_placement const& p :
+       {moecomm::replica_placement::cyclic(16, 8, 4), moecomm::replica_placement::from_loads(16, 4, hot, 3)}) {
+    check_replicated_equals_plain<moecomm::finemoe_split>(c, p);
+    check_replicated_equals_plain<moecomm::even_split>(c, p);
+  }
+}
 
 // The short form: one policy value, `replicated<Split>{placement}`, makes the layer replicated.
 TEST_CASE("replicated experts: one policy value in make_expert_parallel_layer makes the layer replicated") {
