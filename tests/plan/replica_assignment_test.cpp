@@ -18,6 +18,10 @@ namespace test {
 using moecomm::replica_assignment;
 using moecomm::replica_sets;
 
+moecomm::array_view<std::int64_t const> counts_of(std::vector<std::int64_t> const& v) {
+  return {v.data(), static_cast<std::int64_t>(v.size())};
+}
+
 TEST_CASE("replica_assignment: FineMoE's Algorithm 1 on a worked example") {
   // 3 ranks; expert 0 on ranks 0 and 2 (split 5 / 5), expert 1 on rank 1 only.
   replica_sets const sets{3, {0, 2, 3}, {0, 2, 1}};
@@ -25,7 +29,7 @@ TEST_CASE("replica_assignment: FineMoE's Algorithm 1 on a worked example") {
                                             2, 0,   // rank 1
                                             2, 3};  // rank 2
   replica_assignment a;
-  moecomm::assign_tokens_finemoe(sets, counts.data(), {5, 5, 4}, a);
+  moecomm::assign_tokens_finemoe(sets, counts_of(counts), {5, 5, 4}, a);
   // Own replicas first: rank 0 -> 0: min(6, 5) = 5; rank 2 -> 2: min(2, 5) = 2. Then in rank order:
   // rank 0's last token to rank 2's replica, rank 1's two there too.
   CHECK(a.take == std::vector<std::int64_t>{5, 1, 1,   // rank 0: expert 0 to ranks 0 and 2, expert 1 to rank 1
@@ -59,7 +63,7 @@ TEST_CASE("replica_assignment: with the min-max split every replica takes its sp
       }
     moecomm::replica_schedule const schedule = moecomm::schedule_replicas(sets, load);
     replica_assignment a;
-    moecomm::assign_tokens_finemoe(sets, counts.data(), schedule.split, a);
+    moecomm::assign_tokens_finemoe(sets, counts_of(counts), schedule.split, a);
     std::size_t const K = sets.ranks.size();
     std::vector<std::int64_t> to_replica(K, 0);
     for (std::int32_t s = 0; s < R; ++s)
@@ -90,7 +94,7 @@ TEST_CASE("replica_assignment: FlexMoE's even split differs by at most one token
   replica_sets const sets{4, {0, 3, 4}, {0, 1, 3, 2}};
   std::vector<std::int64_t> const counts = {7, 1, 0, 5, 2, 2, 3, 0};
   replica_assignment a;
-  moecomm::assign_tokens_evenly(sets, counts.data(), a);
+  moecomm::assign_tokens_evenly(sets, counts_of(counts), a);
   CHECK(a.take == std::vector<std::int64_t>{3, 2, 2, 1,   // rank 0: 7 over 3 replicas, 1 to the only one
                                             0, 0, 0, 5,   // rank 1
                                             1, 1, 0, 2,   // rank 2
@@ -101,13 +105,16 @@ TEST_CASE("replica_assignment: errors name the expert or the count") {
   replica_sets const sets{2, {0, 1, 2}, {0, 1}};
   std::vector<std::int64_t> const counts = {1, 2, 3, -4};
   replica_assignment a;
-  check_error([&] { moecomm::assign_tokens_evenly(sets, counts.data(), a); }, moecomm::status::invalid_argument,
+  check_error([&] { moecomm::assign_tokens_evenly(sets, counts_of(counts), a); }, moecomm::status::invalid_argument,
               {"moecomm::assign_tokens_evenly: counts[1][1] = -4 is negative"});
   std::vector<std::int64_t> const good = {1, 2, 3, 4};
-  check_error([&] { moecomm::assign_tokens_finemoe(sets, good.data(), {4, 5}, a); }, moecomm::status::invalid_argument,
+  check_error([&] { moecomm::assign_tokens_finemoe(sets, counts_of(good), {4, 5}, a); }, moecomm::status::invalid_argument,
               {"expert 1's split takes 5 tokens, its ranks send 6"});
-  check_error([&] { moecomm::assign_tokens_finemoe(sets, good.data(), {4}, a); }, moecomm::status::invalid_argument,
+  check_error([&] { moecomm::assign_tokens_finemoe(sets, counts_of(good), {4}, a); }, moecomm::status::invalid_argument,
               {"split has 1 entries, the replicas 2"});
+  std::vector<std::int64_t> const short_counts = {1, 2, 3};  // a rank's row cut short: refused, never read past
+  check_error([&] { moecomm::assign_tokens_evenly(sets, counts_of(short_counts), a); }, moecomm::status::invalid_argument,
+              {"argument 'counts' has 3 entries, ranks x experts = 4"});
 }
 
 }  // namespace test

@@ -259,6 +259,7 @@ class hybridep_layer {
     lane_->start(gather_, 1);
     gathering_ = true;
     lane_->release(0);
+    report_.expert_gather = {};  // this step's: the gather, then the backward's reduce-scatter
     record_gather(sent);
   }
 
@@ -369,17 +370,13 @@ class hybridep_layer {
     char const* op = "hybridep_layer::forward";
     detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
     routed_ = false;
-    if (!gathering_) {  // not begun: gather now (and count it afresh)
-      report_.expert_gather = {};
-      start_gather(experts);
-    }
+    if (!gathering_) start_gather(experts);  // not begun: gather now
     struct wait_on_exit {  // a failed dispatch still lets the lane go before the job's state dies
       hybridep_layer& layer;
       ~wait_on_exit() {
         try { layer.finish_gather(); } catch (...) {}
       }
     } const waiter{*this};
-    alltoall_stats const gather_stats = report_.expert_gather;
     dispatcher_.route(by_position(routing));
     std::int64_t const rows = dispatcher_.received_rows();
     dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
@@ -397,7 +394,6 @@ class hybridep_layer {
     report_.expert_domain = layout_.size;
     report_.gathered_experts = std::int64_t{layout_.size} * local_experts_;
     report_.exchange = dispatcher_.report().exchange;
-    report_.expert_gather = gather_stats;
     routed_ = true;
   }
 

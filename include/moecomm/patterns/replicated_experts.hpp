@@ -111,11 +111,11 @@ class replicated_expert_layer {
   //! Collective over the world of `groups` (one communicator per slot row is split off).
   //! @throws error (invalid_argument) naming `placement` when its ranks are not the world's.
   replicated_expert_layer(Backend be, exchange_groups<Comm>& groups, replica_placement placement, std::int64_t hidden,
-                          Split split = {}, routing_checks checks = {})
+                          Split = {}, routing_checks checks = {})
       : be_(be), world_(&groups.world()), placement_(checked(std::move(placement), groups.world().size())),
         sets_(replica_sets_of(placement_)),
         dispatcher_(be, groups, placement_.num_ranks() * placement_.slots_per_rank(), dropless{}, flat{}, unchecked_routing),
-        split_(split), checks_(checks), hidden_(hidden) {
+        checks_(checks), hidden_(hidden) {
     detail::require(hidden > 0, "replicated_expert_layer", "hidden = ", hidden, " must be positive");
     std::int32_t const me = world_->rank(), E = placement_.num_experts();
     for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {  // replica groups, slot row by slot row
@@ -145,6 +145,10 @@ class replicated_expert_layer {
   [[nodiscard]] dispatcher<Backend, Comm, dropless, flat> const& dispatch_state() const { return dispatcher_; }
 
  private:
+  [[nodiscard]] array_view<std::int64_t const> counts() const {
+    return {counts_.data(), static_cast<std::int64_t>(counts_.size())};
+  }
+
   static replica_placement checked(replica_placement p, std::int32_t ranks) {
     detail::require(p.num_ranks() == ranks, "replicated_expert_layer", "placement has ", p.num_ranks(),
                     " ranks, the world ", ranks);
@@ -172,9 +176,9 @@ class replicated_expert_layer {
       for (std::int32_t s = 0; s < R; ++s)
         for (std::int32_t e = 0; e < E; ++e) loads_[static_cast<std::size_t>(e)] += counts_[static_cast<std::size_t>(s) * E + e];
       schedule_replicas(sets_, loads_.data(), schedule_, schedule_workspace_);
-      assign_tokens_finemoe(sets_, counts_.data(), schedule_.split, assignment_);
+      assign_tokens_finemoe(sets_, counts(), schedule_.split, assignment_);
     } else {
-      assign_tokens_evenly(sets_, counts_.data(), assignment_);
+      assign_tokens_evenly(sets_, counts(), assignment_);
     }
     record_loads();
     // 3. Each slot to its replica's slot id.
@@ -292,7 +296,6 @@ class replicated_expert_layer {
   replica_placement placement_;
   replica_sets sets_;
   dispatcher<Backend, Comm, dropless, flat> dispatcher_;
-  Split split_;
   routing_checks checks_;
   std::int64_t hidden_;
   std::vector<Comm> replica_groups_;  //!< per slot row: this rank's replica group

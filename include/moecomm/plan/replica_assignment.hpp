@@ -18,6 +18,7 @@
 //! counts, so no further agreement is needed.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/plan/replica_schedule.hpp>
 
@@ -68,24 +69,26 @@ struct replica_assignment {
 namespace detail {
 
 //! Checks `counts` (`[R][E]`, non-negative) against `sets`; sizes `out`.
-inline void prepare_assignment(char const* op, replica_sets const& sets, std::int64_t const* counts, replica_assignment& out) {
+inline void prepare_assignment(char const* op, replica_sets const& sets, array_view<std::int64_t const> counts,
+                               replica_assignment& out) {
   require(sets.num_ranks > 0 && sets.num_experts() > 0, op, "sets has ", sets.num_ranks, " ranks and ", sets.num_experts(),
           " experts: both must be positive");
-  require(counts != nullptr, op, "argument 'counts' is null");
   std::int32_t const R = sets.num_ranks, E = sets.num_experts();
-  for (std::int64_t i = 0; i < std::int64_t{R} * E; ++i)
-    require(counts[i] >= 0, op, "counts[", i / E, "][", i % E, "] = ", counts[i], " is negative");
+  require(counts.size == std::int64_t{R} * E && (counts.data != nullptr || counts.size == 0), op, "argument 'counts' has ",
+          counts.size, " entries, ranks x experts = ", std::int64_t{R} * E);
+  for (std::int64_t i = 0; i < counts.size; ++i)
+    require(counts.data[i] >= 0, op, "counts[", i / E, "][", i % E, "] = ", counts.data[i], " is negative");
   out.num_ranks = R;
   out.take.assign(static_cast<std::size_t>(R) * sets.ranks.size(), 0);
 }
 
 }  // namespace detail
 
-//! FineMoE's Algorithm 1 (file comment). `split` is aligned with `sets.ranks` (e.g.
+//! FineMoE's Algorithm 1 (file comment). `counts` is `[R][E]`; `split` is aligned with `sets.ranks` (e.g.
 //! `replica_schedule::split`); each expert's split must sum to its tokens over the ranks.
 //! @throws error (invalid_argument) naming the expert whose split does not match its load, or a
 //!         negative count or split.
-inline void assign_tokens_finemoe(replica_sets const& sets, std::int64_t const* counts, std::vector<std::int64_t> const& split,
+inline void assign_tokens_finemoe(replica_sets const& sets, array_view<std::int64_t const> counts, std::vector<std::int64_t> const& split,
                                   replica_assignment& out) {
   char const* op = "assign_tokens_finemoe";
   detail::prepare_assignment(op, sets, counts, out);
@@ -99,7 +102,7 @@ inline void assign_tokens_finemoe(replica_sets const& sets, std::int64_t const* 
   for (std::int32_t e = 0; e < E; ++e) {
     std::int32_t const first = sets.offsets[static_cast<std::size_t>(e)], n = sets.offsets[static_cast<std::size_t>(e) + 1] - first;
     std::int64_t load = 0, taken = 0;
-    for (std::int32_t s = 0; s < R; ++s) load += input[static_cast<std::size_t>(s)] = counts[std::int64_t{s} * E + e];
+    for (std::int32_t s = 0; s < R; ++s) load += input[static_cast<std::size_t>(s)] = counts.data[std::int64_t{s} * E + e];
     for (std::int32_t j = 0; j < n; ++j) {
       std::int64_t const x = split[static_cast<std::size_t>(first + j)];
       detail::require(x >= 0, op, "split of expert ", e, " replica ", j, " = ", x, " is negative");
@@ -121,14 +124,14 @@ inline void assign_tokens_finemoe(replica_sets const& sets, std::int64_t const* 
 
 //! FlexMoE's even split (file comment).
 //! @throws error (invalid_argument) naming a negative count.
-inline void assign_tokens_evenly(replica_sets const& sets, std::int64_t const* counts, replica_assignment& out) {
+inline void assign_tokens_evenly(replica_sets const& sets, array_view<std::int64_t const> counts, replica_assignment& out) {
   detail::prepare_assignment("assign_tokens_evenly", sets, counts, out);
   std::int32_t const R = sets.num_ranks, E = sets.num_experts();
   std::size_t const K = sets.ranks.size();
   for (std::int32_t s = 0; s < R; ++s)
     for (std::int32_t e = 0; e < E; ++e) {
       std::int32_t const first = sets.offsets[static_cast<std::size_t>(e)], n = sets.offsets[static_cast<std::size_t>(e) + 1] - first;
-      std::int64_t const c = counts[std::int64_t{s} * E + e];
+      std::int64_t const c = counts.data[std::int64_t{s} * E + e];
       for (std::int32_t j = 0; j < n; ++j)
         out.take[static_cast<std::size_t>(s) * K + static_cast<std::size_t>(first + j)] = c / n + (j < c % n ? 1 : 0);
     }
