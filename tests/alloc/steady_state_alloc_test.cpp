@@ -4,7 +4,7 @@
 // every step (so do the row counts); the same routings run twice, and in the second round, whose
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
 // capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto, HybridEP (exact and compressed);
-// and HybridEP's expert codec; the replica schedulers.
+// and HybridEP's expert codec; the replica schedulers; FlexMoE's placement planner.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -16,6 +16,7 @@
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
 #include <moecomm/patterns/replicated_experts.hpp>
+#include <moecomm/plan/flexmoe_planner.hpp>
 #include <moecomm/plan/replica_schedule.hpp>
 
 #include <atomic>
@@ -255,6 +256,27 @@ TEST_CASE("replica schedules: a warm workspace allocates nothing") {
   step(counts[1]);
   CHECK(allocations_in([&] { step(counts[0]); }) == 0);
   CHECK(allocations_in([&] { step(counts[1]); }) == 0);
+}
+
+// FlexMoE's placement planner on two load vectors, twice: the second round allocates nothing (the
+// decision's vectors and the workspace keep their capacity).
+TEST_CASE("flexmoe planner: a warm decision allocates nothing") {
+  moecomm::replica_placement const placement = moecomm::replica_placement::from_loads(8, 3, std::vector<double>(12, 1.0), 5);
+  std::vector<std::vector<std::int64_t>> loads(2, std::vector<std::int64_t>(12));
+  for (std::size_t e = 0; e < 12; ++e) {
+    loads[0][e] = static_cast<std::int64_t>(1000 / (e + 1));
+    loads[1][e] = static_cast<std::int64_t>(1000 / (12 - e));
+  }
+  moecomm::flexmoe_planner_workspace workspace;
+  moecomm::placement_decision decision;
+  auto const plan = [&](std::vector<std::int64_t> const& load) {
+    moecomm::plan_replica_moves(placement, load, moecomm::flexmoe_planner_options{}, decision, workspace);
+  };
+  plan(loads[0]);
+  plan(loads[1]);
+  CHECK(!decision.moves.empty());
+  CHECK(allocations_in([&] { plan(loads[0]); }) == 0);
+  CHECK(allocations_in([&] { plan(loads[1]); }) == 0);
 }
 
 }  // namespace test

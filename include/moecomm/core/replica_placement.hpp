@@ -189,6 +189,8 @@ class replica_placement {
   [[nodiscard]] std::int32_t expert_at(std::int32_t rank, std::int32_t local) const {
     return slot_expert_[static_cast<std::size_t>(rank * slots_ + local)];
   }
+  //! The slot table `[rank * S + local]`: the expert in each slot, or -1 (the constructor's argument).
+  [[nodiscard]] std::vector<std::int32_t> const& slot_experts() const { return slot_expert_; }
   //! The local index every replica of `e` uses.
   [[nodiscard]] std::int32_t local_index_of(std::int32_t e) const { return local_[static_cast<std::size_t>(e)]; }
   //! |G_e|.
