@@ -85,4 +85,45 @@ TEST_CASE("replicated experts: one policy value in make_expert_parallel_layer ma
   });
 }
 
+// Gradients left to the trainer: each replica keeps its rows' share; summed over replica_group(l)
+// they are the layer's own sum (and so plain EP's owner's), bit for bit.
+TEST_CASE("replicated experts: gradients left to the trainer sum over each replica group to the layer's own sum") {
+  shadow_case const c = zipf;
+  auto const in = make_shadow_inputs<float>(c);
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(8, 4, 2);
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+  world.run([&](comm_t comm) {
+    std::int32_t const me = comm.rank();
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    auto summed = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                             moecomm::finemoe{placement});
+    auto left = moecomm::make_expert_parallel_layer<float>(
+        moecomm::host_backend{}, groups, c.experts, c.hidden,
+        moecomm::finemoe{placement, {}, {}, moecomm::replica_gradients::left_to_trainer});
+    auto summed_experts = slot_experts(placement, me, c.hidden), left_experts = summed_experts;
+    rank_io a(c, in), b(c, in);
+    summed.forward(a.routing(me), a.x(me), a.out(me), summed_experts);
+    summed.backward(a.d_out(me), a.d_x(me), a.d_w(me), summed_experts);
+    left.forward(b.routing(me), b.x(me), b.out(me), left_experts);
+    left.backward(b.d_out(me), b.d_x(me), b.d_w(me), left_experts);
+    check_bitwise(b.got[static_cast<std::size_t>(me)].d_x, a.got[static_cast<std::size_t>(me)].d_x, c.hidden,
+                  "input gradient, gradients left to the trainer");
+    bool some_share_differs = false;
+    std::int64_t const n = 2 * c.hidden;
+    for (std::int32_t l = 0; l < placement.slots_per_rank(); ++l) {
+      float* const share = left_experts.gradients(l);
+      some_share_differs |= !std::equal(share, share + n, summed_experts.gradients(l));
+      moecomm::workspace<moecomm::host_backend> scratch;
+      moecomm::ordered_allreduce(moecomm::host_backend{}, left.replica_group(l), moecomm::array_view<float>{share, n}, scratch);
+    }
+    check_bitwise(left_experts.grads, summed_experts.grads, n, "trainer's sum over replica_group(l) vs the layer's");
+    // Not vacuous: somewhere a replica's own share differs from the whole (8 ranks, 2 replicas each, skewed loads).
+    std::int32_t const any = some_share_differs ? 1 : 0;
+    std::int32_t anywhere = 0;
+    comm.allreduce(&any, &anywhere, 1, moecomm::reduce_op::max);
+    CHECK(anywhere == 1);
+  });
+}
+
 }  // namespace test

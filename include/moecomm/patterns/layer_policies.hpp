@@ -14,8 +14,9 @@
 //! of your own): capacity (default `dropless`), all-to-all algorithm (`flat`), weighting
 //! (`weighted`), shadowing (`no_shadowing`), `routing_checks` (all on), HybridEP's expert
 //! domains (`hybridep{S, ...}`: the layer becomes a `hybridep_layer`, patterns/hybridep.hpp) and
-//! replicated experts (`replicated<finemoe_split | even_split>{placement}`: a
-//! `replicated_expert_layer`, patterns/replicated_experts.hpp, dropless). Those two run their own
+//! replicated experts (`finemoe{placement}`, `flexmoe{placement, {}, {planner}}` or any
+//! `replicated<Split, Placement>`: a `replicated_expert_layer`, patterns/replicated_experts.hpp,
+//! dropless). Those two run their own
 //! exchange, so they take no all-to-all algorithm or shadowing policy. The full
 //! positional forms stay; the type of a layer made here is `expert_parallel_layer_of<T, Backend,
 //! Comm, Policies...>`.
@@ -26,6 +27,8 @@
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/patterns/finemoe.hpp>
+#include <moecomm/patterns/flexmoe.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/replicated_experts.hpp>
 
@@ -65,11 +68,11 @@ struct is_routing_checks : std::is_same<P, routing_checks> {};
 template <class P>
 struct is_expert_domain_policy : std::is_same<P, hybridep> {};
 
-//! Replicated experts (`replicated<Split>`).
+//! Replicated experts (`replicated<Split, Placement>`: `finemoe`, `flexmoe`).
 template <class P>
 struct is_replication_policy : std::false_type {};
-template <class Split>
-struct is_replication_policy<replicated<Split>> : std::true_type {};
+template <class Split, class Placement>
+struct is_replication_policy<replicated<Split, Placement>> : std::true_type {};
 
 namespace detail {
 
@@ -144,23 +147,31 @@ constexpr bool check_layer_policies() {
 
 //! The layer type `make_expert_parallel_layer<T>(be, groups, E, H, policies...)` returns.
 namespace detail {
-//! The `Split` of the `replicated<Split>` among `Policies` (finemoe_split when there is none).
+//! The `replicated<Split, Placement>` among `Policies` (`finemoe` when there is none).
 template <class... Policies>
-struct replication_split {
-  using type = finemoe_split;
+struct replication_of {
+  using type = finemoe;
 };
 template <class First, class... Rest>
-struct replication_split<First, Rest...> {
-  using type = typename replication_split<Rest...>::type;
+struct replication_of<First, Rest...> {
+  using type = typename replication_of<Rest...>::type;
 };
-template <class Split, class... Rest>
-struct replication_split<replicated<Split>, Rest...> {
-  using type = Split;
+template <class Split, class Placement, class... Rest>
+struct replication_of<replicated<Split, Placement>, Rest...> {
+  using type = replicated<Split, Placement>;
+};
+
+template <class Replicated>
+struct replicated_layer_of;
+template <class Split, class Placement>
+struct replicated_layer_of<replicated<Split, Placement>> {
+  template <class T, class Backend, class Comm, class Weighting>
+  using type = replicated_expert_layer<T, Backend, Comm, Split, Weighting, Placement>;
 };
 
 //! `policy.placement`, checked against the layer's expert count.
-template <class Split>
-replica_placement const& placement_for(std::int32_t num_experts, replicated<Split> const& policy) {
+template <class Split, class Placement>
+replica_placement const& placement_for(std::int32_t num_experts, replicated<Split, Placement> const& policy) {
   require(policy.placement.num_experts() == num_experts, "make_expert_parallel_layer", "replicated.placement holds ",
           policy.placement.num_experts(), " experts, num_experts = ", num_experts);
   return policy.placement;
@@ -170,8 +181,8 @@ replica_placement const& placement_for(std::int32_t num_experts, replicated<Spli
 template <class T, class Backend, class Comm, class... Policies>
 using expert_parallel_layer_of = std::conditional_t<
     (detail::count_of_kind<is_replication_policy, Policies...> > 0),
-    replicated_expert_layer<T, Backend, Comm, typename detail::replication_split<Policies...>::type,
-                            detail::policy_of_t<is_weighting_policy, weighted, Policies...>>,
+    typename detail::replicated_layer_of<typename detail::replication_of<Policies...>::type>::template type<
+        T, Backend, Comm, detail::policy_of_t<is_weighting_policy, weighted, Policies...>>,
     std::conditional_t<
     (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0),
     hybridep_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
@@ -188,9 +199,9 @@ template <class T, class Backend, class Comm, class... Policies>
     Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden, Policies const&... policies) {
   static_assert(detail::check_layer_policies<Policies...>());
   if constexpr (detail::count_of_kind<is_replication_policy, Policies...> > 0) {
-    auto const& policy = detail::policy_value<is_replication_policy>(replicated<>{replica_placement::contiguous(1, 1)}, policies...);
+    auto const& policy = detail::policy_value<is_replication_policy>(finemoe{replica_placement::contiguous(1, 1)}, policies...);
     return {std::move(be), groups, detail::placement_for(num_experts, policy), hidden, policy.split,
-            detail::policy_value<is_routing_checks>(routing_checks{}, policies...)};
+            detail::policy_value<is_routing_checks>(routing_checks{}, policies...), policy.rebalancing, policy.gradients};
   } else if constexpr (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0)
     return {std::move(be),
             groups,

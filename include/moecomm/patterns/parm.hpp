@@ -51,6 +51,7 @@
 #include <moecomm/ops/pipelined_collectives.hpp>
 #include <moecomm/ops/row_collectives.hpp>
 #include <moecomm/patterns/experts.hpp>
+#include <moecomm/patterns/replica_gradients.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
 #include <moecomm/plan/parm_cost_model.hpp>
 
@@ -65,21 +66,6 @@ MOECOMM_NAMESPACE_BEGIN
 //! The baseline: DeepSpeed-MoE under MP (every MP rank dispatches the same tokens).
 struct deepspeed_mp {
   static constexpr char const* name = "deepspeed_mp";
-};
-
-//! Under PauseMP with ESP < MP, the MP / ESP peers holding the same expert slice compute different
-//! tokens: who sums their expert gradients.
-enum class replica_gradients {
-  //! The layer, in ascending rank (`ordered_allreduce`), in every backward: each rank ends with the
-  //! baseline's gradient, so the trainer's reduction is the same for every schedule (over
-  //! `parallel_groups::dp()`).
-  summed_here,
-  //! Each rank keeps its own tokens' share, and the trainer sums the expert gradients over
-  //! `parallel_groups::expert_dp()`, which spans those peers and the data-parallel replicas (as
-  //! Megatron-LM's expert data-parallel group does with expert tensor parallel size 1, and as Parm
-  //! folds the sum into the DP/EDP all-reduce). Saves the layer one all-reduce of its local
-  //! experts' slices per step; the trainer's reduction spans MP / ESP times more ranks.
-  left_to_trainer,
 };
 
 //! PauseMP with separate collectives.

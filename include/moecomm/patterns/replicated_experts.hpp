@@ -19,12 +19,21 @@
 //! Backward: the dispatcher's; each replica accumulates its rows' share of its expert's gradient
 //! in `experts.gradients(l)`, then the replicas of each expert all-reduce them (`ordered_allreduce`,
 //! ascending rank), slot row by slot row in ascending local index, so that every replica ends with
-//! the expert's whole gradient: plain EP's owner's, bitwise where the sums are exact. Dropless only
-//! (FineMoE drops nothing).
+//! the expert's whole gradient: plain EP's owner's, bitwise where the sums are exact. With
+//! `replica_gradients::left_to_trainer` each replica keeps its own rows' share instead, and the
+//! trainer sums it over `replica_group(l)` with its data-parallel reduction, once per iteration.
+//! Dropless only (FineMoE drops nothing).
 //!
 //! The experts object of rank `r` holds the parameters of its slots: `parameters(l)` is the replica
 //! in slot `(r, l)` (`placement.expert_at(r, l)`); replicas of an expert must start equal, and stay
 //! so when the trainer applies the all-reduced gradients alike.
+//!
+//! Between steps, `move_replicas(to, experts, state)` changes the placement: the slots that gain an
+//! expert receive its parameters and the trainer's optimizer state (`ops/replica_migration.hpp`),
+//! and the replica groups are rebuilt; if any rank fails, every slot and the placement stay as they
+//! were. With the `dynamic_placement` policy (FlexMoE, patterns/flexmoe.hpp), `rebalance(experts,
+//! state)` plans the moves itself from the loads seen since the last rebalance
+//! (`plan/flexmoe_planner.hpp`) and makes them when they pay off.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
@@ -40,8 +49,11 @@
 #include <moecomm/ops/dispatcher.hpp>
 #include <moecomm/ops/ordered_allreduce.hpp>
 #include <moecomm/ops/permute_plan.hpp>
+#include <moecomm/ops/replica_migration.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/patterns/replica_gradients.hpp>
+#include <moecomm/plan/flexmoe_planner.hpp>
 #include <moecomm/plan/replica_assignment.hpp>
 #include <moecomm/plan/replica_schedule.hpp>
 
@@ -60,13 +72,26 @@ struct even_split {
   static constexpr char const* name = "even";
 };
 
+//! The placement stays as built (FineMoE; `move_replicas` still changes it on request).
+struct static_placement {
+  static constexpr bool plans_moves = false;
+};
+//! The layer plans replica moves from the loads it sees (FlexMoE): `rebalance(experts, state)`.
+struct dynamic_placement {
+  static constexpr bool plans_moves = true;
+  flexmoe_planner_options planner{};
+};
+
 //! The short form's policy (patterns/layer_policies.hpp): experts replicated by `placement`, each
-//! token sent to one replica by `Split`'s rule. `make_expert_parallel_layer<T>(be, groups, E, H,
-//! replicated<finemoe_split>{placement})` returns a `replicated_expert_layer`.
-template <class Split = finemoe_split>
+//! token sent to one replica by `Split`'s rule, the placement static or dynamic.
+//! `make_expert_parallel_layer<T>(be, groups, E, H, finemoe{placement})` returns a
+//! `replicated_expert_layer` (`finemoe`, `flexmoe`: patterns/finemoe.hpp, patterns/flexmoe.hpp).
+template <class Split = finemoe_split, class Placement = static_placement>
 struct replicated {
   replica_placement placement;
   Split split{};
+  Placement rebalancing{};
+  replica_gradients gradients = replica_gradients::summed_here;
 };
 
 //! What one step of a `replicated_expert_layer` decided and did on this rank.
@@ -104,24 +129,23 @@ struct relabel_to_replica {
 }  // namespace detail
 
 //! One MoE layer over replicated experts (see the file comment).
-//! @tparam Split `finemoe_split` or `even_split`; @tparam Weighting `weighted` or `unweighted`.
-template <class T, class Backend, class Comm, class Split = finemoe_split, class Weighting = weighted>
+//! @tparam Split `finemoe_split` or `even_split`; @tparam Weighting `weighted` or `unweighted`;
+//! @tparam Placement `static_placement` or `dynamic_placement`.
+template <class T, class Backend, class Comm, class Split = finemoe_split, class Weighting = weighted,
+          class Placement = static_placement>
 class replicated_expert_layer {
  public:
   //! Collective over the world of `groups` (one communicator per slot row is split off).
   //! @throws error (invalid_argument) naming `placement` when its ranks are not the world's.
   replicated_expert_layer(Backend be, exchange_groups<Comm>& groups, replica_placement placement, std::int64_t hidden,
-                          Split = {}, routing_checks checks = {})
+                          Split = {}, routing_checks checks = {}, Placement rebalancing = {},
+                          replica_gradients gradients = replica_gradients::summed_here)
       : be_(be), world_(&groups.world()), placement_(checked(std::move(placement), groups.world().size())),
         sets_(replica_sets_of(placement_)),
         dispatcher_(be, groups, placement_.num_ranks() * placement_.slots_per_rank(), dropless{}, flat{}, unchecked_routing),
-        checks_(checks), hidden_(hidden) {
+        checks_(checks), rebalancing_(rebalancing), gradients_(gradients), hidden_(hidden) {
     detail::require(hidden > 0, "replicated_expert_layer", "hidden = ", hidden, " must be positive");
-    std::int32_t const me = world_->rank(), E = placement_.num_experts();
-    for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {  // replica groups, slot row by slot row
-      std::int32_t const e = placement_.expert_at(me, l);
-      replica_groups_.push_back(world_->split(e >= 0 ? e : E + me, me));
-    }
+    replica_groups_ = split_replica_groups(placement_);
   }
 
   //! `out[t]` = plain expert parallelism's combine (file comment). Collective.
@@ -139,14 +163,83 @@ class replicated_expert_layer {
     if constexpr (detail::check_experts<T, ExpertsBackward, true, true>()) checked_backward(d_out, d_x, d_weights, experts);
   }
 
+  //! Moves the replicas to placement `to` (file comment): parameters and optimizer `state` into
+  //! the slots that gain an expert, then new replica groups. Collective; between steps (a backward
+  //! after it needs a new forward). Every rank passes the same `to`.
+  //! @throws error naming the bad argument (invalid_argument, on the rank that passed it;
+  //!         invalid_usage on the others) or a communication failure; then no slot and no part
+  //!         of the layer has changed.
+  template <class Experts, class State = no_optimizer_state>
+  replica_migration_stats const& move_replicas(replica_placement const& to, Experts& experts, State&& state = {}) {
+    static_assert(detail::is_parametric_experts_v<Experts>,
+                  "moecomm::replicated_expert_layer::move_replicas: replicas move with parametric experts "
+                  "(parameter_count, parameters, gradients: patterns/experts.hpp)");
+    routed_ = false;
+    migration_.exchange(be_, *world_, placement_, to, experts, state);
+    std::vector<Comm> groups;
+    try {
+      groups = split_replica_groups(to);
+    } catch (...) {
+      migration_.discard();
+      throw;
+    }
+    migration_.commit(be_, world_->rank(), experts, state);
+    placement_ = to;
+    sets_ = replica_sets_of(placement_);
+    replica_groups_ = std::move(groups);
+    return migration_.stats();
+  }
+
+  //! FlexMoE's step (`dynamic_placement` only): plans moves on the mean expert loads since the last
+  //! rebalance (every rank has the same: they are all-gathered each forward) and, when the plan has
+  //! moves, makes them (`move_replicas`). Collective. Returns the plan.
+  template <class Experts, class State = no_optimizer_state>
+  placement_decision const& rebalance(Experts& experts, State&& state = {}) {
+    static_assert(Placement::plans_moves,
+                  "moecomm::replicated_expert_layer::rebalance: the layer's placement is static; use the "
+                  "dynamic_placement policy (flexmoe) or move_replicas");
+    std::int64_t const steps = std::max<std::int64_t>(window_steps_, 1);
+    for (std::size_t e = 0; e < window_loads_.size(); ++e) window_loads_[e] /= steps;
+    window_loads_.resize(static_cast<std::size_t>(placement_.num_experts()), 0);
+    plan_replica_moves(placement_, {window_loads_.data(), static_cast<std::int64_t>(window_loads_.size())},
+                       rebalancing_.planner, decision_, planner_workspace_);
+    std::fill(window_loads_.begin(), window_loads_.end(), 0);
+    window_steps_ = 0;
+    if (!decision_.moves.empty())
+      move_replicas(replica_placement(placement_.num_experts(), placement_.num_ranks(), placement_.slots_per_rank(),
+                                      decision_.slot_expert_after),
+                    experts, state);
+    return decision_;
+  }
+
   [[nodiscard]] replicated_report const& report() const { return report_; }
   [[nodiscard]] replica_placement const& placement() const { return placement_; }
+  //! The replicas of slot `l`'s expert (this rank's group of slot row `l`, ascending rank; this rank
+  //! alone for an empty slot): where the trainer sums gradients left to it.
+  [[nodiscard]] Comm& replica_group(std::int32_t l) {
+    detail::require(l >= 0 && l < placement_.slots_per_rank(), "replicated_expert_layer::replica_group", "slot ", l,
+                    " is not in [0, ", placement_.slots_per_rank(), ")");
+    return replica_groups_[static_cast<std::size_t>(l)];
+  }
+  //! What the last `move_replicas` moved on this rank.
+  [[nodiscard]] replica_migration_stats const& migration() const { return migration_.stats(); }
   //! The dispatcher over the slots (its report: rows received, messages).
   [[nodiscard]] dispatcher<Backend, Comm, dropless, flat> const& dispatch_state() const { return dispatcher_; }
 
  private:
   [[nodiscard]] array_view<std::int64_t const> counts() const {
     return {counts_.data(), static_cast<std::int64_t>(counts_.size())};
+  }
+
+  //! This rank's replica group of each slot row (collective over the world).
+  std::vector<Comm> split_replica_groups(replica_placement const& p) {
+    std::vector<Comm> groups;
+    std::int32_t const me = world_->rank(), E = p.num_experts();
+    for (std::int32_t l = 0; l < p.slots_per_rank(); ++l) {
+      std::int32_t const e = p.expert_at(me, l);
+      groups.push_back(world_->split(e >= 0 ? e : E + me, me));
+    }
+    return groups;
   }
 
   static replica_placement checked(replica_placement p, std::int32_t ranks) {
@@ -171,10 +264,15 @@ class replicated_expert_layer {
     for (std::int32_t e = 0; e < E; ++e) mine_[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
     world_->allgather(mine_.data(), counts_.data(), E * std::int64_t(sizeof(std::int64_t)));  // host memory: not NCCL yet
     // 2. The split and the assignment.
+    loads_.assign(static_cast<std::size_t>(E), 0);
+    for (std::int32_t s = 0; s < R; ++s)
+      for (std::int32_t e = 0; e < E; ++e) loads_[static_cast<std::size_t>(e)] += counts_[static_cast<std::size_t>(s) * E + e];
+    if constexpr (Placement::plans_moves) {
+      window_loads_.resize(static_cast<std::size_t>(E), 0);
+      for (std::int32_t e = 0; e < E; ++e) window_loads_[static_cast<std::size_t>(e)] += loads_[static_cast<std::size_t>(e)];
+      ++window_steps_;
+    }
     if constexpr (std::is_same_v<Split, finemoe_split>) {
-      loads_.assign(static_cast<std::size_t>(E), 0);
-      for (std::int32_t s = 0; s < R; ++s)
-        for (std::int32_t e = 0; e < E; ++e) loads_[static_cast<std::size_t>(e)] += counts_[static_cast<std::size_t>(s) * E + e];
       schedule_replicas(sets_, loads_.data(), schedule_, schedule_workspace_);
       assign_tokens_finemoe(sets_, counts(), schedule_.split, assignment_);
     } else {
@@ -226,7 +324,7 @@ class replicated_expert_layer {
     std::int32_t const me = world_->rank();
     for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {
       std::int32_t const e = placement_.expert_at(me, l);
-      if (e < 0 || placement_.replica_count(e) == 1) continue;
+      if (e < 0 || placement_.replica_count(e) == 1 || gradients_ == replica_gradients::left_to_trainer) continue;
       [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       ordered_allreduce(be_, replica_groups_[static_cast<std::size_t>(l)],
                         array_view<detail::parameter_t<Experts>>{experts.gradients(l), experts.parameter_count()}, scratch_);
@@ -297,6 +395,8 @@ class replicated_expert_layer {
   replica_sets sets_;
   dispatcher<Backend, Comm, dropless, flat> dispatcher_;
   routing_checks checks_;
+  Placement rebalancing_;
+  replica_gradients gradients_;
   std::int64_t hidden_;
   std::vector<Comm> replica_groups_;  //!< per slot row: this rank's replica group
   permute_plan<Backend> real_plan_;
@@ -311,6 +411,11 @@ class replicated_expert_layer {
   replica_schedule_workspace schedule_workspace_;
   replica_assignment assignment_;
   replicated_report report_;
+  replica_migration<Backend> migration_;
+  std::vector<std::int64_t> window_loads_;  //!< dynamic_placement: expert loads summed since the last rebalance
+  std::int64_t window_steps_ = 0;
+  placement_decision decision_;
+  flexmoe_planner_workspace planner_workspace_;
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;
   bool routed_ = false;

@@ -32,8 +32,8 @@
 //! Greedy (systems.md §3, step 3). While the imbalance exceeds the threshold and fewer than
 //! `max_moves` moves are planned, from the current state:
 //! (a) expansion: the hottest expert (largest `load_e / r_e`, experts with tokens and fewer than R
-//!     replicas; the next hottest while one has no target) onto the least-loaded rank with a free
-//!     slot in its row; when its row has none, a *replace*: the coldest replicated expert of that row
+//!     replicas; the next hottest while one has no qualifying candidate) onto the least-loaded rank
+//!     with a free slot in its row, and a *replace*: the coldest replicated expert of that row
 //!     (r > 1, smallest `load / r`) shrinks on its least-loaded holder, and the hot expert expands
 //!     there (two moves, scored together, made only if both fit under `max_moves`);
 //! (b) migration: each replica of the most-loaded rank onto the least-loaded rank with a free slot
@@ -42,9 +42,7 @@
 //! made, provided its gain and its net gain are both positive (ties: lower expert, then lower target
 //! rank). The loop ends when no candidate qualifies. The score is the busiest rank's load alone, so
 //! when ranks tie at the top only expanding an expert they all hold can gain; the greedy is
-//! myopic and may stop well above the threshold (migrating a hot replica into its row's last free
-//! slot leaves that expert's next expansion only the slot it vacated, and no replace is tried
-//! while a row has a free slot).
+//! myopic and may stop above the threshold.
 //!
 //! Not modelled: the all-to-all time (systems.md's score adds it; here `seconds_per_row` carries a
 //! row's transfer), the memory that holds old and new state during a move (SYMI §5.3), moves
@@ -319,7 +317,7 @@ inline void plan_replica_moves(replica_placement const& current, array_view<std:
         best = c;
     };
 
-    // (a) The hottest expert that has a target: a free slot in its row, or a replace.
+    // (a) The hottest expert with a qualifying target: a free slot in its row, or a replace.
     for (;;) {
       std::int32_t hot = -1;
       for (std::int32_t e = 0; e < E; ++e)
@@ -328,10 +326,7 @@ inline void plan_replica_moves(replica_placement const& current, array_view<std:
           hot = e;
       if (hot < 0) break;
       std::int32_t const l = current.local_index_of(hot);
-      if (std::int32_t const g = state.least_loaded_free(l); g >= 0) {
-        consider({{{replica_move_kind::expand, hot, -1, g}}, 1});
-        break;
-      }
+      if (std::int32_t const g = state.least_loaded_free(l); g >= 0) consider({{{replica_move_kind::expand, hot, -1, g}}, 1});
       std::int32_t cold = -1;
       if (out.moves.size() + 2 <= max_moves)
         for (std::int32_t f = 0; f < E; ++f)
@@ -339,10 +334,10 @@ inline void plan_replica_moves(replica_placement const& current, array_view<std:
               (cold < 0 || state.per_replica(f) < state.per_replica(cold)))
             cold = f;
       if (cold >= 0) {
-        std::int32_t const g = state.least_loaded_holder(cold);
+        std::int32_t const g = state.least_loaded_holder(cold);  // its slot in row l: g cannot hold hot
         consider({{{replica_move_kind::shrink, cold, g, -1}, {replica_move_kind::expand, hot, -1, g}}, 2});
-        break;
       }
+      if (best.size > 0) break;
       ws.tried[static_cast<std::size_t>(hot)] = step;
     }
 
