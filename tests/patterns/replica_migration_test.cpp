@@ -11,6 +11,7 @@
 
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/ops/replica_migration.hpp>
+#include <moecomm/patterns/layer_policies.hpp>
 
 namespace test {
 namespace {
@@ -207,6 +208,69 @@ TEST_CASE("replica migration: a move that fails on one rank leaves every rank's 
     moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t> plain(moecomm::host_backend{}, groups, c.experts, c.hidden);
     auto const want = run_step(plain, me, c, in);
     check_bitwise(io.got[static_cast<std::size_t>(me)].out, want.out, c.hidden, "output after the failed moves vs plain");
+  });
+}
+
+// FlexMoE as one policy: rebalance() moves replicas when the loads since the last call pay for it,
+// and the layer still equals plain expert parallelism; a move that cannot pay is not made.
+TEST_CASE("replica migration: flexmoe's rebalance moves replicas that pay off, keeps plain EP's results, and skips the rest") {
+  shadow_case const c{8, 4, 16, 2, 8, {64, 64, 64, 64, 64, 64, 64, 64}, 2.0, true};
+  auto const in = make_shadow_inputs<float>(c);
+  moecomm::replica_placement const start = moecomm::replica_placement::cyclic(8, 4, 2);
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+  world.run([&](comm_t comm) {
+    std::int32_t const me = comm.rank();
+    CAPTURE(me);
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    moecomm::flexmoe_planner_options cheap;  // moves cost little against the gain over 50 steps
+    cheap.bytes_per_replica = 1e3;
+    moecomm::flexmoe_planner_options dear = cheap;  // each move costs more than 50 steps could gain
+    dear.bytes_per_replica = 1e12;
+    auto flex = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                           moecomm::flexmoe{start, {}, {cheap}});
+    auto stuck = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                            moecomm::flexmoe{start, {}, {dear}});
+    static_assert(std::is_same_v<decltype(flex), moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t,
+                                                                                  moecomm::even_split, moecomm::weighted,
+                                                                                  moecomm::dynamic_placement>>);
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t> plain(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    auto const want = run_step(plain, me, c, in);
+    auto flex_experts = slot_experts(start, me, c.hidden), stuck_experts = flex_experts;
+    momentum_state flex_state(4, 2 * c.hidden), stuck_state(4, 2 * c.hidden);
+    std::vector<std::int64_t> busiest;
+    for (int step = 0; step < 3; ++step) {
+      CAPTURE(step);
+      rank_io io(c, in), stuck_io(c, in);
+      flex.forward(io.routing(me), io.x(me), io.out(me), flex_experts);
+      flex.backward(io.d_out(me), io.d_x(me), io.d_w(me), flex_experts);
+      check_bitwise(io.got[static_cast<std::size_t>(me)].out, want.out, c.hidden, "flexmoe output vs plain");
+      check_bitwise(io.got[static_cast<std::size_t>(me)].d_x, want.d_x, c.hidden, "flexmoe input gradient vs plain");
+      busiest.push_back(flex.report().busiest_rank_rows);
+      stuck.forward(stuck_io.routing(me), stuck_io.x(me), stuck_io.out(me), stuck_experts);
+      std::fill(flex_experts.grads.begin(), flex_experts.grads.end(), 0.0f);
+      moecomm::placement_decision const& moved = flex.rebalance(flex_experts, flex_state);
+      moecomm::placement_decision const& kept = stuck.rebalance(stuck_experts, stuck_state);
+      if (step == 0) {
+        CHECK(moved.triggered);
+        CHECK(!moved.moves.empty());
+        CHECK(moved.imbalance_after < moved.imbalance_before);
+        CHECK(kept.triggered);
+        CHECK(kept.moves.empty());  // no gain over the interval pays for a terabyte
+      }
+      for (std::int32_t l = 0; l < 4; ++l) {
+        CHECK(flex.placement().expert_at(me, l) == moved.slot_expert_after[static_cast<std::size_t>(me * 4 + l)]);
+        CHECK(stuck.placement().expert_at(me, l) == start.expert_at(me, l));
+      }
+    }
+    CHECK(busiest.back() < busiest.front());  // the moves balanced the rows the ranks compute
+    // Every replica holds its expert's parameters (no step updated them here).
+    for (std::int32_t l = 0; l < 4; ++l) {
+      std::int32_t const e = flex.placement().expert_at(me, l);
+      if (e < 0) continue;
+      for (std::int64_t i = 0; i < 2 * c.hidden; ++i)
+        REQUIRE(flex_experts.params[static_cast<std::size_t>(l * 2 * c.hidden + i)] == parameter_value(e, i, true));
+    }
   });
 }
 

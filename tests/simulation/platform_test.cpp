@@ -198,6 +198,7 @@ TEST_CASE("platform: every named platform parses, validates and round-trips") {
       {"parm-2080ti-server", 8, 1, 8, true},  {"hybridep-a800-8", 8, 2, 4, true},
       {"hybridep-a800-16", 16, 4, 4, true},   {"hybridep-a800-32", 32, 8, 4, true},
       {"finemoe-h100", 32, 1, 8, false},      {"deepep-h800", 64, 1, 8, false},
+      {"flexmoe-a100", 16, 1, 1, true},
   };
   std::vector<std::string> names;
   for (auto const& e : platforms) {
@@ -291,7 +292,7 @@ TEST_CASE("platform: platform_file finds named files and lists the others") {
   CHECK(moecomm::platform_file("deepep-h800") == std::string(MOECOMM_PLATFORM_DIR) + "/deepep-h800.platform");
   std::string const e = error_of([] { (void)moecomm::platform_file("no-such-cluster"); });
   CHECK(e.find("no platform 'no-such-cluster'") != std::string::npos);
-  CHECK(e.find("deepep-h800, fastermoe-v100-ib, fastermoe-v100-pcie, finemoe-h100") != std::string::npos);
+  CHECK(e.find("deepep-h800, fastermoe-v100-ib, fastermoe-v100-pcie, finemoe-h100, flexmoe-a100") != std::string::npos);
 
   std::filesystem::path const folder =
       std::filesystem::temp_directory_path() / ("moecomm-platforms-" + std::to_string(::getpid()));
@@ -420,7 +421,7 @@ TEST_CASE("platform: identical runs give identical times, to the bit") {
 TEST_CASE("platform: every named platform builds, and a message between its farthest GPUs takes its alpha-beta time") {
   for (char const* name :
        {"fastermoe-v100-ib", "fastermoe-v100-pcie", "proprophet-3090", "parm-2080ti", "parm-2080ti-server",
-        "hybridep-a800-8", "hybridep-a800-16", "hybridep-a800-32", "finemoe-h100", "deepep-h800"}) {
+        "hybridep-a800-8", "hybridep-a800-16", "hybridep-a800-32", "finemoe-h100", "deepep-h800", "flexmoe-a100"}) {
     std::string const named = name;
     CAPTURE(named);
     moecomm::simulated_platform const platform = moecomm::simulated_platform::named(name);

@@ -223,6 +223,11 @@ class replicated_expert_layer {
   }
   //! What the last `move_replicas` moved on this rank.
   [[nodiscard]] replica_migration_stats const& migration() const { return migration_.stats(); }
+  //! The last forward's tokens (slots) per expert, over all ranks: the same on every rank (the
+  //! loads a re-placement such as `replica_placement::from_loads` is planned on).
+  [[nodiscard]] array_view<std::int64_t const> expert_loads() const {
+    return {loads_.data(), static_cast<std::int64_t>(loads_.size())};
+  }
   //! The dispatcher over the slots (its report: rows received, messages).
   [[nodiscard]] dispatcher<Backend, Comm, dropless, flat> const& dispatch_state() const { return dispatcher_; }
 
