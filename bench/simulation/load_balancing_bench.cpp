@@ -117,35 +117,15 @@ struct adam_state {
 
 //! Every rank's routing at `step`: Zipf(1.2) over a popularity order, rotated every 25 steps under `drift`.
 moecomm_bench::rank_routing routing_at(char const* trace, std::int32_t step, std::int32_t rank) {
-  std::int32_t const E = g_work.experts, K = g_work.top_k;
+  std::int32_t const E = g_work.experts;
   std::mt19937 order_rng(2511);
   std::vector<std::int32_t> order(static_cast<std::size_t>(E));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), order_rng);
   std::int32_t const shift = std::string(trace) == "drift" ? (step / 25) % E : 0;
-  std::vector<double> p(static_cast<std::size_t>(E));
-  for (std::int32_t i = 0; i < E; ++i) p[static_cast<std::size_t>(i)] = 1.0 / std::pow(i + 1.0, 1.2);
-  std::discrete_distribution<std::int32_t> pick(p.begin(), p.end());
+  auto pick = moecomm_bench::zipf_popularity(E, 1.2);
   std::mt19937 rng(static_cast<std::uint32_t>(step * 7919 + rank * 104729 + 17));
-  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
-  moecomm_bench::rank_routing r;
-  r.tokens = real_tokens;
-  r.top_k = K;
-  r.idx.resize(static_cast<std::size_t>(real_tokens * K));
-  r.w.resize(r.idx.size());
-  for (std::int64_t t = 0; t < real_tokens; ++t) {
-    std::int32_t* const e = r.idx.data() + t * K;
-    float* const w = r.w.data() + t * K;
-    float sum = 0;
-    for (std::int32_t k = 0; k < K; ++k) {
-      do e[k] = order[static_cast<std::size_t>((pick(rng) + shift) % E)];
-      while (std::find(e, e + k, e[k]) != e + k);
-      w[k] = weight(rng);
-      sum += w[k];
-    }
-    for (std::int32_t k = 0; k < K; ++k) w[k] /= sum;
-  }
-  return r;
+  return moecomm_bench::zipf_routing(real_tokens, g_work.top_k, order, shift, pick, rng);
 }
 
 struct step_result {

@@ -67,6 +67,40 @@ struct rank_routing {
   [[nodiscard]] moecomm::routing_view view() const { return {idx.data(), w.data(), tokens, top_k}; }
 };
 
+//! One rank's `tokens` tokens, each with `top_k` distinct experts drawn with `pick` (an index into
+//! `by_popularity`, shifted by `shift` places) and weights summing to 1.
+template <class Pick, class Rng>
+rank_routing zipf_routing(std::int64_t tokens, std::int32_t top_k, std::vector<std::int32_t> const& by_popularity,
+                          std::int32_t shift, Pick& pick, Rng& rng) {
+  auto const experts = static_cast<std::int32_t>(by_popularity.size());
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  rank_routing r;
+  r.tokens = tokens;
+  r.top_k = top_k;
+  r.idx.resize(static_cast<std::size_t>(tokens * top_k));
+  r.w.resize(r.idx.size());
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::int32_t* const e = r.idx.data() + t * top_k;
+    float* const w = r.w.data() + t * top_k;
+    float sum = 0;
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      do e[k] = by_popularity[static_cast<std::size_t>((pick(rng) + shift) % experts)];
+      while (std::find(e, e + k, e[k]) != e + k);  // distinct experts per token, as a top-k gate
+      w[k] = weight(rng);
+      sum += w[k];
+    }
+    for (std::int32_t k = 0; k < top_k; ++k) w[k] /= sum;
+  }
+  return r;
+}
+
+//! Popularity weights Zipf(s) (s = 0: uniform): the i-th most popular expert 1 / (i + 1)^s.
+inline std::discrete_distribution<std::int32_t> zipf_popularity(std::int32_t experts, double zipf) {
+  std::vector<double> p(static_cast<std::size_t>(experts));
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = 1.0 / std::pow(static_cast<double>(i + 1), zipf);
+  return {p.begin(), p.end()};
+}
+
 //! Expert popularity Zipf(s) (s = 0: uniform): the i-th most popular expert is picked with weight
 //! 1 / (i + 1)^s. Which expert is i-th is a fixed random permutation, so the hot experts are spread
 //! over ranks as a trained gate's would be, not all on rank 0 by construction.
@@ -76,29 +110,9 @@ inline std::vector<rank_routing> skewed_routing(std::int32_t ranks, std::int64_t
   std::vector<std::int32_t> by_popularity(static_cast<std::size_t>(experts));
   std::iota(by_popularity.begin(), by_popularity.end(), 0);
   std::shuffle(by_popularity.begin(), by_popularity.end(), rng);
-  std::vector<double> p(static_cast<std::size_t>(experts));
-  for (std::size_t i = 0; i < p.size(); ++i) p[i] = 1.0 / std::pow(static_cast<double>(i + 1), zipf);
-  std::discrete_distribution<std::int32_t> pick(p.begin(), p.end());
-  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
-  std::vector<rank_routing> all(static_cast<std::size_t>(ranks));
-  for (rank_routing& r : all) {
-    r.tokens = tokens;
-    r.top_k = top_k;
-    r.idx.resize(static_cast<std::size_t>(tokens * top_k));
-    r.w.resize(r.idx.size());
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      std::int32_t* const e = r.idx.data() + t * top_k;
-      float* const w = r.w.data() + t * top_k;
-      float sum = 0;
-      for (std::int32_t k = 0; k < top_k; ++k) {
-        do e[k] = by_popularity[static_cast<std::size_t>(pick(rng))];
-        while (std::find(e, e + k, e[k]) != e + k);  // distinct experts per token, as a top-k gate
-        w[k] = weight(rng);
-        sum += w[k];
-      }
-      for (std::int32_t k = 0; k < top_k; ++k) w[k] /= sum;
-    }
-  }
+  auto pick = zipf_popularity(experts, zipf);
+  std::vector<rank_routing> all;
+  for (std::int32_t r = 0; r < ranks; ++r) all.push_back(zipf_routing(tokens, top_k, by_popularity, 0, pick, rng));
   return all;
 }
 

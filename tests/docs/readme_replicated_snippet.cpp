@@ -7,6 +7,8 @@
 #include <moecomm/backend/host.hpp>
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/core/replica_placement.hpp>
+#include <moecomm/patterns/flexmoe.hpp>
+#include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/patterns/replicated_experts.hpp>
 
 namespace test {
@@ -48,6 +50,43 @@ TEST_CASE("README replicated experts snippet runs") {
     check_bitwise(io.got[r].d_x, want[r].d_x, c.hidden, "d_x");
     check_bitwise(io.got[r].d_w, want[r].d_w, 1, "d_weights");
     CHECK(busiest[r] == busiest[0]);
+  }
+}
+
+TEST_CASE("README flexmoe snippet runs") {
+  shadow_case const c{8, 4, 16, 2, 8, {64, 64, 64, 64, 64, 64, 64, 64}, 2.0, true};
+  auto const in = make_shadow_inputs<float>(c);
+  rank_io io(c, in);
+  std::vector<std::size_t> moves(8);
+  // example-begin readme-flexmoe
+  // The trainer's optimizer state per expert slot (here SGD's momentum), moved with the parameters
+  struct momentum {
+    std::vector<float> m = std::vector<float>(4 * 16);
+    std::int64_t state_count() const { return 16; }  // elements per slot
+    float* state(std::int32_t slot) { return m.data() + slot * 16; }
+  };
+  moecomm::flexmoe_planner_options planner;  // when a move pays off (plan/flexmoe_planner.hpp)
+  planner.interval_steps = 50;               // its gain counts over the rebalancing interval ...
+  planner.bytes_per_replica = 1e6;           // ... against parameters + optimizer state / bandwidth
+  auto const start = moecomm::replica_placement::cyclic(/*ranks=*/8, /*slots_per_rank=*/4, /*replicas=*/2);
+  moecomm::inproc_world const world(/*ranks=*/8);
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups groups(comm, moecomm::topology(8, /*ranks_per_node=*/4));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, /*experts=*/16, /*hidden=*/8,
+                                                            moecomm::flexmoe{start, {}, {planner}});
+    auto experts = slot_experts(start, comm.rank(), 8);
+    momentum optimizer_state;
+    layer.forward(io.routing(comm.rank()), io.x(comm.rank()), io.out(comm.rank()), experts);
+    layer.backward(io.d_out(comm.rank()), io.d_x(comm.rank()), io.d_w(comm.rank()), experts);
+    // ... the optimizer's step; then, every interval, replicas move where the loads seen since call for them
+    moecomm::placement_decision const& plan = layer.rebalance(experts, optimizer_state);
+    moves[comm.rank()] = plan.moves.size();  // expand, shrink, migrate: layer.placement() is the new one
+  });
+  // example-end readme-flexmoe
+  CHECK(moves[0] > 0);
+  for (std::int32_t r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(moves[r] == moves[0]);
   }
 }
 

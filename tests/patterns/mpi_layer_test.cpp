@@ -79,6 +79,16 @@ TEST_CASE("Replicated experts over MPI: both splits equal plain expert paralleli
   }
 }
 
+// Replicas moved between two steps over MPI (cyclic -> load-aware): both steps equal plain EP, and
+// every slot holds its expert's parameters and optimizer state after the move.
+TEST_CASE("Replicated experts over MPI: replicas move with their optimizer state and still equal plain EP") {
+  moecomm::mpi_communicator comm(MPI_COMM_WORLD, {});
+  shadow_case const c{4, 2, 8, 2, 8, {64, 40, 0, 96}, 1.2, true};
+  auto const in = make_shadow_inputs<float>(c);
+  check_moved_replicas_on_rank(comm, c, in, moecomm::replica_placement::cyclic(4, 4, 2),
+                               moecomm::replica_placement::from_loads(4, 4, {8, 4, 2, 1, 1, 1, 1, 1}, 3));
+}
+
 }  // namespace test
 
 int main(int argc, char** argv) {

@@ -24,6 +24,19 @@ inline scale_bias_experts<float> slot_experts(moecomm::replica_placement const& 
   return experts;
 }
 
+// One forward and backward of `layer` on rank `me`'s inputs, into NaN-poisoned outputs.
+template <class Layer, class Experts>
+layer_result<float> replicated_step(Layer& layer, std::int32_t me, shadow_case const& c, shadow_inputs<float> const& in, Experts& experts) {
+  auto const& r = in.routing[static_cast<std::size_t>(me)];
+  layer_result<float> got{poisoned<float>(r.tokens * c.hidden), poisoned<float>(r.tokens * c.hidden),
+                          poisoned<float>(r.tokens * r.top_k), {}};
+  layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden},
+                {got.out.data(), r.tokens, c.hidden}, experts);
+  layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {got.d_x.data(), r.tokens, c.hidden},
+                 got.d_w, experts);
+  return got;
+}
+
 // One rank of any world: plain EP, then the replicated layer with `Split` on `placement`.
 template <class Split, class Comm, class Backend = moecomm::host_backend>
 void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<float> const& in,
@@ -42,14 +55,8 @@ void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<fl
   std::int64_t const plain_busiest = *std::max_element(plain_rows.begin(), plain_rows.end());
 
   moecomm::replicated_expert_layer<float, Backend, Comm, Split> layer(be, groups, placement, c.hidden);
-  auto const& r = in.routing[static_cast<std::size_t>(me)];
   auto experts = slot_experts(placement, me, c.hidden);
-  layer_result<float> got{poisoned<float>(r.tokens * c.hidden), poisoned<float>(r.tokens * c.hidden),
-                          poisoned<float>(r.tokens * r.top_k), {}};
-  layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden},
-                {got.out.data(), r.tokens, c.hidden}, experts);
-  layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {got.d_x.data(), r.tokens, c.hidden},
-                 got.d_w, experts);
+  layer_result<float> const got = replicated_step(layer, me, c, in, experts);
   CAPTURE(me);
   check_bitwise(got.out, want.out, c.hidden, "replicated layer output vs plain");
   check_bitwise(got.d_x, want.d_x, c.hidden, "replicated input gradient vs plain");
@@ -71,6 +78,51 @@ void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<fl
   for (std::int64_t rows_of_rank : report.rank_rows) busiest = std::max(busiest, rows_of_rank);
   CHECK(report.busiest_rank_rows == busiest);
   if constexpr (std::is_same_v<Split, moecomm::finemoe_split>) CHECK(busiest <= plain_busiest);
+}
+
+// An optimizer state whose slot l holds its expert's identity values (`state_value(e, i)`).
+struct identity_state {
+  std::int64_t count;
+  std::vector<float> values;
+  [[nodiscard]] std::int64_t state_count() const { return count; }
+  float* state(std::int32_t l) { return values.data() + l * count; }
+};
+inline float state_value(std::int32_t e, std::int64_t i) { return parameter_value(e, i + 1000, true); }
+
+// One rank of any world: the replicated layer on `from`, one step, its replicas moved to `to`
+// (parameters and an optimizer state), another step; both steps equal plain EP's bit for bit, and
+// after the move every slot holds its expert's parameters and state.
+template <class Comm, class Backend = moecomm::host_backend>
+void check_moved_replicas_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<float> const& in, moecomm::replica_placement const& from,
+                                  moecomm::replica_placement const& to, Backend const& be = Backend{}) {
+  std::int32_t const me = comm.rank();
+  std::int64_t const n = 2 * c.hidden;
+  moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  moecomm::expert_parallel_layer<float, Backend, Comm> plain(be, groups, c.experts, c.hidden);
+  layer_result<float> const want = run_step(plain, me, c, in);
+  moecomm::replicated_expert_layer<float, Backend, Comm> layer(be, groups, from, c.hidden);
+  auto experts = slot_experts(from, me, c.hidden);
+  identity_state state{n, std::vector<float>(static_cast<std::size_t>(from.slots_per_rank() * n))};
+  for (std::int32_t l = 0; l < from.slots_per_rank(); ++l)
+    for (std::int64_t i = 0; i < n; ++i) state.state(l)[i] = state_value(std::max(from.expert_at(me, l), 0), i);
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(me);
+    CAPTURE(step);
+    if (step == 1) {
+      (void)layer.move_replicas(to, experts, state);
+      for (std::int32_t l = 0; l < to.slots_per_rank(); ++l) {
+        std::int32_t const e = to.expert_at(me, l);
+        if (e < 0) continue;
+        for (std::int64_t i = 0; i < n; ++i) {
+          REQUIRE(experts.parameters(l)[i] == parameter_value(e, i, true));
+          REQUIRE(state.state(l)[i] == state_value(e, i));
+        }
+      }
+    }
+    layer_result<float> const got = replicated_step(layer, me, c, in, experts);
+    check_bitwise(got.out, want.out, c.hidden, "replicated output vs plain, before and after the move");
+    check_bitwise(got.d_x, want.d_x, c.hidden, "replicated input gradient vs plain, before and after the move");
+  }
 }
 
 }  // namespace test

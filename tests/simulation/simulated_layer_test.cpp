@@ -324,4 +324,16 @@ TEST_CASE("simulated layer: replicated experts equal plain expert parallelism on
   }
 }
 
+TEST_CASE("simulated layer: replicas move with their optimizer state on simulated ranks and still equal plain EP") {
+  shadow_case const c{8, 4, 16, 2, 8, {80, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};
+  auto const in = make_shadow_inputs<float>(c);
+  std::vector<double> hot;
+  for (std::int32_t e = 0; e < 16; ++e) hot.push_back(1.0 / std::pow(e + 1.0, 1.2));
+  moecomm::simgrid_world world = sim_world(8, 4);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    check_moved_replicas_on_rank(comm, c, in, moecomm::replica_placement::cyclic(8, 4, 2),
+                                 moecomm::replica_placement::from_loads(8, 4, hot, 9), moecomm::simulated_backend<>{});
+  });
+}
+
 }  // namespace test
