@@ -82,6 +82,67 @@ TEST_CASE("FasterMoE: any shadow set, over either replica path, gives plain expe
   }
 }
 
+// Subsets (Pro-Prophet's replicas): an expert replicated on no rank but its owner, on one rank, on
+// every rank, or a mix; each rank computes its own tokens of an expert exactly where it holds it.
+TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert parallelism's result") {
+  struct subsets_case {
+    char const* name;
+    fixed_subset_planner planner;
+  };
+  subsets_case const cases[] = {
+      {"owner only", {{5, 0}, {0, 0, 0}, {}}},  // the decision's order need not ascend
+      {"one rank", {{0, 5}, {0, 1, 2}, {3, 0}}},
+      {"every rank", {{0}, {0, 7}, {1, 2, 3, 4, 5, 6, 7}}},
+      {"mixed", {{0, 5, 9, 14}, {0, 3, 3, 10, 11}, {1, 2, 7, 0, 1, 2, 3, 5, 6, 7, 0}}},
+  };
+  for (subsets_case const& sc : cases) {
+    CAPTURE(sc.name);
+    using planner_t = fixed_subset_planner;
+    moecomm::fastermoe_shadowing<moecomm::point_to_point_path, planner_t> const p2p{small_model(), {64}, sc.planner};
+    auto const in = make_shadow_inputs<float>(skewed8);
+    for (int variant = 0; variant < 3; ++variant) {
+      CAPTURE(variant);
+      std::vector<std::vector<std::int32_t>> home(8);
+      moecomm::inproc_world const world(8, std::chrono::seconds(30));
+      world.run([&](moecomm::inproc_communicator comm) {
+        auto& mine = home[static_cast<std::size_t>(comm.rank())];
+        if (variant == 0)
+          mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::pairwise{2}, moecomm::pairwise{2});
+        else if (variant == 1)
+          mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}},
+                                             moecomm::hierarchical_2d{}, moecomm::hierarchical_2d{});
+        else
+          mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::smart_schedule{4}, moecomm::flat{});
+      });
+      // Each rank computes at home exactly the experts it owns or holds a replica of.
+      for (std::int32_t r = 0; r < 8; ++r) {
+        std::vector<std::int32_t> want;
+        for (std::size_t i = 0; i < sc.planner.shadowed.size(); ++i) {
+          std::int32_t const e = sc.planner.shadowed[i];
+          bool held = e / 2 == r;
+          for (std::int32_t k = sc.planner.offsets[i]; k < sc.planner.offsets[i + 1]; ++k) held |= sc.planner.ranks[static_cast<std::size_t>(k)] == r;
+          if (held) want.push_back(e);
+        }
+        std::sort(want.begin(), want.end());
+        CAPTURE(r);
+        CHECK(home[static_cast<std::size_t>(r)] == want);
+      }
+    }
+  }
+  // Subsets move parameters between some ranks only: the collective path, over every rank, refuses them.
+  moecomm::fastermoe_shadowing<moecomm::collective_path, fixed_subset_planner> const collective{small_model(), {}, cases[1].planner};
+  moecomm::inproc_world const world(8, std::chrono::seconds(30));
+  auto const in = make_shadow_inputs<float>(skewed8);
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(8, 4));
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::flat,
+                                   moecomm::weighted, decltype(collective)>
+        layer(moecomm::host_backend{}, groups, 16, skewed8.hidden, {}, {}, {}, collective);
+    check_error([&] { (void)run_step(layer, comm.rank(), skewed8, in); }, moecomm::status::invalid_argument,
+                {"use point_to_point_path"});
+  });
+}
+
 TEST_CASE("FasterMoE: shadowing with the smart schedule equals plain pairwise expert parallelism") {
   moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
   for (shadow_case const& c : {skewed4, skewed8, extreme8}) {

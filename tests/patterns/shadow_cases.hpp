@@ -78,6 +78,18 @@ struct fixed_planner {
   }
 };
 
+// A planner that replicates a fixed set on fixed subsets (Pro-Prophet's kind of decision), aligned
+// with `shadowed`: expert shadowed[i] on ranks ranks[offsets[i] .. offsets[i + 1]).
+struct fixed_subset_planner {
+  std::vector<std::int32_t> shadowed, offsets, ranks;
+  void operator()(moecomm::fastermoe_cost_model const&, moecomm::topology const&, std::vector<std::int32_t> const&,
+                  std::int64_t const*, moecomm::shadow_decision& d) const {
+    d.shadowed = shadowed;
+    d.subset_offsets = offsets;
+    d.subset_ranks = ranks;
+  }
+};
+
 struct shadow_case {
   std::int32_t ranks, per_node, experts, top_k;
   std::int64_t hidden;

@@ -64,14 +64,25 @@ struct dispatch_report {
 //! that routing, with rows of any supported element type.
 //!
 //! Home experts (FasterMoE's shadowed experts): `route` may name experts whose rows are computed
-//! where their tokens are, on every rank, instead of being sent to the owner. Their rows skip the
-//! exchange and appear in the `home_rows` arguments, grouped by home expert (ascending id,
-//! `home_expert_offsets()`), each expert's rows in (token, slot) order. The combine still sums
-//! every slot of a token in slot order, so outputs are bit for bit those of plain dispatch.
+//! where their tokens are, on every rank (FasterMoE) or on their owner and a subset of the ranks
+//! (Pro-Prophet: `home_subsets`), instead of being sent to the owner. On a rank where an expert is
+//! home its rows skip the exchange and appear in the `home_rows` arguments, grouped by home expert
+//! (ascending id, `home_experts()`, `home_expert_offsets()`), each expert's rows in (token, slot)
+//! order; other ranks send theirs to the owner as usual. The combine still sums every slot of a
+//! token in slot order, so outputs are bit for bit those of plain dispatch.
 //! @tparam Capacity `dropless`, `capacity<drop_by_position | drop_by_probability | drop_random>` or
 //!         `receiver_budget`.
 //! @tparam Algorithm `flat`, `hierarchical_2d`, `pairwise` or `smart_schedule` (which adds the
 //!         pipelined calls).
+//! Home experts on subsets of the ranks, as `route`'s chooser may return them: `experts` ascending
+//! and distinct; expert `experts[i]` is home on its owner and on the ranks
+//! `ranks[offsets[i] .. offsets[i + 1])` (the owner excluded); `offsets` empty: on every rank.
+struct home_subsets {
+  array_view<std::int32_t const> experts;
+  array_view<std::int32_t const> offsets;
+  array_view<std::int32_t const> ranks;
+};
+
 template <class Backend, class Comm, class Capacity = dropless, class Algorithm = flat>
 class dispatcher {
  public:
@@ -93,8 +104,9 @@ class dispatcher {
   }
 
   //! As `route`, then `choose_home(counts)` names the home experts from the gathered `[R][E]`
-  //! matrix of rows each rank sends each expert (after capacity). It runs on every rank with the
-  //! same matrix and must return the same experts on every rank (a pure function does).
+  //! matrix of rows each rank sends each expert (after capacity): a `std::vector<std::int32_t>`
+  //! (home on every rank) or `home_subsets`. It runs on every rank with the same matrix and must
+  //! return the same choice on every rank (a pure function does).
   template <class ChooseHome>
   void route(routing_view const& routing, ChooseHome&& choose_home) {
     report_ = {};
@@ -143,7 +155,14 @@ class dispatcher {
       report_.dropped_slots = result.dropped_slots;
     }
     exchange_counts();
-    keep_home(choose_home(counts_));
+    decltype(auto) chosen = choose_home(counts_);
+    if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
+      keep_home(chosen);
+    } else {  // on every rank, in any order
+      chosen_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
+      std::sort(chosen_.begin(), chosen_.end());
+      keep_home(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
+    }
     routed_ = true;
   }
 
@@ -309,7 +328,7 @@ class dispatcher {
   [[nodiscard]] std::int64_t received_rows() const { return report_.received_rows; }
   //! Rows of this rank's tokens for the home experts (padding included).
   [[nodiscard]] std::int64_t home_rows() const { return report_.home_rows; }
-  //! The home experts of this routing, ascending (empty for plain dispatch).
+  //! This rank's home experts of this routing, ascending (empty for plain dispatch).
   [[nodiscard]] std::vector<std::int32_t> const& home_experts() const { return home_; }
   //! `[home_experts().size() + 1]` host offsets of each home expert's rows in `home_rows`.
   [[nodiscard]] std::vector<std::int64_t> const& home_expert_offsets() const { return home_offsets_; }
@@ -437,22 +456,43 @@ class dispatcher {
   //! Makes `chosen` the home experts: relabels them to sort after every other expert (so their
   //! rows form the permuted buffer's tail), rebuilds the plan on the relabeled routing, and takes
   //! their rows out of the exchange.
-  void keep_home(std::vector<std::int32_t> const& chosen) {
-    home_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
-    std::sort(home_.begin(), home_.end());
-    for (std::size_t i = 0; i < home_.size(); ++i) {
-      std::int32_t const e = home_[i];
-      bool const duplicate = i > 0 && home_[i - 1] == e;
-      if (e >= 0 && e < num_experts_ && !duplicate) continue;
-      home_.clear();  // no home experts after a refused choice
-      if (duplicate) detail::fail(status::invalid_argument, "dispatcher::route", "home expert ", e, " is named twice");
-      detail::fail(status::invalid_argument, "dispatcher::route", "home expert ", e, " is not an expert of ", num_experts_);
+  void keep_home(home_subsets const& chosen) {
+    char const* op = "dispatcher::route";
+    std::int64_t const n = chosen.experts.size;
+    home_.clear();
+    for (std::int64_t i = 0; i < n; ++i) {  // checked before anything changes
+      std::int32_t const e = chosen.experts.data[i];
+      detail::require(e >= 0 && e < num_experts_, op, "home expert ", e, " is not an expert of ", num_experts_);
+      detail::require(i == 0 || chosen.experts.data[i - 1] != e, op, "home expert ", e, " is named twice");
+      detail::require(i == 0 || chosen.experts.data[i - 1] < e, op, "home experts must ascend: ", e, " comes after ",
+                      chosen.experts.data[i - 1]);
     }
+    bool const subsets = chosen.offsets.size > 0;
+    detail::require(!subsets || chosen.offsets.size == n + 1, op, "home subsets have ", chosen.offsets.size,
+                    " offsets for ", n, " experts");
     std::int32_t const me = groups_->world().rank();
+    // Rank s computes its own rows of home expert i: its owner, and every rank or the subset's.
+    auto const is_home = [&](std::int64_t i, std::int32_t s) {
+      if (!subsets || s == chosen.experts.data[i] / local_experts_) return true;
+      for (std::int32_t k = chosen.offsets.data[i]; k < chosen.offsets.data[i + 1]; ++k)
+        if (chosen.ranks.data[k] == s) return true;
+      return false;
+    };
+    for (std::int64_t i = 0; i < n; ++i)
+      if (is_home(i, me)) home_.push_back(chosen.experts.data[i]);
     home_offsets_.assign(home_.size() + 1, 0);
     for (std::size_t i = 0; i < home_.size(); ++i) home_offsets_[i + 1] = home_offsets_[i] + rows_from(me, home_[i]);
     report_.home_rows = home_offsets_.back();
-    if (home_.empty()) return;
+    if (n == 0) return;
+    if (!home_.empty()) relabel_home_last();
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      for (std::int64_t i = 0; i < n; ++i)
+        if (is_home(i, s)) counts_[static_cast<std::size_t>(s) * num_experts_ + chosen.experts.data[i]] = 0;
+    derive_local_counts();
+  }
+
+  //! This rank's plan with its home experts' rows moved after the others (their rows skip the exchange).
+  void relabel_home_last() {
     label_.resize(static_cast<std::size_t>(num_experts_));  // capacity kept between steps
     std::int32_t next = 0;
     for (std::int32_t pass = 0; pass < 2; ++pass)  // others first, then home experts, each ascending
@@ -466,9 +506,6 @@ class dispatcher {
     be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label, num_experts_, relabeled_idx});
     relabeled.topk_idx = relabeled_idx;
     relabel_permute_plan(be_, plan_, relabeled, array_view<std::int32_t const>(label_), scratch_);  // moves blocks: no second sort
-    for (std::int32_t s = 0; s < ranks_; ++s)
-      for (std::int32_t e : home_) counts_[static_cast<std::size_t>(s) * num_experts_ + e] = 0;
-    derive_local_counts();
   }
 
   //! `slot`, grown to hold `rows` rows of T: the dispatcher's row buffers are kept between steps.
@@ -599,7 +636,8 @@ class dispatcher {
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
   std::vector<std::int64_t> local_offsets_;
   std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_
-  std::vector<std::int32_t> home_;           //!< home experts, ascending
+  std::vector<std::int32_t> home_;           //!< this rank's home experts, ascending
+  std::vector<std::int32_t> chosen_;         //!< a chooser's vector, sorted
   std::vector<std::int64_t> home_offsets_;   //!< [home_.size() + 1] rows of each home expert
   // Row buffers kept between steps (they only grow): this rank's permuted rows (then their
   // gradient), arrivals and rank-major staging of the exchanges, the combine's returned rows (kept

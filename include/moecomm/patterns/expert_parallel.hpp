@@ -102,8 +102,8 @@ class expert_parallel_layer {
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     check_forward_arguments(routing, x, out);
     if constexpr (Shadowing::shadows) {
-      dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) -> std::vector<std::int32_t> const& {
-        return shadow_.choose(counts);  // by reference: a copy would allocate every step
+      dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) {
+        return shadow_.choose(counts);  // views of the state's vectors: nothing is copied
       });
       shadow_.broadcast(experts);
     } else {
@@ -117,8 +117,8 @@ class expert_parallel_layer {
     rows_t& home_out = grow_rows(home_out_, home);
     auto run_home = [&] {
       if constexpr (Shadowing::shadows)
-        for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
-          experts.forward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), rows_at(home_out, begin, n));
+        for_each_home_expert([&](std::int32_t e, std::int64_t begin, std::int64_t n) {
+          experts.forward(shadow_.parameters(experts, e), input_rows(home_in_, begin, n), rows_at(home_out, begin, n));
           detail::charge_expert_flops(dispatcher_.backend(), experts, n, 1);
         });
     };
@@ -159,9 +159,9 @@ class expert_parallel_layer {
     rows_t& d_home_in = grow_rows(d_home_in_, home);
     auto run_home = [&] {
       if constexpr (Shadowing::shadows)
-        for_each_home_expert([&](std::size_t i, std::int64_t begin, std::int64_t n) {
-          experts.backward(shadow_.parameters(experts, i), input_rows(home_in_, begin, n), input_rows(d_home_out, begin, n),
-                           rows_at(d_home_in, begin, n), shadow_.gradients(experts, i));
+        for_each_home_expert([&](std::int32_t e, std::int64_t begin, std::int64_t n) {
+          experts.backward(shadow_.parameters(experts, e), input_rows(home_in_, begin, n), input_rows(d_home_out, begin, n),
+                           rows_at(d_home_in, begin, n), shadow_.gradients(experts, e));
           detail::charge_expert_flops(dispatcher_.backend(), experts, n, 2);
         });
     };
@@ -233,10 +233,12 @@ class expert_parallel_layer {
       }
   }
 
+  //! `f(expert, first row, rows)` for each of this rank's home experts.
   template <class F>
   void for_each_home_expert(F&& f) const {
     auto const& offsets = dispatcher_.home_expert_offsets();
-    for (std::size_t i = 0; i + 1 < offsets.size(); ++i) f(i, offsets[i], offsets[i + 1] - offsets[i]);
+    auto const& home = dispatcher_.home_experts();
+    for (std::size_t i = 0; i < home.size(); ++i) f(home[i], offsets[i], offsets[i + 1] - offsets[i]);
   }
 
   dispatcher<Backend, Comm, Capacity, Algorithm> dispatcher_;

@@ -43,6 +43,10 @@ struct fastermoe_planner {
 //! Shadowing policy: FasterMoE's. `model` is the performance model the planner evaluates (its
 //! `hidden` is taken from the layer); `path` moves the parameters and gradients of shadowed experts
 //! (`point_to_point_path`, the default, sums gradients in ascending rank order on every transport).
+//! A planner may replicate an expert on a subset of the ranks only (`shadow_decision::subset_offsets`,
+//! Pro-Prophet): the owner then sends its parameters to that subset, whose ranks compute their own
+//! tokens of it; the other ranks send theirs to the owner as usual; gradients are summed back into
+//! the owner's from the subset (ascending rank). Subsets need `point_to_point_path`.
 template <class Path = point_to_point_path, class Planner = fastermoe_planner>
 struct fastermoe_shadowing {
   static constexpr bool shadows = true;
@@ -65,17 +69,38 @@ struct fastermoe_shadowing {
           placement_(num_experts, groups.world().size()),
           owners_(detail::owners_of("fastermoe_shadowing", placement_, groups.topo())) {}
 
-    //! Algorithm 1 on the gathered `[R][E]` counts; returns the shadowed experts, ascending.
-    std::vector<std::int32_t> const& choose(std::vector<std::int64_t> const& counts) {
+    //! The planner on the gathered `[R][E]` counts; returns the shadowed experts, ascending, and
+    //! where each is replicated, as the dispatcher's home experts.
+    home_subsets choose(std::vector<std::int64_t> const& counts) {
       counts_.assign(counts.begin(), counts.end());
       planner_(model_, groups_->topo(), owners_, counts_.data(), decision_);
-      shadowed_.assign(decision_.shadowed.begin(), decision_.shadowed.end());
-      std::sort(shadowed_.begin(), shadowed_.end());
-      return shadowed_;
+      std::size_t const n = decision_.shadowed.size();
+      bool const subsets = !decision_.subset_offsets.empty();
+      detail::require(!subsets || decision_.subset_offsets.size() == n + 1, "fastermoe_shadowing",
+                      "the planner's decision has ", decision_.subset_offsets.size(), " subset offsets for ", n, " experts");
+      if constexpr (std::is_same_v<Path, collective_path>)
+        detail::require(!subsets, "fastermoe_shadowing", "the planner chose replicas on subsets of the ranks; "
+                        "collective_path moves parameters over every rank: use point_to_point_path");
+      order_.resize(n);  // the decision's entries by ascending expert
+      for (std::size_t i = 0; i < n; ++i) order_[i] = i;
+      std::sort(order_.begin(), order_.end(),
+                [&](std::size_t a, std::size_t b) { return decision_.shadowed[a] < decision_.shadowed[b]; });
+      shadowed_.clear();
+      subset_offsets_.assign(subsets ? 1 : 0, 0);
+      subset_ranks_.clear();
+      for (std::size_t i : order_) {
+        shadowed_.push_back(decision_.shadowed[i]);
+        if (!subsets) continue;
+        for (std::int32_t k = decision_.subset_offsets[i]; k < decision_.subset_offsets[i + 1]; ++k)
+          subset_ranks_.push_back(decision_.subset_ranks[static_cast<std::size_t>(k)]);
+        subset_offsets_.push_back(static_cast<std::int32_t>(subset_ranks_.size()));
+      }
+      return {array_view<std::int32_t const>(shadowed_), array_view<std::int32_t const>(subset_offsets_),
+              array_view<std::int32_t const>(subset_ranks_)};
     }
 
-    //! Owners send each shadowed expert's parameters to every other rank (ascending expert id);
-    //! and every rank zeroes its gradient accumulators for the experts it does not own.
+    //! Owners send each shadowed expert's parameters to its replicas, every other rank or its
+    //! subset (ascending expert id); and every rank zeroes its replica gradient accumulators.
     template <class Experts>
     void broadcast(Experts& experts) {
       using P = detail::parameter_t<Experts>;
@@ -88,38 +113,34 @@ struct fastermoe_shadowing {
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
       [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < r; ++i)
-        replica_broadcast(be_, groups_->world(), everyone_of(i), count, array_view<P>{parameters(experts, i), count},
+        replica_broadcast(be_, groups_->world(), replicas_of(i), count, array_view<P>{replica_parameters(experts, i), count},
                           workspace_, path_);
     }
 
-    //! The parameters shadowed expert `i` (in ascending id) is computed with on this rank.
+    //! The parameters home expert `e` is computed with on this rank.
     template <class Experts>
-    detail::parameter_t<Experts>* parameters(Experts& experts, std::size_t i) {
-      using P = detail::parameter_t<Experts>;
-      if (owns(i)) return experts.parameters(local_index(i));
-      return reinterpret_cast<P*>(replica_params_.data()) + static_cast<std::int64_t>(i) * experts.parameter_count();
+    detail::parameter_t<Experts>* parameters(Experts& experts, std::int32_t e) {
+      return replica_parameters(experts, index_of(e));
     }
 
-    //! Where this rank accumulates shadowed expert `i`'s gradient: the owner's own accumulator, or
-    //! a zeroed replica buffer that `reduce` sends to the owner.
+    //! Where this rank accumulates home expert `e`'s gradient: the owner's own accumulator, or a
+    //! zeroed replica buffer that `reduce` sends to the owner.
     template <class Experts>
-    detail::parameter_t<Experts>* gradients(Experts& experts, std::size_t i) {
-      using P = detail::parameter_t<Experts>;
-      if (owns(i)) return experts.gradients(local_index(i));
-      return reinterpret_cast<P*>(replica_grads_.data()) + static_cast<std::int64_t>(i) * experts.parameter_count();
+    detail::parameter_t<Experts>* gradients(Experts& experts, std::int32_t e) {
+      return replica_gradients(experts, index_of(e));
     }
 
-    //! Sums every rank's gradient of each shadowed expert into its owner's, in ascending rank.
+    //! Sums the replicas' gradient of each shadowed expert into its owner's, in ascending rank.
     template <class Experts>
     void reduce(Experts& experts) {
       [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
-        gradient_reduce(be_, groups_->world(), everyone_of(i), experts.parameter_count(),
-                        array_view<detail::parameter_t<Experts>>{gradients(experts, i), experts.parameter_count()}, workspace_,
-                        path_);
+        gradient_reduce(be_, groups_->world(), replicas_of(i), experts.parameter_count(),
+                        array_view<detail::parameter_t<Experts>>{replica_gradients(experts, i), experts.parameter_count()},
+                        workspace_, path_);
     }
 
-    //! The last step's decision: shadowed experts, predicted latencies, tokens per rank before and after.
+    //! The last step's decision: shadowed experts (and subsets), predicted latencies, tokens per rank before and after.
     [[nodiscard]] shadow_decision const& decision() const { return decision_; }
     //! The last step's gathered `[R][E]` counts, before shadowing.
     [[nodiscard]] std::vector<std::int64_t> const& counts() const { return counts_; }
@@ -131,13 +152,35 @@ struct fastermoe_shadowing {
       params.hidden = hidden;
       return fastermoe_cost_model(params).scaled(scale.payload, scale.parameters, scale.flops);
     }
+    //! Shadowed expert `i`'s parameters on this rank (`i` in ascending id): the owner's, or the replica buffer.
+    template <class Experts>
+    detail::parameter_t<Experts>* replica_parameters(Experts& experts, std::size_t i) {
+      using P = detail::parameter_t<Experts>;
+      if (owns(i)) return experts.parameters(local_index(i));
+      return reinterpret_cast<P*>(replica_params_.data()) + static_cast<std::int64_t>(i) * experts.parameter_count();
+    }
+    template <class Experts>
+    detail::parameter_t<Experts>* replica_gradients(Experts& experts, std::size_t i) {
+      using P = detail::parameter_t<Experts>;
+      if (owns(i)) return experts.gradients(local_index(i));
+      return reinterpret_cast<P*>(replica_grads_.data()) + static_cast<std::int64_t>(i) * experts.parameter_count();
+    }
+    //! The position of shadowed expert `e` in `shadowed_`.
+    [[nodiscard]] std::size_t index_of(std::int32_t e) const {
+      return static_cast<std::size_t>(std::lower_bound(shadowed_.begin(), shadowed_.end(), e) - shadowed_.begin());
+    }
     [[nodiscard]] std::int32_t owner_of(std::size_t i) const { return placement_.rank_of(shadowed_[i]); }
     [[nodiscard]] bool owns(std::size_t i) const { return owner_of(i) == groups_->world().rank(); }
     [[nodiscard]] std::int32_t local_index(std::size_t i) const { return placement_.local_index_of(shadowed_[i]); }
-    //! Shadowed expert `i`'s set: its owner and every other rank (rebuilt in place).
-    [[nodiscard]] replica_set const& everyone_of(std::size_t i) {
-      everyone_.assign_everyone(owner_of(i), groups_->world().size());
-      return everyone_;
+    //! Shadowed expert `i`'s set: its owner and every other rank, or its subset (rebuilt in place).
+    [[nodiscard]] replica_set const& replicas_of(std::size_t i) {
+      if (subset_offsets_.empty()) {
+        replicas_.assign_everyone(owner_of(i), groups_->world().size());
+      } else {
+        replicas_.owner = owner_of(i);
+        replicas_.replicas.assign(subset_ranks_.begin() + subset_offsets_[i], subset_ranks_.begin() + subset_offsets_[i + 1]);
+      }
+      return replicas_;
     }
 
     Path path_;
@@ -150,7 +193,9 @@ struct fastermoe_shadowing {
     std::vector<std::int64_t> counts_;
     shadow_decision decision_;
     std::vector<std::int32_t> shadowed_;  //!< ascending, as the dispatcher's home experts
-    replica_set everyone_;                //!< `everyone_of`'s set
+    std::vector<std::int32_t> subset_offsets_, subset_ranks_;  //!< aligned with shadowed_; empty: every rank
+    std::vector<std::size_t> order_;      //!< the decision's entries by ascending expert
+    replica_set replicas_;                //!< `replicas_of`'s set
     typename Backend::template buffer_type<char> replica_params_, replica_grads_;
     workspace<Backend> workspace_;  //!< the replica ops' staging and message lists, kept between steps
   };

@@ -57,6 +57,10 @@ struct shadow_decision {
   std::vector<std::int64_t> tokens_unshadowed;
   //! B'_w, tokens each rank computes with the accepted set.
   std::vector<std::int64_t> tokens;
+  //! Subsets (Pro-Prophet): when non-empty (size shadowed.size() + 1), accepted expert i is replicated
+  //! only on ranks subset_ranks[subset_offsets[i] .. subset_offsets[i + 1]) (ascending, never its owner);
+  //! empty: on every rank (FasterMoE).
+  std::vector<std::int32_t> subset_offsets, subset_ranks;
 };
 
 namespace detail {
