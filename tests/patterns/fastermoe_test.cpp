@@ -143,6 +143,75 @@ TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert paralle
   });
 }
 
+// Scheduled steps (Pro-Prophet's scheduler): plans made a step ahead, transfers and aggregation on
+// the lane; the results are plain EP's, on every algorithm, with every-rank and subset replicas.
+TEST_CASE("FasterMoE: scheduled steps (transfers and aggregation overlapped) equal plain expert parallelism") {
+  moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_subset_planner> const subsets{
+      small_model(), {}, {{0, 5, 9}, {0, 3, 3, 5}, {1, 2, 7, 0, 6}}};
+  for (shadow_case const& c : {skewed8, extreme8}) {
+    auto const in = make_shadow_inputs<float>(c);
+    std::vector<std::vector<std::int32_t>> home(8);
+    moecomm::inproc_world const world(8, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      home[static_cast<std::size_t>(comm.rank())] = check_scheduled_equals_plain(comm, c, in, shadowing, moecomm::flat{});
+      (void)check_scheduled_equals_plain(comm, c, in, shadowing, moecomm::smart_schedule{4});
+      (void)check_scheduled_equals_plain(comm, c, in, subsets, moecomm::pairwise{2});
+    });
+    CHECK_MESSAGE(!home[0].empty(), "nothing shadowed: the schedule would prove little");
+  }
+}
+
+// A failure inside an overlapped transfer (an owner whose parameters are missing) ends every rank
+// with an error, within the timeout.
+TEST_CASE("FasterMoE: a failure inside a scheduled transfer ends every rank with an error") {
+  struct vanishing_experts : scale_bias_experts<float> {
+    using scale_bias_experts<float>::scale_bias_experts;
+    bool gone = false;
+    float* parameters(std::int32_t l) { return gone ? nullptr : scale_bias_experts<float>::parameters(l); }
+  };
+  moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
+  auto const in = make_shadow_inputs<float>(skewed8);
+  std::vector<int> failed(8, 0);
+  moecomm::inproc_world const world(8, std::chrono::seconds(5));
+  try {
+    world.run([&](moecomm::inproc_communicator comm) {
+      std::int32_t const me = comm.rank();
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(8, 4));
+      moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::flat,
+                                     moecomm::weighted, moecomm::fastermoe_shadowing<>>
+          layer(moecomm::host_backend{}, groups, 16, skewed8.hidden, {}, {}, {}, shadowing);
+      vanishing_experts experts(me, 2, skewed8.hidden, true);
+      auto const& r = in.routing[static_cast<std::size_t>(me)];
+      std::vector<float> out(static_cast<std::size_t>(r.tokens * skewed8.hidden)), d_x(out.size()), d_w(static_cast<std::size_t>(r.tokens * 2));
+      try {
+        for (int step = 0; step < 2; ++step) {
+          if (step == 1) {  // the owner of a shadowed expert loses its parameters: its transfer fails on the lane
+            auto const& shadowed = layer.shadow_state().decision().shadowed;
+            REQUIRE(!shadowed.empty());
+            experts.gone = me == shadowed.front() / 2;
+          }
+          layer.begin_replica_transfer(experts);
+          layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, 16},
+                        {out.data(), r.tokens, 16}, experts);
+          layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, 16}, {d_x.data(), r.tokens, 16}, d_w, experts);
+          layer.finish_replica_gradients();
+        }
+      } catch (moecomm::error const&) {
+        failed[static_cast<std::size_t>(me)] = 1;
+        throw;
+      }
+    });
+    FAIL("no rank failed");
+  } catch (moecomm::error const& e) {
+    CAPTURE(e.what());
+  }
+  for (std::int32_t r = 0; r < 8; ++r) {
+    CAPTURE(r);
+    CHECK(failed[static_cast<std::size_t>(r)] == 1);
+  }
+}
+
 TEST_CASE("FasterMoE: shadowing with the smart schedule equals plain pairwise expert parallelism") {
   moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
   for (shadow_case const& c : {skewed4, skewed8, extreme8}) {

@@ -220,4 +220,35 @@ std::vector<std::int32_t> check_shadowed_equals_plain(Comm& comm, shadow_case co
   return shadowed.dispatch_state().home_experts();
 }
 
+// One rank: three scheduled steps (begin_replica_transfer before each forward, the aggregation
+// waited for after each backward) of the shadowed layer equal plain EP's step, bit for bit; the
+// first step, with nothing to predict from, runs unscheduled. Returns the last step's home experts.
+template <class T, class Shadowing, class Algorithm, class Comm, class Backend = moecomm::host_backend>
+std::vector<std::int32_t> check_scheduled_equals_plain(Comm& comm, shadow_case const& c, shadow_inputs<T> const& in,
+                                                       Shadowing const& shadowing, Algorithm const& algorithm,
+                                                       Backend const& be = Backend{}) {
+  moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  std::int32_t const me = comm.rank();
+  moecomm::expert_parallel_layer<T, Backend, Comm> plain(be, groups, c.experts, c.hidden);
+  auto const want = run_step(plain, me, c, in);
+  moecomm::expert_parallel_layer<T, Backend, Comm, moecomm::dropless, Algorithm, moecomm::weighted, Shadowing> scheduled(
+      be, groups, c.experts, c.hidden, {}, algorithm, {}, shadowing);
+  auto const& r = in.routing[static_cast<std::size_t>(me)];
+  scale_bias_experts<T> experts(me, c.experts / c.ranks, c.hidden, c.exact);
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    CHECK(scheduled.begin_replica_transfer(experts) == (step > 0));
+    layer_result<T> got{poisoned<T>(r.tokens * c.hidden), poisoned<T>(r.tokens * c.hidden), poisoned<float>(r.tokens * r.top_k), {}};
+    scheduled.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden},
+                      {got.out.data(), r.tokens, c.hidden}, experts);
+    scheduled.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {got.d_x.data(), r.tokens, c.hidden},
+                       got.d_w, experts);
+    scheduled.finish_replica_gradients();
+    got.grads = experts.grads;
+    check_same_result(got, want, me, c);
+    std::fill(experts.grads.begin(), experts.grads.end(), 0.0f);
+  }
+  return scheduled.dispatch_state().home_experts();
+}
+
 }  // namespace test

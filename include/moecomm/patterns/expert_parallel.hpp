@@ -87,6 +87,25 @@ class expert_parallel_layer {
       checked_backward(d_out, d_x, d_weights, experts);
   }
 
+  //! Begins a scheduled step (Pro-Prophet's scheduler; patterns/fastermoe.hpp): plans it from the
+  //! last step's counts and starts the replicas' parameter transfers in the background, to overlap
+  //! the caller's compute before `forward`; that step's backward leaves the gradients' aggregation
+  //! in the background until `finish_replica_gradients`. Collective. `experts` must stay alive, and
+  //! their parameters unchanged, until then. Returns false on the first step (nothing to predict
+  //! from: the step runs unscheduled).
+  template <class Experts>
+  bool begin_replica_transfer(Experts& experts) {
+    static_assert(Shadowing::shadows, "moecomm::expert_parallel_layer::begin_replica_transfer: needs a shadowing policy");
+    return shadow_.begin_transfer(experts);
+  }
+
+  //! Waits for a scheduled step's gradient aggregation, rethrowing its failure: the owners'
+  //! gradients are whole after it. Call it before the optimizer reads them.
+  void finish_replica_gradients() {
+    static_assert(Shadowing::shadows, "moecomm::expert_parallel_layer::finish_replica_gradients: needs a shadowing policy");
+    shadow_.finish_lane();
+  }
+
   //! The layer's shadowing policy (`no_shadowing` or `fastermoe_shadowing<...>`).
   using shadowing_policy = Shadowing;
 
@@ -102,6 +121,7 @@ class expert_parallel_layer {
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     check_forward_arguments(routing, x, out);
     if constexpr (Shadowing::shadows) {
+      if (!shadow_.planned_ahead()) shadow_.finish_lane();  // a previous step's aggregation: its buffers are reused
       dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) {
         return shadow_.choose(counts);  // views of the state's vectors: nothing is copied
       });

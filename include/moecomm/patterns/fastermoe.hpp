@@ -8,10 +8,19 @@
 //!
 //! Switching a layer from plain expert parallelism is one policy type:
 //! `expert_parallel_layer<T, B, C, dropless, pairwise, weighted, fastermoe_shadowing<>>`.
+//!
+//! Scheduled steps (Pro-Prophet's block-wise scheduler, §V): `layer.begin_replica_transfer(experts)`
+//! plans the step from the last step's counts (the load prediction) and starts the owners' parameter
+//! transfers on a lane, over a communicator of their own, while the caller computes (the previous
+//! block's experts, this block's attention); the forward then uses that plan, and waits for the
+//! transfers only before its home experts compute. That step's backward leaves the gradients'
+//! aggregation on the lane, to overlap the previous block's backward, until
+//! `layer.finish_replica_gradients()` (or the layer's next step) waits for it.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/functional.hpp>
+#include <moecomm/core/lane.hpp>
 #include <moecomm/core/placement.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
 #include <moecomm/ops/gradient_reduce.hpp>
@@ -25,6 +34,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -69,11 +81,61 @@ struct fastermoe_shadowing {
           placement_(num_experts, groups.world().size()),
           owners_(detail::owners_of("fastermoe_shadowing", placement_, groups.topo())) {}
 
+    state(state const&) = delete;
+    state& operator=(state const&) = delete;
+    state(state&&) = default;
+    ~state() {
+      try {
+        finish_lane();  // work begun and never waited for: let the lane go first
+      } catch (...) {
+      }
+    }
+
     //! The planner on the gathered `[R][E]` counts; returns the shadowed experts, ascending, and
-    //! where each is replicated, as the dispatcher's home experts.
+    //! where each is replicated, as the dispatcher's home experts. In a scheduled step, the plan
+    //! made ahead (the counts are kept as the next step's prediction).
     home_subsets choose(std::vector<std::int64_t> const& counts) {
       counts_.assign(counts.begin(), counts.end());
-      planner_(model_, groups_->topo(), owners_, counts_.data(), decision_);
+      scheduled_ = std::exchange(planned_ahead_, false);  // a step not begun ahead is planned here
+      if (!scheduled_) adopt(counts_);
+      return {array_view<std::int32_t const>(shadowed_), array_view<std::int32_t const>(subset_offsets_),
+              array_view<std::int32_t const>(subset_ranks_)};
+    }
+
+    //! Starts a scheduled step (file comment): plans on the last step's counts and starts the
+    //! transfers on the lane. Collective; false (nothing begun, the step plans as usual) on the
+    //! first step, which has no counts to predict from.
+    template <class Experts>
+    bool begin_transfer(Experts& experts) {
+      finish_lane();
+      if (!lane_comm_) lane_comm_.emplace(groups_->world().split(0, groups_->world().rank()));  // collective, once
+      scheduled_ = planned_ahead_ = false;
+      if (counts_.empty()) return false;
+      adopt(counts_);
+      prepare_buffers(experts);
+      start_job(&state::template on_lane<Experts, &state::template transfer_all<Experts>>, experts);
+      scheduled_ = planned_ahead_ = true;
+      return true;
+    }
+
+    //! Waits for the scheduled step's gradient aggregation (or anything else on the lane), rethrowing its failure.
+    void finish_lane() {
+      if (!lane_busy_) return;
+      lane_busy_ = false;
+      struct finish_job {  // on every exit, the lane lets go of the job
+        lane_t<Backend>& l;
+        ~finish_job() { l.finish(); }
+      } const finish{*lane_};
+      lane_->wait(0);
+    }
+
+    //! True between `begin_transfer` and the next forward's planning.
+    [[nodiscard]] bool planned_ahead() const { return planned_ahead_; }
+
+   private:
+    //! Makes `decision_`'s choice for `counts` this step's: shadowed experts ascending, their subsets.
+    void adopt(std::vector<std::int64_t> const& counts) {
+      planner_(model_, groups_->topo(), owners_, counts.data(), decision_);
       std::size_t const n = decision_.shadowed.size();
       bool const subsets = !decision_.subset_offsets.empty();
       detail::require(!subsets || decision_.subset_offsets.size() == n + 1, "fastermoe_shadowing",
@@ -95,14 +157,11 @@ struct fastermoe_shadowing {
           subset_ranks_.push_back(decision_.subset_ranks[static_cast<std::size_t>(k)]);
         subset_offsets_.push_back(static_cast<std::int32_t>(subset_ranks_.size()));
       }
-      return {array_view<std::int32_t const>(shadowed_), array_view<std::int32_t const>(subset_offsets_),
-              array_view<std::int32_t const>(subset_ranks_)};
     }
 
-    //! Owners send each shadowed expert's parameters to its replicas, every other rank or its
-    //! subset (ascending expert id); and every rank zeroes its replica gradient accumulators.
+    //! The replica buffers for this step's shadowed experts, gradients zeroed.
     template <class Experts>
-    void broadcast(Experts& experts) {
+    void prepare_buffers(Experts& experts) {
       using P = detail::parameter_t<Experts>;
       std::int64_t const count = experts.parameter_count();
       std::size_t const r = shadowed_.size();
@@ -111,10 +170,66 @@ struct fastermoe_shadowing {
       grow(be_, replica_grads_, bytes);
       be_.for_each_index(static_cast<std::int64_t>(r) * count,
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
+      be_.synchronize();
+    }
+
+    //! Trans: every shadowed expert from its owner to its replicas, over `comm`.
+    template <class Experts>
+    void transfer_all(Experts& experts, Comm& comm) {
+      using P = detail::parameter_t<Experts>;
+      std::int64_t const count = experts.parameter_count();
       [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
-      for (std::size_t i = 0; i < r; ++i)
-        replica_broadcast(be_, groups_->world(), replicas_of(i), count, array_view<P>{replica_parameters(experts, i), count},
-                          workspace_, path_);
+      for (std::size_t i = 0; i < shadowed_.size(); ++i)
+        replica_broadcast(be_, comm, replicas_of(i), count, array_view<P>{replica_parameters(experts, i), count},
+                          comm_workspace(comm), path_);
+    }
+
+    //! Agg: every shadowed expert's replica gradients summed into its owner's, over `comm`.
+    template <class Experts>
+    void aggregate_all(Experts& experts, Comm& comm) {
+      using P = detail::parameter_t<Experts>;
+      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+      for (std::size_t i = 0; i < shadowed_.size(); ++i)
+        gradient_reduce(be_, comm, replicas_of(i), experts.parameter_count(),
+                        array_view<P>{replica_gradients(experts, i), experts.parameter_count()}, comm_workspace(comm), path_);
+    }
+
+    //! The replica ops' staging: the lane's own when it runs them.
+    workspace<Backend>& comm_workspace(Comm& comm) { return lane_comm_ && &comm == &*lane_comm_ ? lane_workspace_ : workspace_; }
+
+    //! The job the lane runs (a plain struct: starting it allocates nothing).
+    struct lane_job {
+      state* self = nullptr;
+      void* experts = nullptr;
+      void (*run)(state&, void*) = nullptr;
+      void operator()(std::int32_t) const { run(*self, experts); }
+    };
+    template <class Experts, void (state::*Work)(Experts&, Comm&)>
+    static void on_lane(state& self, void* experts) {
+      (self.*Work)(*static_cast<Experts*>(experts), *self.lane_comm_);
+    }
+    //! Runs `run(*this, &experts)` on the lane; `experts` must outlive `finish_lane`.
+    template <class Experts>
+    void start_job(void (*run)(state&, void*), Experts& experts) {
+      if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be_);
+      job_ = {this, &experts, run};
+      lane_->start(job_, 1);
+      lane_busy_ = true;
+      lane_->release(0);
+    }
+
+   public:
+    //! Owners send each shadowed expert's parameters to its replicas, every other rank or its
+    //! subset (ascending expert id); and every rank zeroes its replica gradient accumulators. In a
+    //! scheduled step the lane has begun that: wait for it.
+    template <class Experts>
+    void broadcast(Experts& experts) {
+      if (scheduled_) {
+        finish_lane();
+        return;
+      }
+      prepare_buffers(experts);
+      transfer_all(experts, groups_->world());
     }
 
     //! The parameters home expert `e` is computed with on this rank.
@@ -130,14 +245,16 @@ struct fastermoe_shadowing {
       return replica_gradients(experts, index_of(e));
     }
 
-    //! Sums the replicas' gradient of each shadowed expert into its owner's, in ascending rank.
+    //! Sums the replicas' gradient of each shadowed expert into its owner's, in ascending rank. In
+    //! a scheduled step, started on the lane: `finish_lane` waits for it.
     template <class Experts>
     void reduce(Experts& experts) {
-      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
-      for (std::size_t i = 0; i < shadowed_.size(); ++i)
-        gradient_reduce(be_, groups_->world(), replicas_of(i), experts.parameter_count(),
-                        array_view<detail::parameter_t<Experts>>{replica_gradients(experts, i), experts.parameter_count()},
-                        workspace_, path_);
+      if (scheduled_) {
+        scheduled_ = false;
+        start_job(&state::template on_lane<Experts, &state::template aggregate_all<Experts>>, experts);
+        return;
+      }
+      aggregate_all(experts, groups_->world());
     }
 
     //! The last step's decision: shadowed experts (and subsets), predicted latencies, tokens per rank before and after.
@@ -198,6 +315,12 @@ struct fastermoe_shadowing {
     replica_set replicas_;                //!< `replicas_of`'s set
     typename Backend::template buffer_type<char> replica_params_, replica_grads_;
     workspace<Backend> workspace_;  //!< the replica ops' staging and message lists, kept between steps
+    // Scheduled steps: the lane, its communicator (a copy of the world's) and staging, its job.
+    std::optional<Comm> lane_comm_;
+    workspace<Backend> lane_workspace_;
+    std::unique_ptr<lane_t<Backend>> lane_;
+    lane_job job_;
+    bool lane_busy_ = false, scheduled_ = false, planned_ahead_ = false;
   };
 };
 
