@@ -51,6 +51,14 @@ void check_mpi_shadowing(Path const& path, bool exact) {
 TEST_CASE("FasterMoE over MPI: shadowed == plain, point-to-point replicas") { check_mpi_shadowing(moecomm::point_to_point_path{256}, true); }
 TEST_CASE("FasterMoE over MPI: shadowed == plain, collective replicas") { check_mpi_shadowing(moecomm::collective_path{}, false); }
 
+// Scheduled steps over MPI: transfers and aggregation on a second thread, over a copy of the world.
+TEST_CASE("FasterMoE over MPI: scheduled steps (overlapped transfers and aggregation) equal plain EP") {
+  moecomm::mpi_communicator comm(MPI_COMM_WORLD, {});
+  shadow_case const c{4, 2, 8, 2, 16, {60, 45, 0, 70}, 1.2, true};
+  auto const in = make_shadow_inputs<float>(c);
+  CHECK(!check_scheduled_equals_plain(comm, c, in, moecomm::fastermoe_shadowing<>{small_model(), {}, {}}, moecomm::flat{}).empty());
+}
+
 // HybridEP on 4 processes as 2 data centres of 2: every expert-domain size, across and within,
 // equals plain EP bit for bit with the paper's pair counts. Its gather runs on a second thread.
 TEST_CASE("HybridEP over MPI: every expert-domain size equals plain expert parallelism bit for bit") {

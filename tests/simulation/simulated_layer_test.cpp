@@ -324,6 +324,16 @@ TEST_CASE("simulated layer: replicated experts equal plain expert parallelism on
   }
 }
 
+TEST_CASE("simulated layer: scheduled FasterMoE steps (transfers and aggregation on the lane actor) equal plain EP") {
+  shadow_case const c{8, 4, 16, 2, 16, {40, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};
+  auto const in = make_shadow_inputs<float>(c);
+  moecomm::simgrid_world world = sim_world(8, 4);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    (void)check_scheduled_equals_plain(comm, c, in, moecomm::fastermoe_shadowing<>{small_model(), {}, {}}, moecomm::flat{},
+                                       moecomm::simulated_backend<>{});
+  });
+}
+
 TEST_CASE("simulated layer: replicas move with their optimizer state on simulated ranks and still equal plain EP") {
   shadow_case const c{8, 4, 16, 2, 8, {80, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};
   auto const in = make_shadow_inputs<float>(c);
