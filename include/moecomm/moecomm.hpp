@@ -41,6 +41,7 @@
 #include <moecomm/patterns/expert_parallel.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/patterns/block_schedule.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/measure/calibration.hpp>
 #include <moecomm/plan/cost_model.hpp>
