@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // FasterMoE shadowing over in-process ranks (4 as 2 x 2, 8 as 2 x 4): the shadowed layer equals
 // plain expert parallelism (shadow_cases.hpp) for the sets Algorithm 1 picks on random and very
-// skewed routing, and for fixed sets (none, one, every expert), across capacity policies,
-// all-to-all algorithms, both replica paths, float and bf16 rows.
+// skewed routing, for fixed sets (none, one, every expert) and for Pro-Prophet's planner's choice,
+// across capacity policies, all-to-all algorithms, both replica paths, float and bf16 rows.
 
 #include "shadow_cases.hpp"
 
 #include <moecomm/comm/inproc.hpp>
+#include <moecomm/plan/proprophet_planner.hpp>
 
 namespace test {
 
@@ -80,6 +81,17 @@ TEST_CASE("FasterMoE: any shadow set, over either replica path, gives plain expe
                                  moecomm::hierarchical_2d{}) == set);
     CHECK(run_equivalence<float>(uniform8, p2p, moecomm::receiver_budget{100}, moecomm::flat{}) == set);
   }
+}
+
+// Pro-Prophet's planner has the policy's planner signature; the policy reads only the chosen
+// experts (not their subsets) and replicates them on every rank, with plain EP's results.
+TEST_CASE("FasterMoE: Pro-Prophet's planner as the policy's planner gives plain expert parallelism's result") {
+  moecomm::proprophet_cost_params p;
+  p.hidden = skewed8.hidden;
+  p.balance_factor = 0;  // search until an expert repeats
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, moecomm::proprophet_planner<>> policy{small_model(), {}, {}};
+  policy.planner.model = moecomm::proprophet_cost_model(p);
+  CHECK(!run_equivalence<float>(skewed8, policy, moecomm::dropless{}, moecomm::pairwise{4}).empty());
 }
 
 TEST_CASE("FasterMoE: shadowing with the smart schedule equals plain pairwise expert parallelism") {
