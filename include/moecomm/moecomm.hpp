@@ -46,4 +46,6 @@
 #include <moecomm/measure/calibration.hpp>
 #include <moecomm/plan/cost_model.hpp>
 #include <moecomm/plan/parm_cost_model.hpp>
+#include <moecomm/plan/proprophet_cost_model.hpp>
+#include <moecomm/plan/proprophet_planner.hpp>
 #include <moecomm/plan/shadow_selection.hpp>

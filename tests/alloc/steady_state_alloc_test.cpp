@@ -4,7 +4,7 @@
 // every step (so do the row counts); the same routings run twice, and in the second round, whose
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
 // capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto, HybridEP (exact and compressed);
-// and HybridEP's expert codec; the replica schedulers; FlexMoE's placement planner.
+// and HybridEP's expert codec; the replica schedulers; FlexMoE's placement planner; Pro-Prophet's planner.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -17,6 +17,7 @@
 #include <moecomm/patterns/parm.hpp>
 #include <moecomm/patterns/replicated_experts.hpp>
 #include <moecomm/plan/flexmoe_planner.hpp>
+#include <moecomm/plan/proprophet_planner.hpp>
 #include <moecomm/plan/replica_schedule.hpp>
 
 #include <atomic>
@@ -277,6 +278,30 @@ TEST_CASE("flexmoe planner: a warm decision allocates nothing") {
   CHECK(!decision.moves.empty());
   CHECK(allocations_in([&] { plan(loads[0]); }) == 0);
   CHECK(allocations_in([&] { plan(loads[1]); }) == 0);
+}
+
+// Pro-Prophet's planner through its functor on two count matrices, twice: the second round
+// allocates nothing (the decision's vectors and the workspace keep their capacity).
+TEST_CASE("proprophet planner: a warm decision allocates nothing") {
+  std::int32_t const R = 8, E = 16;
+  moecomm::topology const topo(R, 4);
+  std::vector<std::int32_t> owner(E);
+  for (std::int32_t e = 0; e < E; ++e) owner[static_cast<std::size_t>(e)] = e / 2;
+  std::vector<std::vector<std::int64_t>> counts(2, std::vector<std::int64_t>(R * E));
+  for (std::size_t i = 0; i < counts[0].size(); ++i) {
+    counts[0][i] = static_cast<std::int64_t>(4000 / (i % E + 1));
+    counts[1][i] = static_cast<std::int64_t>(4000 / (E - i % E) + (i * 7919) % 97);
+  }
+  moecomm::proprophet_planner<> planner;
+  planner.options.skipped_ranks = 2;
+  moecomm::fastermoe_cost_model const ignored;
+  moecomm::shadow_decision decision;
+  auto const plan = [&](std::vector<std::int64_t> const& c) { planner(ignored, topo, owner, c.data(), decision); };
+  plan(counts[0]);
+  plan(counts[1]);
+  CHECK(!decision.shadowed.empty());
+  CHECK(allocations_in([&] { plan(counts[0]); }) == 0);
+  CHECK(allocations_in([&] { plan(counts[1]); }) == 0);
 }
 
 }  // namespace test

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // FasterMoE shadowing over in-process ranks (4 as 2 x 2, 8 as 2 x 4): the shadowed layer equals
 // plain expert parallelism (shadow_cases.hpp) for the sets Algorithm 1 picks on random and very
-// skewed routing, and for fixed sets (none, one, every expert), across capacity policies,
-// all-to-all algorithms, both replica paths, float and bf16 rows.
+// skewed routing, for fixed sets (none, one, every expert) and for Pro-Prophet's planner's choice,
+// across capacity policies, all-to-all algorithms, both replica paths, float and bf16 rows.
 
 #include "shadow_cases.hpp"
 
 #include <moecomm/comm/inproc.hpp>
+#include <moecomm/plan/proprophet_planner.hpp>
 
 namespace test {
 
@@ -210,6 +211,31 @@ TEST_CASE("FasterMoE: a failure inside a scheduled transfer ends every rank with
     CAPTURE(r);
     CHECK(failed[static_cast<std::size_t>(r)] == 1);
   }
+}
+
+// Pro-Prophet's planner as the policy's planner: its subsets (every rank but the owner and the one
+// sending the fewest tokens) drive the layer, with plain expert parallelism's results.
+TEST_CASE("FasterMoE: Pro-Prophet's planner and its subsets give plain expert parallelism's result") {
+  moecomm::proprophet_cost_params p;
+  p.hidden = skewed8.hidden;
+  p.balance_factor = 0;  // search until an expert repeats
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, moecomm::proprophet_planner<>> policy{small_model(), {}, {}};
+  policy.planner.model = moecomm::proprophet_cost_model(p);
+  auto const in = make_shadow_inputs<float>(skewed8);
+  std::vector<std::vector<std::int32_t>> home(8);
+  moecomm::inproc_world const world(8, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    home[static_cast<std::size_t>(comm.rank())] =
+        check_shadowed_equals_plain(comm, skewed8, in, policy, moecomm::dropless{}, moecomm::pairwise{4}, moecomm::pairwise{4});
+  });
+  // Something was replicated, and not everywhere: some rank computes an expert at home that another sends away.
+  bool replicated = false, differs = false;
+  for (auto const& h : home) {
+    replicated |= !h.empty();
+    differs |= h != home[0];
+  }
+  CHECK(replicated);
+  CHECK(differs);
 }
 
 TEST_CASE("FasterMoE: shadowing with the smart schedule equals plain pairwise expert parallelism") {

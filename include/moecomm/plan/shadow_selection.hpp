@@ -45,13 +45,14 @@
 
 MOECOMM_NAMESPACE_BEGIN
 
-//! What `select_shadowed_experts` decided and what the model predicts for it.
+//! What a replication planner decided and what its model predicts for it: `select_shadowed_experts`
+//! (FasterMoE) or `select_proprophet_replicas` (Pro-Prophet, `plan/proprophet_planner.hpp`).
 struct shadow_decision {
-  //! The accepted experts, in the order accepted (descending load).
+  //! The accepted experts, in the order accepted (FasterMoE: descending load).
   std::vector<std::int32_t> shadowed;
-  //! Lat(∅), eq. 7, seconds.
+  //! The predicted time without replicas, seconds (FasterMoE: Lat(∅), eq. 7; Pro-Prophet: T').
   double latency_unshadowed = 0;
-  //! Lat(shadowed), seconds; never above `latency_unshadowed`.
+  //! The predicted time with the accepted ones, seconds; never above `latency_unshadowed`.
   double latency = 0;
   //! B_w, tokens each rank computes without shadowing.
   std::vector<std::int64_t> tokens_unshadowed;
@@ -226,6 +227,8 @@ inline void select_shadowed_experts(fastermoe_cost_model const& model, topology 
   }
 
   decision.shadowed.clear();
+  decision.subset_offsets.clear();  // every rank gets each shadowed expert
+  decision.subset_ranks.clear();
   decision.tokens_unshadowed.assign(loads.computed.begin(), loads.computed.end());
   decision.latency_unshadowed = detail::shadow_latency(model, loads, 0);
 
