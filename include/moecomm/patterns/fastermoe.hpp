@@ -58,7 +58,8 @@ struct fastermoe_planner {
 //! A planner may replicate an expert on a subset of the ranks only (`shadow_decision::subset_offsets`,
 //! Pro-Prophet): the owner then sends its parameters to that subset, whose ranks compute their own
 //! tokens of it; the other ranks send theirs to the owner as usual; gradients are summed back into
-//! the owner's from the subset (ascending rank). Subsets need `point_to_point_path`.
+//! the owner's from the subset (ascending rank). On `collective_path` the transfers span every rank
+//! (see `replicas_of`).
 template <class Path = point_to_point_path, class Planner = fastermoe_planner>
 struct fastermoe_shadowing {
   static constexpr bool shadows = true;
@@ -140,9 +141,6 @@ struct fastermoe_shadowing {
       bool const subsets = !decision_.subset_offsets.empty();
       detail::require(!subsets || decision_.subset_offsets.size() == n + 1, "fastermoe_shadowing",
                       "the planner's decision has ", decision_.subset_offsets.size(), " subset offsets for ", n, " experts");
-      if constexpr (std::is_same_v<Path, collective_path>)
-        detail::require(!subsets, "fastermoe_shadowing", "the planner chose replicas on subsets of the ranks; "
-                        "collective_path moves parameters over every rank: use point_to_point_path");
       order_.resize(n);  // the decision's entries by ascending expert
       for (std::size_t i = 0; i < n; ++i) order_[i] = i;
       std::sort(order_.begin(), order_.end(),
@@ -290,8 +288,11 @@ struct fastermoe_shadowing {
     [[nodiscard]] bool owns(std::size_t i) const { return owner_of(i) == groups_->world().rank(); }
     [[nodiscard]] std::int32_t local_index(std::size_t i) const { return placement_.local_index_of(shadowed_[i]); }
     //! Shadowed expert `i`'s set: its owner and every other rank, or its subset (rebuilt in place).
+    //! The collective path moves a subset's parameters and gradients over every rank, as
+    //! Pro-Prophet's code does on its global communicator: the ranks outside the subset receive
+    //! the parameters without using them and add zero gradients.
     [[nodiscard]] replica_set const& replicas_of(std::size_t i) {
-      if (subset_offsets_.empty()) {
+      if (subset_offsets_.empty() || std::is_same_v<Path, collective_path>) {
         replicas_.assign_everyone(owner_of(i), groups_->world().size());
       } else {
         replicas_.owner = owner_of(i);
