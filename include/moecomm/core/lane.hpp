@@ -200,4 +200,15 @@ struct lane_of<Backend, std::void_t<typename Backend::lane_type>> {
 template <class Backend>
 using lane_t = typename detail::lane_of<Backend>::type;
 
+//! Waits for unit `unit` of `lane`'s job, rethrowing its failure; on every exit the lane lets go
+//! of the job (`finish`), so that the job's state may die.
+template <class Lane>
+void wait_and_finish(Lane& lane, std::int32_t unit) {
+  struct finish_job {
+    Lane& l;
+    ~finish_job() { l.finish(); }
+  } const finish{lane};
+  lane.wait(unit);
+}
+
 MOECOMM_NAMESPACE_END

@@ -123,11 +123,7 @@ struct fastermoe_shadowing {
     void finish_lane() {
       if (!lane_busy_) return;
       lane_busy_ = false;
-      struct finish_job {  // on every exit, the lane lets go of the job
-        lane_t<Backend>& l;
-        ~finish_job() { l.finish(); }
-      } const finish{*lane_};
-      lane_->wait(0);
+      wait_and_finish(*lane_, 0);
     }
 
     //! True between `begin_transfer` and the next forward's planning.

@@ -353,11 +353,7 @@ class hybridep_layer {
   void finish_gather() {
     if (!gathering_) return;
     gathering_ = false;
-    struct finish_job {  // on every exit, the lane lets go of the job
-      lane_t<Backend>& l;
-      ~finish_job() { l.finish(); }
-    } const finish{*lane_};
-    lane_->wait(0);
+    wait_and_finish(*lane_, 0);
   }
 
   //! The all-gather's (or the reduce-scatter's) messages: one to each other member of the expert domain.
