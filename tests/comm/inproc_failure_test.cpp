@@ -2,7 +2,8 @@
 // Regression tests of the in-process communicator's failure contract, each with the input that used
 // to crash, hang or leak a foreign exception: null buffers and negative or overflowing sizes on one
 // rank or on all, bad roots, a timeout <= 0, a non-standard throw in `run`, which objects are usable
-// after which failure, and ranks blocked in different groups (found at once, not by the timeout).
+// after which failure (any exception that leaves `run` kills the world), and ranks blocked in
+// different groups (found at once, not by the timeout).
 
 #include "inproc_support.hpp"
 
@@ -17,6 +18,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 namespace test {
@@ -216,6 +218,44 @@ TEST_CASE("after a timeout the world is dead: every later call on any of its com
   });
   for (auto const& o : later) CHECK(o.code == status::success);
   CHECK(std::chrono::steady_clock::now() - start < milliseconds(1500));  // no call waited for the timeout
+}
+
+TEST_CASE("after a rank's exception leaves run the world is dead, whatever it was; a new world works") {
+  struct leaving {
+    char const* name;
+    void (*body)(inproc_communicator& comm);
+    char const* reason;  // what the later calls' `aborted` names
+  };
+  leaving const endings[] = {
+      {"a std exception", [](inproc_communicator& c) { if (c.rank() == 1) throw std::runtime_error("expert failed"); c.barrier(); },
+       "world rank 1 failed: expert failed"},
+      {"throw 42", [](inproc_communicator& c) { if (c.rank() == 1) throw 42; c.barrier(); },
+       "world rank 1 threw an exception not derived from std::exception"},
+      // invalid_argument on every rank, which is reusable when the ranks catch it, not when it leaves run.
+      {"invalid_argument on every rank", [](inproc_communicator& c) { c.allgather(nullptr, nullptr, 8); },
+       "failed: moecomm::inproc_communicator::allgather: send is null but its size is 8"},
+  };
+  for (leaving const& l : endings) {
+    CAPTURE(l.name);
+    inproc_world const world(3, milliseconds(20000));
+    CHECK_THROWS(world.run([&](inproc_communicator comm) { l.body(comm); }));
+    auto const start = std::chrono::steady_clock::now();
+    auto const later = on_every_rank(world, [](inproc_communicator comm) {
+      std::int64_t v = 1;
+      comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
+    });
+    for (auto const& o : later) {
+      CHECK(o.code == status::aborted);
+      CHECK_MESSAGE(o.message.find(l.reason) != std::string::npos, o.message);
+    }
+    CHECK(std::chrono::steady_clock::now() - start < milliseconds(1500));  // no call waited for the timeout
+    inproc_world const fresh(3, milliseconds(20000));
+    fresh.run([](inproc_communicator comm) {
+      std::int64_t v = 1;
+      comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
+      REQUIRE(v == 3);
+    });
+  }
 }
 
 TEST_CASE("after invalid_argument or invalid_usage the communicators are reusable: 300 random bad/good alternations, bit-identical results") {

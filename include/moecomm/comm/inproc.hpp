@@ -28,11 +28,14 @@
 //! are not counted: run ranks that overlap collectives through `run`.
 //!
 //! After a failure:
-//! - `invalid_argument` or `invalid_usage` (a bad argument, ranks that disagree, or blocked ranks):
-//!   every rank of the call stopped at the same point and nothing was written, so the same
-//!   communicators are usable and give the same results as before.
-//! - `timeout` or `aborted`: the world is dead. Every later call on any of its communicators throws
-//!   `aborted` at once; make a new `inproc_world`.
+//! - `invalid_argument` or `invalid_usage` (a bad argument, ranks that disagree, or blocked ranks),
+//!   and the `aborted` the other ranks get for a peer's bad argument ("world rank r passed an invalid
+//!   argument to ..."): every rank of the call stopped at the same point and nothing was written, so
+//!   the same communicators are usable and give the same results as before, provided the ranks catch
+//!   the error: any exception that leaves a rank's body in `inproc_world::run` aborts the world.
+//! - `timeout`, any other `aborted` (a rank failed inside `run`), or an exception that left `run`: the
+//!   world is dead. Every later call on any of its communicators throws `aborted` at once; make a new
+//!   `inproc_world`.
 
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
