@@ -365,12 +365,14 @@ tally run_faults(std::uint32_t seed, std::int64_t runs, std::vector<kind> const&
   std::mt19937 rng(seed);
   watchdog dog(std::chrono::seconds(30));
   std::vector<tally> counts(faults.size());
+  std::int64_t on_4 = 0, on_8 = 0;  // scenarios by world size
   for (std::int64_t i = 0; i < runs; ++i) {
     std::size_t const f = static_cast<std::size_t>(i) % faults.size();
     scenario const s = random_scenario(rng, faults[f]);
     bool late = false;
     std::string const wrong = run_scenario(s, dog, late);
     ++counts[f].runs;
+    (s.ranks == 4 ? on_4 : on_8) += 1;
     counts[f].late += late ? 1 : 0;
     (wrong.empty() ? counts[f].clean : counts[f].wrong) += 1;
     if (!wrong.empty()) FAIL_CHECK(s.describe(), ": ", wrong);
@@ -390,8 +392,8 @@ tally run_faults(std::uint32_t seed, std::int64_t runs, std::vector<kind> const&
     total.late += counts[f].late;
     total.wrong += counts[f].wrong;
   }
-  table << "  total: " << total.runs << " runs, " << total.clean << " clean errors, " << total.late << " late, " << total.wrong
-        << " wrong";
+  table << "  total: " << total.runs << " runs (" << on_4 << " on 4 ranks, " << on_8 << " on 8), " << total.clean
+        << " clean errors, " << total.late << " late, " << total.wrong << " wrong";
   MESSAGE(table.str());
   return total;
 }
