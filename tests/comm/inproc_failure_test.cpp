@@ -11,6 +11,7 @@
 #include <moecomm/core/topology.hpp>
 #include <moecomm/ops/alltoall.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -255,6 +256,49 @@ TEST_CASE("after a rank's exception leaves run the world is dead, whatever it wa
       comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
       REQUIRE(v == 3);
     });
+  }
+}
+
+// Found by the fault test under ASan (a heap-use-after-free): a rank that had read its peers'
+// buffers left the collective's second wait when another group's rank aborted the world, and freed
+// its send buffer while its peer was still reading it. Here world rank 0 sends 256 MiB (freed with
+// munmap, so a late read faults even without ASan) to rank 1 and gets 8 bytes back, and rank 2,
+// outside their group, aborts the world while rank 1 copies. The exchange must complete for both.
+TEST_CASE("an abort while a peer still reads this rank's buffers does not let the rank free them") {
+  std::int64_t const big = std::int64_t{256} << 20;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    CAPTURE(attempt);
+    inproc_world const world(3, milliseconds(20000));
+    std::vector<std::optional<inproc_communicator>> pair(3);
+    on_every_rank(world, [&](inproc_communicator comm) {
+      pair[static_cast<std::size_t>(comm.rank())] = comm.split(comm.rank() < 2 ? 0 : 1, comm.rank());
+    });
+    std::atomic<int> calling{0};
+    std::vector<char> received(static_cast<std::size_t>(big), 0);
+    auto const outcomes = on_every_rank(world, [&](inproc_communicator comm) {
+      if (comm.rank() == 2) {
+        while (calling.load() < 2) std::this_thread::yield();
+        std::this_thread::sleep_for(milliseconds(2 + attempt * 3));  // rank 1 is copying by now
+        world.abort("world rank 2 stops the world");
+        return;
+      }
+      inproc_communicator& c = *pair[static_cast<std::size_t>(comm.rank())];
+      std::int64_t word = 7;
+      if (comm.rank() == 0) {
+        std::vector<char> send(static_cast<std::size_t>(big), 'x');
+        ++calling;
+        c.exchange({{1, send.data(), big}}, {{1, &word, 8}});
+      } else {
+        ++calling;
+        c.exchange({{0, &word, 8}}, {{0, received.data(), big}});
+      }
+    });  // rank 0's send buffer is freed here, once it has left the exchange
+    for (int r = 0; r < 2; ++r)
+      CHECK_MESSAGE((outcomes[static_cast<std::size_t>(r)].code == status::success ||
+                     outcomes[static_cast<std::size_t>(r)].code == status::aborted),
+                    outcomes[static_cast<std::size_t>(r)].message);
+    CHECK(outcomes[0].code == outcomes[1].code);  // both completed the exchange, or neither began it
+    if (outcomes[1].code == status::success) CHECK(std::count(received.begin(), received.end(), 'x') == big);
   }
 }
 

@@ -360,7 +360,7 @@ class inproc_communicator {
     if (!problem) problem = read_peers();
     {
       std::unique_lock<std::mutex> lock(state_->mutex);
-      wait_for_all(lock, op);
+      wait_for_all(lock, op, true);
     }
     if (problem) throw error(problem.code, problem.message);
   }
@@ -387,11 +387,13 @@ class inproc_communicator {
   }
 
   //! Waits until every rank of the group has arrived for this phase. Blocked here, this rank counts
-  //! as waiting in this group for the world's deadlock check.
-  void wait_for_all(std::unique_lock<std::mutex>& lock, char const* op) {
+  //! as waiting in this group for the world's deadlock check. `after_reading` (a collective's second
+  //! wait): an abort does not end the wait, because the peers may still be reading this rank's
+  //! buffers; they read without blocking, so they arrive (the timeout still bounds the wait).
+  void wait_for_all(std::unique_lock<std::mutex>& lock, char const* op, bool after_reading = false) {
     detail::inproc_state& s = *state_;
     char const* const here = where(op);
-    if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
+    if (s.aborted && !after_reading) detail::fail(status::aborted, here, s.abort_reason);
     detail::inproc_group& g = *group_;
     std::uint64_t const phase = g.phase;
     auto const me = static_cast<std::size_t>(world_rank());
@@ -406,7 +408,8 @@ class inproc_communicator {
     s.detect_deadlock_locked();
     auto const deadline = std::chrono::steady_clock::now() + s.timeout;
     auto at = [&]() -> detail::inproc_wait& { return s.ranks[me].waits[slot]; };  // another thread may grow the list
-    bool const woken = s.wake.wait_until(lock, deadline, [&] { return g.phase != phase || s.aborted || !at().stuck.empty(); });
+    bool const woken = s.wake.wait_until(
+        lock, deadline, [&] { return g.phase != phase || (s.aborted && !after_reading) || !at().stuck.empty(); });
     if (!at().stuck.empty()) detail::fail(status::invalid_usage, here, std::exchange(at().stuck, {}));
     if (g.phase != phase) return;
     at().group = nullptr;
