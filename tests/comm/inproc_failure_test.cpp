@@ -2,7 +2,8 @@
 // Regression tests of the in-process communicator's failure contract, each with the input that used
 // to crash, hang or leak a foreign exception: null buffers and negative or overflowing sizes on one
 // rank or on all, bad roots, a timeout <= 0, a non-standard throw in `run`, which objects are usable
-// after which failure, and ranks blocked in different groups (found at once, not by the timeout).
+// after which failure (any exception that leaves `run` kills the world), and ranks blocked in
+// different groups (found at once, not by the timeout).
 
 #include "inproc_support.hpp"
 
@@ -10,6 +11,7 @@
 #include <moecomm/core/topology.hpp>
 #include <moecomm/ops/alltoall.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -17,6 +19,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 namespace test {
@@ -216,6 +219,87 @@ TEST_CASE("after a timeout the world is dead: every later call on any of its com
   });
   for (auto const& o : later) CHECK(o.code == status::success);
   CHECK(std::chrono::steady_clock::now() - start < milliseconds(1500));  // no call waited for the timeout
+}
+
+TEST_CASE("after a rank's exception leaves run the world is dead, whatever it was; a new world works") {
+  struct leaving {
+    char const* name;
+    void (*body)(inproc_communicator& comm);
+    char const* reason;  // what the later calls' `aborted` names
+  };
+  leaving const endings[] = {
+      {"a std exception", [](inproc_communicator& c) { if (c.rank() == 1) throw std::runtime_error("expert failed"); c.barrier(); },
+       "world rank 1 failed: expert failed"},
+      {"throw 42", [](inproc_communicator& c) { if (c.rank() == 1) throw 42; c.barrier(); },
+       "world rank 1 threw an exception not derived from std::exception"},
+      // invalid_argument on every rank, which is reusable when the ranks catch it, not when it leaves run.
+      {"invalid_argument on every rank", [](inproc_communicator& c) { c.allgather(nullptr, nullptr, 8); },
+       "failed: moecomm::inproc_communicator::allgather: send is null but its size is 8"},
+  };
+  for (leaving const& l : endings) {
+    CAPTURE(l.name);
+    inproc_world const world(3, milliseconds(20000));
+    CHECK_THROWS(world.run([&](inproc_communicator comm) { l.body(comm); }));
+    auto const start = std::chrono::steady_clock::now();
+    auto const later = on_every_rank(world, [](inproc_communicator comm) {
+      std::int64_t v = 1;
+      comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
+    });
+    for (auto const& o : later) {
+      CHECK(o.code == status::aborted);
+      CHECK_MESSAGE(o.message.find(l.reason) != std::string::npos, o.message);
+    }
+    CHECK(std::chrono::steady_clock::now() - start < milliseconds(1500));  // no call waited for the timeout
+    inproc_world const fresh(3, milliseconds(20000));
+    fresh.run([](inproc_communicator comm) {
+      std::int64_t v = 1;
+      comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
+      REQUIRE(v == 3);
+    });
+  }
+}
+
+// Found by the fault test under ASan (a heap-use-after-free): a rank that had read its peers'
+// buffers left the collective's second wait when another group's rank aborted the world, and freed
+// its send buffer while its peer was still reading it. Here world rank 0 sends 256 MiB (freed with
+// munmap, so a late read faults even without ASan) to rank 1 and gets 8 bytes back, and rank 2,
+// outside their group, aborts the world while rank 1 copies. The exchange must complete for both.
+TEST_CASE("an abort while a peer still reads this rank's buffers does not let the rank free them") {
+  std::int64_t const big = std::int64_t{256} << 20;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    CAPTURE(attempt);
+    inproc_world const world(3, milliseconds(20000));
+    std::vector<std::optional<inproc_communicator>> pair(3);
+    on_every_rank(world, [&](inproc_communicator comm) {
+      pair[static_cast<std::size_t>(comm.rank())] = comm.split(comm.rank() < 2 ? 0 : 1, comm.rank());
+    });
+    std::atomic<int> calling{0};
+    std::vector<char> received(static_cast<std::size_t>(big), 0);
+    auto const outcomes = on_every_rank(world, [&](inproc_communicator comm) {
+      if (comm.rank() == 2) {
+        while (calling.load() < 2) std::this_thread::yield();
+        std::this_thread::sleep_for(milliseconds(2 + attempt * 3));  // rank 1 is copying by now
+        world.abort("world rank 2 stops the world");
+        return;
+      }
+      inproc_communicator& c = *pair[static_cast<std::size_t>(comm.rank())];
+      std::int64_t word = 7;
+      if (comm.rank() == 0) {
+        std::vector<char> send(static_cast<std::size_t>(big), 'x');
+        ++calling;
+        c.exchange({{1, send.data(), big}}, {{1, &word, 8}});
+      } else {
+        ++calling;
+        c.exchange({{0, &word, 8}}, {{0, received.data(), big}});
+      }
+    });  // rank 0's send buffer is freed here, once it has left the exchange
+    for (int r = 0; r < 2; ++r)
+      CHECK_MESSAGE((outcomes[static_cast<std::size_t>(r)].code == status::success ||
+                     outcomes[static_cast<std::size_t>(r)].code == status::aborted),
+                    outcomes[static_cast<std::size_t>(r)].message);
+    CHECK(outcomes[0].code == outcomes[1].code);  // both completed the exchange, or neither began it
+    if (outcomes[1].code == status::success) CHECK(std::count(received.begin(), received.end(), 'x') == big);
+  }
 }
 
 TEST_CASE("after invalid_argument or invalid_usage the communicators are reusable: 300 random bad/good alternations, bit-identical results") {

@@ -8,7 +8,7 @@
 // and never crash. The calls of one batch run one after another on the same communicators, so the
 // test also shows that a failed call leaves them usable.
 //
-// CTest runs a few hundred calls with a fixed seed. For a long run:
+// CTest runs 3000 calls with seed 1. For a long run (>= 10^6 calls):
 //   MOECOMM_FUZZ_RUNS=1000000 MOECOMM_FUZZ_SEED=7 build/host/tests/moecomm_host_tests -tc='*fuzz*' -s
 // It prints the calls made, correct results, clean errors, hangs (a timeout) and wrong outcomes.
 

@@ -245,6 +245,36 @@ TEST_CASE("mpi ranks calling different collectives all get an error naming the o
   CHECK(v == ranks);
 }
 
+// As in-process ("in group 3 {1,3}"), a sub-group's messages say which group, by its world ranks.
+TEST_CASE("mpi messages from a sub-group name its world ranks") {
+  mpi_communicator comm(test_comm, options());
+  MOECOMM_REQUIRE_FOUR_RANKS(comm);
+  mpi_communicator odd_even = comm.split(comm.rank() % 2, comm.rank());
+  auto const [code, message] = error_of([&] {
+    std::int64_t v = 1;
+    if (comm.rank() == 3) odd_even.barrier();
+    else odd_even.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
+  });
+  if (comm.rank() % 2 == 0) {
+    CHECK(code == moecomm::status::success);
+  } else {
+    CHECK(code == moecomm::status::invalid_usage);
+    CHECK_MESSAGE(message.find("ranks disagree: world rank 1 called allreduce(size 1, 16), but world rank 3 called "
+                               "barrier(size 0, 0) in group {1,3}") != std::string::npos,
+                  message);
+  }
+  auto const [bad_code, bad_message] = error_of([&] {
+    std::int64_t v = 1;
+    odd_even.allreduce(comm.rank() == 2 ? nullptr : &v, &v, 1, moecomm::reduce_op::sum);
+  });
+  if (comm.rank() == 0) {
+    CHECK(bad_code == moecomm::status::aborted);
+    CHECK_MESSAGE(bad_message.find("world rank 2 passed an invalid argument to allreduce in group {0,2}") != std::string::npos,
+                  bad_message);
+  }
+  comm.barrier();
+}
+
 TEST_CASE("mpi inconsistent sizes across ranks are an error on every rank") {
   mpi_communicator comm(test_comm, options());
   MOECOMM_REQUIRE_FOUR_RANKS(comm);

@@ -8,7 +8,8 @@
 //   its call or in its first expert call;
 // - passes a wrong-size buffer: x a row short, d_weights an element short, a hidden mismatch;
 // - disagrees with the others on num_experts, on hidden or on the algorithm (flat against
-//   hierarchical_2d); or calls a sub-group collective (intra-node barrier) the others do not.
+//   hierarchical_2d); or calls a sub-group collective (intra-node barrier) the others do not;
+// - skips its backward and goes on to the next step's forward (the others wait in the backward).
 // Every scenario must end within 5 s (measured) with `inproc_world::run` throwing the expected
 // failure, every rank that failed with a status expected for that fault, and the output of every
 // rank's failing call (out in a forward, d_x and d_weights in a backward: NaN-poisoned beforehand)
@@ -21,7 +22,7 @@
 //
 // Disagreeing capacity factors have a test case of their own, at the end.
 //
-// CTest runs 264 scenarios (22 per fault) with seed 1. For a long run:
+// CTest runs 286 scenarios (22 per fault) with seed 1. For a long run:
 //   MOECOMM_FAULT_RUNS=1000000 MOECOMM_FAULT_SEED=7 build/host/tests/fault/moecomm_fault_tests -tc='layer fault injection*' -s
 
 #include "fault_support.hpp"
@@ -61,13 +62,14 @@ enum class kind {
   other_hidden,
   other_algorithm,
   subgroup_call,
+  skips_backward,
   other_capacity_factor,  // its own test case
 };
-constexpr int random_kinds = 12;  // the kinds before other_capacity_factor
+constexpr int random_kinds = 13;  // the kinds before other_capacity_factor
 char const* const kind_names[] = {"expert throws std", "expert throws 42", "returns early",     "stalls",
                                   "stalls in expert",  "x rows short",     "d_weights short",   "hidden mismatch",
                                   "other num_experts", "other hidden",     "other algorithm",   "sub-group call",
-                                  "other capacity factor"};
+                                  "skips backward",    "other capacity factor"};
 
 enum class phase { forward, backward };
 
@@ -127,7 +129,12 @@ scenario random_scenario(std::mt19937& rng, kind fault) {
   s.when = rng() % 2 == 0 ? phase::forward : phase::backward;
   if (fault == kind::x_rows_short) s.when = phase::forward;
   if (fault == kind::d_weights_short) s.when = phase::backward;
-  if (fault >= kind::other_num_experts && fault != kind::subgroup_call) {  // the culprit's layer differs from the start
+  if (fault == kind::skips_backward) {  // a backward with a step after it, which the culprit goes on to
+    s.when = phase::backward;
+    s.steps = std::max(s.steps, 2);
+    s.step = std::min(s.step, s.steps - 2);
+  }
+  if (fault >= kind::other_num_experts && fault != kind::subgroup_call && fault != kind::skips_backward) {  // the culprit's layer differs from the start
     s.step = 0;
     s.when = phase::forward;
   }
@@ -252,6 +259,7 @@ void run_rank(inproc_communicator comm, scenario const& s, rank_state& st) {
                     {in.x.data(), bad_x && s.fault == kind::x_rows_short ? T - 1 : T, bad_x && s.fault == kind::hidden_mismatch ? H - 1 : H},
                     {st.out.data(), T, H}, experts);
       st.in = phase::backward;
+      if (bwd && s.fault == kind::skips_backward) continue;
       if (bwd && interrupt(s.fault, groups)) return;
       int64_t const d_w_size = bwd && s.fault == kind::d_weights_short ? T * K - 1 : T * K;
       layer.backward({in.d_out.data(), T, bwd && s.fault == kind::hidden_mismatch ? H - 1 : H}, {st.d_x.data(), T, H},
@@ -316,7 +324,10 @@ std::string verdict(scenario const& s, run_result const& run, std::vector<ending
     rank_state const& x = st[static_cast<std::size_t>(r)];
     std::string const rank = "rank " + std::to_string(r) + " ";
     if (!rank_ending_ok(s, r, e)) wrong += rank + "ended with " + e.describe() + "; ";
-    if (r == s.culprit && (x.step != s.step || x.in != s.when)) wrong += rank + "(the culprit) stopped at another step or phase; ";
+    // The culprit that skipped its backward stops in the next step's forward.
+    int const stop_step = s.fault == kind::skips_backward ? s.step + 1 : s.step;
+    phase const stop_phase = s.fault == kind::skips_backward ? phase::forward : s.when;
+    if (r == s.culprit && (x.step != stop_step || x.in != stop_phase)) wrong += rank + "(the culprit) stopped at another step or phase; ";
     if (r == s.culprit && is_bad_argument(s.fault))
       for (std::string const& fragment : bad_argument_fragments(s))
         if (e.message.find(fragment) == std::string::npos) wrong += rank + "message lacks '" + fragment + "': " + e.message + "; ";
@@ -354,12 +365,14 @@ tally run_faults(std::uint32_t seed, std::int64_t runs, std::vector<kind> const&
   std::mt19937 rng(seed);
   watchdog dog(std::chrono::seconds(30));
   std::vector<tally> counts(faults.size());
+  std::int64_t on_4 = 0, on_8 = 0;  // scenarios by world size
   for (std::int64_t i = 0; i < runs; ++i) {
     std::size_t const f = static_cast<std::size_t>(i) % faults.size();
     scenario const s = random_scenario(rng, faults[f]);
     bool late = false;
     std::string const wrong = run_scenario(s, dog, late);
     ++counts[f].runs;
+    (s.ranks == 4 ? on_4 : on_8) += 1;
     counts[f].late += late ? 1 : 0;
     (wrong.empty() ? counts[f].clean : counts[f].wrong) += 1;
     if (!wrong.empty()) FAIL_CHECK(s.describe(), ": ", wrong);
@@ -379,8 +392,8 @@ tally run_faults(std::uint32_t seed, std::int64_t runs, std::vector<kind> const&
     total.late += counts[f].late;
     total.wrong += counts[f].wrong;
   }
-  table << "  total: " << total.runs << " runs, " << total.clean << " clean errors, " << total.late << " late, " << total.wrong
-        << " wrong";
+  table << "  total: " << total.runs << " runs (" << on_4 << " on 4 ranks, " << on_8 << " on 8), " << total.clean
+        << " clean errors, " << total.late << " late, " << total.wrong << " wrong";
   MESSAGE(table.str());
   return total;
 }

@@ -57,6 +57,53 @@ TEST_CASE("a layer's capacity policy is validated on every rank before any excha
   }
 }
 
+// The fuzzing report's crash through a layer's policy: with pad_to_capacity, C * E wrapped, the
+// size check passed and a null pointer was written; with zero tokens received_rows() was negative.
+// Now the agreed C (the same on every rank) is refused by the padded plan on every rank, so no rank
+// waits for another; a factor of 1e18 with zero tokens is a capacity of 0.
+TEST_CASE("a padded capacity whose rows overflow is invalid_argument on every rank, with and without tokens") {
+  using policy = moecomm::capacity<moecomm::drop_by_position>;
+  constexpr std::int64_t int64_max = std::numeric_limits<std::int64_t>::max();
+  struct hostile {
+    policy p;
+    std::int64_t tokens;
+    char const* message;  // "" when the call is valid
+  };
+  hostile const cases[] = {
+      {{1.0, int64_max, true, {}}, 4, "padded_capacity * num_experts = 9223372036854775807 * 16 overflows int64"},
+      {{1.0, int64_max, true, {}}, 0, "padded_capacity * num_experts = 9223372036854775807 * 16 overflows int64"},
+      {{1e18, 0, true, {}}, 4, "padded_capacity * num_experts = 8000000000000000000 exceeds int32 (2^31 - 1)"},
+      {{1e18, 0, true, {}}, 64, "capacity factor = 1e+18 gives a capacity of 8e+18 rows per expert, beyond int64"},
+      {{1e18, 0, true, {}}, 0, ""},
+  };
+  for (hostile const& h : cases) {
+    CAPTURE(h.p.factor);
+    CAPTURE(h.p.min_capacity);
+    CAPTURE(h.tokens);
+    std::vector<int32_t> idx(static_cast<std::size_t>(h.tokens * 2));
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i % 16);
+    std::vector<float> const w(idx.size(), .5f);
+    std::vector<std::int64_t> received(2, -1);
+    moecomm::inproc_world const world(2, std::chrono::seconds(5));
+    auto const step = [&] {
+      world.run([&](moecomm::inproc_communicator comm) {
+        moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(2, 2));
+        moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator, policy> d(moecomm::host_backend{}, groups,
+                                                                                           16, h.p);
+        d.route({idx.data(), w.data(), h.tokens, 2});
+        received[static_cast<std::size_t>(comm.rank())] = d.received_rows();
+      });
+    };
+    if (*h.message == '\0') {
+      step();
+      CHECK(received == std::vector<std::int64_t>{0, 0});
+    } else {
+      check_error(step, moecomm::status::invalid_argument, {h.message});
+      CHECK(received == std::vector<std::int64_t>{-1, -1});
+    }
+  }
+}
+
 TEST_CASE("Philox4x32-10 matches Random123's known answers") {
   auto const zero = moecomm::detail::philox4x32_10(0, {{0, 0, 0, 0}});
   CHECK(zero.x[0] == 0x6627e8d5u);

@@ -102,8 +102,9 @@ TEST_CASE("a matrix whose byte size overflows int64 is rejected before any row i
   check_untouched(out, 0, "permute output after a rejected call");
 }
 
-// Under AddressSanitizer this needs ASAN_OPTIONS=allocator_may_return_null=1: ASan otherwise aborts
-// on the oversized request itself instead of returning null from the nothrow operator new.
+// Under AddressSanitizer this needs ASAN_OPTIONS=allocator_may_return_null=1 (the test preset `asan`
+// sets it): ASan otherwise aborts on the oversized request itself instead of returning null from the
+// nothrow operator new.
 TEST_CASE("failed allocations are moecomm::error(out_of_memory) with the byte count") {
   moecomm::host_backend const be;
   // 2^62 bytes exceed any address space: operator new fails, and used to throw std::bad_alloc.

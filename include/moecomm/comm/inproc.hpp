@@ -28,11 +28,14 @@
 //! are not counted: run ranks that overlap collectives through `run`.
 //!
 //! After a failure:
-//! - `invalid_argument` or `invalid_usage` (a bad argument, ranks that disagree, or blocked ranks):
-//!   every rank of the call stopped at the same point and nothing was written, so the same
-//!   communicators are usable and give the same results as before.
-//! - `timeout` or `aborted`: the world is dead. Every later call on any of its communicators throws
-//!   `aborted` at once; make a new `inproc_world`.
+//! - `invalid_argument` or `invalid_usage` (a bad argument, ranks that disagree, or blocked ranks),
+//!   and the `aborted` the other ranks get for a peer's bad argument ("world rank r passed an invalid
+//!   argument to ..."): every rank of the call stopped at the same point and nothing was written, so
+//!   the same communicators are usable and give the same results as before, provided the ranks catch
+//!   the error: any exception that leaves a rank's body in `inproc_world::run` aborts the world.
+//! - `timeout`, any other `aborted` (a rank failed inside `run`), or an exception that left `run`: the
+//!   world is dead. Every later call on any of its communicators throws `aborted` at once; make a new
+//!   `inproc_world`.
 
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
@@ -357,7 +360,7 @@ class inproc_communicator {
     if (!problem) problem = read_peers();
     {
       std::unique_lock<std::mutex> lock(state_->mutex);
-      wait_for_all(lock, op);
+      wait_for_all(lock, op, true);
     }
     if (problem) throw error(problem.code, problem.message);
   }
@@ -384,11 +387,13 @@ class inproc_communicator {
   }
 
   //! Waits until every rank of the group has arrived for this phase. Blocked here, this rank counts
-  //! as waiting in this group for the world's deadlock check.
-  void wait_for_all(std::unique_lock<std::mutex>& lock, char const* op) {
+  //! as waiting in this group for the world's deadlock check. `after_reading` (a collective's second
+  //! wait): an abort does not end the wait, because the peers may still be reading this rank's
+  //! buffers; they read without blocking, so they arrive (the timeout still bounds the wait).
+  void wait_for_all(std::unique_lock<std::mutex>& lock, char const* op, bool after_reading = false) {
     detail::inproc_state& s = *state_;
     char const* const here = where(op);
-    if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
+    if (s.aborted && !after_reading) detail::fail(status::aborted, here, s.abort_reason);
     detail::inproc_group& g = *group_;
     std::uint64_t const phase = g.phase;
     auto const me = static_cast<std::size_t>(world_rank());
@@ -403,7 +408,8 @@ class inproc_communicator {
     s.detect_deadlock_locked();
     auto const deadline = std::chrono::steady_clock::now() + s.timeout;
     auto at = [&]() -> detail::inproc_wait& { return s.ranks[me].waits[slot]; };  // another thread may grow the list
-    bool const woken = s.wake.wait_until(lock, deadline, [&] { return g.phase != phase || s.aborted || !at().stuck.empty(); });
+    bool const woken = s.wake.wait_until(
+        lock, deadline, [&] { return g.phase != phase || (s.aborted && !after_reading) || !at().stuck.empty(); });
     if (!at().stuck.empty()) detail::fail(status::invalid_usage, here, std::exchange(at().stuck, {}));
     if (g.phase != phase) return;
     at().group = nullptr;

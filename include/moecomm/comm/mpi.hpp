@@ -493,18 +493,25 @@ class mpi_communicator {
     wait(requests, deadline, op, "checking that every rank made the same call");
     if (bad) throw *bad;
     auto const call = [&](int r) { return s.all.data() + static_cast<std::size_t>(r) * words; };
+    auto const group = [&] {  // " in group {1,3}" (its world ranks) for a sub-group, as in-process; only on failure
+      int world_size = 0;
+      if (MPI_Comm_size(MPI_COMM_WORLD, &world_size) != MPI_SUCCESS || world_size == size_) return std::string();
+      std::string list;
+      for (int r = 0; r < size_; ++r) list += (r == 0 ? "" : ",") + std::to_string(call(r)[3]);
+      return detail::concat(" in group {", list, "}");
+    };
     for (int r = 0; r < size_; ++r)
       if (call(r)[4] != 0)
         fail(status::aborted, op,
              detail::concat("world rank ", call(r)[3], " passed an invalid argument to ", detail::mpi_op_name(call(r)[0]),
-                            " (see its error); no rank's call took effect"));
+                            group(), " (see its error); no rank's call took effect"));
     auto const describe = [&](int r) {
       std::int64_t const* c = call(r);
       return detail::concat("world rank ", c[3], " called ", detail::mpi_op_name(c[0]), "(size ", c[1], ", ", c[2], ")");
     };
     for (int r = 1; r < size_; ++r)
       if (!std::equal(call(0), call(0) + 3, call(r)))
-        fail(status::invalid_usage, op, detail::concat("ranks disagree: ", describe(0), ", but ", describe(r)));
+        fail(status::invalid_usage, op, detail::concat("ranks disagree: ", describe(0), ", but ", describe(r), group()));
   }
 
   //! The message of a pair whose sizes disagree (group ranks), as `inproc_communicator` words it.

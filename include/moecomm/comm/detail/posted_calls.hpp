@@ -88,11 +88,16 @@ class first_failure {
     } catch (PassThrough const&) {
       throw;
     } catch (error const& e) {
+      // The message is read before the exception is filed: once filed, another rank's thread may drop
+      // it, and TSan does not see the reference count (libstdc++ is not instrumented), so it would
+      // report a read of the text after filing as a race with its deletion.
+      std::string what = concat("world rank ", rank, " failed: ", e.what());
       file(std::current_exception(), e.code() != status::aborted);
-      return concat("world rank ", rank, " failed: ", e.what());
+      return what;
     } catch (std::exception const& e) {
+      std::string what = concat("world rank ", rank, " failed: ", e.what());
       file(std::current_exception(), true);
-      return concat("world rank ", rank, " failed: ", e.what());
+      return what;
     } catch (...) {
       std::string what = concat("world rank ", rank, " threw an exception not derived from std::exception");
       file(std::make_exception_ptr(error(status::aborted, concat("moecomm::", world, "::run: ", what))), true);
