@@ -159,6 +159,18 @@ TEST_CASE("FasterMoE: scheduled steps (transfers and aggregation overlapped) equ
     });
     CHECK_MESSAGE(!home[0].empty(), "nothing shadowed: the schedule would prove little");
   }
+  // 4 ranks: Pro-Prophet's planner (its subsets), scheduled, on the smart schedule too.
+  moecomm::proprophet_cost_params p;
+  p.hidden = skewed4.hidden;
+  p.balance_factor = 0;  // search until an expert repeats
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, moecomm::proprophet_planner<>> prophet{small_model(), {}, {}};
+  prophet.planner.model = moecomm::proprophet_cost_model(p);
+  auto const in4 = make_shadow_inputs<float>(skewed4);
+  moecomm::inproc_world const world4(4, std::chrono::seconds(30));
+  world4.run([&](moecomm::inproc_communicator comm) {
+    (void)check_scheduled_equals_plain(comm, skewed4, in4, prophet, moecomm::flat{});
+    (void)check_scheduled_equals_plain(comm, skewed4, in4, prophet, moecomm::smart_schedule{2});
+  });
 }
 
 // A failure inside an overlapped transfer (an owner whose parameters are missing) ends every rank
