@@ -130,6 +130,20 @@ TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert paralle
       }
     }
   }
+  // A subset that names a rank outside the group, the owner, or rank order backwards is refused before any exchange.
+  for (fixed_subset_planner const& bad : {fixed_subset_planner{{0}, {0, 1}, {9}}, fixed_subset_planner{{0}, {0, 1}, {0}},
+                                          fixed_subset_planner{{0}, {0, 2}, {3, 1}}, fixed_subset_planner{{0}, {0, 2}, {1}}}) {
+    moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_subset_planner> const policy{small_model(), {}, bad};
+    auto const in = make_shadow_inputs<float>(skewed8);
+    moecomm::inproc_world const world(8, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(8, 4));
+      moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::flat,
+                                     moecomm::weighted, decltype(policy)>
+          layer(moecomm::host_backend{}, groups, 16, skewed8.hidden, {}, {}, {}, policy);
+      check_error([&] { (void)run_step(layer, comm.rank(), skewed8, in); }, moecomm::status::invalid_argument, {"subset"});
+    });
+  }
   // The collective path moves a subset's parameters over every rank (Pro-Prophet's global communicator): the same results.
   for (subsets_case const& sc : cases) {
     CAPTURE(sc.name);

@@ -468,8 +468,22 @@ class dispatcher {
                       chosen.experts.data[i - 1]);
     }
     bool const subsets = chosen.offsets.size > 0;
-    detail::require(!subsets || chosen.offsets.size == n + 1, op, "home subsets have ", chosen.offsets.size,
-                    " offsets for ", n, " experts");
+    if (subsets) {  // read below without further checks: every index must hold
+      detail::require(chosen.offsets.size == n + 1, op, "home subsets have ", chosen.offsets.size, " offsets for ", n, " experts");
+      detail::require(chosen.offsets.data[0] == 0 && chosen.offsets.data[n] == chosen.ranks.size, op,
+                      "home subsets' offsets run from ", chosen.offsets.data[0], " to ", chosen.offsets.data[n], ", not from 0 to ",
+                      chosen.ranks.size, " (the subset ranks)");
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::int32_t const e = chosen.experts.data[i];
+        detail::require(chosen.offsets.data[i] <= chosen.offsets.data[i + 1], op, "home subset offsets of expert ", e, " decrease");
+        for (std::int32_t k = chosen.offsets.data[i]; k < chosen.offsets.data[i + 1]; ++k) {
+          std::int32_t const r = chosen.ranks.data[k];
+          detail::require(r >= 0 && r < ranks_ && r != e / local_experts_ && (k == chosen.offsets.data[i] || chosen.ranks.data[k - 1] < r), op,
+                          "home subset of expert ", e, " names rank ", r, ": subsets hold ranks of the group, ascending, never the owner ",
+                          e / local_experts_);
+        }
+      }
+    }
     std::int32_t const me = groups_->world().rank();
     // Rank s computes its own rows of home expert i: its owner, and every rank or the subset's.
     auto const is_home = [&](std::int64_t i, std::int32_t s) {

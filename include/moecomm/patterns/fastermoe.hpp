@@ -129,6 +129,50 @@ struct fastermoe_shadowing {
     //! True between `begin_transfer` and the next forward's planning.
     [[nodiscard]] bool planned_ahead() const { return planned_ahead_; }
 
+    //! Owners send each shadowed expert's parameters to its replicas, every other rank or its
+    //! subset (ascending expert id); and every rank zeroes its replica gradient accumulators. In a
+    //! scheduled step the lane has begun that: wait for it.
+    template <class Experts>
+    void broadcast(Experts& experts) {
+      if (scheduled_) {
+        finish_lane();
+        return;
+      }
+      prepare_buffers(experts);
+      transfer_all(experts, groups_->world(), workspace_);
+    }
+
+    //! The parameters home expert `e` is computed with on this rank.
+    template <class Experts>
+    detail::parameter_t<Experts>* parameters(Experts& experts, std::int32_t e) {
+      return replica_parameters(experts, index_of(e));
+    }
+
+    //! Where this rank accumulates home expert `e`'s gradient: the owner's own accumulator, or a
+    //! zeroed replica buffer that `reduce` sends to the owner.
+    template <class Experts>
+    detail::parameter_t<Experts>* gradients(Experts& experts, std::int32_t e) {
+      return replica_gradients(experts, index_of(e));
+    }
+
+    //! Sums the replicas' gradient of each shadowed expert into its owner's, in ascending rank. In
+    //! a scheduled step, started on the lane: `finish_lane` waits for it.
+    template <class Experts>
+    void reduce(Experts& experts) {
+      if (scheduled_) {
+        scheduled_ = false;
+        start_job(&state::template on_lane<Experts, &state::template aggregate_all<Experts>>, experts);
+        return;
+      }
+      aggregate_all(experts, groups_->world(), workspace_);
+    }
+
+    //! The last step's decision: shadowed experts (and subsets), predicted latencies, tokens per rank before and after.
+    [[nodiscard]] shadow_decision const& decision() const { return decision_; }
+    //! The last step's gathered `[R][E]` counts, before shadowing.
+    [[nodiscard]] std::vector<std::int64_t> const& counts() const { return counts_; }
+    [[nodiscard]] fastermoe_cost_model const& model() const { return model_; }
+
    private:
     //! Makes `decision_`'s choice for `counts` this step's: shadowed experts ascending, their subsets.
     void adopt(std::vector<std::int64_t> const& counts) {
@@ -137,6 +181,12 @@ struct fastermoe_shadowing {
       bool const subsets = !decision_.subset_offsets.empty();
       detail::require(!subsets || decision_.subset_offsets.size() == n + 1, "fastermoe_shadowing",
                       "the planner's decision has ", decision_.subset_offsets.size(), " subset offsets for ", n, " experts");
+      for (std::size_t i = 0; subsets && i < n; ++i)  // the offsets index subset_ranks below (the ranks: the dispatcher checks them)
+        detail::require(decision_.subset_offsets[i] >= 0 && decision_.subset_offsets[i] <= decision_.subset_offsets[i + 1] &&
+                            static_cast<std::size_t>(decision_.subset_offsets[i + 1]) <= decision_.subset_ranks.size(),
+                        "fastermoe_shadowing", "the planner's decision has subset offsets ", decision_.subset_offsets[i], ", ",
+                        decision_.subset_offsets[i + 1], " for expert ", decision_.shadowed[i], " with ", decision_.subset_ranks.size(),
+                        " subset ranks");
       order_.resize(n);  // the decision's entries by ascending expert
       for (std::size_t i = 0; i < n; ++i) order_[i] = i;
       std::sort(order_.begin(), order_.end(),
@@ -167,29 +217,26 @@ struct fastermoe_shadowing {
       be_.synchronize();
     }
 
-    //! Trans: every shadowed expert from its owner to its replicas, over `comm`.
+    //! Trans: every shadowed expert from its owner to its replicas, over `comm` with staging `ws`.
     template <class Experts>
-    void transfer_all(Experts& experts, Comm& comm) {
+    void transfer_all(Experts& experts, Comm& comm, workspace<Backend>& ws) {
       using P = detail::parameter_t<Experts>;
       std::int64_t const count = experts.parameter_count();
       [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
         replica_broadcast(be_, comm, replicas_of(i), count, array_view<P>{replica_parameters(experts, i), count},
-                          comm_workspace(comm), path_);
+                          ws, path_);
     }
 
-    //! Agg: every shadowed expert's replica gradients summed into its owner's, over `comm`.
+    //! Agg: every shadowed expert's replica gradients summed into its owner's, over `comm` with staging `ws`.
     template <class Experts>
-    void aggregate_all(Experts& experts, Comm& comm) {
+    void aggregate_all(Experts& experts, Comm& comm, workspace<Backend>& ws) {
       using P = detail::parameter_t<Experts>;
       [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
         gradient_reduce(be_, comm, replicas_of(i), experts.parameter_count(),
-                        array_view<P>{replica_gradients(experts, i), experts.parameter_count()}, comm_workspace(comm), path_);
+                        array_view<P>{replica_gradients(experts, i), experts.parameter_count()}, ws, path_);
     }
-
-    //! The replica ops' staging: the lane's own when it runs them.
-    workspace<Backend>& comm_workspace(Comm& comm) { return lane_comm_ && &comm == &*lane_comm_ ? lane_workspace_ : workspace_; }
 
     //! The job the lane runs (a plain struct: starting it allocates nothing).
     struct lane_job {
@@ -198,9 +245,9 @@ struct fastermoe_shadowing {
       void (*run)(state&, void*) = nullptr;
       void operator()(std::int32_t) const { run(*self, experts); }
     };
-    template <class Experts, void (state::*Work)(Experts&, Comm&)>
-    static void on_lane(state& self, void* experts) {
-      (self.*Work)(*static_cast<Experts*>(experts), *self.lane_comm_);
+    template <class Experts, void (state::*Work)(Experts&, Comm&, workspace<Backend>&)>
+    static void on_lane(state& self, void* experts) {  // the lane's own communicator and staging
+      (self.*Work)(*static_cast<Experts*>(experts), *self.lane_comm_, self.lane_workspace_);
     }
     //! Runs `run(*this, &experts)` on the lane; `experts` must outlive `finish_lane`.
     template <class Experts>
@@ -212,52 +259,6 @@ struct fastermoe_shadowing {
       lane_->release(0);
     }
 
-   public:
-    //! Owners send each shadowed expert's parameters to its replicas, every other rank or its
-    //! subset (ascending expert id); and every rank zeroes its replica gradient accumulators. In a
-    //! scheduled step the lane has begun that: wait for it.
-    template <class Experts>
-    void broadcast(Experts& experts) {
-      if (scheduled_) {
-        finish_lane();
-        return;
-      }
-      prepare_buffers(experts);
-      transfer_all(experts, groups_->world());
-    }
-
-    //! The parameters home expert `e` is computed with on this rank.
-    template <class Experts>
-    detail::parameter_t<Experts>* parameters(Experts& experts, std::int32_t e) {
-      return replica_parameters(experts, index_of(e));
-    }
-
-    //! Where this rank accumulates home expert `e`'s gradient: the owner's own accumulator, or a
-    //! zeroed replica buffer that `reduce` sends to the owner.
-    template <class Experts>
-    detail::parameter_t<Experts>* gradients(Experts& experts, std::int32_t e) {
-      return replica_gradients(experts, index_of(e));
-    }
-
-    //! Sums the replicas' gradient of each shadowed expert into its owner's, in ascending rank. In
-    //! a scheduled step, started on the lane: `finish_lane` waits for it.
-    template <class Experts>
-    void reduce(Experts& experts) {
-      if (scheduled_) {
-        scheduled_ = false;
-        start_job(&state::template on_lane<Experts, &state::template aggregate_all<Experts>>, experts);
-        return;
-      }
-      aggregate_all(experts, groups_->world());
-    }
-
-    //! The last step's decision: shadowed experts (and subsets), predicted latencies, tokens per rank before and after.
-    [[nodiscard]] shadow_decision const& decision() const { return decision_; }
-    //! The last step's gathered `[R][E]` counts, before shadowing.
-    [[nodiscard]] std::vector<std::int64_t> const& counts() const { return counts_; }
-    [[nodiscard]] fastermoe_cost_model const& model() const { return model_; }
-
-   private:
     //! The policy's model for the layer's rows; under simulation, for the model-sized rows they stand for.
     static fastermoe_cost_model with_hidden(fastermoe_cost_params params, std::int64_t hidden, simulation_scale scale) {
       params.hidden = hidden;
