@@ -15,6 +15,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_reduce.cuh>
+#include <cub/device/device_scan.cuh>
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 
@@ -198,6 +199,25 @@ class cuda_backend {
     detail::cuda_check(cub::DeviceRadixSort::SortPairs(scratch, scratch_bytes, keys_in, keys_out, values_in, values_out, n,
                                                        0, end_bit, stream_),
                        "cub::DeviceRadixSort::SortPairs");
+  }
+
+  //! Bytes of scratch `exclusive_sum` needs for `n` elements (CUB's first phase).
+  [[nodiscard]] std::size_t exclusive_sum_scratch_bytes(std::int64_t n) const {
+    if (n <= 0) return 0;
+    std::size_t bytes = 0;
+    detail::cuda_check(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<std::int32_t const*>(nullptr),
+                                                     static_cast<std::int32_t*>(nullptr), n, stream_),
+                       "cub::DeviceScan::ExclusiveSum");
+    return bytes;
+  }
+
+  //! `out[i]` = the sum of `in[0, i)` (CUB's exclusive scan), in the caller's `scratch` of
+  //! `exclusive_sum_scratch_bytes(n)` bytes: no allocation, so it can be captured.
+  void exclusive_sum(std::int32_t const* in, std::int32_t* out, std::int64_t n, void* scratch,
+                     std::size_t scratch_bytes) const {
+    if (n <= 0) return;
+    detail::cuda_check(cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, in, out, n, stream_),
+                       "cub::DeviceScan::ExclusiveSum");
   }
 
   //! Copies `n` elements between any two of host and device memory, in stream order.

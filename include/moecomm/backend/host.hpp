@@ -169,6 +169,20 @@ class host_backend {
     }
   }
 
+  //! Bytes of scratch `exclusive_sum` needs for `n` elements: none on the host.
+  [[nodiscard]] static std::size_t exclusive_sum_scratch_bytes(std::int64_t) { return 0; }
+
+  //! `out[i]` = the sum of `in[0, i)` for `i` in `[0, n)` (what `cub::DeviceScan::ExclusiveSum`
+  //! computes); `in` and `out` may be the same array. Integers, so any order gives the same sums.
+  void exclusive_sum(std::int32_t const* in, std::int32_t* out, std::int64_t n, void*, std::size_t) const {
+    std::int32_t sum = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int32_t const value = in[i];
+      out[i] = sum;
+      sum += value;
+    }
+  }
+
   //! Copies `n` elements (host to host).
   template <class T>
   void copy(T* dst, T const* src, std::int64_t n) const {

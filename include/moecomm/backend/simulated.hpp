@@ -11,6 +11,7 @@
 //! | `for_each_index(n, f)` | `n × 8` (an index read and written); `n × f.bytes_per_index()`, scaled inside a payload scope, when `f` declares it (a kernel over row elements) |
 //! | `reduce(n, ...)` | `n × 8` |
 //! | `stable_sort_by_key(n, end_bit)` | `⌈end_bit / 8⌉` radix passes × `n × 16` (key and value, read and written) |
+//! | `exclusive_sum(n)` | `n × 8` (an element read and written) |
 //! | `copy(n)` | `2 × n × sizeof(T)`, scaled inside a payload scope |
 //!
 //! Compute the back-end cannot see (the caller's experts) is charged through `charge_flops`, scaled
@@ -94,6 +95,13 @@ class simulated_backend {
     inner_.stable_sort_by_key(keys_in, keys_out, values_in, values_out, n, end_bit, scratch, scratch_bytes);
     int const passes = end_bit <= 0 ? 1 : (end_bit + 7) / 8;
     detail::charge_memory(16.0 * passes * static_cast<double>(n));
+  }
+
+  [[nodiscard]] static std::size_t exclusive_sum_scratch_bytes(std::int64_t n) { return Inner::exclusive_sum_scratch_bytes(n); }
+
+  void exclusive_sum(std::int32_t const* in, std::int32_t* out, std::int64_t n, void* scratch, std::size_t scratch_bytes) const {
+    inner_.exclusive_sum(in, out, n, scratch, scratch_bytes);
+    detail::charge_memory(8.0 * static_cast<double>(n));
   }
 
   template <class T>

@@ -90,13 +90,13 @@ struct padded_offsets {
   MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const { expert_offsets[e] = static_cast<std::int32_t>(e * capacity); }
 };
 
-//! Row `r` of expert e's block moves to the same place in the block of expert `label[e]`
+//! Row `r` of block b moves to the same place in the block of expert `label[b]`
 //! (`relabel_permute_plan`): rows keep their order within a block, as a stable sort would.
-struct move_expert_blocks {
-  std::int32_t const* old_offsets;   //!< `[E + 1]`
-  std::int32_t const* new_offsets;   //!< `[E + 1]`, by new expert id
-  std::int32_t const* label;         //!< `[E]`
-  std::int32_t num_experts;
+struct move_row_blocks {
+  std::int32_t const* old_bounds;    //!< `[B + 1]`: block b is rows `[old_bounds[b], old_bounds[b + 1])`
+  std::int32_t const* new_offsets;   //!< `[E' + 1]`, by new expert id
+  std::int32_t const* label;         //!< `[B]`
+  std::int32_t num_blocks;
   std::int32_t top_k;
   std::int32_t const* old_token_of;  //!< `[rows]`
   std::int32_t const* old_slot_of;
@@ -104,15 +104,72 @@ struct move_expert_blocks {
   std::int32_t* slot_of;
   std::int32_t* row_of;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
-    std::int32_t lo = 0, hi = num_experts;  // the expert whose block holds r: the last e with offsets[e] <= r
+    std::int32_t lo = 0, hi = num_blocks;  // the block that holds r: the last b with bounds[b] <= r (empty blocks skipped)
     while (hi - lo > 1) {
       std::int32_t const mid = lo + (hi - lo) / 2;
-      if (old_offsets[mid] <= r) lo = mid; else hi = mid;
+      if (old_bounds[mid] <= r) lo = mid; else hi = mid;
     }
-    std::int64_t const moved = new_offsets[label[lo]] + (r - old_offsets[lo]);
+    std::int64_t const moved = new_offsets[label[lo]] + (r - old_bounds[lo]);
     token_of[moved] = old_token_of[r];
     slot_of[moved] = old_slot_of[r];
     if (old_token_of[r] >= 0) row_of[std::int64_t{old_token_of[r]} * top_k + old_slot_of[r]] = static_cast<std::int32_t>(moved);
+  }
+};
+
+//! `flags[r]` = 1 when row r of a dropless plan is still in the kept routing (`r < rows`), else 0;
+//! `flags[rows]` = 0, so the exclusive sum's last entry is the number of kept rows.
+struct kept_row_flags {
+  std::int32_t const* token_of;
+  std::int32_t const* slot_of;
+  std::int32_t const* kept_idx;
+  std::int32_t top_k;
+  std::int64_t rows;
+  std::int32_t* flags;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    flags[r] = r < rows && kept_idx[std::int64_t{token_of[r]} * top_k + slot_of[r]] >= 0 ? 1 : 0;
+  }
+};
+
+//! True for a slot whose kept id is neither -1 nor its id in the dropless plan: a kept routing
+//! may only mask slots.
+struct not_a_masking {
+  std::int32_t const* idx;
+  std::int32_t const* row_of;  //!< dropless plan: -1 for masked and invalid slots
+  std::int32_t const* kept_idx;
+  MOECOMM_HOST_DEVICE bool operator()(std::int64_t i) const {
+    return kept_idx[i] != -1 && (row_of[i] < 0 || kept_idx[i] != idx[i]);
+  }
+};
+
+//! `kept_offsets[e]` = the kept rows before expert e's block: the exclusive sum at its first row.
+struct kept_offsets_from_positions {
+  std::int32_t const* offsets;    //!< dropless plan's `[E + 1]`
+  std::int32_t const* positions;  //!< `[rows + 1]`: kept rows before each row
+  std::int32_t* kept_offsets;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const { kept_offsets[e] = positions[offsets[e]]; }
+};
+
+//! Each kept row of the dropless plan to its row in the kept plan: its position among the kept rows,
+//! or, padded to C, `e * C` + its place in expert e's kept rows. Order within a block is kept.
+struct move_kept_rows {
+  std::int32_t const* old_token_of;
+  std::int32_t const* old_slot_of;
+  std::int32_t const* kept_idx;
+  std::int32_t const* positions;     //!< `[rows + 1]`
+  std::int32_t const* kept_offsets;  //!< `[E + 1]`, unpadded
+  std::int64_t capacity;             //!< 0: unpadded
+  std::int32_t top_k;
+  std::int32_t* token_of;
+  std::int32_t* slot_of;
+  std::int32_t* row_of;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    std::int64_t const slot = std::int64_t{old_token_of[r]} * top_k + old_slot_of[r];
+    std::int32_t const e = kept_idx[slot];
+    if (e < 0) return;
+    std::int64_t const row = capacity == 0 ? positions[r] : e * capacity + (positions[r] - kept_offsets[e]);
+    token_of[row] = old_token_of[r];
+    slot_of[row] = old_slot_of[r];
+    row_of[slot] = static_cast<std::int32_t>(row);
   }
 };
 
@@ -132,6 +189,18 @@ inline int key_bits(std::int32_t num_experts) {
   return bits;
 }
 
+}  // namespace detail
+
+template <class Backend>
+class permute_plan;
+
+namespace detail {
+//! `relabel_permute_plan`'s work: `tables` is host memory of `(B + 1) + (E' + 1) + E'` entries whose
+//! first `B + 1` are the block bounds (the rest is its own scratch).
+template <class Backend>
+void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled, std::int32_t* tables,
+                      std::int32_t num_blocks, std::int32_t const* labels, std::int32_t num_experts,
+                      workspace<Backend>& scratch, char const* op);
 }  // namespace detail
 
 //! The row map of one routing decision: slot `(t, k)` of expert `e` goes to row `row_of[t][k]`,
@@ -169,8 +238,11 @@ class permute_plan {
 
  private:
   template <class B>
-  friend void relabel_permute_plan(B const&, permute_plan<B>&, routing_view const&, array_view<std::int32_t const>,
-                                   workspace<B>&);
+  friend void detail::move_plan_blocks(B const&, permute_plan<B>&, routing_view const&, std::int32_t*, std::int32_t,
+                                       std::int32_t const*, std::int32_t, workspace<B>&, char const*);
+  template <class B>
+  friend void build_kept_permute_plan(B const&, permute_plan<B> const&, routing_view const&, permute_plan<B>&, workspace<B>&,
+                                      std::int64_t);
   template <class B>
   friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
                                  routing_checks const&, std::int64_t);
@@ -262,6 +334,63 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
   plan.num_rows_ = num_rows;
 }
 
+namespace detail {
+
+template <class Backend>
+void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled, std::int32_t* tables,
+                      std::int32_t num_blocks, std::int32_t const* labels, std::int32_t num_experts,
+                      workspace<Backend>& scratch, char const* op) {
+  std::int64_t const rows = plan.num_rows_, capacity = plan.padded_capacity_;
+  std::int32_t const* const bounds = tables;                // [B + 1]
+  std::int32_t* const new_offsets = tables + num_blocks + 1;  // [E' + 1]
+  std::int32_t* const block_named = new_offsets + num_experts + 1;  // [E']: the block that takes new id j
+  require(relabeled.num_tokens == plan.routing_.num_tokens && relabeled.top_k == plan.routing_.top_k, op,
+          "argument 'relabeled' has ", relabeled.num_tokens, " x ", relabeled.top_k, " slots; the plan's routing ",
+          plan.routing_.num_tokens, " x ", plan.routing_.top_k);
+  std::fill(block_named, block_named + num_experts, -1);
+  for (std::int32_t b = 0; b < num_blocks; ++b) {
+    std::int32_t const j = labels[b];
+    require(j >= 0 && j < num_experts && block_named[j] < 0, op, "label[", b, "] = ", j,
+            j >= 0 && j < num_experts ? " is given to two blocks" : " is not an expert id", " (new ids are distinct, in [0, ",
+            num_experts, "))");
+    block_named[j] = b;
+  }
+  if (capacity > 0)  // padded: every new expert is one whole block of C rows
+    for (std::int32_t j = 0; j < num_experts; ++j) {
+      std::int32_t const b = block_named[j];
+      require(b >= 0 && bounds[b + 1] - bounds[b] == capacity, op, "the plan is padded to ", capacity,
+              " rows per expert, so every new expert id must take one block of exactly that many rows; id ", j,
+              b < 0 ? " takes none" : " takes a block of another length");
+    }
+  std::int32_t next = 0;  // the new blocks in new-id order; ids without a block are empty
+  for (std::int32_t j = 0; j < num_experts; ++j) {
+    std::int32_t const b = block_named[j];
+    new_offsets[j] = next;
+    if (b >= 0) next += bounds[b + 1] - bounds[b];
+  }
+  new_offsets[num_experts] = next;
+  // Device scratch: the old row maps, the bounds, the new offsets and the labels.
+  std::int64_t const tables_size = std::int64_t{num_blocks} + 1 + num_experts + 1;
+  std::int32_t* const old_token_of = scratch.template get<std::int32_t>(be, 2 * rows + tables_size + num_blocks);
+  std::int32_t* const old_slot_of = old_token_of + rows;
+  std::int32_t* const device_tables = old_slot_of + rows;
+  std::int32_t* const device_labels = device_tables + tables_size;
+  be.copy(old_token_of, plan.token_of_.data(), rows);
+  be.copy(old_slot_of, plan.slot_of_.data(), rows);
+  be.copy(device_tables, tables, tables_size);
+  be.copy(device_labels, labels, num_blocks);
+  grow(be, plan.expert_offsets_, std::int64_t{num_experts} + 1);
+  be.for_each_index(rows, move_row_blocks{device_tables, device_tables + num_blocks + 1, device_labels, num_blocks,
+                                          relabeled.top_k, old_token_of, old_slot_of, plan.token_of_.data(),
+                                          plan.slot_of_.data(), plan.row_of_.data()});
+  be.copy(plan.expert_offsets_.data(), device_tables + num_blocks + 1, std::int64_t{num_experts} + 1);
+  be.synchronize();
+  plan.routing_ = relabeled;
+  plan.num_experts_ = num_experts;
+}
+
+}  // namespace detail
+
 //! `plan` becomes the plan of `relabeled`, the same routing with expert e renamed `label[e]` (a
 //! permutation of `[0, E)`), without sorting again: each expert's block of rows moves, in order, to
 //! its new expert's place (padded plans keep their capacity). Equal to `build_permute_plan` on
@@ -274,48 +403,141 @@ template <class Backend>
 void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled,
                           array_view<std::int32_t const> label, workspace<Backend>& scratch) {
   char const* op = "relabel_permute_plan";
-  std::int32_t const experts = plan.num_experts_;
-  std::int64_t const rows = plan.num_rows_;
+  std::int32_t const experts = plan.num_experts();
   detail::check_elements(label, experts, op, "label", "one new id per expert of the plan");
-  detail::require(relabeled.num_tokens == plan.routing_.num_tokens && relabeled.top_k == plan.routing_.top_k, op,
-                  "argument 'relabeled' has ", relabeled.num_tokens, " x ", relabeled.top_k, " slots; the plan's routing ",
-                  plan.routing_.num_tokens, " x ", plan.routing_.top_k);
-  std::int32_t* const offsets = scratch.template host<std::int32_t>(3 * (std::int64_t{experts} + 1));
-  std::int32_t* const moved_offsets = offsets + experts + 1;
-  std::int32_t* const expert_named = moved_offsets + experts + 1;  // [E]: the old expert that takes new id j
-  std::fill(expert_named, expert_named + experts, -1);
-  for (std::int32_t e = 0; e < experts; ++e) {
-    std::int32_t const j = label.data[e];
-    detail::require(j >= 0 && j < experts && expert_named[j] < 0, op, "label[", e, "] = ", j,
-                    j >= 0 && j < experts ? " is given to two experts" : " is not an expert id",
-                    " (label must be a permutation of [0, ", experts, "))");
-    expert_named[j] = e;
-  }
-  be.copy(offsets, plan.expert_offsets_.data(), experts + 1);
+  std::int32_t* const tables = scratch.template host<std::int32_t>(3 * (std::int64_t{experts} + 1));
+  be.copy(tables, plan.expert_offsets(), experts + 1);  // the blocks are the experts' blocks
   be.synchronize();
-  std::int32_t next = 0;  // the new blocks in new-id order, each as long as its old one
-  for (std::int32_t j = 0; j < experts; ++j) {
-    std::int32_t const e = expert_named[j];
-    std::int32_t const length = offsets[e + 1] - offsets[e];
-    moved_offsets[j] = next;
-    next += length;
+  detail::move_plan_blocks(be, plan, relabeled, tables, experts, label.data, experts, scratch, op);
+}
+
+//! Runs of a plan's rows, each given a new expert id (`relabel_permute_plan`).
+struct row_blocks {
+  array_view<std::int32_t const> ends;    //!< `[B]` ascending row ends: block b is rows `[ends[b-1], ends[b])`
+  array_view<std::int32_t const> labels;  //!< `[B]` the new expert id of each block, distinct
+};
+
+//! `plan` becomes the plan of `relabeled` over `num_experts` new ids, where the plan's rows, cut
+//! into `blocks`, each take one new id: a finer relabeling than the experts' own (the replicated
+//! layer gives each replica's share of an expert's rows the replica's slot id). Each block moves in
+//! order, so the result equals `build_permute_plan` on `relabeled` whenever each block lies in one
+//! expert's rows; ids without a block are empty. A padded plan stays padded: every new id must take
+//! one block of exactly C rows. Blocks until done.
+//! @param blocks host memory; the last end is the plan's `num_rows()`.
+//! @throws error (invalid_argument) naming `blocks` (ends not ascending or not covering the rows; a
+//!         label out of `[0, num_experts)` or given twice) or `relabeled`; the plan is unchanged then.
+template <class Backend>
+void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled,
+                          row_blocks const& blocks, std::int32_t num_experts, workspace<Backend>& scratch) {
+  char const* op = "relabel_permute_plan";
+  detail::require(num_experts > 0, op, "num_experts = ", num_experts, " must be positive");
+  std::int64_t const B = blocks.ends.size;
+  detail::require(blocks.labels.size == B, op, "argument 'blocks' has ", B, " ends and ", blocks.labels.size,
+                  " labels; needs one label per block");
+  detail::require(B <= std::int64_t{plan.num_rows()} + num_experts, op, "argument 'blocks' has ", B,
+                  " blocks, more than rows + num_experts (each non-empty block takes a row, each empty one an id)");
+  detail::check_elements(blocks.ends, B, op, "blocks.ends", "one end per block");
+  detail::check_elements(blocks.labels, B, op, "blocks.labels", "one label per block");
+  std::int32_t* const tables = scratch.template host<std::int32_t>(B + 1 + 2 * (std::int64_t{num_experts} + 1));
+  tables[0] = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int32_t const end = blocks.ends.data[b];
+    detail::require(end >= tables[b] && end <= plan.num_rows(), op, "blocks.ends[", b, "] = ", end,
+                    end < tables[b] ? " is below the end before it" : " is past the plan's rows ", plan.num_rows());
+    tables[b + 1] = end;
   }
-  moved_offsets[experts] = next;
-  // Device scratch: the old row maps, both offset tables and the label.
-  std::int32_t* const old_maps = scratch.template get<std::int32_t>(be, 2 * rows + 3 * (std::int64_t{experts} + 1));
-  std::int32_t* const old_slot_of = old_maps + rows;
-  std::int32_t* const device_offsets = old_slot_of + rows;
-  std::int32_t* const device_label = device_offsets + 2 * (experts + 1);
-  be.copy(old_maps, plan.token_of_.data(), rows);
-  be.copy(old_slot_of, plan.slot_of_.data(), rows);
-  be.copy(device_offsets, offsets, 2 * (std::int64_t{experts} + 1));
-  be.copy(device_label, label.data, experts);
-  be.for_each_index(rows, detail::move_expert_blocks{device_offsets, device_offsets + experts + 1, device_label, experts,
-                                                     relabeled.top_k, old_maps, old_slot_of, plan.token_of_.data(),
-                                                     plan.slot_of_.data(), plan.row_of_.data()});
-  be.copy(plan.expert_offsets_.data(), device_offsets + experts + 1, experts + 1);
+  detail::require(tables[B] == plan.num_rows(), op, "blocks.ends ends at ", tables[B], "; the plan has ", plan.num_rows(),
+                  " rows, and every row needs a block");
+  detail::move_plan_blocks(be, plan, relabeled, tables, static_cast<std::int32_t>(B), blocks.labels.data, num_experts,
+                           scratch, op);
+}
+
+//! `kept` becomes the plan of `kept_routing`, the routing of `dropless` with some slots masked (a
+//! capacity's kept routing: `drop_to_capacity`, a receiver budget), without sorting again: the
+//! dropless rows that survive keep their order (an exclusive sum over the rows gives each its new
+//! row). Equal to `build_permute_plan` on `kept_routing` with the same padding, array for array.
+//! Blocks until `num_rows()` is known on the host.
+//! @param dropless the routing's unpadded plan (`build_permute_plan`); not `kept`.
+//! @param kept_routing the same shape; each id is -1 or the slot's id in `dropless`'s routing.
+//! @param padded_capacity if > 0, every expert block of `kept` has exactly this many rows.
+//! @throws error (invalid_argument) naming `kept_routing`'s first slot that is not a masking of the
+//!         dropless routing, or an expert with more kept slots than `padded_capacity`. After an
+//!         error `kept` is empty.
+template <class Backend>
+void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dropless, routing_view const& kept_routing,
+                             permute_plan<Backend>& kept, workspace<Backend>& scratch, std::int64_t padded_capacity = 0) {
+  char const* op = "build_kept_permute_plan";
+  detail::require(&kept != &dropless, op, "argument 'kept' is 'dropless': the kept plan needs arrays of its own");
+  kept.routing_ = {};
+  kept.num_rows_ = kept.num_invalid_slots_ = kept.padded_capacity_ = 0;
+  detail::require(dropless.padded_capacity_ == 0, op, "argument 'dropless' is padded to ", dropless.padded_capacity_,
+                  " rows per expert; it must be the routing's unpadded plan");
+  routing_view const& routing = dropless.routing_;
+  detail::require(kept_routing.num_tokens == routing.num_tokens && kept_routing.top_k == routing.top_k, op,
+                  "argument 'kept_routing' has ", kept_routing.num_tokens, " x ", kept_routing.top_k,
+                  " slots; the dropless plan's routing ", routing.num_tokens, " x ", routing.top_k);
+  detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
+  std::int32_t const experts = dropless.num_experts_;
+  std::int64_t const slots = routing.num_tokens * routing.top_k, rows = dropless.num_rows_;
+  detail::require(slots == 0 || kept_routing.topk_idx != nullptr, op, "argument 'kept_routing' has null topk_idx");
+  std::int64_t const bad =
+      be.reduce(slots, slots,
+                detail::first_index_where<detail::not_a_masking>{{routing.topk_idx, dropless.row_of(), kept_routing.topk_idx}, slots},
+                detail::minimum{});
+  if (bad < slots) {
+    std::int32_t ids[2] = {0, 0};
+    be.copy(&ids[0], kept_routing.topk_idx + bad, 1);
+    be.copy(&ids[1], routing.topk_idx + bad, 1);
+    be.synchronize();
+    detail::fail(status::invalid_argument, op, "argument 'kept_routing' has expert ", ids[0], " at token ",
+                 bad / routing.top_k, ", slot ", bad % routing.top_k, " where the dropless routing has ", ids[1],
+                 " (a kept routing only masks slots, to -1)");
+  }
+  char const* const padded = "padded_capacity * num_experts";
+  std::int64_t const padded_rows = detail::checked_int32(detail::checked_mul(padded_capacity, experts, op, padded), op,
+                                                         padded, "the plan's row ids are int32");
+  std::int64_t const max_rows = padded_capacity > 0 ? padded_rows : rows;
+  grow(be, kept.row_of_, slots);
+  grow(be, kept.token_of_, max_rows);
+  grow(be, kept.slot_of_, max_rows);
+  grow(be, kept.expert_offsets_, std::int64_t{experts} + 1);
+  // Scratch: each row's kept flag, scanned in place to its kept position; the unpadded kept offsets; the scan's scratch.
+  std::size_t const scan_bytes = be.exclusive_sum_scratch_bytes(rows + 1);
+  std::int64_t const words = rows + 1 + experts + 1;
+  std::int32_t* const positions = scratch.template get<std::int32_t>(be, words + static_cast<std::int64_t>(scan_bytes / 4 + 1));
+  std::int32_t* const kept_offsets = positions + rows + 1;
+  void* const scan_scratch = positions + words;
+  be.for_each_index(rows + 1, detail::kept_row_flags{dropless.token_of(), dropless.slot_of(), kept_routing.topk_idx,
+                                                     routing.top_k, rows, positions});
+  be.exclusive_sum(positions, positions, rows + 1, scan_scratch, scan_bytes);
+  be.for_each_index(std::int64_t{experts} + 1, detail::kept_offsets_from_positions{dropless.expert_offsets(), positions,
+                                                                                   kept_offsets});
+  if (padded_capacity > 0) {
+    std::int32_t* const counts = scratch.template host<std::int32_t>(std::int64_t{experts} + 1);
+    be.copy(counts, kept_offsets, experts + 1);
+    be.synchronize();
+    for (std::int32_t e = 0; e < experts; ++e) {
+      std::int64_t const n = counts[e + 1] - counts[e];
+      detail::require(n <= padded_capacity, op, "expert ", e, " keeps ", n, " slots, more than padded_capacity = ",
+                      padded_capacity);
+    }
+    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{kept.token_of_.data(), -1});
+    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{kept.slot_of_.data(), -1});
+    be.for_each_index(std::int64_t{experts} + 1, detail::padded_offsets{padded_capacity, kept.expert_offsets_.data()});
+  } else {
+    be.copy(kept.expert_offsets_.data(), kept_offsets, experts + 1);
+  }
+  be.for_each_index(slots, detail::fill_value<std::int32_t>{kept.row_of_.data(), -1});
+  be.for_each_index(rows, detail::move_kept_rows{dropless.token_of(), dropless.slot_of(), kept_routing.topk_idx, positions,
+                                                 kept_offsets, padded_capacity, routing.top_k, kept.token_of_.data(),
+                                                 kept.slot_of_.data(), kept.row_of_.data()});
+  std::int32_t num_rows = 0;
+  be.copy(&num_rows, kept.expert_offsets_.data() + experts, 1);
   be.synchronize();
-  plan.routing_ = relabeled;
+  kept.routing_ = kept_routing;
+  kept.num_experts_ = experts;
+  kept.padded_capacity_ = padded_capacity;
+  kept.num_rows_ = num_rows;
 }
 
 //! `build_permute_plan` into a new plan, with scratch of its own: for a one-off routing. A loop
