@@ -73,6 +73,50 @@ TEST_CASE("dispatch before route is an error, not a crash") {
   });
 }
 
+// A caller that holds the routing's plan (the replicated layer, Parm) routes with it: the same
+// rows reach the same experts as when the dispatcher builds the plan, for every capacity policy;
+// the plan comes back holding the dispatcher's previous arrays; a plan over other experts or padded is named.
+TEST_CASE("dispatcher::route(plan) equals route(routing) and names a plan it cannot take") {
+  layer_case const c{4, 2, 8, 2, 8, {30, 1, 0, 57}, 1.2};
+  for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
+    using Capacity = std::decay_t<decltype(capacity)>;
+    std::string const policy = Capacity::name;
+    CAPTURE(policy);
+    auto const in = make_layer_inputs<float>(c, capacity, rule, drops);
+    moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      moecomm::host_backend const be;
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(c.ranks, c.per_node));
+      using dispatcher_t = moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator, Capacity>;
+      dispatcher_t by_routing(be, groups, c.experts, capacity), by_plan(be, groups, c.experts, capacity);
+      auto const& r = in.routing[comm.rank()];
+      moecomm::routing_view const view{r.idx.data(), r.w.data(), r.tokens, r.top_k};
+      moecomm::matrix_view<float const> const x{in.x[comm.rank()].data(), r.tokens, c.hidden};
+      moecomm::workspace<moecomm::host_backend> scratch;
+      moecomm::permute_plan<moecomm::host_backend> plan;
+      for (int step = 0; step < 2; ++step) {
+        by_routing.route(view);
+        moecomm::build_permute_plan(be, view, c.experts, plan, scratch);
+        by_plan.route(plan);
+        REQUIRE(by_plan.received_rows() == by_routing.received_rows());
+        CHECK(by_plan.report().dropped_slots == by_routing.report().dropped_slots);
+        CHECK(by_plan.plan().routing().topk_weights == r.w.data());  // the ids are the kept ones when dropping
+        auto want = poisoned<float>(by_routing.received_rows() * c.hidden), got = want;
+        by_routing.template dispatch<float>(x, {want.data(), by_routing.received_rows(), c.hidden});
+        by_plan.template dispatch<float>(x, {got.data(), by_plan.received_rows(), c.hidden});
+        check_bitwise(got, want, c.hidden, "expert rows");
+      }
+      moecomm::build_permute_plan(be, view, c.experts / 2, plan, scratch, moecomm::unchecked_routing);
+      check_error([&] { by_plan.route(plan); }, moecomm::status::invalid_argument,
+                  {"dispatcher::route", "argument 'plan' is over 4 experts; the dispatcher's num_experts = 8"});
+      std::int64_t const padded = r.tokens * r.top_k + 1;
+      moecomm::build_permute_plan(be, view, c.experts, plan, scratch, {}, padded);
+      check_error([&] { by_plan.route(plan); }, moecomm::status::invalid_argument,
+                  {"argument 'plan' is padded to " + std::to_string(padded) + " rows per expert"});
+    });
+  });
+}
+
 template <class Algorithm>
 void check_throwing_expert_stops_every_rank(Algorithm const& algorithm) {
   CAPTURE(Algorithm::name);

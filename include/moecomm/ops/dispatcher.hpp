@@ -29,6 +29,7 @@
 #include <memory>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -99,9 +100,7 @@ class dispatcher {
 
   //! Applies the capacity policy, builds the permute plan and exchanges the counts. Collective.
   //! The routing arrays must stay alive and unchanged until the step is done.
-  void route(routing_view const& routing) {
-    route(routing, [](std::vector<std::int64_t> const&) { return std::vector<std::int32_t>{}; });
-  }
+  void route(routing_view const& routing) { route(routing, no_home_experts{}); }
 
   //! As `route`, then `choose_home(counts)` names the home experts from the gathered `[R][E]`
   //! matrix of rows each rank sends each expert (after capacity): a `std::vector<std::int32_t>`
@@ -109,61 +108,28 @@ class dispatcher {
   //! return the same choice on every rank (a pure function does).
   template <class ChooseHome>
   void route(routing_view const& routing, ChooseHome&& choose_home) {
-    report_ = {};
-    combined_ = false;
-    home_.clear();
-    routed_ = false;
-    if constexpr (detail::is_dropless_v<Capacity>) {
-      build_permute_plan(be_, routing, num_experts_, plan_, scratch_, checks_);
-      report_.kept_slots = plan_.num_rows();
-    } else if constexpr (detail::is_receiver_budget_v<Capacity>) {
-      detail::require(capacity_.rows_per_rank >= 0, "dispatcher::route", "receiver_budget.rows_per_rank = ",
-                      capacity_.rows_per_rank, " is negative");
-      build_permute_plan(be_, routing, num_experts_, plan_, scratch_, checks_);
-      exchange_counts();  // the dropless counts of every rank
-      std::vector<std::int64_t> const allowance = receiver_prefix_allowance();
-      std::int64_t* const allowed = scratch_.template get<std::int64_t>(be_, ranks_);
-      be_.copy(allowed, allowance.data(), ranks_);
-      std::int64_t const slots = routing.num_tokens * routing.top_k;
-      std::int32_t* const kept_idx = grow(be_, kept_idx_, slots).data();
-      be_.for_each_index(slots, detail::keep_receiver_prefix{routing.topk_idx, plan_.row_of(), plan_.expert_offsets(),
-                                                             allowed, local_experts_, kept_idx});
-      routing_view kept = routing;
-      kept.topk_idx = kept_idx;
-      std::int64_t const valid = plan_.num_rows();
-      build_permute_plan(be_, kept, num_experts_, plan_, scratch_, unchecked_routing);
-      report_.capacity = capacity_.rows_per_rank;
-      report_.kept_slots = plan_.num_rows();
-      report_.dropped_slots = valid - report_.kept_slots;
-    } else {
-      validate_capacity_policy(capacity_, "dispatcher::route");
-      build_permute_plan(be_, routing, num_experts_, dropless_plan_, scratch_, checks_);  // validates; (t, k) per expert
-      permute_plan<Backend> const& all = dropless_plan_;
-      std::int64_t const c = detail::agree_on_capacity(groups_->world(), capacity_,
-                                                       expert_capacity(routing.num_tokens, routing.top_k, num_experts_,
-                                                                       capacity_.factor, capacity_.min_capacity),
-                                                       scratch_, "dispatcher::route");
-      report_.capacity = c;
-      std::int64_t const slots = routing.num_tokens * routing.top_k;
-      array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
-      capacity_result const result = drop_to_capacity(be_, all, c, kept_idx, scratch_, capacity_.rule,
-                                                        detail::first_token(groups_->world(), capacity_, routing.num_tokens, scratch_));
-      routing_view kept = routing;
-      kept.topk_idx = kept_idx.data;
-      build_permute_plan(be_, kept, num_experts_, plan_, scratch_, unchecked_routing, capacity_.pad_to_capacity ? c : 0);
-      report_.kept_slots = result.kept_slots;
-      report_.dropped_slots = result.dropped_slots;
-    }
-    exchange_counts();
-    decltype(auto) chosen = choose_home(counts_);
-    if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
-      keep_home(chosen);
-    } else {  // on every rank, in any order
-      chosen_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
-      std::sort(chosen_.begin(), chosen_.end());
-      keep_home(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
-    }
-    routed_ = true;
+    begin_route();
+    build_permute_plan(be_, routing, num_experts_, dropless_plan(), scratch_, checks_);
+    finish_route(std::forward<ChooseHome>(choose_home));
+  }
+
+  //! As `route(routing)`, for a caller that already holds the routing's plan (`build_permute_plan`,
+  //! unpadded, over the dispatcher's experts; or one derived from it, e.g. by `relabel_permute_plan`):
+  //! the dispatcher takes its arrays instead of sorting the routing again, and hands `plan` its own
+  //! previous arrays in exchange, so a caller that rebuilds `plan` every step allocates nothing.
+  //! @throws error (invalid_argument) naming `plan` when its experts are not the dispatcher's or it is padded.
+  void route(permute_plan<Backend>& plan) { route(plan, no_home_experts{}); }
+
+  //! As `route(plan)`, with home experts (`route(routing, choose_home)`).
+  template <class ChooseHome>
+  void route(permute_plan<Backend>& plan, ChooseHome&& choose_home) {
+    begin_route();
+    detail::require(plan.num_experts() == num_experts_, "dispatcher::route",
+                    "argument 'plan' is over ", plan.num_experts(), " experts; the dispatcher's num_experts = ", num_experts_);
+    detail::require(plan.padded_capacity() == 0, "dispatcher::route", "argument 'plan' is padded to ",
+                    plan.padded_capacity(), " rows per expert; route takes the routing's unpadded plan (the capacity policy pads)");
+    std::swap(dropless_plan(), plan);
+    finish_route(std::forward<ChooseHome>(choose_home));
   }
 
   //! Sends each kept slot's token row to its expert's rank. `expert_rows` receives
@@ -505,6 +471,82 @@ class dispatcher {
     derive_local_counts();
   }
 
+  //! The chooser of a `route` without home experts.
+  struct no_home_experts {
+    std::vector<std::int32_t> operator()(std::vector<std::int64_t> const&) const { return {}; }
+  };
+
+  void begin_route() {
+    report_ = {};
+    combined_ = false;
+    home_.clear();
+    routed_ = false;
+  }
+
+  //! Where `route` puts the routing's dropless plan: the step's plan itself when nothing is dropped.
+  permute_plan<Backend>& dropless_plan() {
+    if constexpr (detail::is_dropless_v<Capacity>) return plan_;
+    else return dropless_plan_;
+  }
+
+  //! The capacity policy on the dropless plan, the count exchange and the home experts.
+  template <class ChooseHome>
+  void finish_route(ChooseHome&& choose_home) {
+    apply_capacity();
+    exchange_counts(plan_);
+    decltype(auto) chosen = choose_home(counts_);
+    if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
+      keep_home(chosen);
+    } else {  // on every rank, in any order
+      chosen_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
+      std::sort(chosen_.begin(), chosen_.end());
+      keep_home(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
+    }
+    routed_ = true;
+  }
+
+  //! `plan_` from the dropless plan: the kept slots' plan, derived without a second sort.
+  void apply_capacity() {
+    if constexpr (detail::is_dropless_v<Capacity>) {
+      report_.kept_slots = plan_.num_rows();
+    } else if constexpr (detail::is_receiver_budget_v<Capacity>) {
+      detail::require(capacity_.rows_per_rank >= 0, "dispatcher::route", "receiver_budget.rows_per_rank = ",
+                      capacity_.rows_per_rank, " is negative");
+      routing_view const& routing = dropless_plan_.routing();
+      exchange_counts(dropless_plan_);  // the dropless counts of every rank
+      receiver_prefix_allowance();
+      std::int64_t* const allowed = scratch_.template get<std::int64_t>(be_, ranks_);
+      be_.copy(allowed, allowance_.data(), ranks_);
+      std::int64_t const slots = routing.num_tokens * routing.top_k;
+      std::int32_t* const kept_idx = grow(be_, kept_idx_, slots).data();
+      be_.for_each_index(slots, detail::keep_receiver_prefix{routing.topk_idx, dropless_plan_.row_of(),
+                                                             dropless_plan_.expert_offsets(), allowed, local_experts_, kept_idx});
+      routing_view kept = routing;
+      kept.topk_idx = kept_idx;
+      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_);
+      report_.capacity = capacity_.rows_per_rank;
+      report_.kept_slots = plan_.num_rows();
+      report_.dropped_slots = dropless_plan_.num_rows() - report_.kept_slots;
+    } else {
+      validate_capacity_policy(capacity_, "dispatcher::route");
+      routing_view const& routing = dropless_plan_.routing();
+      std::int64_t const c = detail::agree_on_capacity(groups_->world(), capacity_,
+                                                       expert_capacity(routing.num_tokens, routing.top_k, num_experts_,
+                                                                       capacity_.factor, capacity_.min_capacity),
+                                                       scratch_, "dispatcher::route");
+      report_.capacity = c;
+      std::int64_t const slots = routing.num_tokens * routing.top_k;
+      array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
+      capacity_result const result = drop_to_capacity(be_, dropless_plan_, c, kept_idx, scratch_, capacity_.rule,
+                                                        detail::first_token(groups_->world(), capacity_, routing.num_tokens, scratch_));
+      routing_view kept = routing;
+      kept.topk_idx = kept_idx.data;
+      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, capacity_.pad_to_capacity ? c : 0);
+      report_.kept_slots = result.kept_slots;
+      report_.dropped_slots = result.dropped_slots;
+    }
+  }
+
   //! This rank's plan with its home experts' rows moved after the others (their rows skip the exchange).
   void relabel_home_last() {
     label_.resize(static_cast<std::size_t>(num_experts_));  // capacity kept between steps
@@ -539,10 +581,10 @@ class dispatcher {
     return {reinterpret_cast<T const*>(returned_.data()), plan_.num_rows(), hidden};
   }
 
-  //! Receiver budget: rows this rank may send each rank d, after the ranks before it took theirs.
-  [[nodiscard]] std::vector<std::int64_t> receiver_prefix_allowance() const {
+  //! Receiver budget: `allowance_[d]`, the rows this rank may send each rank d, after the ranks before it took theirs.
+  void receiver_prefix_allowance() {
     std::int32_t const me = groups_->world().rank();
-    std::vector<std::int64_t> allowed(static_cast<std::size_t>(ranks_));
+    allowance_.resize(static_cast<std::size_t>(ranks_));  // capacity kept between steps
     for (std::int32_t d = 0; d < ranks_; ++d) {
       std::int64_t before = 0, mine = 0;
       for (std::int32_t l = 0; l < local_experts_; ++l) {
@@ -550,15 +592,14 @@ class dispatcher {
         mine += rows_from(me, d * local_experts_ + l);
       }
       std::int64_t const left = capacity_.rows_per_rank - before;
-      allowed[static_cast<std::size_t>(d)] = left < 0 ? 0 : (left < mine ? left : mine);
+      allowance_[static_cast<std::size_t>(d)] = left < 0 ? 0 : (left < mine ? left : mine);
     }
-    return allowed;
   }
 
-  //! Every rank learns the rows every rank sends every expert (one all-gather of E counts).
-  void exchange_counts() {
+  //! Every rank learns the rows every rank sends every expert in `plan` (one all-gather of E counts).
+  void exchange_counts(permute_plan<Backend> const& plan) {
     std::int32_t* const offsets = scratch_.template host<std::int32_t>(num_experts_ + 1);
-    be_.copy(offsets, plan_.expert_offsets(), num_experts_ + 1);
+    be_.copy(offsets, plan.expert_offsets(), num_experts_ + 1);
     be_.synchronize();
     my_counts_.resize(static_cast<std::size_t>(num_experts_));
     std::vector<std::int64_t>& mine = my_counts_;
@@ -644,6 +685,7 @@ class dispatcher {
   byte_matrix forward_matrix_, back_matrix_;       //!< the step's byte matrices, memory kept between steps
   permute_plan<Backend> plan_;           //!< this step's plan, rebuilt in place each step
   permute_plan<Backend> dropless_plan_;  //!< the capacity policies' plan before dropping
+  std::vector<std::int64_t> allowance_;  //!< receiver budget: rows this rank may send each rank
   bool routed_ = false;                  //!< `route` succeeded: plan_ is this step's
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
   std::vector<std::int64_t> my_counts_;     //!< [E] this rank's row of counts_, before the all-gather
