@@ -281,7 +281,10 @@ class parm_layer {
   //! The capacity policy's drops over all T tokens (identical on every MP rank), as the
   //! dispatcher takes them; returns the kept routing.
   routing_view apply_capacity(routing_view const& routing) {
-    if constexpr (detail::is_dropless_v<Capacity>) {
+    if constexpr (detail::is_dropless_v<Capacity> && pauses_mp && !std::is_same_v<Schedule, parm_auto>) {
+      validate_routing(be(), routing, num_experts_, checks_, "parm_layer::forward");  // the slice's plan is all it sorts
+      return routing;
+    } else if constexpr (detail::is_dropless_v<Capacity>) {
       build_permute_plan(be(), routing, num_experts_, all_plan_, scratch_, checks_);  // validates
       return routing;
     } else {
@@ -304,7 +307,12 @@ class parm_layer {
 
   template <class Experts>
   void baseline_forward(routing_view const& kept, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
-    dispatcher_.route(kept);
+    if constexpr (detail::is_dropless_v<Capacity>) {  // the plan of all T tokens is the dispatcher's: no second sort
+      dispatcher_.route(all_plan_);
+    } else {
+      build_kept_permute_plan(be(), all_plan_, kept, kept_plan_, scratch_);
+      dispatcher_.route(kept_plan_);
+    }
     std::int64_t const rows = dispatcher_.received_rows();
     report_.rows_dispatched = dispatcher_.plan().num_rows();
     report_.rows_computed = rows;
@@ -569,6 +577,7 @@ class parm_layer {
   std::int32_t num_experts_;
   std::int64_t hidden_;
   permute_plan<Backend> all_plan_;  //!< the plan of all T tokens: validation and capacity
+  permute_plan<Backend> kept_plan_;  //!< the baseline's plan of the kept slots
   typename Backend::template buffer_type<std::int32_t> kept_idx_;
   workspace<Backend> scratch_, grad_scratch_, replica_scratch_;
   pipeline_workspace<Backend> pipe_;

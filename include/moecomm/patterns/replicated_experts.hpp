@@ -294,8 +294,12 @@ class replicated_expert_layer {
                                                            relabeled});
     routing_view by_slot = routing;
     by_slot.topk_idx = relabeled;
-    // 4. Plain expert parallelism over the slots.
-    dispatcher_.route(by_slot);
+    // 4. Plain expert parallelism over the slots, on the real plan with each replica's run of rows
+    // moved to its slot's place (no second sort).
+    relabel_permute_plan(be_, real_plan_, by_slot,
+                         row_blocks{array_view<std::int32_t const>(block_ends_), array_view<std::int32_t const>(range_slot_)},
+                         R * placement_.slots_per_rank(), scratch_);
+    dispatcher_.route(real_plan_);
     std::int64_t const rows = dispatcher_.received_rows();
     dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
     matrix_view<T> const expert_out = view(grow_rows(expert_out_, rows), rows);
@@ -345,6 +349,8 @@ class replicated_expert_layer {
     range_first_.assign(1, 0);
     range_end_.clear();
     range_slot_.clear();
+    block_ends_.clear();
+    std::int64_t expert_first_row = 0;  // this rank's rows are expert-major: expert e's start after those of e' < e
     for (std::int32_t e = 0; e < E; ++e) {
       std::int32_t const first = sets_.offsets[static_cast<std::size_t>(e)], n = sets_.offsets[static_cast<std::size_t>(e) + 1] - first;
       std::int32_t const own = replica_assignment::own_replica(sets_, me, e), local = placement_.local_index_of(e);
@@ -354,12 +360,14 @@ class replicated_expert_layer {
         if (t == 0) return;
         end += t;
         range_end_.push_back(end);
+        block_ends_.push_back(static_cast<std::int32_t>(expert_first_row + end));
         range_slot_.push_back(sets_.ranks[static_cast<std::size_t>(first + j)] * S + local);
       };
       if (own >= 0) add(own);
       for (std::int32_t j = 0; j < n; ++j)
         if (j != own) add(j);
       range_first_.push_back(static_cast<std::int32_t>(range_end_.size()));
+      expert_first_row += mine_[static_cast<std::size_t>(e)];
     }
     std::int64_t const ranges = static_cast<std::int64_t>(range_end_.size());
     device_range_first_ = tables_.template get<std::int32_t>(be_, E + 1);
@@ -408,6 +416,7 @@ class replicated_expert_layer {
   workspace<Backend> scratch_, tables_, range_tables_, slot_tables_;
   std::vector<std::int64_t> mine_, counts_, loads_;  //!< host: this rank's rows per expert, every rank's, the loads
   std::vector<std::int32_t> range_first_, range_slot_;
+  std::vector<std::int32_t> block_ends_;  //!< each range's last row + 1 in this rank's real plan
   std::vector<std::int64_t> range_end_;
   std::int32_t* device_range_first_ = nullptr;
   std::int64_t* device_range_end_ = nullptr;
