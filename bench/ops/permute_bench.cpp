@@ -284,6 +284,38 @@ void bm_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k) {
   if (std::string const e = compare_plan(plan, ref); !e.empty()) fail(state, e);
 }
 
+//! A capacity step's plans, as the dispatcher builds them each step (workspaces kept): the dropless
+//! plan, the drops (`drop_by_position`, C = T·K / E), then the kept plan, either derived from the
+//! dropless one (`build_kept_permute_plan`, what the dispatcher does) or sorted again from the kept
+//! routing (what it did before). Both kept plans are compared after the loop.
+void bm_capacity_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k, bool derived) {
+  routing_data const& ref = routing_for(tokens, top_k);
+  std::int64_t const slots = tokens * top_k, capacity = slots / kNumExperts;
+  moecomm::workspace<moecomm::host_backend> scratch;
+  moecomm::permute_plan<moecomm::host_backend> dropless, kept, sorted;
+  std::vector<std::int32_t> kept_idx(static_cast<std::size_t>(slots));
+  moecomm::routing_view kept_routing = ref.view();
+  kept_routing.topk_idx = kept_idx.data();
+  auto step = [&](moecomm::permute_plan<moecomm::host_backend>& out, bool derive) {
+    moecomm::build_permute_plan(be, ref.view(), kNumExperts, dropless, scratch);
+    (void)moecomm::drop_to_capacity(be, dropless, capacity, moecomm::array_view<std::int32_t>{kept_idx.data(), slots}, scratch);
+    if (derive) moecomm::build_kept_permute_plan(be, dropless, kept_routing, out, scratch);
+    else moecomm::build_permute_plan(be, kept_routing, kNumExperts, out, scratch, moecomm::unchecked_routing);
+  };
+  for (auto _ : state) {
+    step(kept, derived);
+    benchmark::DoNotOptimize(kept.row_of());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * slots);
+  step(sorted, !derived);  // the other way, once: the two plans must be equal
+  bool const same = kept.num_rows() == sorted.num_rows() &&
+                    std::equal(kept.row_of(), kept.row_of() + slots, sorted.row_of()) &&
+                    std::equal(kept.token_of(), kept.token_of() + kept.num_rows(), sorted.token_of()) &&
+                    std::equal(kept.expert_offsets(), kept.expert_offsets() + kNumExperts + 1, sorted.expert_offsets());
+  if (!same) fail(state, "capacity plan: the derived and the sorted kept plans differ");
+}
+
 void bm_memcpy(benchmark::State& state, std::size_t bytes) {
   std::vector<char> src(bytes, 1), dst(bytes, 0);  // both touched before timing
   for (auto _ : state) {
@@ -328,6 +360,15 @@ void register_all() {
                                    tokens, top_k)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
+  for (std::int64_t tokens : kTokens)
+    for (std::int32_t top_k : kTopK)
+      for (bool derived : {false, true})
+        benchmark::RegisterBenchmark(("capacity_plan/" + std::string(derived ? "derived" : "sorted_twice") +
+                                      "/T:" + std::to_string(tokens) + "/K:" + std::to_string(top_k))
+                                         .c_str(),
+                                     bm_capacity_plan, tokens, top_k, derived)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   register_ops<float>();
 #if MOECOMM_HAS_CUDA_FP16()
   register_ops<__nv_bfloat16>();

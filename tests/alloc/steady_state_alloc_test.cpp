@@ -129,6 +129,13 @@ TEST_CASE("a layer step allocates nothing once warm: hierarchical_2d with capaci
                                    moecomm::capacity<moecomm::drop_by_probability>{1.0, 0, true, {}});
 }
 
+// The capacity paths derive the kept plan from the dropless one (flags, a scan, a move) in the
+// dispatcher's workspace; the receiver budget keeps its allowance vector.
+TEST_CASE("a layer step allocates nothing once warm: padded random drops and the receiver budget") {
+  check_no_allocation_after_warmup("drop_random padded", moecomm::capacity<moecomm::drop_random>{0.75, 0, true, {42, 0}});
+  check_no_allocation_after_warmup("receiver_budget", moecomm::receiver_budget{40});
+}
+
 // Algorithm 1's vectors, the replica operations' message lists and the relabeling table are kept
 // between steps (shadow_selection_workspace, workspace::messages, workspace::host).
 TEST_CASE("a layer step allocates nothing once warm: FasterMoE shadowing, both replica paths") {
@@ -171,14 +178,14 @@ TEST_CASE("a layer step allocates nothing once warm: smart schedule") {
 // Parm's PauseMP with 2 pieces on MP 2 x EP 2: the pipelined collectives (the rank's thread; the lane
 // keeps its message lists in the pipeline workspace), the MP all-gathers and the gradient sum of the
 // MP pair that holds the same experts.
-template <class Schedule>
-void check_parm_warm_steps(Schedule const& schedule) {
+template <class Schedule, class Capacity = moecomm::dropless>
+void check_parm_warm_steps(Schedule const& schedule, Capacity const& capacity = {}) {
   std::vector<std::vector<std::int64_t>> counts(4);
   moecomm::inproc_world const world(4, std::chrono::seconds(30));
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::parallel_groups<moecomm::inproc_communicator> groups(comm, {2, 2, 1});
-    moecomm::parm_layer<float, moecomm::host_backend, moecomm::inproc_communicator, Schedule> layer(moecomm::host_backend{}, groups,
-                                                                                                   8, 16, schedule);
+    moecomm::parm_layer<float, moecomm::host_backend, moecomm::inproc_communicator, Schedule, Capacity> layer(
+        moecomm::host_backend{}, groups, 8, 16, schedule, capacity);
     scale_bias_experts<float> experts(groups.coordinates().ep, 4, 16, false);
     counts[comm.rank()] = count_steps(layer, groups.coordinates().ep, experts, 8);  // MP peers pass the same tokens
   });
@@ -186,6 +193,13 @@ void check_parm_warm_steps(Schedule const& schedule) {
 }
 
 TEST_CASE("a layer step allocates nothing once warm: Parm S2") { check_parm_warm_steps(moecomm::parm_s2{2}); }
+
+// The DeepSpeed-MP baseline hands its plan of all tokens (or the kept plan derived from it) to the
+// dispatcher, which swaps arrays with it.
+TEST_CASE("a layer step allocates nothing once warm: Parm's DeepSpeed-MP baseline, dropless and with capacity") {
+  check_parm_warm_steps(moecomm::deepspeed_mp{});
+  check_parm_warm_steps(moecomm::deepspeed_mp{}, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}});
+}
 
 // parm_auto adds the all-gather of the step's shape and the model's choice.
 TEST_CASE("a layer step allocates nothing once warm: parm_auto") {

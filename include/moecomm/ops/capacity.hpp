@@ -104,9 +104,6 @@ struct is_kept_slot {
 };
 
 //! The score a slot competes with; larger survives.
-struct position_score {
-  MOECOMM_HOST_DEVICE float operator()(std::int64_t, std::int32_t) const { return 0.0f; }  // ties: (t, k) order decides
-};
 struct weight_score {
   float const* weights;
   std::int32_t top_k;
@@ -137,35 +134,74 @@ struct score_slots {
   }
 };
 
-//! Slot i survives when fewer than C competitors of its expert beat it: a larger score, or an
-//! equal score and an earlier (t, k). Competitors are the expert's rows in the dropless plan, in
-//! (t, k) order, so "earlier" is "a lower row".
-struct keep_top_capacity {
+//! `drop_by_position`: slot i survives when its row is among the first C of its expert's block (the
+//! dropless plan's rows are in (t, k) order).
+struct keep_first_capacity {
   std::int32_t const* idx;
-  std::int32_t const* row_of;          //!< dropless plan
+  std::int32_t const* row_of;  //!< dropless plan
+  std::int32_t const* expert_offsets;
+  std::int64_t capacity;
+  std::int32_t* kept_idx;  //!< out: idx, or -1 where dropped or masked
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int32_t const row = row_of[i];
+    kept_idx[i] = row >= 0 && row - expert_offsets[idx[i]] < capacity ? idx[i] : -1;
+  }
+};
+
+//! A sort key that orders scores from the largest down: the float's bits made monotone, inverted.
+//! Scores are never NaN (`weight_score` ranks NaN as -inf) and -0.0 is already +0.0.
+MOECOMM_HOST_DEVICE inline std::uint32_t descending_score_key(float score) {
+  std::uint32_t bits;
+  memcpy(&bits, &score, sizeof bits);
+  std::uint32_t const ascending = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return ~ascending;
+}
+
+//! Row r of the dropless plan with its score's descending key (the first sort: by score).
+struct rows_by_score {
+  std::int32_t const* token_of;  //!< dropless plan
+  std::int32_t const* slot_of;
+  float const* scores;           //!< `[T][K]`
+  std::int32_t top_k;
+  std::uint32_t* keys;
+  std::int32_t* rows;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    keys[r] = descending_score_key(scores[std::int64_t{token_of[r]} * top_k + slot_of[r]]);
+    rows[r] = static_cast<std::int32_t>(r);
+  }
+};
+
+//! The rows in score order keyed by their expert (the second sort, stable: by expert, then score,
+//! then row, which is (t, k) order).
+struct rows_by_expert {
+  std::int32_t const* idx;
+  std::int32_t const* token_of;
+  std::int32_t const* slot_of;
+  std::int32_t top_k;
+  std::int32_t const* rows_in_score_order;
+  std::uint32_t* keys;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t p) const {
+    std::int32_t const r = rows_in_score_order[p];
+    keys[p] = static_cast<std::uint32_t>(idx[std::int64_t{token_of[r]} * top_k + slot_of[r]]);
+  }
+};
+
+//! Position p of the ranked rows: expert e's rows occupy its dropless block `[offsets[e],
+//! offsets[e + 1])`, best first, so the row survives when `p - offsets[e] < C`.
+struct keep_ranked_rows {
+  std::int32_t const* idx;
   std::int32_t const* token_of;
   std::int32_t const* slot_of;
   std::int32_t const* expert_offsets;
-  float const* scores;                 //!< `[T][K]`
   std::int32_t top_k;
+  std::int32_t const* ranked_rows;
   std::int64_t capacity;
-  std::int32_t* kept_idx;  //!< out: idx, or -1 where dropped
-
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
-    std::int32_t const e = idx[i];
-    std::int32_t const row = row_of[i];
-    if (row < 0) {  // masked (or out of range with the scan off)
-      kept_idx[i] = -1;
-      return;
-    }
-    float const mine = scores[i];
-    std::int64_t better = 0;
-    for (std::int32_t r = expert_offsets[e]; r < expert_offsets[e + 1] && better < capacity; ++r) {
-      if (r == row) continue;
-      float const other = scores[static_cast<std::int64_t>(token_of[r]) * top_k + slot_of[r]];
-      better += (other > mine || (other == mine && r < row)) ? 1 : 0;
-    }
-    kept_idx[i] = better < capacity ? e : -1;
+  std::int32_t* kept_idx;  //!< pre-filled with -1
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t p) const {
+    std::int32_t const r = ranked_rows[p];
+    std::int64_t const slot = std::int64_t{token_of[r]} * top_k + slot_of[r];
+    std::int32_t const e = idx[slot];
+    if (p - expert_offsets[e] < capacity) kept_idx[slot] = e;
   }
 };
 
@@ -229,15 +265,31 @@ capacity_result drop_to_capacity(Backend const& be, permute_plan<Backend> const&
   detail::require(capacity >= 0, op, "capacity = ", capacity, " must be >= 0");
   detail::require(plan.padded_capacity() == 0, op, "the plan must be the routing's dropless plan, not a padded one");
   detail::check_elements(kept_topk_idx, slots, op, "kept_topk_idx", "one per slot: num_tokens * top_k");
+  // Scored rules: two stable radix sorts of the plan's rows (by score, then by expert) rank each
+  // expert's rows best first, ties in (t, k) order; O(rows) work, not O(rows x C).
   auto survivors = [&](auto score) {
-    float* const scores = scratch.template get<float>(be, slots);
+    std::int64_t const rows = plan.num_rows();
+    std::size_t const sort_bytes = be.stable_sort_scratch_bytes(rows);
+    std::int64_t const words = slots + 4 * rows;
+    float* const scores = scratch.template get<float>(be, words + static_cast<std::int64_t>(sort_bytes / 4 + 1));
+    auto* const keys = reinterpret_cast<std::uint32_t*>(scores + slots);
+    std::uint32_t* const sorted_keys = keys + rows;
+    auto* const ranked = reinterpret_cast<std::int32_t*>(sorted_keys + rows);
+    std::int32_t* const sorted = ranked + rows;
+    void* const sort_scratch = sorted + rows;
     be.for_each_index(slots, detail::score_slots<decltype(score)>{score, routing.top_k, scores});
-    be.for_each_index(slots, detail::keep_top_capacity{routing.topk_idx, plan.row_of(), plan.token_of(), plan.slot_of(),
-                                                       plan.expert_offsets(), scores, routing.top_k, capacity,
-                                                       kept_topk_idx.data});
+    be.for_each_index(rows, detail::rows_by_score{plan.token_of(), plan.slot_of(), scores, routing.top_k, keys, ranked});
+    be.stable_sort_by_key(keys, sorted_keys, ranked, sorted, rows, 32, sort_scratch, sort_bytes);
+    be.for_each_index(rows, detail::rows_by_expert{routing.topk_idx, plan.token_of(), plan.slot_of(), routing.top_k, sorted, keys});
+    be.stable_sort_by_key(keys, sorted_keys, sorted, ranked, rows, detail::key_bits(plan.num_experts()), sort_scratch,
+                          sort_bytes);
+    be.for_each_index(slots, detail::fill_value<std::int32_t>{kept_topk_idx.data, -1});
+    be.for_each_index(rows, detail::keep_ranked_rows{routing.topk_idx, plan.token_of(), plan.slot_of(), plan.expert_offsets(),
+                                                     routing.top_k, ranked, capacity, kept_topk_idx.data});
   };
   if constexpr (std::is_same_v<Rule, drop_by_position>) {
-    survivors(detail::position_score{});
+    be.for_each_index(slots, detail::keep_first_capacity{routing.topk_idx, plan.row_of(), plan.expert_offsets(), capacity,
+                                                         kept_topk_idx.data});
   } else if constexpr (std::is_same_v<Rule, drop_by_probability>) {
     detail::require(routing.num_tokens == 0 || routing.topk_weights != nullptr, op,
                     "drop_by_probability needs topk_weights in the plan's routing");
