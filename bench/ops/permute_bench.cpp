@@ -316,6 +316,36 @@ void bm_capacity_plan(benchmark::State& state, std::int64_t tokens, std::int32_t
   if (!same) fail(state, "capacity plan: the derived and the sorted kept plans differ");
 }
 
+//! `drop_to_capacity` alone, C = T·K / E, on the routing's dropless plan (checked after the loop:
+//! every expert keeps min(its slots, C)).
+template <class Rule>
+void bm_drop(benchmark::State& state, std::int64_t tokens, std::int32_t top_k, Rule rule) {
+  routing_data const& ref = routing_for(tokens, top_k);
+  std::int64_t const slots = tokens * top_k, capacity = slots / kNumExperts;
+  moecomm::workspace<moecomm::host_backend> scratch;
+  moecomm::permute_plan<moecomm::host_backend> dropless;
+  moecomm::build_permute_plan(be, ref.view(), kNumExperts, dropless, scratch);
+  std::vector<std::int32_t> kept_idx(static_cast<std::size_t>(slots));
+  moecomm::capacity_result result;
+  for (auto _ : state) {
+    result = moecomm::drop_to_capacity(be, dropless, capacity, moecomm::array_view<std::int32_t>{kept_idx.data(), slots},
+                                       scratch, rule, 0);
+    benchmark::DoNotOptimize(kept_idx.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * slots);
+  std::vector<std::int64_t> kept(kNumExperts, 0);
+  for (std::int32_t e : kept_idx)
+    if (e >= 0) ++kept[static_cast<std::size_t>(e)];
+  std::int64_t total = 0;
+  for (std::int32_t e = 0; e < kNumExperts; ++e) {
+    std::int64_t const n = dropless.expert_offsets()[e + 1] - dropless.expert_offsets()[e];
+    if (kept[static_cast<std::size_t>(e)] != std::min(n, capacity)) return fail(state, "drop: expert " + std::to_string(e) + " keeps the wrong count");
+    total += kept[static_cast<std::size_t>(e)];
+  }
+  if (total != result.kept_slots) fail(state, "drop: kept_slots differs from the kept routing");
+}
+
 void bm_memcpy(benchmark::State& state, std::size_t bytes) {
   std::vector<char> src(bytes, 1), dst(bytes, 0);  // both touched before timing
   for (auto _ : state) {
@@ -369,6 +399,22 @@ void register_all() {
                                      bm_capacity_plan, tokens, top_k, derived)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
+  for (std::int64_t tokens : kTokens)
+    for (std::int32_t top_k : kTopK) {
+      std::string const args = "/T:" + std::to_string(tokens) + "/K:" + std::to_string(top_k);
+      benchmark::RegisterBenchmark(("drop/position" + args).c_str(), bm_drop<moecomm::drop_by_position>, tokens, top_k,
+                                   moecomm::drop_by_position{})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("drop/probability" + args).c_str(), bm_drop<moecomm::drop_by_probability>, tokens, top_k,
+                                   moecomm::drop_by_probability{})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("drop/random" + args).c_str(), bm_drop<moecomm::drop_random>, tokens, top_k,
+                                   moecomm::drop_random{7, 0})
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
   register_ops<float>();
 #if MOECOMM_HAS_CUDA_FP16()
   register_ops<__nv_bfloat16>();

@@ -189,6 +189,54 @@ TEST_CASE_TEMPLATE_DEFINE("permute, unpermute and backward equal the oracle", Co
     for (int64_t hidden : {1, 7, 64}) check_permute_family<Config>(be, spec, hidden);
 }
 
+// On the back-end: each drop rule keeps the oracle's slots (semantics §8), and the plans derived
+// without a second sort (the kept plan, unpadded and padded; an expert relabel) equal the oracle's
+// row map or a plan built from scratch on their routing. One workspace and plan for the whole sweep.
+TEST_CASE_TEMPLATE_DEFINE("drops and derived plans equal the oracle over the shape sweep", Config, derived_plans_sweep) {
+  using B = typename Config::backend;
+  auto const be = Config::make_backend();
+  moecomm::workspace<B> scratch;
+  moecomm::permute_plan<B> dropless, kept;
+  std::uint32_t seed = 1;
+  for (routing_spec const& spec : routing_sweep()) {
+    CAPTURE(describe(spec));
+    auto const r = make_routing(spec);
+    device_routing<B> const routing(be, r);
+    moecomm::build_permute_plan(be, routing.view, spec.experts, dropless, scratch);
+    int64_t const slots = spec.tokens * spec.top_k, c = std::max<int64_t>(1, slots / spec.experts / 2);
+    auto kept_idx = be.template allocate<int32_t>(slots);
+    moecomm::routing_view const kept_view{kept_idx.data(), routing.w.data(), spec.tokens, spec.top_k};
+    for (oracle::drop_rule rule : {oracle::drop_rule::position, oracle::drop_rule::probability, oracle::drop_rule::random}) {
+      CAPTURE(static_cast<int>(rule));
+      moecomm::array_view<int32_t> const out{kept_idx.data(), slots};
+      if (rule == oracle::drop_rule::position) (void)moecomm::drop_to_capacity(be, dropless, c, out, scratch, moecomm::drop_by_position{});
+      if (rule == oracle::drop_rule::probability) (void)moecomm::drop_to_capacity(be, dropless, c, out, scratch, moecomm::drop_by_probability{});
+      if (rule == oracle::drop_rule::random) (void)moecomm::drop_to_capacity(be, dropless, c, out, scratch, moecomm::drop_random{seed, 3});
+      oracle::routing const want = oracle::drop_to_capacity(r, spec.experts, c, rule, seed, 3);
+      REQUIRE(download(be, kept_idx.data(), slots) == want.idx);
+      moecomm::build_kept_permute_plan(be, dropless, kept_view, kept, scratch);
+      check_plan(be, kept, oracle::permute_map(want, spec.experts));
+      moecomm::build_kept_permute_plan(be, dropless, kept_view, kept, scratch, c);
+      auto const fresh = moecomm::make_permute_plan(be, kept_view, spec.experts, {}, c);
+      REQUIRE(kept.num_rows() == fresh.num_rows());
+      CHECK(download(be, kept.row_of(), slots) == download(be, fresh.row_of(), slots));
+      CHECK(download(be, kept.token_of(), kept.num_rows()) == download(be, fresh.token_of(), fresh.num_rows()));
+      CHECK(download(be, kept.expert_offsets(), spec.experts + 1) == download(be, fresh.expert_offsets(), spec.experts + 1));
+    }
+    // The experts renamed in reverse: the plan moves blocks.
+    std::vector<int32_t> label(static_cast<std::size_t>(spec.experts)), renamed(r.idx);
+    for (int32_t e = 0; e < spec.experts; ++e) label[static_cast<std::size_t>(e)] = spec.experts - 1 - e;
+    for (int32_t& e : renamed) e = e < 0 ? e : label[static_cast<std::size_t>(e)];
+    auto const renamed_idx = upload(be, renamed);
+    moecomm::routing_view const relabeled{renamed_idx.data(), routing.w.data(), spec.tokens, spec.top_k};
+    moecomm::relabel_permute_plan(be, dropless, relabeled, moecomm::array_view<int32_t const>(label), scratch);
+    oracle::routing renamed_routing = r;
+    renamed_routing.idx = renamed;
+    check_plan(be, dropless, oracle::permute_map(renamed_routing, spec.experts));
+    ++seed;
+  }
+}
+
 TEST_CASE_TEMPLATE_DEFINE("a second, smaller call reuses buffers without stale rows", Config, permute_smaller_second_call) {
   using T = typename Config::value_type;
   auto const be = Config::make_backend();
