@@ -114,6 +114,47 @@ TEST_CASE("simulated comm: ranks that wait in different groups, or outside any c
   moecomm::error);
 }
 
+// A collective's second wait must not end on an abort: S4U hands a receiver the sender's pointer and
+// the receiver copies after the transfer, so a sender that left on another group's abort would
+// free (here: poison) a buffer its peer still reads. Rank 2, outside the pair, fails while the
+// pair's 16 MiB all-gather is in flight; each rank's buffers are poisoned when its body unwinds.
+TEST_CASE("simulated comm: a failure outside a group mid-transfer leaves its ranks' received bytes intact") {
+  std::int64_t const bytes = std::int64_t{16} << 20;
+  std::vector<std::vector<char>> sent(2, std::vector<char>(static_cast<std::size_t>(bytes))),
+      got(2, std::vector<char>(static_cast<std::size_t>(2 * bytes), 0));
+  std::int64_t wrong = -1;  // actors are cooperative: no data race
+  moecomm::simgrid_world world = sim_world(3, 4);
+  CHECK_THROWS_WITH_AS(world.run([&](moecomm::simgrid_communicator comm) {
+    moecomm::simgrid_communicator pair = comm.split(comm.rank() < 2 ? 0 : 1, comm.rank());
+    if (comm.rank() == 2) {
+      simgrid::s4u::this_actor::sleep_for(1e-5);  // the transfer takes ~170 us
+      throw std::runtime_error("rank 2 fails mid-transfer");
+    }
+    std::size_t const me = static_cast<std::size_t>(comm.rank());
+    std::fill(sent[me].begin(), sent[me].end(), static_cast<char>('A' + me));
+    struct poison_on_exit {  // the ring forwards from the receive buffer: both are the rank's
+      std::vector<char>& sent;
+      std::vector<char>& got;
+      ~poison_on_exit() {
+        std::fill(sent.begin(), sent.end(), '#');
+        std::fill(got.begin(), got.end(), '#');
+      }
+    } const guard{sent[me], got[me]};
+    auto count_wrong = [&] {
+      if (wrong < 0) wrong = 0;
+      for (std::int64_t i = 0; i < 2 * bytes; ++i) wrong += got[me][static_cast<std::size_t>(i)] != static_cast<char>('A' + i / bytes);
+    };
+    try {
+      pair.allgather(sent[me].data(), got[me].data(), bytes);
+    } catch (moecomm::error const&) {
+      count_wrong();
+      throw;
+    }
+    count_wrong();
+  }), doctest::Contains("rank 2 fails mid-transfer"), std::runtime_error);
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("simulated comm: a flat all-to-all takes the alpha-beta time of the platform's links, within 5 %") {
   // 8 ranks, 2 nodes x 4; each rank sends b bytes to every other rank at once. The bottleneck is
   // each node's NIC: 4 ranks x 4 remote peers x b bytes leave a node through one 12.5 GB/s link;

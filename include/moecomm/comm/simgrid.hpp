@@ -282,16 +282,19 @@ class simgrid_communicator {
     wait_for_all(op);
     detail::call_problem problem = detail::check_posted_calls(group_->calls, site(op));
     if (!problem) problem = move();
-    wait_for_all(op);
+    wait_for_all(op, true);
     if (problem) throw error(problem.code, problem.message);
   }
 
   //! Waits, in simulated time bounded by the world's timeout, until every rank of the group has
-  //! arrived for this phase.
-  void wait_for_all(char const* op) {
+  //! arrived for this phase. `after_reading` (a collective's second wait): an abort does not end
+  //! the wait, because a peer may still copy from this rank's buffers (S4U passes pointers); the
+  //! peers' transfers are all within the group, so they arrive (the timeout still bounds the wait).
+  void wait_for_all(char const* op, bool after_reading = false) {
     detail::simgrid_state& s = *state_;
     char const* const here = where(op);
-    if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
+    bool const ends_on_abort = !after_reading;
+    if (s.aborted && ends_on_abort) detail::fail(status::aborted, here, s.abort_reason);
     detail::simgrid_group& g = *group_;
     std::uint64_t const phase = g.phase;
     g.arrived_for[static_cast<std::size_t>(rank_)] = phase + 1;
@@ -306,12 +309,12 @@ class simgrid_communicator {
     double const deadline = simgrid::s4u::Engine::get_clock() + s.timeout_seconds;
     {
       std::unique_lock<simgrid::s4u::Mutex> lock(*g.mutex);
-      while (g.phase == phase && !s.aborted && !s.any_returned_from(g, phase))
+      while (g.phase == phase && !(s.aborted && ends_on_abort) && !s.any_returned_from(g, phase))
         if (g.wake->wait_until(lock, deadline) == std::cv_status::timeout) break;
     }
     s.waiting_in[me] = {};
     if (g.phase != phase) return;
-    if (s.aborted) detail::fail(status::aborted, here, s.abort_reason);
+    if (s.aborted && ends_on_abort) detail::fail(status::aborted, here, s.abort_reason);
     if (std::vector<int> const gone = s.returned_from(g, phase); !gone.empty()) {
       --g.arrived;  // withdrawn: the group is as if this rank had never called
       g.arrived_for[static_cast<std::size_t>(rank_)] = phase;
