@@ -115,8 +115,8 @@ void bm_minmax(benchmark::State& state, schedule_case c) {
   moecomm::replica_schedule out;
   moecomm::replica_schedule_workspace workspace;
   for (auto _ : state) {
-    moecomm::expert_loads(counts.data(), c.ranks, c.experts, load);
-    moecomm::schedule_replicas(sets, load.data(), out, workspace);
+    moecomm::expert_loads(counts, c.ranks, c.experts, load);
+    moecomm::schedule_replicas(sets, load, out, workspace);
     benchmark::DoNotOptimize(out.bound);
   }
   if (std::string const wrong = check(sets, load, out.split, out.bound); !wrong.empty()) return fail(state, c.name("minmax") + ": " + wrong);
@@ -133,11 +133,11 @@ void bm_comm_aware(benchmark::State& state, schedule_case c) {
   moecomm::comm_aware_schedule out;
   moecomm::replica_schedule_workspace workspace;
   for (auto _ : state) {
-    moecomm::schedule_replicas_comm_aware(sets, topo, moecomm::link_weights{}, counts.data(), out, workspace);
+    moecomm::schedule_replicas_comm_aware(sets, topo, moecomm::link_weights{}, counts, out, workspace);
     benchmark::DoNotOptimize(out.bound);
   }
   std::vector<std::int64_t> load;
-  moecomm::expert_loads(counts.data(), c.ranks, c.experts, load);
+  moecomm::expert_loads(counts, c.ranks, c.experts, load);
   if (std::string const wrong = check(sets, load, out.split, out.bound); !wrong.empty()) return fail(state, c.name("comm_aware") + ": " + wrong);
   double const mean = static_cast<double>(std::accumulate(load.begin(), load.end(), std::int64_t{0})) / c.ranks;
   state.counters["bound"] = static_cast<double>(out.bound);

@@ -336,7 +336,7 @@ run_result run(problem const& p, int pattern) {
         for (int32_t e = 0; e < experts; ++e) seen[static_cast<std::size_t>(e)] += static_cast<double>(loads.data[e]);
         if (me == 0) {  // FineMoE's split, timed on the host: what the layer solved this step
           moecomm::replica_sets const sets = moecomm::replica_sets_of(fine->placement());
-          res.solver_seconds += seconds_of([&] { moecomm::schedule_replicas(sets, loads.data, schedule, schedule_ws); });
+          res.solver_seconds += seconds_of([&] { moecomm::schedule_replicas(sets, loads, schedule, schedule_ws); });
           ++res.decisions;
         }
         if (step == o.replace_after - 1)

@@ -295,9 +295,9 @@ TEST_CASE("replica schedules: a warm workspace allocates nothing") {
   moecomm::comm_aware_schedule aware;
   std::vector<std::int64_t> load;
   auto const step = [&](std::vector<std::int64_t> const& c) {
-    moecomm::expert_loads(c.data(), R, E, load);
-    moecomm::schedule_replicas(sets, load.data(), minmax, workspace);
-    moecomm::schedule_replicas_comm_aware(sets, topo, moecomm::link_weights{}, c.data(), aware, workspace);
+    moecomm::expert_loads(c, R, E, load);
+    moecomm::schedule_replicas(sets, load, minmax, workspace);
+    moecomm::schedule_replicas_comm_aware(sets, topo, moecomm::link_weights{}, c, aware, workspace);
   };
   step(counts[0]);
   step(counts[1]);

@@ -99,7 +99,7 @@ TEST_CASE("replica_schedule: min-max equals the ceiling of GLPK's LP optimum on 
     moecomm::replica_sets const sets = random_sets(rng, ranks, experts, 1, 4);
     double const skew = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? 8.0 : 1.2;
     std::vector<int64_t> const load = zipf_loads(rng, experts, std::uniform_int_distribution<int64_t>(0, 2000)(rng), skew);
-    moecomm::schedule_replicas(sets, load.data(), out, workspace);
+    moecomm::schedule_replicas(sets, load, out, workspace);
     check_split(sets, load, out.split, out.rank_load, out.bound);
     // The LP optimum is eq. 3 (a fraction with denominator <= R); GLPK's is within its tolerance.
     fraction const exact = eq3_by_subsets(sets, load);
@@ -163,7 +163,7 @@ TEST_CASE("replica_schedule: comm-aware equals GLPK's integral optimum on 300 ra
     moecomm::link_weights alpha{0.1, 1.0};
     if (i % 2 == 1) alpha = {std::uniform_real_distribution<double>(0, 1)(rng), std::uniform_real_distribution<double>(0, 3)(rng)};
     moecomm::topology const topo(ranks, per_node);
-    moecomm::schedule_replicas_comm_aware(sets, topo, alpha, counts.data(), out, workspace);
+    moecomm::schedule_replicas_comm_aware(sets, topo, alpha, counts, out, workspace);
     check_route(sets, topo, alpha, counts, out);
     auto const [relaxed, integral] = comm_aware_ip(sets, topo, alpha, counts);
     // The solver rounds α to multiples of 2^-20: each moved token may be off by 2^-21.

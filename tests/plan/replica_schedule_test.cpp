@@ -109,7 +109,7 @@ TEST_CASE("replica_schedule: random small instances meet eq. 3 exactly") {
     replica_sets const sets = random_sets(rng, ranks, experts, 1, 4);
     std::vector<int64_t> load(static_cast<std::size_t>(experts));
     for (auto& l : load) l = rng() % 3 == 0 ? 0 : std::uniform_int_distribution<int64_t>(0, 60)(rng);
-    moecomm::schedule_replicas(sets, load.data(), out, workspace);
+    moecomm::schedule_replicas(sets, load, out, workspace);
     CAPTURE(i);
     CHECK(out.bound == ceil_of(eq3_by_subsets(sets, load)));
     check_split(sets, load, out.split, out.rank_load, out.bound);
@@ -125,8 +125,8 @@ TEST_CASE("replica_schedule: deterministic, whatever the workspace held before")
   replica_schedule reused;
   replica_sets const other = random_sets(rng, 5, 9, 1, 3);
   std::vector<int64_t> const other_load = zipf_loads(rng, 9, 300, 0);
-  moecomm::schedule_replicas(other, other_load.data(), reused, workspace);
-  moecomm::schedule_replicas(sets, load.data(), reused, workspace);
+  moecomm::schedule_replicas(other, other_load, reused, workspace);
+  moecomm::schedule_replicas(sets, load, reused, workspace);
   CHECK(reused.bound == fresh.bound);
   CHECK(reused.split == fresh.split);
   CHECK(reused.rank_load == fresh.rank_load);
@@ -151,8 +151,17 @@ TEST_CASE("replica_schedule: errors name the field") {
   check_error(run(bad, {1}), status::invalid_argument, {"replica_sets.offsets must start with 0"});
   replica_schedule out;
   replica_schedule_workspace workspace;
-  check_error([&] { moecomm::schedule_replicas(make_sets(2, {{0}}), nullptr, out, workspace); }, status::invalid_argument,
-              {"load is null"});
+  check_error([&] { moecomm::schedule_replicas(make_sets(2, {{0}}), {}, out, workspace); }, status::invalid_argument,
+              {"argument 'load' has 0 elements; needs at least 1"});
+  std::vector<int64_t> const short_load{4}, short_counts(7, 1);  // 2 experts, 4 x 2 counts
+  check_error([&] { moecomm::schedule_replicas(make_sets(2, {{0}, {1}}), short_load, out, workspace); }, status::invalid_argument,
+              {"schedule_replicas", "argument 'load' has 1 elements; needs at least 2 (one token count per expert"});
+  moecomm::comm_aware_schedule aware_out;
+  check_error([&] { moecomm::schedule_replicas_comm_aware(make_sets(4, {{0}, {1}}), topology(4, 2), {}, short_counts, aware_out, workspace); },
+              status::invalid_argument, {"argument 'counts' has 7 elements; needs at least 8 (R x E token counts)"});
+  std::vector<int64_t> loads;
+  check_error([&] { moecomm::expert_loads(short_counts, 4, 2, loads); }, status::invalid_argument,
+              {"expert_loads", "argument 'counts' has 7 elements; needs at least 8"});
 
   topology const topo(4, 2);
   auto const aware = [&](topology const& t, link_weights alpha, std::vector<int64_t> const& counts) {
@@ -204,7 +213,7 @@ TEST_CASE("replica_schedule: comm-aware with free links is the min-max optimum")
   replica_sets const sets = random_sets(rng, 8, 32, 2, 4);
   std::vector<int64_t> const counts = zipf_counts(rng, 8, 32, 512, 1.2);
   std::vector<int64_t> load;
-  moecomm::expert_loads(counts.data(), 8, 32, load);
+  moecomm::expert_loads(counts, 8, 32, load);
   auto const free = solve_aware(sets, topology(8, 4), {0, 0}, counts);
   CHECK(free.bound == moecomm::schedule_replicas(sets, load).bound);
   CHECK(free.objective == static_cast<double>(free.bound));
@@ -264,7 +273,7 @@ TEST_CASE("replica_schedule: comm-aware equals exhaustive enumeration on small i
     // Dyadic weights: every objective is exact in binary, so the comparison is exact.
     link_weights const alpha{std::uniform_int_distribution<int>(0, 8)(rng) / 8.0, std::uniform_int_distribution<int>(0, 24)(rng) / 8.0};
     topology const topo(ranks, per_node);
-    moecomm::schedule_replicas_comm_aware(sets, topo, alpha, counts.data(), out, workspace);
+    moecomm::schedule_replicas_comm_aware(sets, topo, alpha, counts, out, workspace);
     CAPTURE(i);
     check_route(sets, topo, alpha, counts, out);
     CHECK(out.objective == enumerate_best(sets, topo, alpha, counts));
@@ -280,7 +289,7 @@ TEST_CASE("replica_schedule: comm-aware routes are consistent on Zipf 1.2 and Zi
     std::vector<int64_t> const counts = zipf_counts(rng, 16, 64, 1024, s);
     auto const out = solve_aware(sets, topology(16, 4), {0.1, 1.0}, counts);
     std::vector<int64_t> load;
-    moecomm::expert_loads(counts.data(), 16, 64, load);
+    moecomm::expert_loads(counts, 16, 64, load);
     CHECK(out.bound >= moecomm::schedule_replicas(sets, load).bound);
   }
 }

@@ -6,6 +6,7 @@
 //! buffer's size before it writes.
 
 #include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -37,5 +38,16 @@ template <class T>
 [[nodiscard]] array_view<T> make_array_view(T* data, std::int64_t size) {
   return {data, size};
 }
+
+namespace detail {
+
+//! `v` must hold at least `n` elements (and memory behind them).
+template <class T>
+void check_elements(array_view<T> const& v, std::int64_t n, char const* op, char const* name, char const* why) {
+  require(v.size >= n, op, "argument '", name, "' has ", v.size, " elements; needs at least ", n, " (", why, ")");
+  require(n == 0 || v.data != nullptr, op, "argument '", name, "' is null but must hold ", n, " elements");
+}
+
+}  // namespace detail
 
 MOECOMM_NAMESPACE_END

@@ -27,13 +27,6 @@ void check_rows(matrix_view<T> const& m, std::int64_t rows, char const* op, char
           " rows");
 }
 
-//! `v` must hold at least `n` elements (and memory behind them).
-template <class T>
-void check_elements(array_view<T> const& v, std::int64_t n, char const* op, char const* name, char const* why) {
-  require(v.size >= n, op, "argument '", name, "' has ", v.size, " elements; needs at least ", n, " (", why, ")");
-  require(n == 0 || v.data != nullptr, op, "argument '", name, "' is null but must hold ", n, " elements");
-}
-
 //! Two matrices must have the same row width.
 template <class A, class B>
 void check_same_hidden(matrix_view<A> const& a, char const* a_name, matrix_view<B> const& b, char const* b_name,

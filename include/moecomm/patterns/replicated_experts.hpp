@@ -278,7 +278,7 @@ class replicated_expert_layer {
       ++window_steps_;
     }
     if constexpr (std::is_same_v<Split, finemoe_split>) {
-      schedule_replicas(sets_, loads_.data(), schedule_, schedule_workspace_);
+      schedule_replicas(sets_, loads_, schedule_, schedule_workspace_);
       assign_tokens_finemoe(sets_, counts(), schedule_.split, assignment_);
     } else {
       assign_tokens_evenly(sets_, counts(), assignment_);

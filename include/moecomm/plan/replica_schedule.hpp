@@ -36,6 +36,7 @@
 //! every rank; the reported objective uses α as given.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/replica_placement.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/error.hpp>
@@ -207,11 +208,15 @@ inline void min_max_schedule(replica_sets const& sets, std::int64_t const* load,
 }  // namespace detail
 
 //! `load[e] = Σ_s counts[s][e]` from the all-gathered row-major `[R][E]` counts.
-inline void expert_loads(std::int64_t const* counts, std::int32_t ranks, std::int32_t experts, std::vector<std::int64_t>& load) {
+//! @throws error (invalid_argument) when `counts` holds fewer than R x E entries.
+inline void expert_loads(array_view<std::int64_t const> counts, std::int32_t ranks, std::int32_t experts,
+                         std::vector<std::int64_t>& load) {
+  detail::require(ranks >= 0 && experts >= 0, "expert_loads", "ranks = ", ranks, ", experts = ", experts, " must be >= 0");
+  detail::check_elements(counts, std::int64_t{ranks} * experts, "expert_loads", "counts", "R x E token counts");
   load.assign(static_cast<std::size_t>(experts), 0);
   for (std::int32_t s = 0; s < ranks; ++s)
     for (std::int32_t e = 0; e < experts; ++e)
-      load[static_cast<std::size_t>(e)] += counts[static_cast<std::size_t>(s) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(e)];
+      load[static_cast<std::size_t>(e)] += counts.data[static_cast<std::size_t>(s) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(e)];
 }
 
 //! The integral split of each expert's tokens over its replicas that minimises the busiest rank
@@ -221,14 +226,15 @@ inline void expert_loads(std::int64_t const* counts, std::int32_t ranks, std::in
 //! @param[out] out        overwritten (its vectors keep their capacity)
 //! @param workspace       scratch kept between calls
 //! @throws error (invalid_argument) naming the field: num_ranks not positive, offsets malformed, an
-//!         expert without replicas, a replica rank out of range or repeated, load null or negative,
-//!         a total above 2^60 tokens.
-inline void schedule_replicas(replica_sets const& sets, std::int64_t const* load, replica_schedule& out,
+//!         expert without replicas, a replica rank out of range or repeated, load shorter than E or
+//!         negative, a total above 2^60 tokens.
+inline void schedule_replicas(replica_sets const& sets, array_view<std::int64_t const> load, replica_schedule& out,
                               replica_schedule_workspace& workspace) {
   char const* const op = "schedule_replicas";
   std::int32_t const experts = detail::check_replica_sets(op, sets, workspace);
-  std::int64_t const total = detail::checked_total(op, "load", load, static_cast<std::size_t>(experts), std::int64_t{1} << 60);
-  detail::min_max_schedule(sets, load, total, out, workspace);
+  detail::check_elements(load, experts, op, "load", "one token count per expert of replica_sets");
+  std::int64_t const total = detail::checked_total(op, "load", load.data, static_cast<std::size_t>(experts), std::int64_t{1} << 60);
+  detail::min_max_schedule(sets, load.data, total, out, workspace);
 }
 
 //! `schedule_replicas` as a one-off call returning a fresh schedule.
@@ -237,7 +243,7 @@ inline void schedule_replicas(replica_sets const& sets, std::int64_t const* load
                   load.size(), " entries, replica_sets has ", sets.num_experts(), " experts");
   replica_schedule out;
   replica_schedule_workspace workspace;
-  schedule_replicas(sets, load.data(), out, workspace);
+  schedule_replicas(sets, load, out, workspace);
   return out;
 }
 
@@ -252,7 +258,7 @@ inline void schedule_replicas(replica_sets const& sets, std::int64_t const* load
 //!         α outside [0, 1024], counts negative (naming `counts[s·E + e]`), or more than 2^31
 //!         tokens in total.
 inline void schedule_replicas_comm_aware(replica_sets const& sets, topology const& topo, link_weights const& alpha,
-                                         std::int64_t const* counts, comm_aware_schedule& out,
+                                         array_view<std::int64_t const> counts, comm_aware_schedule& out,
                                          replica_schedule_workspace& workspace) {
   char const* const op = "schedule_replicas_comm_aware";
   replica_schedule_workspace& ws = workspace;
@@ -263,7 +269,8 @@ inline void schedule_replicas_comm_aware(replica_sets const& sets, topology cons
     detail::require(a >= 0 && a <= 1024, op, "link_weights.", name, " = ", a, " is not in [0, 1024]");
   auto const R = static_cast<std::size_t>(ranks), E = static_cast<std::size_t>(experts);
   // 2^31 tokens at 2^20 · (1 + 1024) per token stay below 2^62.
-  std::int64_t const total = detail::checked_total(op, "counts", counts, R * E, std::int64_t{1} << 31);
+  detail::check_elements(counts, static_cast<std::int64_t>(R * E), op, "counts", "R x E token counts");
+  std::int64_t const total = detail::checked_total(op, "counts", counts.data, R * E, std::int64_t{1} << 31);
 
   // The busiest rank can do no better than the min-max optimum m.
   expert_loads(counts, ranks, experts, ws.load);
@@ -308,7 +315,7 @@ inline void schedule_replicas_comm_aware(replica_sets const& sets, topology cons
       return p;
     };
     for (std::int32_t s = 0; s < ranks; ++s) {
-      std::int64_t const c = counts[static_cast<std::size_t>(s) * E + static_cast<std::size_t>(e)];
+      std::int64_t const c = counts.data[static_cast<std::size_t>(s) * E + static_cast<std::size_t>(e)];
       if (c == 0) continue;
       auto const node = static_cast<std::size_t>(topo.node_of(s));
       std::int32_t p;
@@ -380,7 +387,7 @@ inline void schedule_replicas_comm_aware(replica_sets const& sets, topology cons
   out.intra_node_tokens = out.inter_node_tokens = 0;
   for (std::int32_t s = 0; s < ranks; ++s)
     for (std::size_t e = 0; e < E; ++e) {
-      std::int64_t c = counts[static_cast<std::size_t>(s) * E + e];
+      std::int64_t c = counts.data[static_cast<std::size_t>(s) * E + e];
       if (c == 0) continue;
       auto const p = static_cast<std::size_t>(ws.source_pool[static_cast<std::size_t>(s) * E + e]);
       std::int32_t const begin = sets.offsets[e];
@@ -414,7 +421,7 @@ inline void schedule_replicas_comm_aware(replica_sets const& sets, topology cons
                   " x ", sets.num_experts());
   comm_aware_schedule out;
   replica_schedule_workspace workspace;
-  schedule_replicas_comm_aware(sets, topo, alpha, counts.data(), out, workspace);
+  schedule_replicas_comm_aware(sets, topo, alpha, counts, out, workspace);
   return out;
 }
 
