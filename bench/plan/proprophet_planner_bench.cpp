@@ -97,7 +97,7 @@ void bm_proprophet_planner(benchmark::State& state, planner_case c) {
   moecomm::shadow_decision decision;
   moecomm::proprophet_planner_workspace workspace;
   for (auto _ : state) {
-    moecomm::select_proprophet_replicas(model, topo, owner, counts.data(), options, decision, workspace);
+    moecomm::select_proprophet_replicas(model, topo, owner, counts, options, decision, workspace);
     benchmark::DoNotOptimize(decision);
   }
 

@@ -91,7 +91,7 @@ void bm_shadow_selection(benchmark::State& state, shadow_case c) {
 
   moecomm::shadow_decision decision;
   for (auto _ : state) {
-    decision = moecomm::select_shadowed_experts(model, topo, owner, counts.data());
+    decision = moecomm::select_shadowed_experts(model, topo, owner, counts);
     benchmark::DoNotOptimize(decision);
   }
 

@@ -546,7 +546,7 @@ void print_shadow_set(problem const& p, step_record const& rec, moecomm::fasterm
   with_next.push_back(next);
   double const latency =
       moecomm::predicted_latency(model, moecomm::topology(p.o.ranks, p.per_node),
-                                 moecomm::contiguous_placement(p.o.experts, p.o.ranks), rec.counts.data(), with_next);
+                                 moecomm::contiguous_placement(p.o.experts, p.o.ranks), rec.counts, with_next);
   std::printf("     next by rows: expert %d (owner rank %d, %" PRId64
               " rows); shadowing it too, the model predicts\n"
               "     %s, not below %s, so Algorithm 1 stopped there\n",

@@ -342,7 +342,7 @@ TEST_CASE("proprophet planner: a warm decision allocates nothing") {
   planner.options.skipped_ranks = 2;
   moecomm::fastermoe_cost_model const ignored;
   moecomm::shadow_decision decision;
-  auto const plan = [&](std::vector<std::int64_t> const& c) { planner(ignored, topo, owner, c.data(), decision); };
+  auto const plan = [&](std::vector<std::int64_t> const& c) { planner(ignored, topo, owner, c, decision); };
   plan(counts[0]);
   plan(counts[1]);
   CHECK(!decision.shadowed.empty());

@@ -71,7 +71,8 @@ struct scale_bias_experts {
 struct fixed_planner {
   std::vector<std::int32_t> shadowed;
   void operator()(moecomm::fastermoe_cost_model const& model, moecomm::topology const& topo,
-                  std::vector<std::int32_t> const& owner, std::int64_t const* counts, moecomm::shadow_decision& d) const {
+                  std::vector<std::int32_t> const& owner, moecomm::array_view<std::int64_t const> counts,
+                  moecomm::shadow_decision& d) const {
     d.shadowed = shadowed;
     d.latency_unshadowed = moecomm::predicted_latency(model, topo, owner, counts, {});
     d.latency = moecomm::predicted_latency(model, topo, owner, counts, shadowed);
@@ -83,7 +84,7 @@ struct fixed_planner {
 struct fixed_subset_planner {
   std::vector<std::int32_t> shadowed, offsets, ranks;
   void operator()(moecomm::fastermoe_cost_model const&, moecomm::topology const&, std::vector<std::int32_t> const&,
-                  std::int64_t const*, moecomm::shadow_decision& d) const {
+                  moecomm::array_view<std::int64_t const>, moecomm::shadow_decision& d) const {
     d.shadowed = shadowed;
     d.subset_offsets = offsets;
     d.subset_ranks = ranks;

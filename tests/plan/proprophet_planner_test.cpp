@@ -164,7 +164,7 @@ TEST_CASE("proprophet planner: a hot expert goes to every rank but the owner and
   p.balance_factor = 1;
   proprophet_cost_model const model(p);
 
-  auto const d = moecomm::select_proprophet_replicas(model, topo, owner, counts.data(), exposed());
+  auto const d = moecomm::select_proprophet_replicas(model, topo, owner, counts, exposed());
   CHECK(d.latency_unshadowed == 745.0);
   CHECK(d.shadowed == std::vector<int32_t>{0});
   CHECK(d.subset_offsets == std::vector<int32_t>{0, 2});
@@ -173,24 +173,24 @@ TEST_CASE("proprophet planner: a hot expert goes to every rank but the owner and
   CHECK(d.tokens_unshadowed == std::vector<int64_t>{135, 40, 40, 40});
   CHECK(d.tokens == std::vector<int64_t>{65, 80, 70, 40});
 
-  auto const hidden = moecomm::select_proprophet_replicas(model, topo, owner, counts.data());  // with_scheduler
+  auto const hidden = moecomm::select_proprophet_replicas(model, topo, owner, counts);  // with_scheduler
   CHECK(hidden.shadowed == std::vector<int32_t>{0});
   CHECK(hidden.latency == 360.0);
 
   // n = 0: every other rank; H = {50, 80, 70, 55}, R_0 = 0, T' = 4·30 + 3·80 + 2 T_Trans(1, 0).
-  auto const everyone = moecomm::select_proprophet_replicas(model, topo, owner, counts.data(), exposed(0));
+  auto const everyone = moecomm::select_proprophet_replicas(model, topo, owner, counts, exposed(0));
   CHECK(everyone.subset_ranks == std::vector<int32_t>{1, 2, 3});
   CHECK(everyone.tokens == std::vector<int64_t>{50, 80, 70, 55});
   CHECK(everyone.latency == doctest::Approx(360.0 + 2 * 16.0 / 3).epsilon(1e-14));
   // n = 2: ranks 3 and 2 keep sending; only rank 1 computes its 40. H = {95, 80, 40, 40}, R_0 = 45.
-  auto const one = moecomm::select_proprophet_replicas(model, topo, owner, counts.data(), exposed(2));
+  auto const one = moecomm::select_proprophet_replicas(model, topo, owner, counts, exposed(2));
   CHECK(one.subset_ranks == std::vector<int32_t>{1});
   CHECK(one.tokens == std::vector<int64_t>{95, 80, 40, 40});
   CHECK(one.latency == doctest::Approx(4.0 * 45 + 3.0 * 95 + 2 * 8.0 / 3).epsilon(1e-14));
   // n >= R − 1: the subset would be empty, which cannot lower T': nothing.
   for (int32_t n : {3, 7}) {
     for (proprophet_schedule s : {proprophet_schedule::planner_only, proprophet_schedule::with_scheduler}) {
-      auto const none = moecomm::select_proprophet_replicas(model, topo, owner, counts.data(), {n, s});
+      auto const none = moecomm::select_proprophet_replicas(model, topo, owner, counts, {n, s});
       CHECK(none.shadowed.empty());
       CHECK(none.subset_offsets == std::vector<int32_t>{0});
       CHECK(none.subset_ranks.empty());
@@ -200,7 +200,7 @@ TEST_CASE("proprophet planner: a hot expert goes to every rank but the owner and
 
   // α = 1.5: threshold 95.625 > max H − min H = 95, balanced by eq. 7 although a replica would pay.
   p.balance_factor = 1.5;
-  auto const balanced = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts.data(), exposed());
+  auto const balanced = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts, exposed());
   CHECK(balanced.shadowed.empty());
   CHECK(balanced.latency == balanced.latency_unshadowed);
   CHECK(balanced.tokens == balanced.tokens_unshadowed);
@@ -212,7 +212,7 @@ TEST_CASE("proprophet planner: balanced input replicates nothing") {
   std::vector<int32_t> const owner = contiguous_owners(8, 16);
   std::vector<int64_t> const counts(8 * 16, 100);
   for (proprophet_schedule s : {proprophet_schedule::planner_only, proprophet_schedule::with_scheduler}) {
-    auto const d = moecomm::select_proprophet_replicas(proprophet_cost_model(unit_params()), topo, owner, counts.data(),
+    auto const d = moecomm::select_proprophet_replicas(proprophet_cost_model(unit_params()), topo, owner, counts,
                                                        {1, s});
     CHECK(d.shadowed.empty());
     CHECK(d.subset_offsets == std::vector<int32_t>{0});
@@ -232,7 +232,7 @@ TEST_CASE("proprophet planner: the search stops when the busiest rank's heaviest
   moecomm::topology const topo(4, 2);
   std::vector<int32_t> const owner = contiguous_owners(4, 4);
   std::vector<int64_t> const counts = matrix({{100, 1, 1, 1}, {100, 1, 1, 1}, {100, 1, 1, 1}, {90, 1, 1, 1}});
-  auto const d = moecomm::select_proprophet_replicas(proprophet_cost_model(unit_params()), topo, owner, counts.data(),
+  auto const d = moecomm::select_proprophet_replicas(proprophet_cost_model(unit_params()), topo, owner, counts,
                                                      exposed());
   CHECK(d.latency_unshadowed == 2330.0);
   CHECK(d.shadowed == std::vector<int32_t>{0});
@@ -259,7 +259,7 @@ TEST_CASE("proprophet planner: several experts of one rank, ties, and the best p
                                               {30, 20, 5, 5, 5, 5, 5, 5},
                                               {15, 20, 5, 5, 5, 5, 5, 5}});
   proprophet_cost_params p = unit_params();
-  auto const cheap = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts.data(), exposed());
+  auto const cheap = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts, exposed());
   CHECK(cheap.latency_unshadowed == 1225.0);
   CHECK(cheap.shadowed == std::vector<int32_t>{0, 1});
   CHECK(cheap.subset_offsets == std::vector<int32_t>{0, 2, 4});
@@ -268,7 +268,7 @@ TEST_CASE("proprophet planner: several experts of one rank, ties, and the best p
   CHECK(cheap.latency == 471.0);
 
   p.trans_bandwidth = p.agg_bandwidth = 1.0 / 128;
-  auto const dear = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts.data(), exposed());
+  auto const dear = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts, exposed());
   CHECK(dear.shadowed == std::vector<int32_t>{0});
   CHECK(dear.subset_offsets == std::vector<int32_t>{0, 2});
   CHECK(dear.subset_ranks == std::vector<int32_t>{1, 2});
@@ -277,7 +277,7 @@ TEST_CASE("proprophet planner: several experts of one rank, ties, and the best p
   // With the scheduler T_Trans = 192 per expert hides behind T_FEC + FNEC only in part:
   // step 1 exposes (192 − 145) + (192 − 290 → 0) = 47: T' = 735 + 47 = 782;
   // step 2 exposes (384 − 105) + (384 − 210) = 453: T' = 455 + 453 = 908. The prefix {0} again.
-  auto const scheduled = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts.data());
+  auto const scheduled = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts);
   CHECK(scheduled.shadowed == std::vector<int32_t>{0});
   CHECK(scheduled.latency == 782.0);
 }
@@ -291,7 +291,7 @@ TEST_CASE("proprophet planner: the search ends when the busiest rank owns no exp
   moecomm::topology const topo(4, 4);
   std::vector<int32_t> const owner{0, 1};
   std::vector<int64_t> const counts = matrix({{1, 1}, {1, 1}, {100, 1}, {1, 1}});
-  auto const d = moecomm::select_proprophet_replicas(proprophet_cost_model(unit_params()), topo, owner, counts.data(),
+  auto const d = moecomm::select_proprophet_replicas(proprophet_cost_model(unit_params()), topo, owner, counts,
                                                      exposed());
   CHECK(d.latency_unshadowed == 717.0);
   CHECK(d.shadowed == std::vector<int32_t>{0});
@@ -315,8 +315,8 @@ TEST_CASE("proprophet planner: the functor plans on the predictor's counts and i
   shadowing.planner.model = model;
   shadowing.planner.options = exposed();
   moecomm::shadow_decision d;
-  shadowing.planner(ignored, topo, owner, counts.data(), d);
-  auto const direct = moecomm::select_proprophet_replicas(model, topo, owner, counts.data(), exposed());
+  shadowing.planner(ignored, topo, owner, counts, d);
+  auto const direct = moecomm::select_proprophet_replicas(model, topo, owner, counts, exposed());
   CHECK(d.shadowed == direct.shadowed);
   CHECK(d.subset_ranks == direct.subset_ranks);
   CHECK(d.latency == direct.latency);
@@ -324,17 +324,17 @@ TEST_CASE("proprophet planner: the functor plans on the predictor's counts and i
   // Another predictor: the planner sees what it returns (here rank 3 sending expert 0 as much as rank 0).
   struct hot_rank_3 {
     std::vector<int64_t> predicted;
-    int64_t const* predict(int64_t const* observed, std::size_t cells) {
-      predicted.assign(observed, observed + cells);
+    moecomm::array_view<int64_t const> predict(moecomm::array_view<int64_t const> observed) {
+      predicted.assign(observed.data, observed.data + observed.size);
       predicted[3 * 8] = 50;
-      return predicted.data();
+      return predicted;
     }
   };
   moecomm::proprophet_planner<hot_rank_3> planner{model, exposed(), {}, {}};
-  planner(ignored, topo, owner, counts.data(), d);
+  planner(ignored, topo, owner, counts, d);
   std::vector<int64_t> changed = counts;
   changed[3 * 8] = 50;
-  auto const on_changed = moecomm::select_proprophet_replicas(model, topo, owner, changed.data(), exposed());
+  auto const on_changed = moecomm::select_proprophet_replicas(model, topo, owner, changed, exposed());
   CHECK(d.shadowed == on_changed.shadowed);
   CHECK(d.subset_ranks == on_changed.subset_ranks);
   CHECK(d.subset_ranks.front() == 1);  // expert 0: rank 2 (30) now sends it the fewest, not rank 3
@@ -343,7 +343,7 @@ TEST_CASE("proprophet planner: the functor plans on the predictor's counts and i
   // FasterMoE's planner, reusing the decision, leaves no subsets behind.
   REQUIRE(!d.subset_offsets.empty());
   moecomm::shadow_selection_workspace workspace;
-  moecomm::select_shadowed_experts(ignored, topo, owner, counts.data(), d, workspace);
+  moecomm::select_shadowed_experts(ignored, topo, owner, counts, d, workspace);
   CHECK(d.subset_offsets.empty());
   CHECK(d.subset_ranks.empty());
 }
@@ -520,7 +520,7 @@ TEST_CASE("proprophet planner: 600 random count matrices against a from-scratch 
     random_case const rc = make_random_case(seed);
     CAPTURE(rc.description);
     moecomm::topology const topo(rc.R, rc.R % 2 == 0 ? rc.R / 2 : rc.R);  // the model ignores nodes
-    moecomm::select_proprophet_replicas(rc.model, topo, rc.owner, rc.counts.data(), rc.options, d, workspace);
+    moecomm::select_proprophet_replicas(rc.model, topo, rc.owner, rc.counts, rc.options, d, workspace);
     oracle_result const want = oracle_plan(rc.model, rc.R, rc.owner, rc.counts, rc.options);
 
     REQUIRE(d.shadowed.size() == want.best.size());
@@ -573,24 +573,27 @@ TEST_CASE("proprophet planner: errors name the argument, rank and expert") {
   std::vector<int64_t> counts(16, 5);
 
   counts[1 * 4 + 3] = -2;
-  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, owner, counts.data()); },
+  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, owner, counts); },
               moecomm::status::invalid_argument,
               {"select_proprophet_replicas", "counts[1][3] = -2 is negative", "rank 1", "expert 3"});
   counts[1 * 4 + 3] = 5;
-  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, owner, nullptr); },
-              moecomm::status::invalid_argument, {"select_proprophet_replicas", "counts is null", "4 x 4"});
-  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, {0, 1, 2, 9}, counts.data()); },
+  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, owner, {}); },
+              moecomm::status::invalid_argument, {"select_proprophet_replicas", "argument 'counts' has 0 elements; needs at least 16"});
+  std::vector<int64_t> const short_counts(15, 1);  // one short of 4 x 4: was read past its end
+  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, owner, short_counts); },
+              moecomm::status::invalid_argument, {"argument 'counts' has 15 elements; needs at least 16"});
+  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, {0, 1, 2, 9}, counts); },
               moecomm::status::invalid_argument, {"select_proprophet_replicas", "owner[3] = 9 is not a rank in [0, 4)"});
-  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, {}, counts.data()); },
+  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, {}, counts); },
               moecomm::status::invalid_argument, {"owner is empty"});
-  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, owner, counts.data(), {-1}); },
+  check_error([&] { (void)moecomm::select_proprophet_replicas(model, topo, owner, counts, {-1}); },
               moecomm::status::invalid_argument,
               {"select_proprophet_replicas", "options.skipped_ranks = -1 must not be negative"});
-  // Through the functor too (the default predictor passes the null pointer on).
+  // Through the functor too (the default predictor passes the short view on).
   moecomm::proprophet_planner<> planner;
   moecomm::shadow_decision d;
-  check_error([&] { planner(moecomm::fastermoe_cost_model{}, topo, owner, nullptr, d); },
-              moecomm::status::invalid_argument, {"select_proprophet_replicas", "counts is null"});
+  check_error([&] { planner(moecomm::fastermoe_cost_model{}, topo, owner, short_counts, d); },
+              moecomm::status::invalid_argument, {"select_proprophet_replicas", "argument 'counts' has 15 elements"});
 }
 
 }  // namespace

@@ -133,7 +133,7 @@ TEST_CASE("shadow selection: uniform load shadows nothing") {
   moecomm::contiguous_placement const placement(16, 8);
   std::vector<int64_t> const counts(8 * 16, 1000);
   fastermoe_cost_model const model;
-  auto const d = moecomm::select_shadowed_experts(model, topo, placement, counts.data());
+  auto const d = moecomm::select_shadowed_experts(model, topo, placement, counts);
   CHECK(d.shadowed.empty());
   CHECK(d.latency == d.latency_unshadowed);
   CHECK(d.tokens == std::vector<int64_t>(8, 16000));
@@ -172,7 +172,7 @@ TEST_CASE("shadow selection: one hot expert above the break-even is shadowed, ju
   SUBCASE("x = 533, above") {
     int64_t const x = 533;
     auto const counts = counts_with(x);
-    auto const d = moecomm::select_shadowed_experts(model, topo, owner, counts.data());
+    auto const d = moecomm::select_shadowed_experts(model, topo, owner, counts);
     CHECK(d.shadowed == std::vector<int32_t>{0});
     CHECK(d.latency_unshadowed == doctest::Approx(c * 4 * (n + x) + f * 3 * (n + x)).epsilon(1e-12));
     CHECK(d.latency == doctest::Approx(c * (5 * n + x) + f * 3 * n + T).epsilon(1e-12));
@@ -183,11 +183,11 @@ TEST_CASE("shadow selection: one hot expert above the break-even is shadowed, ju
   SUBCASE("x = 532, below") {
     int64_t const x = 532;
     auto const counts = counts_with(x);
-    auto const d = moecomm::select_shadowed_experts(model, topo, owner, counts.data());
+    auto const d = moecomm::select_shadowed_experts(model, topo, owner, counts);
     CHECK(d.shadowed.empty());
     CHECK(d.latency == d.latency_unshadowed);
     CHECK(d.latency == doctest::Approx(c * 4 * (n + x) + f * 3 * (n + x)).epsilon(1e-12));
-    CHECK(moecomm::predicted_latency(model, topo, owner, counts.data(), {0}) > d.latency);
+    CHECK(moecomm::predicted_latency(model, topo, owner, counts, {0}) > d.latency);
   }
 }
 
@@ -205,14 +205,14 @@ TEST_CASE("shadow selection: the greedy prefix stops at the first expert that do
   std::vector<int32_t> const owner{0, 1, 2};
   std::vector<int64_t> const counts = matrix({{0, 0, 480}, {0, 500, 0}, {0, 0, 0}, {600, 0, 0}});
   fastermoe_cost_model const model(unit_params());
-  auto const d = moecomm::select_shadowed_experts(model, topo, owner, counts.data());
+  auto const d = moecomm::select_shadowed_experts(model, topo, owner, counts);
   CHECK(d.latency_unshadowed == 2400.0);
   CHECK(d.shadowed == std::vector<int32_t>{0});
   CHECK(d.latency == 1928.0);
   CHECK(d.tokens_unshadowed == std::vector<int64_t>{600, 500, 480, 0});
   CHECK(d.tokens == std::vector<int64_t>{0, 500, 480, 600});
-  CHECK(moecomm::predicted_latency(model, topo, owner, counts.data(), {0, 1}) == 1936.0);
-  CHECK(moecomm::predicted_latency(model, topo, owner, counts.data(), {0, 2}) == 1816.0);
+  CHECK(moecomm::predicted_latency(model, topo, owner, counts, {0, 1}) == 1936.0);
+  CHECK(moecomm::predicted_latency(model, topo, owner, counts, {0, 2}) == 1816.0);
 }
 
 TEST_CASE("shadow selection: same-node tokens are priced at local_bandwidth") {
@@ -237,13 +237,13 @@ TEST_CASE("shadow selection: same-node tokens are priced at local_bandwidth") {
   };
 
   auto const from_other_node = counts_with_extra_from(2);
-  auto const inter = moecomm::select_shadowed_experts(model, topo, owner, from_other_node.data());
+  auto const inter = moecomm::select_shadowed_experts(model, topo, owner, from_other_node);
   CHECK(inter.latency_unshadowed == 540.0 + 10.0 / 1024);
   CHECK(inter.shadowed == std::vector<int32_t>{0});
   CHECK(inter.latency == 478.0 + 10.0 / 1024);
 
   auto const from_same_node = counts_with_extra_from(1);
-  auto const intra = moecomm::select_shadowed_experts(model, topo, owner, from_same_node.data());
+  auto const intra = moecomm::select_shadowed_experts(model, topo, owner, from_same_node);
   CHECK(intra.latency_unshadowed == 440.0 + 110.0 / 1024);
   CHECK(intra.shadowed.empty());
   CHECK(intra.latency == intra.latency_unshadowed);
@@ -253,9 +253,9 @@ TEST_CASE("shadow selection: same-node tokens are priced at local_bandwidth") {
   // of the three experts tied at 40) pays as well: rank 1 computes its 110 + 10 and receives
   // nothing, Lat({0, 1}) = 3·120 + 16 = 376; expert 2 would give rank 1 10 more: 3·130 + 24 = 414.
   fastermoe_cost_model const one_bandwidth(unit_params());
-  auto const flat = moecomm::select_shadowed_experts(one_bandwidth, topo, owner, from_same_node.data());
+  auto const flat = moecomm::select_shadowed_experts(one_bandwidth, topo, owner, from_same_node);
   CHECK(flat.latency_unshadowed == 550.0);
-  CHECK(moecomm::predicted_latency(one_bandwidth, topo, owner, from_same_node.data(), {0}) == 488.0);
+  CHECK(moecomm::predicted_latency(one_bandwidth, topo, owner, from_same_node, {0}) == 488.0);
   CHECK(flat.shadowed == std::vector<int32_t>{0, 1});
   CHECK(flat.latency == 376.0);
 }
@@ -267,14 +267,14 @@ TEST_CASE("shadow selection: the contiguous_placement overloads use owner = e / 
   fastermoe_cost_model const model;
   std::vector<int32_t> const owner{0, 0, 1, 1, 2, 2, 3, 3};
   moecomm::contiguous_placement const placement(8, 4);
-  auto const by_placement = moecomm::select_shadowed_experts(model, topo, placement, counts.data());
-  auto const by_owner = moecomm::select_shadowed_experts(model, topo, owner, counts.data());
+  auto const by_placement = moecomm::select_shadowed_experts(model, topo, placement, counts);
+  auto const by_owner = moecomm::select_shadowed_experts(model, topo, owner, counts);
   CHECK(by_placement.shadowed == by_owner.shadowed);
   CHECK(by_placement.latency == by_owner.latency);
   CHECK(by_placement.tokens == by_owner.tokens);
-  CHECK(moecomm::predicted_latency(model, topo, placement, counts.data(), {1, 6}) ==
-        moecomm::predicted_latency(model, topo, owner, counts.data(), {1, 6}));
-  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, moecomm::contiguous_placement(8, 2), counts.data()); },
+  CHECK(moecomm::predicted_latency(model, topo, placement, counts, {1, 6}) ==
+        moecomm::predicted_latency(model, topo, owner, counts, {1, 6}));
+  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, moecomm::contiguous_placement(8, 2), counts); },
               moecomm::status::invalid_argument, {"select_shadowed_experts", "placement has 2 ranks but topo has 4"});
 }
 
@@ -403,7 +403,7 @@ TEST_CASE("shadow selection: 300 random count matrices against a from-scratch or
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     random_case const rc = make_random_case(seed);
     CAPTURE(rc.description);
-    auto const d = moecomm::select_shadowed_experts(rc.model, rc.topo, rc.owner, rc.counts.data());
+    auto const d = moecomm::select_shadowed_experts(rc.model, rc.topo, rc.owner, rc.counts);
     oracle_loads const unshadowed = oracle_latency(rc.model, rc.topo, rc.owner, rc.counts, {});
     oracle_loads const chosen = oracle_latency(rc.model, rc.topo, rc.owner, rc.counts, d.shadowed);
 
@@ -413,8 +413,8 @@ TEST_CASE("shadow selection: 300 random count matrices against a from-scratch or
     // the same integer loads go through the same rank_time, so the doubles agree exactly.
     CHECK(d.latency_unshadowed == unshadowed.latency);
     CHECK(d.latency == chosen.latency);
-    CHECK(d.latency == moecomm::predicted_latency(rc.model, rc.topo, rc.owner, rc.counts.data(), d.shadowed));
-    CHECK(d.latency_unshadowed == moecomm::predicted_latency(rc.model, rc.topo, rc.owner, rc.counts.data(), {}));
+    CHECK(d.latency == moecomm::predicted_latency(rc.model, rc.topo, rc.owner, rc.counts, d.shadowed));
+    CHECK(d.latency_unshadowed == moecomm::predicted_latency(rc.model, rc.topo, rc.owner, rc.counts, {}));
     CHECK(d.tokens_unshadowed == unshadowed.computed);
     CHECK(d.tokens == chosen.computed);
     // Shadowing moves tokens between ranks but never creates or loses one.
@@ -426,12 +426,12 @@ TEST_CASE("shadow selection: 300 random count matrices against a from-scratch or
     double previous = d.latency_unshadowed;
     for (int32_t e : d.shadowed) {
       prefix.push_back(e);
-      double const latency = moecomm::predicted_latency(rc.model, rc.topo, rc.owner, rc.counts.data(), prefix);
+      double const latency = moecomm::predicted_latency(rc.model, rc.topo, rc.owner, rc.counts, prefix);
       CHECK(latency < previous);
       previous = latency;
     }
 
-    auto const again = moecomm::select_shadowed_experts(rc.model, rc.topo, rc.owner, rc.counts.data());
+    auto const again = moecomm::select_shadowed_experts(rc.model, rc.topo, rc.owner, rc.counts);
     CHECK(again.shadowed == d.shadowed);
     CHECK(again.latency == d.latency);
     CHECK(again.latency_unshadowed == d.latency_unshadowed);
@@ -454,24 +454,29 @@ TEST_CASE("shadow selection: errors name the argument, rank and expert") {
   std::vector<int64_t> counts(16, 5);
 
   counts[2 * 4 + 1] = -3;
-  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, owner, counts.data()); },
+  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, owner, counts); },
               moecomm::status::invalid_argument,
               {"select_shadowed_experts", "counts[2][1] = -3 is negative", "rank 2", "expert 1"});
-  check_error([&] { (void)moecomm::predicted_latency(model, topo, owner, counts.data(), {}); },
+  check_error([&] { (void)moecomm::predicted_latency(model, topo, owner, counts, {}); },
               moecomm::status::invalid_argument, {"predicted_latency", "counts[2][1] = -3"});
   counts[2 * 4 + 1] = 5;
 
-  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, {0, 1, 4, 3}, counts.data()); },
+  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, {0, 1, 4, 3}, counts); },
               moecomm::status::invalid_argument, {"select_shadowed_experts", "owner[2] = 4 is not a rank in [0, 4)"});
-  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, std::vector<int32_t>{0, -1}, counts.data()); },
+  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, std::vector<int32_t>{0, -1}, counts); },
               moecomm::status::invalid_argument, {"owner[1] = -1"});
-  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, {}, counts.data()); },
+  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, {}, counts); },
               moecomm::status::invalid_argument, {"select_shadowed_experts", "owner is empty", "E = owner.size()"});
-  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, owner, nullptr); },
-              moecomm::status::invalid_argument, {"counts is null", "4 x 4"});
-  check_error([&] { (void)moecomm::predicted_latency(model, topo, owner, counts.data(), {1, 4}); },
+  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, owner, {}); },
+              moecomm::status::invalid_argument, {"argument 'counts' has 0 elements; needs at least 16 (R x E token counts)"});
+  std::vector<int64_t> const short_counts(15, 1);  // one short of 4 x 4: was read past its end
+  check_error([&] { (void)moecomm::select_shadowed_experts(model, topo, owner, short_counts); },
+              moecomm::status::invalid_argument, {"select_shadowed_experts", "argument 'counts' has 15 elements; needs at least 16"});
+  check_error([&] { (void)moecomm::predicted_latency(model, topo, owner, short_counts, {}); },
+              moecomm::status::invalid_argument, {"predicted_latency", "argument 'counts' has 15 elements"});
+  check_error([&] { (void)moecomm::predicted_latency(model, topo, owner, counts, {1, 4}); },
               moecomm::status::invalid_argument, {"predicted_latency", "shadow_set[1] = 4 is not an expert in [0, 4)"});
-  check_error([&] { (void)moecomm::predicted_latency(model, topo, owner, counts.data(), {2, 0, 2}); },
+  check_error([&] { (void)moecomm::predicted_latency(model, topo, owner, counts, {2, 0, 2}); },
               moecomm::status::invalid_argument, {"shadow_set[2] = 2 appears twice"});
 }
 

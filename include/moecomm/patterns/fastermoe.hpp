@@ -42,11 +42,12 @@
 MOECOMM_NAMESPACE_BEGIN
 
 //! FasterMoE's Algorithm 1 as the shadowing policy's planner. A planner is any callable
-//! `(model, topology, owner, counts, shadow_decision& decision)` that overwrites `decision` the same
-//! way on every rank (reusing its vectors, so a steady state allocates nothing).
+//! `(model, topology, owner, array_view<std::int64_t const> counts, shadow_decision& decision)`
+//! (`counts` the `[R][E]` matrix) that overwrites `decision` the same way on every rank (reusing its
+//! vectors, so a steady state allocates nothing).
 struct fastermoe_planner {
   void operator()(fastermoe_cost_model const& model, topology const& topo, std::vector<std::int32_t> const& owner,
-                  std::int64_t const* counts, shadow_decision& decision) {
+                  array_view<std::int64_t const> counts, shadow_decision& decision) {
     select_shadowed_experts(model, topo, owner, counts, decision, workspace);
   }
   shadow_selection_workspace workspace;  //!< kept between steps
@@ -176,7 +177,7 @@ struct fastermoe_shadowing {
    private:
     //! Makes `decision_`'s choice for `counts` this step's: shadowed experts ascending, their subsets.
     void adopt(std::vector<std::int64_t> const& counts) {
-      planner_(model_, groups_->topo(), owners_, counts.data(), decision_);
+      planner_(model_, groups_->topo(), owners_, counts, decision_);
       std::size_t const n = decision_.shadowed.size();
       bool const subsets = !decision_.subset_offsets.empty();
       detail::require(!subsets || decision_.subset_offsets.size() == n + 1, "fastermoe_shadowing",

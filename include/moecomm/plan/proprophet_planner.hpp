@@ -85,9 +85,9 @@ struct proprophet_planner_workspace {
 //!                 T'(no replica), `latency` = T'(chosen) <= it, `tokens_unshadowed`/`tokens` = H
 //!                 before and after.
 //! @throws error (invalid_argument) naming the bad argument: owner empty or out of range, counts
-//!         null or negative (with rank and expert), `options.skipped_ranks` negative.
+//!         shorter than R x E or negative (with rank and expert), `options.skipped_ranks` negative.
 inline void select_proprophet_replicas(proprophet_cost_model const& model, topology const& topo,
-                                       std::vector<std::int32_t> const& owner, std::int64_t const* counts,
+                                       std::vector<std::int32_t> const& owner, array_view<std::int64_t const> counts,
                                        proprophet_planner_options const& options, shadow_decision& decision,
                                        proprophet_planner_workspace& workspace) {
   char const* const op = "select_proprophet_replicas";
@@ -97,14 +97,14 @@ inline void select_proprophet_replicas(proprophet_cost_model const& model, topol
   std::int32_t const ranks = topo.num_ranks();
   auto const E = static_cast<std::size_t>(experts), R = static_cast<std::size_t>(ranks);
   std::int32_t const skip = std::min(options.skipped_ranks, ranks - 1);
-  auto const at = [&](std::size_t s, std::size_t e) { return counts[s * E + e]; };
+  auto const at = [&](std::size_t s, std::size_t e) { return counts.data[s * E + e]; };
 
   // Per expert its total, read in memory order; then per rank what it computes and receives.
   std::vector<std::int64_t>& on_owner = workspace.on_owner;
   on_owner.assign(E, 0);
   std::int64_t routed = 0;
   for (std::size_t s = 0; s < R; ++s) {
-    std::int64_t const* row = counts + s * E;
+    std::int64_t const* row = counts.data + s * E;
     for (std::size_t e = 0; e < E; ++e) on_owner[e] += row[e];
   }
   std::vector<std::int64_t>& computed = workspace.computed;
@@ -230,7 +230,7 @@ inline void select_proprophet_replicas(proprophet_cost_model const& model, topol
 [[nodiscard]] inline shadow_decision select_proprophet_replicas(proprophet_cost_model const& model,
                                                                 topology const& topo,
                                                                 std::vector<std::int32_t> const& owner,
-                                                                std::int64_t const* counts,
+                                                                array_view<std::int64_t const> counts,
                                                                 proprophet_planner_options const& options = {}) {
   shadow_decision decision;
   proprophet_planner_workspace workspace;
@@ -240,10 +240,10 @@ inline void select_proprophet_replicas(proprophet_cost_model const& model, topol
 
 //! The paper's load prediction (loads drift slowly from one iteration to the next): the next
 //! iteration's counts are the last ones. A predictor is any type with
-//! `std::int64_t const* predict(std::int64_t const* observed, std::size_t cells)` returning the
-//! `cells` counts to plan with, `observed` itself or a buffer it owns (valid until its next call).
+//! `array_view<std::int64_t const> predict(array_view<std::int64_t const> observed)` returning the
+//! `[R][E]` counts to plan with: `observed` itself or a buffer it owns (valid until its next call).
 struct last_iteration_predictor {
-  std::int64_t const* predict(std::int64_t const* observed, std::size_t /*cells*/) { return observed; }
+  array_view<std::int64_t const> predict(array_view<std::int64_t const> observed) { return observed; }
 };
 
 //! Pro-Prophet's planner with the call signature of `fastermoe_shadowing`'s planners, so that it
@@ -260,9 +260,8 @@ struct proprophet_planner {
   proprophet_planner_workspace workspace{};  //!< kept between steps
 
   void operator()(fastermoe_cost_model const& /*ignored*/, topology const& topo, std::vector<std::int32_t> const& owner,
-                  std::int64_t const* counts, shadow_decision& decision) {
-    std::size_t const cells = static_cast<std::size_t>(topo.num_ranks()) * owner.size();
-    select_proprophet_replicas(model, topo, owner, predictor.predict(counts, cells), options, decision, workspace);
+                  array_view<std::int64_t const> counts, shadow_decision& decision) {
+    select_proprophet_replicas(model, topo, owner, predictor.predict(counts), options, decision, workspace);
   }
 };
 

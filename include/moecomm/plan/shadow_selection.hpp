@@ -32,6 +32,7 @@
 //! (the owner's and every rank's loads change; the max over ranks is taken again).
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
 #include <moecomm/core/placement.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/error.hpp>
@@ -69,7 +70,7 @@ namespace detail {
 //! Checks `owner` (size E >= 1, every entry a rank of `topo`) and the `[R][E]` count matrix (non-null,
 //! no negative entry); returns E.
 inline std::int32_t check_shadow_inputs(char const* op, topology const& topo, std::vector<std::int32_t> const& owner,
-                                        std::int64_t const* counts) {
+                                        array_view<std::int64_t const> counts) {
   std::int32_t const ranks = topo.num_ranks();
   std::int32_t const experts = static_cast<std::int32_t>(owner.size());
   require(experts > 0, op, "owner is empty (E = owner.size() must be at least 1)");
@@ -77,15 +78,15 @@ inline std::int32_t check_shadow_inputs(char const* op, topology const& topo, st
     std::int32_t const o = owner[static_cast<std::size_t>(e)];
     require(o >= 0 && o < ranks, op, "owner[", e, "] = ", o, " is not a rank in [0, ", ranks, ")");
   }
-  require(counts != nullptr, op, "counts is null (expected ", ranks, " x ", experts, " token counts)");
+  check_elements(counts, std::int64_t{ranks} * experts, op, "counts", "R x E token counts");
   std::size_t const cells = static_cast<std::size_t>(ranks) * static_cast<std::size_t>(experts);
   // A min reduction (which vectorises) finds whether anything is negative; only then is the
   // position looked up.
   std::int64_t smallest = 0;
-  for (std::size_t i = 0; i < cells; ++i) smallest = std::min(smallest, counts[i]);
+  for (std::size_t i = 0; i < cells; ++i) smallest = std::min(smallest, counts.data[i]);
   if (smallest >= 0) return experts;
-  std::int64_t const* bad = std::find_if(counts, counts + cells, [](std::int64_t c) { return c < 0; });
-  auto const cell = static_cast<std::size_t>(bad - counts);
+  std::int64_t const* bad = std::find_if(counts.data, counts.data + cells, [](std::int64_t c) { return c < 0; });
+  auto const cell = static_cast<std::size_t>(bad - counts.data);
   auto const rank = cell / static_cast<std::size_t>(experts), expert = cell % static_cast<std::size_t>(experts);
   fail(status::invalid_argument, op, "counts[", rank, "][", expert, "] = ", *bad, " is negative (tokens rank ", rank,
        " routes to expert ", expert, ")");
@@ -137,10 +138,10 @@ struct shadow_selection_workspace {
 //! @param owner   owner rank of each expert; E = owner.size()
 //! @param counts  row-major `[R][E]`: tokens rank s routes to expert e
 //! @throws error (invalid_argument) naming the bad argument: owner empty or out of range, counts
-//!         null or negative (with rank and expert), a shadow_set entry that is not an expert or
+//!         shorter than R x E or negative (with rank and expert), a shadow_set entry that is not an expert or
 //!         appears twice.
 [[nodiscard]] inline double predicted_latency(fastermoe_cost_model const& model, topology const& topo,
-                                              std::vector<std::int32_t> const& owner, std::int64_t const* counts,
+                                              std::vector<std::int32_t> const& owner, array_view<std::int64_t const> counts,
                                               std::vector<std::int32_t> const& shadow_set) {
   char const* const op = "predicted_latency";
   std::int32_t const experts = detail::check_shadow_inputs(op, topo, owner, counts);
@@ -155,7 +156,7 @@ struct shadow_selection_workspace {
   detail::rank_loads loads(ranks);
   for (std::int32_t s = 0; s < ranks; ++s)
     for (std::int32_t e = 0; e < experts; ++e) {
-      std::int64_t const c = counts[static_cast<std::size_t>(s) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(e)];
+      std::int64_t const c = counts.data[static_cast<std::size_t>(s) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(e)];
       if (is_shadowed[static_cast<std::size_t>(e)]) {
         loads.computed[static_cast<std::size_t>(s)] += c;
         continue;
@@ -170,7 +171,7 @@ struct shadow_selection_workspace {
 //! `predicted_latency` with `owner[e] = placement.rank_of(e)`.
 //! @throws error (invalid_argument) also when the placement's rank count differs from `topo`'s.
 [[nodiscard]] inline double predicted_latency(fastermoe_cost_model const& model, topology const& topo,
-                                              contiguous_placement const& placement, std::int64_t const* counts,
+                                              contiguous_placement const& placement, array_view<std::int64_t const> counts,
                                               std::vector<std::int32_t> const& shadow_set) {
   return predicted_latency(model, topo, detail::owners_of("predicted_latency", placement, topo), counts, shadow_set);
 }
@@ -179,17 +180,17 @@ struct shadow_selection_workspace {
 //! @param owner   owner rank of each expert; E = owner.size() (E < R is fine: some ranks own nothing)
 //! @param counts  row-major `[R][E]`: tokens rank s routes to expert e
 //! @throws error (invalid_argument) naming the bad argument: owner empty or out of range, counts
-//!         null or negative (with rank and expert).
+//!         shorter than R x E or negative (with rank and expert).
 //! @param decision overwritten (its vectors keep their capacity); `workspace` likewise.
 inline void select_shadowed_experts(fastermoe_cost_model const& model, topology const& topo,
-                                    std::vector<std::int32_t> const& owner, std::int64_t const* counts,
+                                    std::vector<std::int32_t> const& owner, array_view<std::int64_t const> counts,
                                     shadow_decision& decision, shadow_selection_workspace& workspace) {
   char const* const op = "select_shadowed_experts";
   std::int32_t const experts = detail::check_shadow_inputs(op, topo, owner, counts);
   std::int32_t const ranks = topo.num_ranks();
   auto const E = static_cast<std::size_t>(experts);
   auto const at = [&](std::int32_t s, std::int32_t e) {
-    return counts[static_cast<std::size_t>(s) * E + static_cast<std::size_t>(e)];
+    return counts.data[static_cast<std::size_t>(s) * E + static_cast<std::size_t>(e)];
   };
 
   // Per expert: its total load and the part of it that comes from the owner's node (owner
@@ -202,7 +203,7 @@ inline void select_shadowed_experts(fastermoe_cost_model const& model, topology 
   load.assign(E, 0);
   owner_node_load.assign(E, 0);
   for (std::int32_t s = 0; s < ranks; ++s) {
-    std::int64_t const* row = counts + static_cast<std::size_t>(s) * E;
+    std::int64_t const* row = counts.data + static_cast<std::size_t>(s) * E;
     std::int32_t const node = topo.node_of(s);
     for (std::size_t e = 0; e < E; ++e) {
       load[e] += row[e];
@@ -270,7 +271,7 @@ inline void select_shadowed_experts(fastermoe_cost_model const& model, topology 
 //! Algorithm 1 as above, returning a fresh decision (a one-off call).
 [[nodiscard]] inline shadow_decision select_shadowed_experts(fastermoe_cost_model const& model, topology const& topo,
                                                              std::vector<std::int32_t> const& owner,
-                                                             std::int64_t const* counts) {
+                                                             array_view<std::int64_t const> counts) {
   shadow_decision decision;
   shadow_selection_workspace workspace;
   select_shadowed_experts(model, topo, owner, counts, decision, workspace);
@@ -281,7 +282,7 @@ inline void select_shadowed_experts(fastermoe_cost_model const& model, topology 
 //! @throws error (invalid_argument) also when the placement's rank count differs from `topo`'s.
 [[nodiscard]] inline shadow_decision select_shadowed_experts(fastermoe_cost_model const& model, topology const& topo,
                                                              contiguous_placement const& placement,
-                                                             std::int64_t const* counts) {
+                                                             array_view<std::int64_t const> counts) {
   return select_shadowed_experts(model, topo, detail::owners_of("select_shadowed_experts", placement, topo), counts);
 }
 
