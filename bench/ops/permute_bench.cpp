@@ -286,7 +286,7 @@ void bm_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k) {
 
 //! A capacity step's plans, as the dispatcher builds them each step (workspaces kept): the dropless
 //! plan, the drops (`drop_by_position`, C = T·K / E), then the kept plan, either derived from the
-//! dropless one (`build_kept_permute_plan`, what the dispatcher does) or sorted again from the kept
+//! dropless one (`build_kept_permute_plan` without the masking check, as the dispatcher calls it) or sorted again from the kept
 //! routing (what it did before). Both kept plans are compared after the loop.
 void bm_capacity_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k, bool derived) {
   routing_data const& ref = routing_for(tokens, top_k);
@@ -299,7 +299,7 @@ void bm_capacity_plan(benchmark::State& state, std::int64_t tokens, std::int32_t
   auto step = [&](moecomm::permute_plan<moecomm::host_backend>& out, bool derive) {
     moecomm::build_permute_plan(be, ref.view(), kNumExperts, dropless, scratch);
     (void)moecomm::drop_to_capacity(be, dropless, capacity, moecomm::array_view<std::int32_t>{kept_idx.data(), slots}, scratch);
-    if (derive) moecomm::build_kept_permute_plan(be, dropless, kept_routing, out, scratch);
+    if (derive) moecomm::build_kept_permute_plan(be, dropless, kept_routing, out, scratch, moecomm::unchecked_routing);
     else moecomm::build_permute_plan(be, kept_routing, kNumExperts, out, scratch, moecomm::unchecked_routing);
   };
   for (auto _ : state) {

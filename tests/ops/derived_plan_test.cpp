@@ -215,7 +215,7 @@ TEST_CASE("build_kept_permute_plan equals a plan built from scratch on the kept 
             for (bool padded : {false, true}) {
               CAPTURE(padded);
               std::int64_t const capacity = fitting_capacity(kept_idx, experts, padded);
-              moecomm::build_kept_permute_plan(be, dropless, kept_routing, kept, scratch, capacity);
+              moecomm::build_kept_permute_plan(be, dropless, kept_routing, kept, scratch, {}, capacity);
               check_same_plan(kept, moecomm::make_permute_plan(be, kept_routing, experts, {}, capacity));
             }
           }
@@ -230,7 +230,7 @@ TEST_CASE("build_kept_permute_plan names a kept routing that is not a masking, a
   moecomm::permute_plan<moecomm::host_backend> dropless, kept, padded;
   moecomm::build_permute_plan(be, routing, 3, dropless, scratch);
   auto derive = [&](std::vector<std::int32_t> kept_idx, std::int64_t capacity = 0) {
-    moecomm::build_kept_permute_plan(be, dropless, {kept_idx.data(), w.data(), 4, 2}, kept, scratch, capacity);
+    moecomm::build_kept_permute_plan(be, dropless, {kept_idx.data(), w.data(), 4, 2}, kept, scratch, {}, capacity);
   };
   check_error([&] { derive({2, 0, 1, -1, 1, 2, 1, 0}); }, moecomm::status::invalid_argument,
               {"build_kept_permute_plan", "argument 'kept_routing' has expert 1 at token 2, slot 0 where the dropless routing has 0"});
@@ -249,6 +249,15 @@ TEST_CASE("build_kept_permute_plan names a kept routing that is not a masking, a
   derive({-1, 0, 1, -1, -1, 2, -1, 0}, 2);  // and a good one still works after the errors
   CHECK(kept.num_rows() == 6);
   CHECK(copied(kept.expert_offsets(), 4) == std::vector<std::int32_t>{0, 2, 4, 6});
+  // Without the scan, an id that is not a masking keeps its slot under the dropless id, and a
+  // negative one drops it: never a write out of bounds (1000 * C would be, padded).
+  std::vector<std::int32_t> unscanned{2, 0, 1000, -1, -7, 2, 1, 0}, meant{2, 0, 1, -1, -1, 2, 1, 0};
+  moecomm::build_kept_permute_plan(be, dropless, {unscanned.data(), w.data(), 4, 2}, kept, scratch, moecomm::unchecked_routing, 3);
+  auto const fresh = moecomm::make_permute_plan(be, {meant.data(), w.data(), 4, 2}, 3, {}, 3);
+  REQUIRE(kept.num_rows() == fresh.num_rows());
+  CHECK(copied(kept.row_of(), 8) == copied(fresh.row_of(), 8));
+  CHECK(copied(kept.token_of(), 9) == copied(fresh.token_of(), 9));
+  CHECK(copied(kept.slot_of(), 9) == copied(fresh.slot_of(), 9));
 }
 
 }  // namespace test

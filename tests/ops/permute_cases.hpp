@@ -216,7 +216,7 @@ TEST_CASE_TEMPLATE_DEFINE("drops and derived plans equal the oracle over the sha
       REQUIRE(download(be, kept_idx.data(), slots) == want.idx);
       moecomm::build_kept_permute_plan(be, dropless, kept_view, kept, scratch);
       check_plan(be, kept, oracle::permute_map(want, spec.experts));
-      moecomm::build_kept_permute_plan(be, dropless, kept_view, kept, scratch, c);
+      moecomm::build_kept_permute_plan(be, dropless, kept_view, kept, scratch, moecomm::unchecked_routing, c);  // both modes
       auto const fresh = moecomm::make_permute_plan(be, kept_view, spec.experts, {}, c);
       REQUIRE(kept.num_rows() == fresh.num_rows());
       CHECK(download(be, kept.row_of(), slots) == download(be, fresh.row_of(), slots));

@@ -523,7 +523,7 @@ class dispatcher {
                                                              dropless_plan_.expert_offsets(), allowed, local_experts_, kept_idx});
       routing_view kept = routing;
       kept.topk_idx = kept_idx;
-      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_);
+      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, unchecked_routing);  // a masking by construction
       report_.capacity = capacity_.rows_per_rank;
       report_.kept_slots = plan_.num_rows();
       report_.dropped_slots = dropless_plan_.num_rows() - report_.kept_slots;
@@ -541,7 +541,7 @@ class dispatcher {
                                                         detail::first_token(groups_->world(), capacity_, routing.num_tokens, scratch_));
       routing_view kept = routing;
       kept.topk_idx = kept_idx.data;
-      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, capacity_.pad_to_capacity ? c : 0);
+      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, unchecked_routing, capacity_.pad_to_capacity ? c : 0);
       report_.kept_slots = result.kept_slots;
       report_.dropped_slots = result.dropped_slots;
     }

@@ -90,6 +90,29 @@ struct padded_offsets {
   MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const { expert_offsets[e] = static_cast<std::int32_t>(e * capacity); }
 };
 
+//! The block that holds row r: the last b in `[0, blocks)` with `bounds[b] <= r` (so an empty block,
+//! whose bound equals the next one's, is never chosen for a row of the next).
+MOECOMM_HOST_DEVICE inline std::int32_t block_holding(std::int32_t const* bounds, std::int32_t blocks, std::int64_t r) {
+  std::int32_t lo = 0, hi = blocks;
+  while (hi - lo > 1) {
+    std::int32_t const mid = lo + (hi - lo) / 2;
+    if (bounds[mid] <= r) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+//! `out[i]` = the expert whose block holds slot i's row in a plan, -1 for a slot without a row:
+//! the ids of the routing a relabeled plan stands for.
+struct slot_experts_from_plan {
+  std::int32_t const* row_of;
+  std::int32_t const* expert_offsets;  //!< `[E + 1]`
+  std::int32_t num_experts;
+  std::int32_t* out;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    out[i] = row_of[i] < 0 ? -1 : block_holding(expert_offsets, num_experts, row_of[i]);
+  }
+};
+
 //! Row `r` of block b moves to the same place in the block of expert `label[b]`
 //! (`relabel_permute_plan`): rows keep their order within a block, as a stable sort would.
 struct move_row_blocks {
@@ -104,12 +127,8 @@ struct move_row_blocks {
   std::int32_t* slot_of;
   std::int32_t* row_of;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
-    std::int32_t lo = 0, hi = num_blocks;  // the block that holds r: the last b with bounds[b] <= r (empty blocks skipped)
-    while (hi - lo > 1) {
-      std::int32_t const mid = lo + (hi - lo) / 2;
-      if (old_bounds[mid] <= r) lo = mid; else hi = mid;
-    }
-    std::int64_t const moved = new_offsets[label[lo]] + (r - old_bounds[lo]);
+    std::int32_t const b = block_holding(old_bounds, num_blocks, r);
+    std::int64_t const moved = new_offsets[label[b]] + (r - old_bounds[b]);
     token_of[moved] = old_token_of[r];
     slot_of[moved] = old_slot_of[r];
     if (old_token_of[r] >= 0) row_of[std::int64_t{old_token_of[r]} * top_k + old_slot_of[r]] = static_cast<std::int32_t>(moved);
@@ -154,6 +173,7 @@ struct kept_offsets_from_positions {
 struct move_kept_rows {
   std::int32_t const* old_token_of;
   std::int32_t const* old_slot_of;
+  std::int32_t const* idx;           //!< the dropless routing's: a row's expert, valid whatever the kept id
   std::int32_t const* kept_idx;
   std::int32_t const* positions;     //!< `[rows + 1]`
   std::int32_t const* kept_offsets;  //!< `[E + 1]`, unpadded
@@ -164,8 +184,8 @@ struct move_kept_rows {
   std::int32_t* row_of;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
     std::int64_t const slot = std::int64_t{old_token_of[r]} * top_k + old_slot_of[r];
-    std::int32_t const e = kept_idx[slot];
-    if (e < 0) return;
+    if (kept_idx[slot] < 0) return;
+    std::int32_t const e = idx[slot];
     std::int64_t const row = capacity == 0 ? positions[r] : e * capacity + (positions[r] - kept_offsets[e]);
     token_of[row] = old_token_of[r];
     slot_of[row] = old_slot_of[r];
@@ -242,7 +262,7 @@ class permute_plan {
                                        std::int32_t const*, std::int32_t, workspace<B>&, char const*);
   template <class B>
   friend void build_kept_permute_plan(B const&, permute_plan<B> const&, routing_view const&, permute_plan<B>&, workspace<B>&,
-                                      std::int64_t);
+                                      routing_checks const&, std::int64_t);
   template <class B>
   friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
                                  routing_checks const&, std::int64_t);
@@ -459,13 +479,18 @@ void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routin
 //! Blocks until `num_rows()` is known on the host.
 //! @param dropless the routing's unpadded plan (`build_permute_plan`); not `kept`.
 //! @param kept_routing the same shape; each id is -1 or the slot's id in `dropless`'s routing.
+//! @param checks `scan_values` checks that `kept_routing` is such a masking (one pass over the
+//!        slots); with it off, as for a kept routing the caller made itself, a negative id is
+//!        dropped and any other keeps its slot under the dropless routing's id (never an
+//!        out-of-bounds access).
 //! @param padded_capacity if > 0, every expert block of `kept` has exactly this many rows.
 //! @throws error (invalid_argument) naming `kept_routing`'s first slot that is not a masking of the
 //!         dropless routing, or an expert with more kept slots than `padded_capacity`. After an
 //!         error `kept` is empty.
 template <class Backend>
 void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dropless, routing_view const& kept_routing,
-                             permute_plan<Backend>& kept, workspace<Backend>& scratch, std::int64_t padded_capacity = 0) {
+                             permute_plan<Backend>& kept, workspace<Backend>& scratch, routing_checks const& checks = {},
+                             std::int64_t padded_capacity = 0) {
   char const* op = "build_kept_permute_plan";
   detail::require(&kept != &dropless, op, "argument 'kept' is 'dropless': the kept plan needs arrays of its own");
   kept.routing_ = {};
@@ -480,18 +505,20 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
   std::int32_t const experts = dropless.num_experts_;
   std::int64_t const slots = routing.num_tokens * routing.top_k, rows = dropless.num_rows_;
   detail::require(slots == 0 || kept_routing.topk_idx != nullptr, op, "argument 'kept_routing' has null topk_idx");
-  std::int64_t const bad =
-      be.reduce(slots, slots,
-                detail::first_index_where<detail::not_a_masking>{{routing.topk_idx, dropless.row_of(), kept_routing.topk_idx}, slots},
-                detail::minimum{});
-  if (bad < slots) {
-    std::int32_t ids[2] = {0, 0};
-    be.copy(&ids[0], kept_routing.topk_idx + bad, 1);
-    be.copy(&ids[1], routing.topk_idx + bad, 1);
-    be.synchronize();
-    detail::fail(status::invalid_argument, op, "argument 'kept_routing' has expert ", ids[0], " at token ",
-                 bad / routing.top_k, ", slot ", bad % routing.top_k, " where the dropless routing has ", ids[1],
-                 " (a kept routing only masks slots, to -1)");
+  if (checks.scan_values) {
+    std::int64_t const bad =
+        be.reduce(slots, slots,
+                  detail::first_index_where<detail::not_a_masking>{{routing.topk_idx, dropless.row_of(), kept_routing.topk_idx}, slots},
+                  detail::minimum{});
+    if (bad < slots) {
+      std::int32_t ids[2] = {0, 0};
+      be.copy(&ids[0], kept_routing.topk_idx + bad, 1);
+      be.copy(&ids[1], routing.topk_idx + bad, 1);
+      be.synchronize();
+      detail::fail(status::invalid_argument, op, "argument 'kept_routing' has expert ", ids[0], " at token ",
+                   bad / routing.top_k, ", slot ", bad % routing.top_k, " where the dropless routing has ", ids[1],
+                   " (a kept routing only masks slots, to -1)");
+    }
   }
   char const* const padded = "padded_capacity * num_experts";
   std::int64_t const padded_rows = detail::checked_int32(detail::checked_mul(padded_capacity, experts, op, padded), op,
@@ -528,9 +555,10 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
     be.copy(kept.expert_offsets_.data(), kept_offsets, experts + 1);
   }
   be.for_each_index(slots, detail::fill_value<std::int32_t>{kept.row_of_.data(), -1});
-  be.for_each_index(rows, detail::move_kept_rows{dropless.token_of(), dropless.slot_of(), kept_routing.topk_idx, positions,
-                                                 kept_offsets, padded_capacity, routing.top_k, kept.token_of_.data(),
-                                                 kept.slot_of_.data(), kept.row_of_.data()});
+  be.for_each_index(rows, detail::move_kept_rows{dropless.token_of(), dropless.slot_of(), routing.topk_idx,
+                                                 kept_routing.topk_idx, positions, kept_offsets, padded_capacity,
+                                                 routing.top_k, kept.token_of_.data(), kept.slot_of_.data(),
+                                                 kept.row_of_.data()});
   std::int32_t num_rows = 0;
   be.copy(&num_rows, kept.expert_offsets_.data() + experts, 1);
   be.synchronize();

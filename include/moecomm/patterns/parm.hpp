@@ -310,7 +310,7 @@ class parm_layer {
     if constexpr (detail::is_dropless_v<Capacity>) {  // the plan of all T tokens is the dispatcher's: no second sort
       dispatcher_.route(all_plan_);
     } else {
-      build_kept_permute_plan(be(), all_plan_, kept, kept_plan_, scratch_);
+      build_kept_permute_plan(be(), all_plan_, kept, kept_plan_, scratch_, unchecked_routing);  // a masking by construction
       dispatcher_.route(kept_plan_);
     }
     std::int64_t const rows = dispatcher_.received_rows();

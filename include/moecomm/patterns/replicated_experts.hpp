@@ -11,7 +11,8 @@
 //!    schedule (`schedule_replicas`, FineMoE eq. 3) and assigns by FineMoE's Algorithm 1;
 //!    `even_split` shares each rank's tokens evenly (FlexMoE). `plan/replica_assignment.hpp`;
 //! 3. every slot relabeled to its replica's *slot id* `rank · S + local index` (a rank's tokens of
-//!    an expert go to the replicas as contiguous ranges of their (token, slot) order);
+//!    an expert go to the replicas as contiguous runs of their (token, slot) order): the real plan's
+//!    runs move to their slot ids (`relabel_permute_plan` by row blocks), no second sort;
 //! 4. plain expert parallelism over the `R · S` slots: the library's `dispatcher`, whose combine
 //!    adds every token's slots in slot order, so outputs and input gradients are plain EP's bit for
 //!    bit whatever the placement and split (an expert's row does not depend on the replica).
@@ -102,29 +103,6 @@ struct replicated_report {
 };
 
 namespace detail {
-
-//! `out[i]` = the slot id of the replica that takes slot i (file comment, 3.); masked slots unchanged.
-struct relabel_to_replica {
-  std::int32_t const* idx;
-  std::int32_t const* row_of;          //!< the real experts' plan
-  std::int32_t const* expert_offsets;  //!< `[E + 1]`, same plan
-  std::int32_t const* range_first;     //!< `[E + 1]`: expert e's ranges
-  std::int64_t const* range_end;       //!< end of each range, a position among the expert's rows
-  std::int32_t const* range_slot;      //!< the replica's slot id
-  std::int32_t num_experts;
-  std::int32_t* out;
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
-    std::int32_t const e = idx[i];
-    if (!is_valid_expert(e, num_experts) || row_of[i] < 0) {
-      out[i] = e;
-      return;
-    }
-    std::int64_t const p = row_of[i] - expert_offsets[e];
-    std::int32_t r = range_first[e];
-    while (r + 1 < range_first[e + 1] && p >= range_end[r]) ++r;
-    out[i] = range_slot[r];
-  }
-};
 
 }  // namespace detail
 
@@ -284,21 +262,19 @@ class replicated_expert_layer {
       assign_tokens_evenly(sets_, counts(), assignment_);
     }
     record_loads();
-    // 3. Each slot to its replica's slot id.
-    build_ranges(me);
+    // 3. Each replica's run of this rank's rows of an expert moves to the replica's slot id (no
+    // second sort); the slots' ids follow from the moved plan.
+    build_replica_blocks(me);
     std::int64_t const slots = routing.num_tokens * routing.top_k;
-    std::int32_t* const relabeled = grow(be_, relabeled_idx_, slots).data();
-    if (slots > 0)
-      be_.for_each_index(slots, detail::relabel_to_replica{routing.topk_idx, real_plan_.row_of(), real_plan_.expert_offsets(),
-                                                           device_range_first_, device_range_end_, device_range_slot_, E,
-                                                           relabeled});
+    std::int32_t const slot_ids = R * placement_.slots_per_rank();
     routing_view by_slot = routing;
-    by_slot.topk_idx = relabeled;
-    // 4. Plain expert parallelism over the slots, on the real plan with each replica's run of rows
-    // moved to its slot's place (no second sort).
+    by_slot.topk_idx = grow(be_, relabeled_idx_, slots).data();
     relabel_permute_plan(be_, real_plan_, by_slot,
-                         row_blocks{array_view<std::int32_t const>(block_ends_), array_view<std::int32_t const>(range_slot_)},
-                         R * placement_.slots_per_rank(), scratch_);
+                         row_blocks{array_view<std::int32_t const>(block_ends_), array_view<std::int32_t const>(block_slots_)},
+                         slot_ids, scratch_);
+    be_.for_each_index(slots, detail::slot_experts_from_plan{real_plan_.row_of(), real_plan_.expert_offsets(), slot_ids,
+                                                             relabeled_idx_.data()});
+    // 4. Plain expert parallelism over the slots.
     dispatcher_.route(real_plan_);
     std::int64_t const rows = dispatcher_.received_rows();
     dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
@@ -342,41 +318,28 @@ class replicated_expert_layer {
     report_.exchange = dispatcher_.report().exchange;
   }
 
-  //! The ranges of this rank's tokens per expert (own replica first, then ascending rank), on the device.
-  void build_ranges(std::int32_t me) {
+  //! This rank's rows of each expert cut into its replicas' runs (own replica first, then ascending
+  //! rank), as row blocks of the real plan: each block's end and slot id.
+  void build_replica_blocks(std::int32_t me) {
     std::int32_t const E = placement_.num_experts(), S = placement_.slots_per_rank();
     std::size_t const K = sets_.ranks.size();
-    range_first_.assign(1, 0);
-    range_end_.clear();
-    range_slot_.clear();
     block_ends_.clear();
-    std::int64_t expert_first_row = 0;  // this rank's rows are expert-major: expert e's start after those of e' < e
+    block_slots_.clear();
+    std::int64_t end = 0;  // this rank's rows are expert-major
     for (std::int32_t e = 0; e < E; ++e) {
       std::int32_t const first = sets_.offsets[static_cast<std::size_t>(e)], n = sets_.offsets[static_cast<std::size_t>(e) + 1] - first;
       std::int32_t const own = replica_assignment::own_replica(sets_, me, e), local = placement_.local_index_of(e);
-      std::int64_t end = 0;
       auto add = [&](std::int32_t j) {
         std::int64_t const t = assignment_.take[static_cast<std::size_t>(me) * K + static_cast<std::size_t>(first + j)];
         if (t == 0) return;
         end += t;
-        range_end_.push_back(end);
-        block_ends_.push_back(static_cast<std::int32_t>(expert_first_row + end));
-        range_slot_.push_back(sets_.ranks[static_cast<std::size_t>(first + j)] * S + local);
+        block_ends_.push_back(static_cast<std::int32_t>(end));
+        block_slots_.push_back(sets_.ranks[static_cast<std::size_t>(first + j)] * S + local);
       };
       if (own >= 0) add(own);
       for (std::int32_t j = 0; j < n; ++j)
         if (j != own) add(j);
-      range_first_.push_back(static_cast<std::int32_t>(range_end_.size()));
-      expert_first_row += mine_[static_cast<std::size_t>(e)];
     }
-    std::int64_t const ranges = static_cast<std::int64_t>(range_end_.size());
-    device_range_first_ = tables_.template get<std::int32_t>(be_, E + 1);
-    device_range_end_ = range_tables_.template get<std::int64_t>(be_, ranges + 1);
-    device_range_slot_ = slot_tables_.template get<std::int32_t>(be_, ranges + 1);
-    be_.copy(device_range_first_, range_first_.data(), E + 1);
-    be_.copy(device_range_end_, range_end_.data(), ranges);
-    be_.copy(device_range_slot_, range_slot_.data(), ranges);
-    be_.synchronize();
   }
 
   void record_loads() {
@@ -413,14 +376,9 @@ class replicated_expert_layer {
   std::int64_t hidden_;
   std::vector<Comm> replica_groups_;  //!< per slot row: this rank's replica group
   permute_plan<Backend> real_plan_;
-  workspace<Backend> scratch_, tables_, range_tables_, slot_tables_;
+  workspace<Backend> scratch_;
   std::vector<std::int64_t> mine_, counts_, loads_;  //!< host: this rank's rows per expert, every rank's, the loads
-  std::vector<std::int32_t> range_first_, range_slot_;
-  std::vector<std::int32_t> block_ends_;  //!< each range's last row + 1 in this rank's real plan
-  std::vector<std::int64_t> range_end_;
-  std::int32_t* device_range_first_ = nullptr;
-  std::int64_t* device_range_end_ = nullptr;
-  std::int32_t* device_range_slot_ = nullptr;
+  std::vector<std::int32_t> block_ends_, block_slots_;  //!< this rank's replica runs in the real plan: end row, slot id
   replica_schedule schedule_;
   replica_schedule_workspace schedule_workspace_;
   replica_assignment assignment_;
