@@ -32,6 +32,15 @@
 #  define MOECOMM_DEVICE_UNROLL(n)
 #endif
 
+//! The CUDA back-end and NCCL communicator compiled by a host compiler against moecomm's CPU
+//! emulation of CUDA and NCCL (`tests/emulation/`): the real device code path, run on host threads
+//! with CUDA's and NCCL's contracts checked. The emulation's build target defines it.
+#if defined(MOECOMM_EMULATE_CUDA) && !MOECOMM_CUDA_COMPILATION()
+#  define MOECOMM_CUDA_EMULATION() 1
+#else
+#  define MOECOMM_CUDA_EMULATION() 0
+#endif
+
 // ---- features, as chosen by the build (CMake passes them on the interface target) -------------
 //! The CUDA back-end and kernels: needs nvcc. A translation unit compiled by g++ never has it.
 #if defined(MOECOMM_ENABLE_CUDA) && MOECOMM_CUDA_COMPILATION()

@@ -13,6 +13,9 @@
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/error.hpp>
 
+#if MOECOMM_CUDA_EMULATION()
+#  include <moecomm_emulation/emulation.hpp>
+#endif
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_reduce.cuh>
 #include <cub/device/device_scan.cuh>
@@ -25,8 +28,8 @@
 #include <mutex>
 #include <thread>
 
-#if !MOECOMM_CUDA_COMPILATION()
-#  error "moecomm/backend/cuda.cuh needs nvcc; host-only code includes moecomm/moecomm.hpp"
+#if !MOECOMM_CUDA_COMPILATION() && !MOECOMM_CUDA_EMULATION()
+#  error "moecomm/backend/cuda.cuh needs nvcc (or the CUDA emulation); host-only code includes moecomm/moecomm.hpp"
 #endif
 
 MOECOMM_NAMESPACE_BEGIN
@@ -50,6 +53,14 @@ inline unsigned grid_for(std::int64_t items, std::int64_t items_per_block) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
 }
 
+#if MOECOMM_CUDA_EMULATION()
+//! The emulation runs a row on one lane: the functor's portable path, as the host back-end does.
+struct emulated_team {
+  int lane() const { return 0; }
+  int size() const { return 1; }
+  float reduce_sum(float partial) const { return partial; }
+};
+#else
 template <class F>
 __global__ __launch_bounds__(threads_per_block) void for_each_index_kernel(std::int64_t n, F f) {
   std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
@@ -78,6 +89,7 @@ __global__ __launch_bounds__(threads_per_block) void for_each_row_kernel(std::in
   warp_team const team{static_cast<int>(threadIdx.x % warp_lanes)};
   for (std::int64_t row = first; row < rows; row += warps) f(row, team);  // uniform per warp
 }
+#endif
 
 //! Stream-ordered device memory. Running out of it is `error(out_of_memory)` with the byte count.
 struct cuda_allocator {
@@ -142,8 +154,14 @@ class cuda_backend {
   template <class F>
   void for_each_index(std::int64_t n, F const& f) const {
     if (n <= 0) return;
+#if MOECOMM_CUDA_EMULATION()
+    (void)moecomm_emulation::launch(stream_, "for_each_index", f, [n](F const& g) {
+      for (std::int64_t i = 0; i < n; ++i) g(i);
+    });
+#else
     detail::for_each_index_kernel<<<detail::grid_for(n, detail::threads_per_block), detail::threads_per_block, 0,
                                     stream_>>>(n, f);
+#endif
     detail::cuda_check(cudaGetLastError(), "for_each_index launch");
   }
 
@@ -151,9 +169,15 @@ class cuda_backend {
   template <class F>
   void for_each_row(std::int64_t rows, F const& f) const {
     if (rows <= 0) return;
+#if MOECOMM_CUDA_EMULATION()
+    (void)moecomm_emulation::launch(stream_, "for_each_row", f, [rows](F const& g) {
+      for (std::int64_t row = 0; row < rows; ++row) g(row, detail::emulated_team{});
+    });
+#else
     constexpr int rows_per_block = detail::threads_per_block / detail::warp_lanes;
     detail::for_each_row_kernel<<<detail::grid_for(rows, rows_per_block), detail::threads_per_block, 0, stream_>>>(
         rows, f);
+#endif
     detail::cuda_check(cudaGetLastError(), "for_each_row launch");
   }
 

@@ -37,8 +37,8 @@
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 
-#if !MOECOMM_CUDA_COMPILATION()
-#  error "moecomm/comm/nccl.cuh needs nvcc; host-only code includes moecomm/moecomm.hpp"
+#if !MOECOMM_CUDA_COMPILATION() && !MOECOMM_CUDA_EMULATION()
+#  error "moecomm/comm/nccl.cuh needs nvcc (or the CUDA emulation); host-only code includes moecomm/moecomm.hpp"
 #endif
 #if !MOECOMM_HAS_NCCL()
 #  error "moecomm/comm/nccl.cuh needs NCCL: link the target moecomm::nccl (moecomm built with MOECOMM_ENABLE_NCCL=ON)"

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Ranks on the CUDA/NCCL emulation: one thread per rank, each on its own emulated device, with a
+// stream, a cuda_backend on it and an nccl_communicator over all ranks on the same stream (the
+// device contract: the communicator enqueues on the back-end's stream).
+
+#include "../support/test_support.hpp"
+
+#include <moecomm/backend/cuda.cuh>
+#include <moecomm/comm/nccl.cuh>
+#include <moecomm_emulation/emulation.hpp>
+
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace test {
+
+struct emulated_rank {
+  int device;
+  moecomm::cuda_backend be;
+  moecomm::nccl_communicator comm;
+};
+
+// `data[i] = value`: a kernel.
+struct fill_kernel {
+  float* data;
+  float value;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { data[i] = value; }
+};
+
+// Runs `body(rank)` on `ranks` threads, rank r on emulated device r. A rank's exception is reported
+// after every thread ended; bodies use CHECK so that every rank reaches the same collectives.
+template <class Body>
+void run_emulated_ranks(int ranks, Body const& body, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  REQUIRE(ranks <= moecomm_emulation::device_count());
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<std::string> failures(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      cudaStream_t stream = nullptr;
+      try {
+        moecomm::detail::cuda_check(cudaSetDevice(r), "cudaSetDevice");
+        moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+        moecomm::nccl_options options;
+        options.timeout = timeout;
+        emulated_rank rank{r, moecomm::cuda_backend(stream, timeout), moecomm::nccl_communicator::create(ranks, id, r, stream, options)};
+        body(rank);
+        rank.be.synchronize();
+      } catch (std::exception const& e) {
+        failures[static_cast<std::size_t>(r)] = e.what();
+      } catch (...) {
+        failures[static_cast<std::size_t>(r)] = "a non-standard exception (a failed REQUIRE?)";
+      }
+      if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r)
+    CHECK_MESSAGE(failures[static_cast<std::size_t>(r)].empty(), "rank ", r, ": ", failures[static_cast<std::size_t>(r)]);
+}
+
+}  // namespace test

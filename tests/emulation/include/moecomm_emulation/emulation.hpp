@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! The CPU emulation of the CUDA runtime and NCCL that moecomm's device code runs on when no GPU
+//! exists. The real `cudaXxx`/`ncclXxx` declarations come from CUDA's and NCCL's own headers; the
+//! emulation library defines them (it replaces libcudart and libnccl at link time), so the code
+//! under test is moecomm's real device path. What the emulation adds:
+//!
+//! - devices: several per process (`MOECOMM_EMULATED_DEVICES`, default 8), a current device per
+//!   host thread (0 for a new thread), device memory in mappings the host cannot touch: a host read
+//!   or write of device memory stops the process with a message naming the allocation;
+//! - streams: each an in-order worker thread (work really is asynchronous), events, the legacy
+//!   default stream's implicit synchronisation;
+//! - contracts, checked when work is enqueued and reported by the failing call's error (its
+//!   `cudaGetErrorString` / `ncclGetLastError` names the call and the buffer) and in `violations()`:
+//!   a buffer used on one stream while its last use on another is not ordered before (no event, no
+//!   host wait), a launch or allocation on a stream of another device than the thread's current
+//!   one, a kernel that captures a pointer to pageable host memory, a non-device buffer given to
+//!   NCCL, an NCCL communicator used by a second thread, an NCCL group left open.
+//!
+//! Kernels are launched through `launch`, which `moecomm/backend/cuda.cuh` calls where nvcc
+//! compiles `<<<...>>>`: the same functor runs on the stream's worker thread.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+namespace moecomm_emulation {
+
+//! How an enqueued operation uses a buffer.
+enum class access { read, write, read_write };
+
+//! One buffer an operation uses: `bytes` at `ptr` (host or device memory).
+struct buffer_use {
+  void const* ptr;
+  std::size_t bytes;
+  access mode;
+  char const* role;  //!< the argument's name, for messages ("sendbuff", "keys_in")
+};
+
+//! Enqueues `job` on `stream` (null: the current device's legacy default stream) after checking
+//! the contracts for `uses`. The job runs on the stream's worker thread; it must only touch memory
+//! through `device_view`. Returns the error the call reports (and records it as the last error).
+cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_use> const& uses,
+                    std::function<void()> job);
+
+//! The address the emulation's worker threads use for `p`: device memory (up to one past its
+//! end) maps to its accessible view; any other pointer is returned unchanged.
+void* device_view(void const* p);
+
+//! Checks a kernel's argument bytes: every word that points into device memory is a buffer the
+//! kernel uses (read and write: the emulation cannot tell which) and is rewritten to its
+//! accessible view; a word that points into pageable host memory is a violation. Returns the uses.
+cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, char const* type, void* bytes,
+                                  std::size_t size, std::vector<buffer_use>& uses);
+
+//! Launches `run(f)` on `stream` as kernel `name`: `f` is copied (as a kernel's arguments are),
+//! its pointers checked and rewritten, and run on the stream's worker thread.
+template <class F, class Run>
+cudaError_t launch(cudaStream_t stream, char const* name, F const& f, Run run) {
+  static_assert(std::is_trivially_copyable_v<F>, "a kernel's functor must be trivially copyable");
+  auto copy = std::make_shared<F>(f);
+  std::vector<buffer_use> uses;
+  cudaError_t const scanned = scan_kernel_arguments(stream, name, typeid(F).name(), copy.get(), sizeof(F), uses);
+  if (scanned != cudaSuccess) return scanned;
+  return enqueue(stream, name, uses, [copy, run] { run(*copy); });
+}
+
+//! The contract violations seen so far (each a message naming the call and the buffer).
+std::vector<std::string> violations();
+//! Forgets the violations seen so far.
+void clear_violations();
+
+//! The host waits this thread has made: stream and event synchronisations, successful polls
+//! (`cudaStreamQuery`/`cudaEventQuery` returning cudaSuccess) and synchronous copies.
+std::int64_t host_waits();
+
+//! The number of emulated devices.
+int device_count();
+
+}  // namespace moecomm_emulation

@@ -1,0 +1,2 @@
+#include <doctest/doctest.h>
+namespace test { TEST_CASE("placeholder layer") {} }

@@ -1,0 +1,867 @@
+// SPDX-License-Identifier: Apache-2.0
+// The emulated CUDA runtime: devices, memory, streams, events and the ordering contract.
+//
+// Ordering is checked with vector clocks. Every stream counts the operations enqueued on it; a
+// stream's clock says, for every other stream, how many of its operations are ordered before the
+// stream's latest one (through events, the legacy stream's implicit synchronisation, or a host
+// wait of the enqueueing thread). Every allocation remembers its last write and the reads since;
+// an operation that uses it on another stream must find them in its stream's clock.
+
+#include "core.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+#include <sys/mman.h>
+
+namespace moecomm_emulation {
+namespace detail {
+namespace {
+
+constexpr std::size_t page = 4096;
+
+using clock_vector = std::vector<std::pair<int, std::uint64_t>>;  // (stream id, operations), by id
+
+std::uint64_t clock_of(clock_vector const& c, int id) {
+  auto it = std::lower_bound(c.begin(), c.end(), std::make_pair(id, std::uint64_t{0}));
+  return it != c.end() && it->first == id ? it->second : 0;
+}
+void advance(clock_vector& c, int id, std::uint64_t value) {
+  auto it = std::lower_bound(c.begin(), c.end(), std::make_pair(id, std::uint64_t{0}));
+  if (it != c.end() && it->first == id) it->second = std::max(it->second, value);
+  else c.insert(it, {id, value});
+}
+void merge(clock_vector& into, clock_vector const& from) {
+  for (auto const& [id, value] : from) advance(into, id, value);
+}
+
+struct stream_state {
+  int id = 0;
+  int device = 0;
+  bool legacy = false;    // the device's legacy default stream (handle 0)
+  bool blocking = true;   // synchronises with the legacy stream (cudaStreamDefault)
+  std::uint64_t enqueued = 0;
+  std::atomic<std::uint64_t> completed{0};
+  clock_vector knows;     // ordered before the latest enqueued operation
+  std::mutex queue_lock;
+  std::condition_variable queue_ready;
+  std::deque<std::function<void()>> queue;
+  bool stopping = false;
+  std::string last_operation;
+};
+
+struct event_state {
+  bool recorded = false;
+  std::shared_ptr<stream_state> stream;
+  std::uint64_t seq = 0;
+  clock_vector knows;
+};
+
+struct access_record {
+  int stream = 0;
+  std::uint64_t seq = 0;
+  std::string what;
+};
+
+struct allocation {
+  std::uintptr_t base = 0;
+  std::size_t bytes = 0, reserved = 0;
+  char* view = nullptr;  // the worker threads' address of the memory
+  bool device = true;    // false: pinned host memory (view == base)
+  int dev = 0;
+  std::string origin;
+  bool written = false;
+  access_record last_write;
+  std::vector<access_record> reads;  // since the last write, the latest per stream
+};
+
+struct thread_state {
+  int device = 0;
+  clock_vector knows;
+  std::int64_t waits = 0;
+  cudaError_t last_error = cudaSuccess;
+  std::string message;  // the last violation's text
+};
+thread_local thread_state this_thread;
+
+// The kernel a worker thread is running, for the fault handler's message.
+thread_local char const* running_kernel = nullptr;
+
+struct emulator {
+  std::mutex lock;  // everything below but the queues
+  int devices = 8;
+  int next_stream = 1;
+  std::map<std::uintptr_t, std::shared_ptr<allocation>> memory;  // by base address
+  std::map<stream_state*, std::shared_ptr<stream_state>> streams;
+  std::vector<std::shared_ptr<stream_state>> legacy;              // per device, made on first use
+  std::map<event_state*, std::shared_ptr<event_state>> events;
+  std::vector<std::string> violations;
+  std::deque<std::shared_ptr<allocation>> freed;  // the latest frees, kept inaccessible to name a use after free
+  std::mutex done_lock;
+  std::condition_variable done;
+
+  emulator() {
+    if (char const* n = std::getenv("MOECOMM_EMULATED_DEVICES")) devices = std::max(1, std::atoi(n));
+    legacy.resize(static_cast<std::size_t>(devices));
+  }
+};
+
+emulator& emu() {
+  static emulator* const e = new emulator;  // never destroyed: detached workers may outlive main
+  return *e;
+}
+
+void worker_loop(std::shared_ptr<stream_state> s) {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> hold(s->queue_lock);
+      s->queue_ready.wait(hold, [&] { return !s->queue.empty() || s->stopping; });
+      if (s->queue.empty()) return;
+      job = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    job();
+    {
+      std::lock_guard<std::mutex> hold(emu().done_lock);
+      s->completed.fetch_add(1, std::memory_order_release);
+    }
+    emu().done.notify_all();
+  }
+}
+
+std::shared_ptr<stream_state> new_stream(int device, bool legacy, bool blocking) {  // emu().lock held
+  auto s = std::make_shared<stream_state>();
+  s->id = emu().next_stream++;
+  s->device = device;
+  s->legacy = legacy;
+  s->blocking = blocking;
+  std::thread(worker_loop, s).detach();
+  return s;
+}
+
+std::shared_ptr<stream_state> legacy_stream(int device) {  // emu().lock held
+  auto& slot = emu().legacy[static_cast<std::size_t>(device)];
+  if (!slot) slot = new_stream(device, true, true);
+  return slot;
+}
+
+//! The stream of a handle, or null for an unknown one (emu().lock held).
+std::shared_ptr<stream_state> find_stream(cudaStream_t handle) {
+  if (handle == nullptr || handle == cudaStreamLegacy) return legacy_stream(this_thread.device);
+  auto it = emu().streams.find(reinterpret_cast<stream_state*>(handle));
+  return it == emu().streams.end() ? nullptr : it->second;
+}
+
+std::string stream_label(stream_state const& s) {
+  std::ostringstream out;
+  if (s.legacy) out << "the legacy default stream of device " << s.device;
+  else out << "stream " << s.id << " (device " << s.device << ")";
+  return out.str();
+}
+
+void wait_until(stream_state const& s, std::uint64_t target) {
+  std::unique_lock<std::mutex> hold(emu().done_lock);
+  emu().done.wait(hold, [&] { return s.completed.load(std::memory_order_acquire) >= target; });
+}
+
+//! The allocation holding `p`, also one past its end (emu().lock held).
+allocation* find_allocation(void const* p) {
+  auto const a = reinterpret_cast<std::uintptr_t>(p);
+  auto it = emu().memory.upper_bound(a);
+  if (it == emu().memory.begin()) return nullptr;
+  --it;
+  return a <= it->second->base + it->second->bytes ? it->second.get() : nullptr;
+}
+
+//! The worker threads' address of `p` (emu().lock held).
+void* view_of(void const* p) {
+  allocation const* a = find_allocation(p);
+  if (a == nullptr) return const_cast<void*>(p);
+  return a->view + (reinterpret_cast<std::uintptr_t>(p) - a->base);
+}
+
+std::string describe_allocation(allocation const& a) {
+  std::ostringstream out;
+  out << "a " << a.bytes << "-byte " << (a.device ? "device allocation of " : "pinned host allocation of ") << a.origin;
+  if (a.device) out << " on device " << a.dev;
+  return out.str();
+}
+
+cudaError_t record_violation(std::string message) {  // emu().lock held
+  emu().violations.push_back(message);
+  this_thread.message = std::move(message);
+  this_thread.last_error = cudaErrorNotPermitted;
+  return cudaErrorNotPermitted;
+}
+
+cudaError_t fail(cudaError_t e) {
+  this_thread.last_error = e;
+  return e;
+}
+
+//! Checks `use` by operation `seq` on stream `s`, then records it (emu().lock held).
+cudaError_t check_use(stream_state const& s, std::uint64_t seq, char const* call, buffer_use const& use) {
+  allocation* a = find_allocation(use.ptr);
+  if (a == nullptr || use.bytes == 0) return cudaSuccess;  // host memory: TSan watches it
+  std::uintptr_t const p = reinterpret_cast<std::uintptr_t>(use.ptr);
+  if (p + use.bytes > a->base + a->bytes) {
+    std::ostringstream out;
+    out << call << " on " << stream_label(s) << ": '" << use.role << "' spans " << use.bytes << " bytes from byte "
+        << (p - a->base) << " of " << describe_allocation(*a) << ", past its end";
+    return record_violation(out.str());
+  }
+  bool const writes = use.mode != access::read;
+  auto unordered = [&](access_record const& r) { return r.stream != s.id && clock_of(s.knows, r.stream) < r.seq; };
+  access_record const* conflict = nullptr;
+  if (a->written && unordered(a->last_write)) conflict = &a->last_write;
+  if (conflict == nullptr && writes)
+    for (access_record const& r : a->reads)
+      if (unordered(r)) {
+        conflict = &r;
+        break;
+      }
+  if (conflict != nullptr) {
+    std::ostringstream out;
+    out << call << " on " << stream_label(s) << (writes ? " writes '" : " reads '") << use.role << "' ("
+        << describe_allocation(*a) << ") while " << conflict->what << " (" << (conflict == &a->last_write ? "a write" : "a read")
+        << ") is not ordered before it: no event recorded after it was waited for on this stream, and no host wait "
+           "in between (cudaEventRecord + cudaStreamWaitEvent)";
+    return record_violation(out.str());
+  }
+  std::string what = std::string(call) + " on " + stream_label(s);
+  if (writes) {
+    a->written = true;
+    a->last_write = {s.id, seq, std::move(what)};
+    a->reads.clear();
+  } else {
+    auto it = std::find_if(a->reads.begin(), a->reads.end(), [&](access_record const& r) { return r.stream == s.id; });
+    if (it != a->reads.end()) *it = {s.id, seq, std::move(what)};
+    else a->reads.push_back({s.id, seq, std::move(what)});
+  }
+  return cudaSuccess;
+}
+
+//! Enqueues `job` on `s` (emu().lock held): the stream learns what the host thread knows and what
+//! the legacy stream's rules order before it; `uses` are checked first.
+cudaError_t enqueue_locked(std::shared_ptr<stream_state> const& s, char const* call, std::vector<buffer_use> const& uses,
+                           std::function<void()> job) {
+  clock_vector knows = s->knows;
+  merge(knows, this_thread.knows);
+  std::vector<std::pair<std::shared_ptr<stream_state>, std::uint64_t>> after;  // implicit waits
+  auto order_after = [&](std::shared_ptr<stream_state> const& other) {
+    if (other == s || other->enqueued == 0) return;
+    merge(knows, other->knows);
+    after.emplace_back(other, other->enqueued);
+  };
+  if (s->legacy) {
+    for (auto const& [key, other] : emu().streams)
+      if (other->device == s->device && other->blocking) order_after(other);
+  } else if (s->blocking) {
+    order_after(legacy_stream(s->device));
+  }
+  std::uint64_t const seq = s->enqueued + 1;
+  advance(knows, s->id, seq);
+  stream_state probe;
+  probe.id = s->id;
+  probe.device = s->device;
+  probe.legacy = s->legacy;
+  probe.knows = knows;
+  for (buffer_use const& use : uses)
+    if (cudaError_t const e = check_use(probe, seq, call, use); e != cudaSuccess) return e;
+  s->knows = std::move(knows);
+  s->enqueued = seq;
+  s->last_operation = call;
+  {
+    std::lock_guard<std::mutex> hold(s->queue_lock);
+    s->queue.push_back([after = std::move(after), job = std::move(job), call] {
+      for (auto const& [other, target] : after) wait_until(*other, target);
+      running_kernel = call;
+      job();
+      running_kernel = nullptr;
+    });
+  }
+  s->queue_ready.notify_one();
+  return cudaSuccess;
+}
+
+//! The host thread waited for everything enqueued on `s` so far.
+void learn_from(stream_state const& s) { merge(this_thread.knows, s.knows); }
+
+// A host access to device memory faults on its reserved, inaccessible pages: say which.
+struct sigaction previous_segv;
+
+void on_segv(int sig, siginfo_t* info, void* context) {
+  auto const a = reinterpret_cast<std::uintptr_t>(info->si_addr);
+  std::unique_lock<std::mutex> hold(emu().lock, std::try_to_lock);
+  if (hold.owns_lock()) {
+    auto it = emu().memory.upper_bound(a);
+    if (it != emu().memory.begin()) {
+      --it;
+      allocation const& m = *it->second;
+      if (m.device && a < m.base + m.reserved) {
+        char text[512];
+        int const n = std::snprintf(text, sizeof text,
+                                    "moecomm CUDA emulation: the host touched device memory at byte %zu of a %zu-byte "
+                                    "device allocation of %s on device %d; device memory is read by cudaMemcpy (after a "
+                                    "wait), never dereferenced on the host\n",
+                                    static_cast<std::size_t>(a - m.base), m.bytes, m.origin.c_str(), m.dev);
+        if (n > 0) (void)!write(2, text, static_cast<std::size_t>(n));
+        std::abort();
+      }
+    }
+    for (auto const& f : emu().freed) {
+      auto const view = reinterpret_cast<std::uintptr_t>(f->view);
+      bool const in_view = a >= view && a < view + f->bytes, in_base = a >= f->base && a < f->base + f->reserved;
+      if (!in_view && !in_base) continue;
+      char text[512];
+      int const n = std::snprintf(text, sizeof text,
+                                  "moecomm CUDA emulation: %s touched byte %zu of a %zu-byte device allocation of %s on "
+                                  "device %d after it was freed\n",
+                                  running_kernel != nullptr ? running_kernel : "the host", static_cast<std::size_t>(a - (in_view ? view : f->base)),
+                                  f->bytes, f->origin.c_str(), f->dev);
+      if (n > 0) (void)!write(2, text, static_cast<std::size_t>(n));
+      std::abort();
+    }
+  }
+  if (hold.owns_lock()) hold.unlock();
+  if (previous_segv.sa_flags & SA_SIGINFO) previous_segv.sa_sigaction(sig, info, context);
+  else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) previous_segv.sa_handler(sig);
+  else {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
+//! Installs the fault handler unless it is in place (a test framework may have replaced it).
+void install_segv_handler() {
+  static std::mutex lock;
+  std::lock_guard<std::mutex> hold(lock);
+  struct sigaction current {};
+  sigaction(SIGSEGV, nullptr, &current);
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_segv) return;
+  struct sigaction action {};
+  action.sa_sigaction = on_segv;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGSEGV, &action, &previous_segv);
+}
+
+// Device addresses come from one reserved, inaccessible range. No allocation holds an address
+// whose low 32 bits are below 2^20: a kernel argument word that is a small int32 beside four bytes
+// of padding (which may hold the high half of any pointer) is then never taken for a device pointer.
+constexpr std::uintptr_t arena_bytes = std::uintptr_t{1} << 42;
+constexpr std::uintptr_t window = std::uintptr_t{1} << 32, window_gap = std::uintptr_t{1} << 20;
+
+//! `reserved` bytes of device address space (emu().lock held); 0 when the range is used up.
+std::uintptr_t device_addresses(std::size_t reserved) {
+  static std::uintptr_t const base = [] {
+    void* p = mmap(nullptr, arena_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? std::uintptr_t{0} : reinterpret_cast<std::uintptr_t>(p);
+  }();
+  static std::uintptr_t next = base;
+  if (base == 0) return 0;
+  std::uintptr_t at = next;
+  if (at % window < window_gap) at += window_gap - at % window;
+  if ((at + reserved - 1) / window != at / window) at = (at / window + 1) * window + window_gap;  // never across a window
+  if (reserved > window - window_gap || at + reserved > base + arena_bytes) return 0;
+  next = at + reserved;
+  return at;
+}
+
+cudaError_t allocate_device(void** out, std::size_t bytes, std::string origin, int device, std::shared_ptr<stream_state> const& s,
+                            char const* call) {
+  *out = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  install_segv_handler();
+  std::size_t const mapped = (bytes + page - 1) / page * page;
+  std::size_t const reserved = mapped + page;  // a guard page: one past the end is never another allocation
+  std::uintptr_t const address = device_addresses(reserved);
+  void* view = address == 0 ? MAP_FAILED : mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (view == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  std::memset(view, 0xff, bytes);  // never zeroed, as on a GPU: unwritten floats read as NaN
+  auto a = std::make_shared<allocation>();
+  a->base = address;
+  a->bytes = bytes;
+  a->reserved = reserved;
+  a->view = static_cast<char*>(view);
+  a->dev = device;
+  a->origin = std::move(origin);
+  if (s) {  // stream-ordered: the allocation is a write by the stream
+    a->written = true;
+    a->last_write = {s->id, s->enqueued, std::string(call) + " on " + stream_label(*s)};
+  }
+  emu().memory[a->base] = a;
+  *out = reinterpret_cast<void*>(address);
+  return cudaSuccess;
+}
+
+//! Frees `a` once its stream reached the free (emu().lock held): its pages stay reserved and
+//! inaccessible for a while, so that a late use faults with a message instead of reading garbage.
+void quarantine(std::shared_ptr<allocation> const& a) {
+  std::size_t const mapped = (a->bytes + page - 1) / page * page;
+  madvise(a->view, mapped, MADV_DONTNEED);
+  mprotect(a->view, mapped, PROT_NONE);
+  emu().freed.push_back(a);
+  if (emu().freed.size() > 1024) {
+    allocation const& old = *emu().freed.front();  // its device addresses are never handed out again
+    munmap(old.view, (old.bytes + page - 1) / page * page);
+    emu().freed.pop_front();
+  }
+}
+
+//! Releases `p` (emu().lock held); the memory is unmapped when the stream reaches the free.
+cudaError_t release_device(void* p, char const* call, std::shared_ptr<stream_state> const& s) {
+  if (p == nullptr) return cudaSuccess;
+  auto it = emu().memory.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == emu().memory.end() || !it->second->device) {
+    std::ostringstream out;
+    out << call << ": " << p << " is not the start of a live device allocation";
+    return record_violation(out.str());
+  }
+  std::shared_ptr<allocation> a = it->second;
+  std::vector<buffer_use> const uses{{p, a->bytes, access::write, "devPtr"}};
+  cudaError_t const e = enqueue_locked(s, call, uses, [a] {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    quarantine(a);
+  });
+  if (e == cudaSuccess) emu().memory.erase(it);
+  return e;
+}
+
+}  // namespace
+
+memory_info describe(void const* p, std::size_t bytes) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  memory_info info;
+  allocation const* a = find_allocation(p);
+  if (a == nullptr) {
+    info.description = "pageable host memory";
+    return info;
+  }
+  info.kind = a->device ? memory_info::device_memory : memory_info::pinned_host;
+  info.device = a->device ? a->dev : -1;
+  info.whole = reinterpret_cast<std::uintptr_t>(p) + bytes <= a->base + a->bytes;
+  info.description = describe_allocation(*a);
+  return info;
+}
+
+int current_device() { return this_thread.device; }
+
+int stream_device(cudaStream_t stream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  return s ? s->device : -1;
+}
+
+cudaError_t violation(std::string message) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return record_violation(std::move(message));
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_use> const& uses, std::function<void()> job) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  cudaError_t const e = enqueue_locked(s, call, uses, std::move(job));
+  return e == cudaSuccess ? e : fail(e);
+}
+
+void* device_view(void const* p) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return view_of(p);
+}
+
+cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, char const* type, void* bytes, std::size_t size,
+                                  std::vector<buffer_use>& uses) {
+  install_segv_handler();
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (s->device != this_thread.device) {
+    std::ostringstream out;
+    out << "kernel '" << kernel << "' launched on " << stream_label(*s) << " from a thread whose current device is "
+        << this_thread.device << ": call cudaSetDevice(" << s->device << ") on this thread first";
+    return fail(record_violation(out.str()));
+  }
+  auto* words = static_cast<unsigned char*>(bytes);
+  for (std::size_t at = 0; at + sizeof(std::uintptr_t) <= size; at += sizeof(std::uintptr_t)) {
+    std::uintptr_t w;
+    std::memcpy(&w, words + at, sizeof w);
+    if (allocation const* a = find_allocation(reinterpret_cast<void const*>(w))) {
+      if (!a->device) continue;  // pinned host memory is mapped for kernels
+      if (a->dev != s->device) {
+        std::ostringstream out;
+        out << "kernel '" << kernel << "' on " << stream_label(*s) << " captures a pointer into " << describe_allocation(*a)
+            << " (argument byte " << at << " of " << type << ")";
+        return fail(record_violation(out.str()));
+      }
+      std::size_t const offset = w - a->base;
+      uses.push_back({reinterpret_cast<void const*>(a->base), a->bytes, access::read_write, kernel});
+      std::uintptr_t const translated = reinterpret_cast<std::uintptr_t>(a->view) + offset;
+      std::memcpy(words + at, &translated, sizeof translated);
+    }
+  }
+  return cudaSuccess;
+}
+
+std::vector<std::string> violations() {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return emu().violations;
+}
+
+void clear_violations() {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  emu().violations.clear();
+}
+
+std::int64_t host_waits() { return this_thread.waits; }
+
+int device_count() { return emu().devices; }
+
+}  // namespace moecomm_emulation
+
+using namespace moecomm_emulation;
+using namespace moecomm_emulation::detail;
+
+namespace {
+
+bool is_pageable(void const* p) { return find_allocation(p) == nullptr; }  // emu().lock held
+
+//! The host waits for everything enqueued on `s` so far, and learns what it knew.
+void host_wait(std::shared_ptr<stream_state> const& s, std::uint64_t target) {
+  wait_until(*s, target);
+  std::lock_guard<std::mutex> hold(emu().lock);
+  learn_from(*s);
+  ++this_thread.waits;
+}
+
+//! Copies `bytes` from `src` to `dst` in the order of `stream`. Pageable host memory is read when
+//! the call is made (CUDA stages it); a copy into pageable memory returns when it is done.
+cudaError_t copy_on(cudaStream_t stream, void* dst, void const* src, std::size_t bytes, char const* call, bool wait) {
+  if (bytes == 0) return cudaSuccess;
+  std::shared_ptr<stream_state> s;
+  std::uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    s = find_stream(stream);
+    if (!s) return fail(cudaErrorInvalidResourceHandle);
+    wait = wait || is_pageable(dst);
+    char* const to = static_cast<char*>(view_of(dst));
+    std::function<void()> job;
+    if (is_pageable(src)) {
+      auto staged = std::make_shared<std::vector<char>>(static_cast<char const*>(src), static_cast<char const*>(src) + bytes);
+      job = [staged, to] { std::memcpy(to, staged->data(), staged->size()); };
+    } else {
+      char const* const from = static_cast<char const*>(view_of(src));
+      job = [from, to, bytes] { std::memmove(to, from, bytes); };
+    }
+    std::vector<buffer_use> const uses{{src, bytes, access::read, "src"}, {dst, bytes, access::write, "dst"}};
+    if (cudaError_t const e = enqueue_locked(s, call, uses, std::move(job)); e != cudaSuccess) return fail(e);
+    target = s->enqueued;
+  }
+  if (wait) host_wait(s, target);
+  return cudaSuccess;
+}
+
+char const* error_name(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    default: return "cudaError (other)";
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = emu().devices;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = this_thread.device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= emu().devices) return fail(cudaErrorInvalidDevice);
+  this_thread.device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() { return std::exchange(this_thread.last_error, cudaSuccess); }
+cudaError_t cudaPeekAtLastError() { return this_thread.last_error; }
+const char* cudaGetErrorName(cudaError_t error) { return error_name(error); }
+const char* cudaGetErrorString(cudaError_t error) {
+  if (error == cudaErrorNotPermitted && !this_thread.message.empty()) return this_thread.message.c_str();
+  return error == cudaSuccess ? "no error" : "an error of the emulated CUDA runtime";
+}
+
+cudaError_t cudaMalloc(void** devPtr, size_t size) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return allocate_device(devPtr, size, "cudaMalloc", this_thread.device, nullptr, "cudaMalloc");
+}
+
+cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(hStream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (s->device != this_thread.device) {
+    std::ostringstream out;
+    out << "cudaMallocAsync on " << stream_label(*s) << " from a thread whose current device is " << this_thread.device;
+    return record_violation(out.str());
+  }
+  return allocate_device(devPtr, size, "cudaMallocAsync", s->device, s, "cudaMallocAsync");
+}
+
+cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(hStream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  return release_device(devPtr, "cudaFreeAsync", s);
+}
+
+cudaError_t cudaFree(void* devPtr) {
+  if (devPtr == nullptr) return cudaSuccess;
+  std::vector<std::pair<std::shared_ptr<stream_state>, std::uint64_t>> busy;
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    auto it = emu().memory.find(reinterpret_cast<std::uintptr_t>(devPtr));
+    if (it == emu().memory.end() || !it->second->device) return fail(cudaErrorInvalidValue);
+    for (auto const& [key, s] : emu().streams)
+      if (s->device == it->second->dev) busy.emplace_back(s, s->enqueued);
+    if (auto const& l = emu().legacy[static_cast<std::size_t>(it->second->dev)]) busy.emplace_back(l, l->enqueued);
+  }
+  for (auto const& [s, target] : busy) wait_until(*s, target);  // cudaFree synchronises the device
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto it = emu().memory.find(reinterpret_cast<std::uintptr_t>(devPtr));
+  if (it == emu().memory.end()) return fail(cudaErrorInvalidValue);
+  quarantine(it->second);
+  emu().memory.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
+  *pHost = nullptr;
+  if (size == 0) return cudaSuccess;
+  void* p = std::aligned_alloc(page, (size + page - 1) / page * page);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  auto a = std::make_shared<allocation>();
+  a->base = reinterpret_cast<std::uintptr_t>(p);
+  a->bytes = size;
+  a->reserved = size;
+  a->view = static_cast<char*>(p);
+  a->device = false;
+  a->origin = "cudaHostAlloc";
+  std::lock_guard<std::mutex> hold(emu().lock);
+  emu().memory[a->base] = a;
+  *pHost = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto it = emu().memory.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == emu().memory.end() || it->second->device) return fail(cudaErrorInvalidValue);
+  emu().memory.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind, cudaStream_t stream) {
+  return copy_on(stream, dst, src, count, "cudaMemcpyAsync", false);
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
+  return copy_on(nullptr, dst, src, count, "cudaMemcpy", true);
+}
+
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  char* const to = static_cast<char*>(device_view(devPtr));
+  return enqueue(stream, "cudaMemsetAsync", {{devPtr, count, access::write, "devPtr"}},
+                 [to, value, count] { std::memset(to, value, count); });
+}
+
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+  cudaError_t const e = cudaMemsetAsync(devPtr, value, count, nullptr);
+  if (e != cudaSuccess) return e;
+  return cudaStreamSynchronize(nullptr);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = new_stream(this_thread.device, false, (flags & cudaStreamNonBlocking) == 0);
+  emu().streams[s.get()] = s;
+  *pStream = reinterpret_cast<cudaStream_t>(s.get());
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) { return cudaStreamCreateWithFlags(pStream, cudaStreamDefault); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto it = emu().streams.find(reinterpret_cast<stream_state*>(stream));
+  if (it == emu().streams.end()) return fail(cudaErrorInvalidResourceHandle);
+  std::shared_ptr<stream_state> s = it->second;
+  emu().streams.erase(it);
+  {
+    std::lock_guard<std::mutex> queue(s->queue_lock);
+    s->stopping = true;  // the worker finishes the queue, then ends
+  }
+  s->queue_ready.notify_one();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int* device) {
+  int const d = stream_device(hStream);
+  if (d < 0) return fail(cudaErrorInvalidResourceHandle);
+  *device = d;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  std::shared_ptr<stream_state> s;
+  std::uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    s = find_stream(stream);
+    if (!s) return fail(cudaErrorInvalidResourceHandle);
+    target = s->enqueued;
+  }
+  host_wait(s, target);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (s->completed.load(std::memory_order_acquire) < s->enqueued) return cudaErrorNotReady;
+  learn_from(*s);
+  ++this_thread.waits;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  std::vector<std::pair<std::shared_ptr<stream_state>, std::uint64_t>> busy;
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    for (auto const& [key, s] : emu().streams)
+      if (s->device == this_thread.device) busy.emplace_back(s, s->enqueued);
+    busy.emplace_back(legacy_stream(this_thread.device), legacy_stream(this_thread.device)->enqueued);
+  }
+  for (auto const& [s, target] : busy) wait_until(*s, target);
+  std::lock_guard<std::mutex> hold(emu().lock);
+  for (auto const& [s, target] : busy) learn_from(*s);
+  ++this_thread.waits;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  auto e = std::make_shared<event_state>();
+  std::lock_guard<std::mutex> hold(emu().lock);
+  emu().events[e.get()] = e;
+  *event = reinterpret_cast<cudaEvent_t>(e.get());
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return emu().events.erase(reinterpret_cast<event_state*>(event)) == 1 ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto it = emu().events.find(reinterpret_cast<event_state*>(event));
+  auto s = find_stream(stream);
+  if (it == emu().events.end() || !s) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t const e = enqueue_locked(s, "cudaEventRecord", {}, [] {}); e != cudaSuccess) return fail(e);
+  event_state& ev = *it->second;
+  ev.recorded = true;
+  ev.stream = s;
+  ev.seq = s->enqueued;
+  ev.knows = s->knows;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto it = emu().events.find(reinterpret_cast<event_state*>(event));
+  auto s = find_stream(stream);
+  if (it == emu().events.end() || !s) return fail(cudaErrorInvalidResourceHandle);
+  event_state const ev = *it->second;  // a later record does not change this wait
+  if (!ev.recorded) return cudaSuccess;  // CUDA: waiting on a never-recorded event does nothing
+  merge(s->knows, ev.knows);
+  auto const source = ev.stream;
+  std::uint64_t const target = ev.seq;
+  return enqueue_locked(s, "cudaStreamWaitEvent", {}, [source, target] { wait_until(*source, target); });
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  std::shared_ptr<event_state> ev;
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    auto it = emu().events.find(reinterpret_cast<event_state*>(event));
+    if (it == emu().events.end()) return fail(cudaErrorInvalidResourceHandle);
+    ev = it->second;
+  }
+  if (!ev->recorded) return cudaSuccess;
+  wait_until(*ev->stream, ev->seq);
+  std::lock_guard<std::mutex> hold(emu().lock);
+  merge(this_thread.knows, ev->knows);
+  ++this_thread.waits;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto it = emu().events.find(reinterpret_cast<event_state*>(event));
+  if (it == emu().events.end()) return fail(cudaErrorInvalidResourceHandle);
+  event_state const& ev = *it->second;
+  if (!ev.recorded) return cudaSuccess;
+  if (ev.stream->completed.load(std::memory_order_acquire) < ev.seq) return cudaErrorNotReady;
+  merge(this_thread.knows, ev.knows);
+  ++this_thread.waits;
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  *attributes = cudaPointerAttributes{};
+  allocation const* a = find_allocation(ptr);
+  attributes->type = a == nullptr ? cudaMemoryTypeUnregistered : a->device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+  attributes->device = a != nullptr && a->device ? a->dev : -2;
+  attributes->devicePointer = a != nullptr ? const_cast<void*>(ptr) : nullptr;
+  attributes->hostPointer = a != nullptr && !a->device ? const_cast<void*>(ptr) : nullptr;
+  return cudaSuccess;
+}
+
+}  // extern "C"
