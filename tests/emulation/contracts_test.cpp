@@ -31,10 +31,20 @@ bool any_violation_mentions(std::string const& fragment) {
 TEST_CASE("NCCL refuses host memory: the call and the buffer are named (F1's mistake)") {
   run_emulated_ranks(2, [](emulated_rank& rank) {
     std::vector<std::int64_t> mine{rank.comm.rank(), 7}, all(4);
+    std::string const device = "device " + std::to_string(rank.comm.rank());
+    // The emulated NCCL itself, called as the library called it before allgather_host existed.
+    CHECK(ncclAllGather(mine.data(), all.data(), 16, ncclChar, rank.comm.native_handle(), rank.comm.stream()) ==
+          ncclInvalidArgument);
+    std::string const said = ncclGetLastError(rank.comm.native_handle());
+    CHECK_MESSAGE(said.find("ncclAllGather on the communicator of rank " + std::to_string(rank.comm.rank())) != std::string::npos, said);
+    CHECK_MESSAGE(said.find("'sendbuff' (16 bytes at ") != std::string::npos, said);
+    CHECK_MESSAGE(said.find("is not device memory of " + device + ": it is pageable host memory") != std::string::npos, said);
+    // nccl_communicator refuses it first, naming its own argument.
     check_error([&] { rank.comm.allgather(mine.data(), all.data(), 16); }, moecomm::status::invalid_argument,
-                {"ncclAllGather", "'sendbuff'", "is not device memory of device " + std::to_string(rank.comm.rank()),
-                 "pageable host memory"});
-    // The same values in device memory go through.
+                {"nccl_communicator::allgather: 'send' (16 bytes at", "is host memory, not device memory of " + device});
+    // Host values go through allgather_host; device memory goes through allgather.
+    moecomm::allgather_host(rank.comm, mine.data(), all.data(), 16);
+    CHECK(all == std::vector<std::int64_t>{0, 7, 1, 7});
     auto const send = upload(rank.be, mine);
     auto recv = rank.be.allocate<std::int64_t>(4);
     rank.comm.allgather(send.data(), recv.data(), 16);

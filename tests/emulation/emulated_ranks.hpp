@@ -33,7 +33,7 @@ struct fill_kernel {
 // Runs `body(rank)` on `ranks` threads, rank r on emulated device r. A rank's exception is reported
 // after every thread ended; bodies use CHECK so that every rank reaches the same collectives.
 template <class Body>
-void run_emulated_ranks(int ranks, Body const& body, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+void run_emulated_ranks(int ranks, Body const& body, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
   REQUIRE(ranks <= moecomm_emulation::device_count());
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);

@@ -43,6 +43,21 @@ inline void cuda_check(cudaError_t result, char const* call) {
        cudaGetErrorString(result), ")");
 }
 
+//! Polling: yields for a while, then sleeps briefly, so that waiting ranks leave cores to NCCL's
+//! own threads.
+class poll_backoff {
+ public:
+  void pause() {
+    if (++spins_ < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+ private:
+  int spins_ = 0;
+};
+
 inline constexpr int threads_per_block = 256;
 inline constexpr int warp_lanes = 32;
 inline constexpr std::int64_t max_blocks = 65535;
@@ -136,12 +151,21 @@ class cuda_backend {
   using buffer_type = buffer<T, detail::cuda_allocator>;
   static constexpr bool is_host_accessible = false;
 
-  //! @param stream the stream all work is ordered on.
+  //! @param stream the stream all work is ordered on; the back-end's device is the device current
+  //! on the constructing thread, which must be the stream's.
   //! @param timeout the longest any host wait may take before `error(timeout)`.
   explicit cuda_backend(cudaStream_t stream = nullptr, std::chrono::milliseconds timeout = std::chrono::seconds(100))
-      : stream_(stream), timeout_(timeout), reduce_scratch_(std::make_shared<detail::cuda_reduce_scratch>()) {}
+      : stream_(stream), timeout_(timeout), reduce_scratch_(std::make_shared<detail::cuda_reduce_scratch>()) {
+    detail::cuda_check(cudaGetDevice(&device_), "cudaGetDevice");
+  }
 
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  //! The device every launch and allocation of this back-end is on.
+  [[nodiscard]] int device() const { return device_; }
+
+  //! Makes the back-end's device current on the calling thread: a thread other than the one that
+  //! made the back-end (a lane's) starts on device 0. Lanes (core/lane.hpp) call it.
+  void bind_thread() const { detail::cuda_check(cudaSetDevice(device_), "cudaSetDevice"); }
 
   //! `n` uninitialised elements of device memory, allocated and freed in stream order.
   template <class T>
@@ -253,23 +277,24 @@ class cuda_backend {
         "cudaMemcpyAsync");
   }
 
-  //! Waits for the stream, polling so that the wait is bounded by the timeout.
+  //! Waits for the stream, polling (yielding, then sleeping 50 us between polls) so that the wait is
+  //! bounded by the timeout and leaves the cores to others.
   //! @throws error (timeout) naming the timeout; error (cuda_error) if the stream failed.
   void synchronize() const {
     auto const deadline = std::chrono::steady_clock::now() + timeout_;
-    for (;;) {
+    for (detail::poll_backoff backoff;; backoff.pause()) {
       cudaError_t const state = cudaStreamQuery(stream_);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) detail::cuda_check(state, "cudaStreamQuery");
       if (std::chrono::steady_clock::now() > deadline)
         detail::fail(status::timeout, "cuda_backend::synchronize", "the stream did not finish within ",
                      timeout_.count(), " ms");
-      std::this_thread::yield();
     }
   }
 
  private:
   cudaStream_t stream_;
+  int device_ = 0;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<detail::cuda_reduce_scratch> reduce_scratch_;  //!< kept by every copy of this back-end
 };

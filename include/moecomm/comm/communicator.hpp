@@ -18,12 +18,16 @@
 //! | `C split(int color, int key)` | sub-group of the ranks with the same `color`, ordered by (key, rank) |
 //!
 //! Models: `inproc_communicator` (ranks are threads), `mpi_communicator`, `nccl_communicator`.
-//! Buffers are host memory for the first two and device memory for NCCL.
+//! Buffers are host memory for the first two and device memory for NCCL. Small host values that
+//! every rank must see (counts, shapes, agreements) go through `allgather_host`, which takes host
+//! memory on every communicator (NCCL's stages them through device memory of its own).
 
 #include <moecomm/config.hpp>
+#include <moecomm/error.hpp>
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -79,5 +83,36 @@ T reduce(T a, T b, reduce_op op) {
 }
 
 }  // namespace detail
+
+namespace detail {
+
+template <class T, class = void>
+struct has_stream : std::false_type {};
+template <class T>
+struct has_stream<T, std::void_t<decltype(std::declval<T const&>().stream())>> : std::true_type {};
+
+//! The device contract's ordering rule, checked where a back-end's work meets a communicator's:
+//! a communicator with a stream (NCCL) enqueues on the back-end's stream, so that a kernel that
+//! writes a buffer and the send that reads it are ordered without an event or a host wait.
+//! @throws error (invalid_argument) naming both streams when they differ.
+template <class Backend, class Comm>
+void require_one_stream(Backend const& be, Comm const& comm, char const* op) {
+  if constexpr (has_stream<Backend>::value && has_stream<Comm>::value) {
+    if (static_cast<void const*>(be.stream()) != static_cast<void const*>(comm.stream()))
+      fail(status::invalid_argument, op, "the back-end enqueues on stream ", static_cast<void const*>(be.stream()),
+           " but the communicator on stream ", static_cast<void const*>(comm.stream()),
+           ": their work would not be ordered; give the back-end the communicator's stream (cuda_backend{comm.stream()})");
+  }
+}
+
+}  // namespace detail
+
+//! `recv[r * bytes ...]` = rank r's `send`, both in host memory, over any communicator: the
+//! all-gather of small host values (counts, shapes, agreements). A communicator whose buffers are
+//! device memory overloads it (`nccl_communicator` stages the values through device memory).
+template <class Comm>
+void allgather_host(Comm& comm, void const* send, void* recv, std::int64_t bytes) {
+  comm.allgather(send, recv, bytes);
+}
 
 MOECOMM_NAMESPACE_END

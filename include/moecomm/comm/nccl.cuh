@@ -52,6 +52,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -106,21 +107,6 @@ template <class T>
 [[nodiscard]] inline ncclRedOp_t nccl_op(reduce_op op) {
   return op == reduce_op::sum ? ncclSum : op == reduce_op::max ? ncclMax : ncclMin;
 }
-
-//! Polling: yields for a while, then sleeps briefly, so that waiting ranks leave cores to NCCL's
-//! own threads.
-class poll_backoff {
- public:
-  void pause() {
-    if (++spins_ < 1000)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-
- private:
-  int spins_ = 0;
-};
 
 //! Makes `device` current for its lifetime, then restores the previous device.
 class cuda_device_guard {
@@ -235,6 +221,8 @@ class nccl_communicator {
     char const* op = "nccl_communicator::exchange";
     ensure_ready(op);
     detail::validate_exchange(op, sends, recvs, size_);
+    for (send_block const& b : sends) require_device_memory(op, "sends[].data", b.data, b.bytes);
+    for (recv_block const& b : recvs) require_device_memory(op, "recvs[].data", b.data, b.bytes);
     enqueue_group(op, [&]() -> std::pair<ncclResult_t, char const*> {
       for (send_block const& s : sends)
         for (detail::byte_chunk const& c : detail::split_into_chunks(s.bytes, options_.max_chunk_bytes)) {
@@ -259,9 +247,35 @@ class nccl_communicator {
     char const* op = "nccl_communicator::allgather";
     ensure_ready(op);
     detail::validate_allgather(op, send, recv, bytes, size_);
+    require_device_memory(op, "send", send, bytes);
+    require_device_memory(op, "recv", recv, bytes * size_);
     check_call(ncclAllGather(send, recv, static_cast<std::size_t>(bytes), ncclChar, comm_, stream_), op,
                "ncclAllGather");
     wait_for(op);
+  }
+
+  //! `allgather` of host values: `send` (`bytes`) and `recv` (`size() * bytes`) are host memory.
+  //! They travel through a pinned host buffer and a device buffer of this communicator, both kept
+  //! between calls (a steady state allocates nothing), on its stream, with one host wait.
+  void allgather_host(void const* send, void* recv, std::int64_t bytes) {
+    char const* op = "nccl_communicator::allgather_host";
+    ensure_ready(op);
+    detail::validate_allgather(op, send, recv, bytes, size_);
+    if (bytes == 0) return;
+    std::size_t const slot = static_cast<std::size_t>(bytes), total = slot * static_cast<std::size_t>(size_ + 1);
+    grow_staging(op, total);
+    char* const pinned = static_cast<char*>(pinned_staging_);
+    char* const device = static_cast<char*>(device_staging_);
+    std::memcpy(pinned + slot * static_cast<std::size_t>(size_), send, slot);
+    detail::cuda_check(cudaMemcpyAsync(device + slot * static_cast<std::size_t>(size_), pinned + slot * static_cast<std::size_t>(size_),
+                                       slot, cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync");
+    check_call(ncclAllGather(device + slot * static_cast<std::size_t>(size_), device, slot, ncclChar, comm_, stream_), op,
+               "ncclAllGather");
+    detail::cuda_check(cudaMemcpyAsync(pinned, device, slot * static_cast<std::size_t>(size_), cudaMemcpyDeviceToHost, stream_),
+                       "cudaMemcpyAsync");
+    wait_for(op);
+    std::memcpy(recv, pinned, slot * static_cast<std::size_t>(size_));
   }
 
   //! Elementwise reduction over the ranks (`ncclAllReduce`), then `wait()`; `send == recv` is
@@ -273,6 +287,8 @@ class nccl_communicator {
     char const* op = "nccl_communicator::allreduce";
     ensure_ready(op);
     detail::validate_reduction(op, send, recv, count, true, 0, rank(), size());
+    require_device_memory(op, "send", send, count * std::int64_t(sizeof(T)));
+    require_device_memory(op, "recv", recv, count * std::int64_t(sizeof(T)));
     check_call(ncclAllReduce(send, recv, static_cast<std::size_t>(count), type, detail::nccl_op(reduction), comm_,
                              stream_),
                op, "ncclAllReduce");
@@ -286,6 +302,8 @@ class nccl_communicator {
     char const* op = "nccl_communicator::reduce";
     ensure_ready(op);
     detail::validate_reduction(op, send, recv, count, false, root, rank(), size());
+    require_device_memory(op, "send", send, count * std::int64_t(sizeof(T)));
+    if (rank_ == root) require_device_memory(op, "recv", recv, count * std::int64_t(sizeof(T)));
     check_call(ncclReduce(send, recv, static_cast<std::size_t>(count), type, detail::nccl_op(reduction), root, comm_,
                           stream_),
                op, "ncclReduce");
@@ -298,6 +316,7 @@ class nccl_communicator {
     char const* op = "nccl_communicator::broadcast";
     ensure_ready(op);
     detail::validate_broadcast(op, data, bytes, root, size_);
+    require_device_memory(op, "data", data, bytes);
     check_call(ncclBroadcast(data, data, static_cast<std::size_t>(bytes), ncclChar, root, comm_, stream_), op,
                "ncclBroadcast");
     wait_for(op);
@@ -366,6 +385,46 @@ class nccl_communicator {
                     " ms must be positive");
     detail::require(options.max_chunk_bytes > 0, op, "options.max_chunk_bytes = ", options.max_chunk_bytes,
                     " must be positive");
+  }
+
+  //! NCCL moves device memory of the communicator's device: anything else (a host vector, another
+  //! GPU's memory) is refused here, by name, instead of crashing or corrupting inside NCCL.
+  void require_device_memory(char const* op, char const* name, void const* p, std::int64_t bytes) const {
+    if (p == nullptr || bytes <= 0) return;
+    cudaPointerAttributes a{};
+    cudaError_t const queried = cudaPointerGetAttributes(&a, p);
+    if (queried != cudaSuccess) (void)cudaGetLastError();
+    bool const device = queried == cudaSuccess && (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged);
+    if (device && a.device == device_) return;
+    detail::fail(status::invalid_argument, op, "'", name, "' (", bytes, " bytes at ", p, ") is ",
+                 device ? "device memory of another device" : "host memory", ", not device memory of device ", device_,
+                 ": NCCL moves device memory (host values go through allgather_host)");
+  }
+
+  //! Grows the pinned and device staging of `allgather_host` to `bytes` each.
+  void grow_staging(char const* op, std::size_t bytes) {
+    if (bytes <= staging_bytes_) return;
+    detail::cuda_device_guard const guard(device_);
+    release_staging();
+    void* pinned = nullptr;
+    void* device = nullptr;
+    detail::cuda_check(cudaMallocHost(&pinned, bytes), "cudaMallocHost");
+    pinned_staging_ = pinned;
+    detail::cuda_check(cudaMallocAsync(&device, bytes, stream_), "cudaMallocAsync");
+    device_staging_ = device;
+    staging_bytes_ = bytes;
+    (void)op;
+  }
+
+  void release_staging() noexcept {
+    if (device_staging_ != nullptr) (void)cudaFreeAsync(device_staging_, stream_);
+    if (pinned_staging_ != nullptr) {
+      (void)cudaStreamSynchronize(stream_);  // the stream may still copy into it
+      (void)cudaFreeHost(pinned_staging_);
+    }
+    (void)cudaGetLastError();
+    device_staging_ = pinned_staging_ = nullptr;
+    staging_bytes_ = 0;
   }
 
   //! Reads rank, size and device of the (ready) communicator and allocates the barrier's word.
@@ -480,12 +539,19 @@ class nccl_communicator {
     size_ = other.size_;
     device_ = other.device_;
     scratch_ = std::exchange(other.scratch_, nullptr);
+    device_staging_ = std::exchange(other.device_staging_, nullptr);
+    pinned_staging_ = std::exchange(other.pinned_staging_, nullptr);
+    staging_bytes_ = std::exchange(other.staging_bytes_, 0);
     failure_ = std::move(other.failure_);
     other.failure_.clear();
   }
 
   //! Frees the barrier word and, if owning, finalizes and destroys the communicator (or aborts it).
   void release() noexcept {
+    if (staging_bytes_ > 0) {
+      detail::cuda_device_guard const guard(device_);
+      release_staging();
+    }
     if (scratch_ != nullptr) {
       detail::cuda_device_guard const guard(device_);
       (void)cudaFreeAsync(scratch_, stream_);  // stream-ordered: never waits for hung work
@@ -522,7 +588,15 @@ class nccl_communicator {
   int size_ = 0;
   int device_ = 0;
   std::int32_t* scratch_ = nullptr;  //!< the device word `barrier` reduces
+  void* device_staging_ = nullptr;   //!< `allgather_host`'s values on the device
+  void* pinned_staging_ = nullptr;   //!< and on the host
+  std::size_t staging_bytes_ = 0;
   std::string failure_;              //!< the first failure; empty while usable
 };
+
+//! `allgather_host` on NCCL: the values are staged through the communicator's device memory.
+inline void allgather_host(nccl_communicator& comm, void const* send, void* recv, std::int64_t bytes) {
+  comm.allgather_host(send, recv, bytes);
+}
 
 MOECOMM_NAMESPACE_END

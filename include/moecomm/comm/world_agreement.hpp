@@ -10,6 +10,7 @@
 //! `checks_collectives()` true (in-process always; MPI in its checked mode). It needs host buffers,
 //! so it is skipped on the NCCL communicator, which has no `checks_collectives()`.
 
+#include <moecomm/comm/communicator.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 
@@ -46,7 +47,7 @@ void agree_across_world(Comm& world, char const* op, char const* const (&names)[
                         std::vector<std::int64_t>& all) {
   if (!checks_collectives(world)) return;
   all.resize(N * static_cast<std::size_t>(world.size()));
-  world.allgather(values, all.data(), static_cast<std::int64_t>(sizeof(values)));
+  allgather_host(world, values, all.data(), static_cast<std::int64_t>(sizeof(values)));
   auto const describe = [&](int r) {
     std::string fields;
     for (std::size_t i = 0; i < N; ++i)

@@ -29,9 +29,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 MOECOMM_NAMESPACE_BEGIN
 
@@ -96,11 +98,22 @@ struct lane_job {
 
 }  // namespace detail
 
-//! A lane on a thread of its own, started on first use and kept until destruction.
+namespace detail {
+template <class Backend, class = void>
+struct has_bind_thread : std::false_type {};
+template <class Backend>
+struct has_bind_thread<Backend, std::void_t<decltype(std::declval<Backend const&>().bind_thread())>> : std::true_type {};
+}  // namespace detail
+
+//! A lane on a thread of its own, started on first use and kept until destruction. A back-end
+//! with `bind_thread()` (the CUDA back-end: its device) has it called on the lane's thread before
+//! the first unit, since a new thread does not inherit the rank thread's current device.
 class thread_lane {
  public:
   template <class Backend>
-  explicit thread_lane(Backend const&) {}
+  explicit thread_lane(Backend const& be) {
+    if constexpr (detail::has_bind_thread<Backend>::value) bind_ = [be] { be.bind_thread(); };
+  }
   thread_lane(thread_lane const&) = delete;
   thread_lane& operator=(thread_lane const&) = delete;
   ~thread_lane() {
@@ -152,7 +165,8 @@ class thread_lane {
         if (job_.cancelled) break;
         lock.unlock();
         detail::current_lane_watcher = watcher_;  // a lane started by the job belongs to the same rank
-        std::exception_ptr failure = job_.run_unit(unit);
+        std::exception_ptr failure = bind_this_thread();
+        if (!failure) failure = job_.run_unit(unit);
         lock.lock();
         bool const ok = job_.record(unit, std::move(failure));
         tell_watcher();
@@ -162,6 +176,19 @@ class thread_lane {
       job_.active = false;
       tell_watcher();
       wake_.notify_all();
+    }
+  }
+
+  //! Binds the lane's thread to the back-end once (e.g. makes its device current); its failure fails
+  //! the unit that needed it.
+  std::exception_ptr bind_this_thread() {
+    if (bound_ || !bind_) return nullptr;
+    try {
+      bind_();
+      bound_ = true;
+      return nullptr;
+    } catch (...) {
+      return std::current_exception();
     }
   }
 
@@ -183,6 +210,8 @@ class thread_lane {
   detail::lane_watcher* watcher_ = nullptr;  //!< of the rank that started the job
   bool watched_ = false;                     //!< the watcher counts this lane as busy
   bool quit_ = false;
+  std::function<void()> bind_;  //!< the back-end's `bind_thread`, if it has one
+  bool bound_ = false;           //!< touched by the lane's thread only
 };
 
 namespace detail {

@@ -32,6 +32,7 @@ void alltoallv(Backend const& be, exchange_groups<Comm>& groups, byte_matrix con
                array_view<char> recv, alltoall_stats& stats, alltoall_workspace<Backend>& scratch,
                Algorithm const& algorithm = {}) {
   char const* op = "alltoallv";
+  detail::require_one_stream(be, groups.world(), op);
   std::int32_t const me = groups.world().rank();
   detail::require(m.ranks() == groups.world().size(), op, "the byte matrix has ", m.ranks(),
                   " ranks but the communicator has ", groups.world().size());
@@ -54,7 +55,7 @@ template <class Comm>
   detail::require(static_cast<int>(my_row.size()) == comm.size(), "exchange_byte_counts", "my_row has ",
                   my_row.size(), " entries for ", comm.size(), " ranks");
   std::vector<std::int64_t> cells(my_row.size() * my_row.size());
-  comm.allgather(my_row.data(), cells.data(), static_cast<std::int64_t>(my_row.size() * sizeof(std::int64_t)));
+  allgather_host(comm, my_row.data(), cells.data(), static_cast<std::int64_t>(my_row.size() * sizeof(std::int64_t)));
   return byte_matrix(comm.size(), std::move(cells));
 }
 

@@ -322,7 +322,7 @@ std::int64_t agree_on_capacity(Comm& comm, capacity<Rule> const& policy, std::in
   std::memcpy(&sent[1], &policy.factor, sizeof(double));  // compared bit for bit
   sent[2] = policy.min_capacity;
   sent[3] = policy.pad_to_capacity ? 1 : 0;
-  comm.allgather(sent, all, fields * static_cast<std::int64_t>(sizeof(std::int64_t)));
+  allgather_host(comm, sent, all, fields * static_cast<std::int64_t>(sizeof(std::int64_t)));
   std::int64_t c = 0;
   for (std::int32_t r = 0; r < ranks; ++r) {
     std::int64_t const* theirs = all + std::int64_t{fields} * r;
@@ -349,7 +349,7 @@ std::int64_t first_token(Comm& comm, capacity<Rule> const&, std::int64_t num_tok
     std::int32_t const ranks = comm.size();
     std::int64_t* const tokens = scratch.template host<std::int64_t>(ranks + 1);
     tokens[ranks] = num_tokens;
-    comm.allgather(tokens + ranks, tokens, sizeof(std::int64_t));
+    allgather_host(comm, tokens + ranks, tokens, sizeof(std::int64_t));
     std::int64_t first = 0;
     for (std::int32_t s = 0; s < comm.rank(); ++s) first += tokens[s];
     return first;

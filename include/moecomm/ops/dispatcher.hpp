@@ -93,6 +93,7 @@ class dispatcher {
              Algorithm algorithm = {}, routing_checks checks = {})
       : be_(std::move(be)), groups_(&groups), capacity_(capacity), algorithm_(algorithm), checks_(checks),
         num_experts_(num_experts), ranks_(groups.world().size()) {
+    detail::require_one_stream(be_, groups.world(), "dispatcher");
     detail::require(num_experts > 0 && num_experts % ranks_ == 0, "dispatcher", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", ranks_, " ranks");
     local_experts_ = num_experts / ranks_;
@@ -605,7 +606,7 @@ class dispatcher {
     std::vector<std::int64_t>& mine = my_counts_;
     for (std::int32_t e = 0; e < num_experts_; ++e) mine[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
     counts_.assign(static_cast<std::size_t>(ranks_) * num_experts_, 0);
-    groups_->world().allgather(mine.data(), counts_.data(), num_experts_ * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    allgather_host(groups_->world(), mine.data(), counts_.data(), num_experts_ * static_cast<std::int64_t>(sizeof(std::int64_t)));
     derive_local_counts();
   }
 

@@ -130,6 +130,7 @@ template <class Backend, class Comm>
 void shared_expert_mean(Backend const& be, Comm& comm, matrix_view<float const> local_experts, array_view<float> shared,
                         workspace<Backend>& scratch) {
   char const* const op = "shared_expert_mean";
+  detail::require_one_stream(be, comm, op);
   std::int32_t const ranks = comm.size();
   std::int64_t const n = local_experts.hidden;
   std::optional<error> const bad = detail::argument_error([&] {

@@ -85,6 +85,7 @@ void gradient_reduce(Backend const& be, Comm& comm, replica_set const& set, std:
                      workspace<Backend>& scratch, Path const& path = {}) {
   detail::require_gradient_type<T>();
   char const* op = "gradient_reduce";
+  detail::require_one_stream(be, comm, op);
   std::int32_t const ranks = comm.size(), me = comm.rank();
   detail::validate_reduce(op, path, set, ranks, me, count, grads);
   if (set.replicas.empty()) return;
@@ -134,6 +135,7 @@ void replica_allreduce(Backend const& be, Comm& comm, replica_set const& set, st
                        workspace<Backend>& scratch, Path const& path = {}) {
   detail::require_gradient_type<T>();
   char const* op = "replica_allreduce";
+  detail::require_one_stream(be, comm, op);
   detail::validate_reduce(op, path, set, comm.size(), comm.rank(), count, grads);
   if constexpr (std::is_same_v<Path, collective_path>) {
     for (detail::byte_chunk const piece : detail::split_into_chunks(count, detail::chunk_elements<T>(path)))

@@ -63,6 +63,7 @@ void ordered_allreduce(Backend const& be, Comm& comm, array_view<T> data, worksp
                        std::int64_t chunk_elements = ordered_allreduce_chunk) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "moecomm: ordered_allreduce sums float or double");
   char const* const op = "ordered_allreduce";
+  detail::require_one_stream(be, comm, op);
   std::int32_t const ranks = comm.size();
   auto const row_bytes = static_cast<std::int64_t>(sizeof(T)) * ranks;  // one element from every rank
   std::optional<error> const bad = detail::argument_error([&] {

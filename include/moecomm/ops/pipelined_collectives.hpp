@@ -171,6 +171,7 @@ void alltoall_allgather(Backend const& be, Comm& a2a, Comm& gather, matrix_view<
                         array_view<std::int64_t const> send_rows, array_view<std::int64_t const> recv_rows,
                         matrix_view<T> out, pipeline_workspace<Backend>& scratch, std::int32_t pieces) {
   char const* const op = "alltoall_allgather";
+  detail::require_one_stream(be, a2a, op);
   std::int32_t const peers = a2a.size(), members = gather.size(), me = gather.rank();
   detail::piece_layout const at = detail::checked_layout(op, members, peers, send_rows, recv_rows, matrix_view<T const>(out),
                                                          "out", in, "in", pieces, scratch.first());
@@ -222,6 +223,7 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
                              array_view<std::int64_t const> recv_rows, array_view<std::int64_t const> send_rows,
                              matrix_view<T> out, pipeline_workspace<Backend>& scratch, std::int32_t pieces) {
   char const* const op = "reduce_scatter_alltoall";
+  detail::require_one_stream(be, a2a, op);
   std::int32_t const peers = a2a.size(), members = gather.size(), me = gather.rank();
   detail::piece_layout const at = detail::checked_layout(op, members, peers, send_rows, recv_rows, in, "in",
                                                          matrix_view<T const>(out), "out", pieces, scratch.first());

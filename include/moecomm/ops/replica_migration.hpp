@@ -91,6 +91,7 @@ class replica_migration {
   void exchange(Backend const& be, Comm& world, replica_placement const& from, replica_placement const& to, Experts& experts,
                 State& state) {
     char const* op = "replica_migration::exchange";
+    detail::require_one_stream(be, world, op);
     std::int32_t const me = world.rank();
     std::optional<error> const bad = detail::argument_error([&] { check(op, world, from, to, experts, state); });
     agree(op, world, bad, to, experts, state);
@@ -206,7 +207,7 @@ class replica_migration {
     std::int64_t const mine[4] = {bad ? 0 : 1, static_cast<std::int64_t>(digest >> 1), bad ? 0 : experts.parameter_count(),
                                   bad ? 0 : state.state_count()};
     agreement_.resize(4 * static_cast<std::size_t>(world.size()));
-    world.allgather(mine, agreement_.data(), std::int64_t(sizeof(mine)));
+    allgather_host(world, mine, agreement_.data(), std::int64_t(sizeof(mine)));
     if (bad) throw *bad;
     for (std::int32_t r = 0; r < world.size(); ++r) {
       std::int64_t const* theirs = agreement_.data() + 4 * static_cast<std::size_t>(r);

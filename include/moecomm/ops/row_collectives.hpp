@@ -114,6 +114,7 @@ void exchange_with_every_rank(Comm& comm, message_lists& lists, std::int64_t row
 template <class Backend, class Comm, class T>
 void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, matrix_view<T> all, workspace<Backend>& scratch,
                    detail::payload_kind kind = detail::payload_kind::rows) {
+  detail::require_one_stream(be, comm, "row_allgather");
   std::int32_t const n = comm.size(), me = comm.rank();
   row_range const own = detail::check_sliced("row_allgather", all, "all", mine, "mine", n, me);
   [[maybe_unused]] auto const payload = detail::payload_scope(be, kind);
@@ -137,6 +138,7 @@ void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, mat
 template <class Backend, class Comm, class T>
 void ordered_reduce_scatter(Backend const& be, Comm& comm, matrix_view<T const> in, matrix_view<T> out,
                             workspace<Backend>& scratch, detail::payload_kind kind = detail::payload_kind::rows) {
+  detail::require_one_stream(be, comm, "ordered_reduce_scatter");
   std::int32_t const n = comm.size(), me = comm.rank();
   row_range const own = detail::check_sliced("ordered_reduce_scatter", in, "in", out, "out", n, me);
   std::int64_t const elements = own.count * in.hidden;

@@ -224,7 +224,7 @@ class parm_layer {
     std::int64_t const kept_rows = all_plan_.num_rows() - report_.dropped_slots;
     std::int64_t const mine[3] = {routing.num_tokens, routing.top_k, kept_rows};
     shapes_.resize(static_cast<std::size_t>(3 * world.size()));
-    world.allgather(mine, shapes_.data(), static_cast<std::int64_t>(sizeof mine));
+    allgather_host(world, mine, shapes_.data(), static_cast<std::int64_t>(sizeof mine));
     parm_layer_shape& shape = report_.shape;
     double slots = 0, kept = 0;
     for (std::size_t r = 0; r < shapes_.size(); r += 3) {
@@ -498,7 +498,7 @@ class parm_layer {
     std::int64_t* const own = chunk_counts_.data() + members * mine;
     auto const& offsets = dispatcher_.rank_major_offsets();
     for (std::int64_t i = 0; i < mine; ++i) own[i] = offsets[static_cast<std::size_t>(i) + 1] - offsets[static_cast<std::size_t>(i)];
-    groups_->esp().allgather(own, chunk_counts_.data(), mine * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    allgather_host(groups_->esp(), own, chunk_counts_.data(), mine * static_cast<std::int64_t>(sizeof(std::int64_t)));
     recv_rows_.assign(static_cast<std::size_t>(members) * peers, 0);
     gathered_rows_ = 0;
     for (std::int64_t i = 0; i < members * mine; ++i) {

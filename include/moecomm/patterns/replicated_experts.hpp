@@ -245,7 +245,7 @@ class replicated_expert_layer {
     counts_.resize(static_cast<std::size_t>(R) * E);
     mine_.resize(static_cast<std::size_t>(E));
     for (std::int32_t e = 0; e < E; ++e) mine_[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
-    world_->allgather(mine_.data(), counts_.data(), E * std::int64_t(sizeof(std::int64_t)));  // host memory: not NCCL yet
+    allgather_host(*world_, mine_.data(), counts_.data(), E * std::int64_t(sizeof(std::int64_t)));
     // 2. The split and the assignment.
     loads_.assign(static_cast<std::size_t>(E), 0);
     for (std::int32_t s = 0; s < R; ++s)

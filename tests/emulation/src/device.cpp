@@ -75,8 +75,8 @@ struct access_record {
 struct allocation {
   std::uintptr_t base = 0;
   std::size_t bytes = 0, reserved = 0;
-  char* view = nullptr;  // the worker threads' address of the memory
-  bool device = true;    // false: pinned host memory (view == base)
+  bool device = true;     // false: pinned host memory
+  bool released = false;  // cudaFreeAsync was called; the memory goes when its stream gets there
   int dev = 0;
   std::string origin;
   bool written = false;
@@ -95,6 +95,11 @@ thread_local thread_state this_thread;
 
 // The kernel a worker thread is running, for the fault handler's message.
 thread_local char const* running_kernel = nullptr;
+
+// Device memory is inaccessible until a stream's worker touches it: the fault opens the page for
+// the job, which closes it when it ends. A host thread's touch faults, and stops the process.
+thread_local bool is_worker = false;
+thread_local std::vector<std::uintptr_t> opened_pages;  // by this worker's current job
 
 struct emulator {
   std::mutex lock;  // everything below but the queues
@@ -120,7 +125,10 @@ emulator& emu() {
   return *e;
 }
 
+void close_opened_pages();
+
 void worker_loop(std::shared_ptr<stream_state> s) {
+  is_worker = true;
   for (;;) {
     std::function<void()> job;
     {
@@ -131,6 +139,7 @@ void worker_loop(std::shared_ptr<stream_state> s) {
       s->queue.pop_front();
     }
     job();
+    close_opened_pages();
     {
       std::lock_guard<std::mutex> hold(emu().done_lock);
       s->completed.fetch_add(1, std::memory_order_release);
@@ -183,13 +192,6 @@ allocation* find_allocation(void const* p) {
   return a <= it->second->base + it->second->bytes ? it->second.get() : nullptr;
 }
 
-//! The worker threads' address of `p` (emu().lock held).
-void* view_of(void const* p) {
-  allocation const* a = find_allocation(p);
-  if (a == nullptr) return const_cast<void*>(p);
-  return a->view + (reinterpret_cast<std::uintptr_t>(p) - a->base);
-}
-
 std::string describe_allocation(allocation const& a) {
   std::ostringstream out;
   out << "a " << a.bytes << "-byte " << (a.device ? "device allocation of " : "pinned host allocation of ") << a.origin;
@@ -214,6 +216,12 @@ cudaError_t check_use(stream_state const& s, std::uint64_t seq, char const* call
   allocation* a = find_allocation(use.ptr);
   if (a == nullptr || use.bytes == 0) return cudaSuccess;  // host memory: TSan watches it
   std::uintptr_t const p = reinterpret_cast<std::uintptr_t>(use.ptr);
+  if (a->released) {
+    std::ostringstream out;
+    out << call << " on " << stream_label(s) << " uses '" << use.role << "' in " << describe_allocation(*a)
+        << " after cudaFreeAsync released it";
+    return record_violation(out.str());
+  }
   if (p + use.bytes > a->base + a->bytes) {
     std::ostringstream out;
     out << call << " on " << stream_label(s) << ": '" << use.role << "' spans " << use.bytes << " bytes from byte "
@@ -297,49 +305,95 @@ cudaError_t enqueue_locked(std::shared_ptr<stream_state> const& s, char const* c
 //! The host thread waited for everything enqueued on `s` so far.
 void learn_from(stream_state const& s) { merge(this_thread.knows, s.knows); }
 
+// Device addresses come from one reserved, inaccessible range. No allocation holds an address
+// whose low 32 bits are below 2^20: a kernel argument word that is a small int32 beside four bytes
+// of padding (which may hold the high half of any pointer) is then never taken for a device pointer.
+constexpr std::uintptr_t arena_bytes = std::uintptr_t{1} << 42;
+constexpr std::uintptr_t window = std::uintptr_t{1} << 32, window_gap = std::uintptr_t{1} << 20;
+
+//! `reserved` bytes of device address space (emu().lock held); 0 when the range is used up.
+std::uintptr_t arena_base() {
+  static std::uintptr_t const base = [] {
+    void* p = mmap(nullptr, arena_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? std::uintptr_t{0} : reinterpret_cast<std::uintptr_t>(p);
+  }();
+  return base;
+}
+
+bool in_arena(std::uintptr_t a) { return arena_base() != 0 && a >= arena_base() && a < arena_base() + arena_bytes; }
+
+std::uintptr_t device_addresses(std::size_t reserved) {
+  std::uintptr_t const base = arena_base();
+  static std::uintptr_t next = base;
+  if (base == 0) return 0;
+  std::uintptr_t at = next;
+  if (at % window < window_gap) at += window_gap - at % window;
+  if ((at + reserved - 1) / window != at / window) at = (at / window + 1) * window + window_gap;  // never across a window
+  if (reserved > window - window_gap || at + reserved > base + arena_bytes) return 0;
+  next = at + reserved;
+  return at;
+}
+
 // A host access to device memory faults on its reserved, inaccessible pages: say which.
 struct sigaction previous_segv;
 
+void say(char const* text, int n) {
+  if (n > 0) (void)!write(2, text, static_cast<std::size_t>(n));
+}
+
 void on_segv(int sig, siginfo_t* info, void* context) {
   auto const a = reinterpret_cast<std::uintptr_t>(info->si_addr);
-  std::unique_lock<std::mutex> hold(emu().lock, std::try_to_lock);
-  if (hold.owns_lock()) {
-    auto it = emu().memory.upper_bound(a);
-    if (it != emu().memory.begin()) {
-      --it;
-      allocation const& m = *it->second;
-      if (m.device && a < m.base + m.reserved) {
-        char text[512];
-        int const n = std::snprintf(text, sizeof text,
-                                    "moecomm CUDA emulation: the host touched device memory at byte %zu of a %zu-byte "
-                                    "device allocation of %s on device %d; device memory is read by cudaMemcpy (after a "
-                                    "wait), never dereferenced on the host\n",
-                                    static_cast<std::size_t>(a - m.base), m.bytes, m.origin.c_str(), m.dev);
-        if (n > 0) (void)!write(2, text, static_cast<std::size_t>(n));
-        std::abort();
-      }
-    }
-    for (auto const& f : emu().freed) {
-      auto const view = reinterpret_cast<std::uintptr_t>(f->view);
-      bool const in_view = a >= view && a < view + f->bytes, in_base = a >= f->base && a < f->base + f->reserved;
-      if (!in_view && !in_base) continue;
+  if (in_arena(a)) {
+    std::unique_lock<std::mutex> hold(emu().lock, std::defer_lock);
+    if (is_worker) hold.lock();  // a worker never faults while holding it; a host thread might
+    else (void)hold.try_lock();
+    if (hold.owns_lock()) {
       char text[512];
-      int const n = std::snprintf(text, sizeof text,
+      auto it = emu().memory.upper_bound(a);
+      if (it != emu().memory.begin()) {
+        --it;
+        allocation const& m = *it->second;
+        if (m.device && a < m.base + m.bytes) {
+          if (is_worker) {  // a stream's job: open the page for it
+            std::uintptr_t const first = a & ~(std::uintptr_t{page} - 1);
+            mprotect(reinterpret_cast<void*>(first), page, PROT_READ | PROT_WRITE);
+            opened_pages.push_back(first);
+            return;
+          }
+          say(text, std::snprintf(text, sizeof text,
+                                  "moecomm CUDA emulation: the host touched device memory at byte %zu of a %zu-byte "
+                                  "device allocation of %s on device %d; device memory is read by cudaMemcpy (after a "
+                                  "wait), never dereferenced on the host\n",
+                                  static_cast<std::size_t>(a - m.base), m.bytes, m.origin.c_str(), m.dev));
+          std::abort();
+        }
+      }
+      for (auto const& f : emu().freed)
+        if (a >= f->base && a < f->base + f->reserved) {
+          say(text, std::snprintf(text, sizeof text,
                                   "moecomm CUDA emulation: %s touched byte %zu of a %zu-byte device allocation of %s on "
                                   "device %d after it was freed\n",
-                                  running_kernel != nullptr ? running_kernel : "the host", static_cast<std::size_t>(a - (in_view ? view : f->base)),
-                                  f->bytes, f->origin.c_str(), f->dev);
-      if (n > 0) (void)!write(2, text, static_cast<std::size_t>(n));
+                                  running_kernel != nullptr ? running_kernel : "the host", static_cast<std::size_t>(a - f->base),
+                                  f->bytes, f->origin.c_str(), f->dev));
+          std::abort();
+        }
+      say(text, std::snprintf(text, sizeof text, "moecomm CUDA emulation: %s touched device address 0x%zx, which no allocation holds\n",
+                              running_kernel != nullptr ? running_kernel : "the host", static_cast<std::size_t>(a)));
       std::abort();
     }
   }
-  if (hold.owns_lock()) hold.unlock();
   if (previous_segv.sa_flags & SA_SIGINFO) previous_segv.sa_sigaction(sig, info, context);
   else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) previous_segv.sa_handler(sig);
   else {
     signal(sig, SIG_DFL);
     raise(sig);
   }
+}
+
+//! Closes the pages the worker's job opened.
+void close_opened_pages() {
+  for (std::uintptr_t const first : opened_pages) mprotect(reinterpret_cast<void*>(first), page, PROT_NONE);
+  opened_pages.clear();
 }
 
 //! Installs the fault handler unless it is in place (a test framework may have replaced it).
@@ -356,28 +410,6 @@ void install_segv_handler() {
   sigaction(SIGSEGV, &action, &previous_segv);
 }
 
-// Device addresses come from one reserved, inaccessible range. No allocation holds an address
-// whose low 32 bits are below 2^20: a kernel argument word that is a small int32 beside four bytes
-// of padding (which may hold the high half of any pointer) is then never taken for a device pointer.
-constexpr std::uintptr_t arena_bytes = std::uintptr_t{1} << 42;
-constexpr std::uintptr_t window = std::uintptr_t{1} << 32, window_gap = std::uintptr_t{1} << 20;
-
-//! `reserved` bytes of device address space (emu().lock held); 0 when the range is used up.
-std::uintptr_t device_addresses(std::size_t reserved) {
-  static std::uintptr_t const base = [] {
-    void* p = mmap(nullptr, arena_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? std::uintptr_t{0} : reinterpret_cast<std::uintptr_t>(p);
-  }();
-  static std::uintptr_t next = base;
-  if (base == 0) return 0;
-  std::uintptr_t at = next;
-  if (at % window < window_gap) at += window_gap - at % window;
-  if ((at + reserved - 1) / window != at / window) at = (at / window + 1) * window + window_gap;  // never across a window
-  if (reserved > window - window_gap || at + reserved > base + arena_bytes) return 0;
-  next = at + reserved;
-  return at;
-}
-
 cudaError_t allocate_device(void** out, std::size_t bytes, std::string origin, int device, std::shared_ptr<stream_state> const& s,
                             char const* call) {
   *out = nullptr;
@@ -386,14 +418,15 @@ cudaError_t allocate_device(void** out, std::size_t bytes, std::string origin, i
   std::size_t const mapped = (bytes + page - 1) / page * page;
   std::size_t const reserved = mapped + page;  // a guard page: one past the end is never another allocation
   std::uintptr_t const address = device_addresses(reserved);
-  void* view = address == 0 ? MAP_FAILED : mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (view == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
-  std::memset(view, 0xff, bytes);  // never zeroed, as on a GPU: unwritten floats read as NaN
+  void* const at = reinterpret_cast<void*>(address);
+  if (address == 0 || mmap(at, mapped, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED)
+    return fail(cudaErrorMemoryAllocation);
+  std::memset(at, 0xff, bytes);  // never zeroed, as on a GPU: unwritten floats read as NaN
+  mprotect(at, mapped, PROT_NONE);
   auto a = std::make_shared<allocation>();
   a->base = address;
   a->bytes = bytes;
   a->reserved = reserved;
-  a->view = static_cast<char*>(view);
   a->dev = device;
   a->origin = std::move(origin);
   if (s) {  // stream-ordered: the allocation is a write by the stream
@@ -409,21 +442,18 @@ cudaError_t allocate_device(void** out, std::size_t bytes, std::string origin, i
 //! inaccessible for a while, so that a late use faults with a message instead of reading garbage.
 void quarantine(std::shared_ptr<allocation> const& a) {
   std::size_t const mapped = (a->bytes + page - 1) / page * page;
-  madvise(a->view, mapped, MADV_DONTNEED);
-  mprotect(a->view, mapped, PROT_NONE);
+  void* const at = reinterpret_cast<void*>(a->base);
+  mprotect(at, mapped, PROT_NONE);
+  madvise(at, mapped, MADV_DONTNEED);
   emu().freed.push_back(a);
-  if (emu().freed.size() > 1024) {
-    allocation const& old = *emu().freed.front();  // its device addresses are never handed out again
-    munmap(old.view, (old.bytes + page - 1) / page * page);
-    emu().freed.pop_front();
-  }
+  if (emu().freed.size() > 1024) emu().freed.pop_front();  // its device addresses are never handed out again
 }
 
 //! Releases `p` (emu().lock held); the memory is unmapped when the stream reaches the free.
 cudaError_t release_device(void* p, char const* call, std::shared_ptr<stream_state> const& s) {
   if (p == nullptr) return cudaSuccess;
   auto it = emu().memory.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == emu().memory.end() || !it->second->device) {
+  if (it == emu().memory.end() || !it->second->device || it->second->released) {
     std::ostringstream out;
     out << call << ": " << p << " is not the start of a live device allocation";
     return record_violation(out.str());
@@ -432,9 +462,10 @@ cudaError_t release_device(void* p, char const* call, std::shared_ptr<stream_sta
   std::vector<buffer_use> const uses{{p, a->bytes, access::write, "devPtr"}};
   cudaError_t const e = enqueue_locked(s, call, uses, [a] {
     std::lock_guard<std::mutex> hold(emu().lock);
+    emu().memory.erase(a->base);
     quarantine(a);
   });
-  if (e == cudaSuccess) emu().memory.erase(it);
+  if (e == cudaSuccess) a->released = true;
   return e;
 }
 
@@ -480,12 +511,7 @@ cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_us
   return e == cudaSuccess ? e : fail(e);
 }
 
-void* device_view(void const* p) {
-  std::lock_guard<std::mutex> hold(emu().lock);
-  return view_of(p);
-}
-
-cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, char const* type, void* bytes, std::size_t size,
+cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, void const* bytes, std::size_t size,
                                   std::vector<buffer_use>& uses) {
   install_segv_handler();
   std::lock_guard<std::mutex> hold(emu().lock);
@@ -497,23 +523,16 @@ cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, char 
         << this_thread.device << ": call cudaSetDevice(" << s->device << ") on this thread first";
     return fail(record_violation(out.str()));
   }
-  auto* words = static_cast<unsigned char*>(bytes);
+  auto const* words = static_cast<unsigned char const*>(bytes);
   for (std::size_t at = 0; at + sizeof(std::uintptr_t) <= size; at += sizeof(std::uintptr_t)) {
     std::uintptr_t w;
     std::memcpy(&w, words + at, sizeof w);
-    if (allocation const* a = find_allocation(reinterpret_cast<void const*>(w))) {
-      if (!a->device) continue;  // pinned host memory is mapped for kernels
-      if (a->dev != s->device) {
-        std::ostringstream out;
-        out << "kernel '" << kernel << "' on " << stream_label(*s) << " captures a pointer into " << describe_allocation(*a)
-            << " (argument byte " << at << " of " << type << ")";
-        return fail(record_violation(out.str()));
-      }
-      std::size_t const offset = w - a->base;
+    // A word into an allocation of this device is a buffer the kernel may use. Padding and other
+    // words that only look like one are harmless: nothing is rewritten, and the kernel's real
+    // accesses open the pages they touch.
+    allocation const* a = find_allocation(reinterpret_cast<void const*>(w));
+    if (a != nullptr && a->device && a->dev == s->device)
       uses.push_back({reinterpret_cast<void const*>(a->base), a->bytes, access::read_write, kernel});
-      std::uintptr_t const translated = reinterpret_cast<std::uintptr_t>(a->view) + offset;
-      std::memcpy(words + at, &translated, sizeof translated);
-    }
   }
   return cudaSuccess;
 }
@@ -560,13 +579,13 @@ cudaError_t copy_on(cudaStream_t stream, void* dst, void const* src, std::size_t
     s = find_stream(stream);
     if (!s) return fail(cudaErrorInvalidResourceHandle);
     wait = wait || is_pageable(dst);
-    char* const to = static_cast<char*>(view_of(dst));
+    char* const to = static_cast<char*>(dst);
     std::function<void()> job;
     if (is_pageable(src)) {
       auto staged = std::make_shared<std::vector<char>>(static_cast<char const*>(src), static_cast<char const*>(src) + bytes);
       job = [staged, to] { std::memcpy(to, staged->data(), staged->size()); };
     } else {
-      char const* const from = static_cast<char const*>(view_of(src));
+      char const* const from = static_cast<char const*>(src);
       job = [from, to, bytes] { std::memmove(to, from, bytes); };
     }
     std::vector<buffer_use> const uses{{src, bytes, access::read, "src"}, {dst, bytes, access::write, "dst"}};
@@ -672,7 +691,6 @@ cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
   a->base = reinterpret_cast<std::uintptr_t>(p);
   a->bytes = size;
   a->reserved = size;
-  a->view = static_cast<char*>(p);
   a->device = false;
   a->origin = "cudaHostAlloc";
   std::lock_guard<std::mutex> hold(emu().lock);
@@ -703,7 +721,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
 
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  char* const to = static_cast<char*>(device_view(devPtr));
+  char* const to = static_cast<char*>(devPtr);
   return enqueue(stream, "cudaMemsetAsync", {{devPtr, count, access::write, "devPtr"}},
                  [to, value, count] { std::memset(to, value, count); });
 }

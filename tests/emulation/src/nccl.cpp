@@ -49,7 +49,7 @@ struct posted {
   ncclDataType_t type = ncclChar;
   ncclRedOp_t op = ncclSum;
   int root = 0;
-  char const* send = nullptr;  // worker views
+  char const* send = nullptr;
   char* recv = nullptr;
 };
 
@@ -352,9 +352,6 @@ ncclResult_t launch(std::vector<pending> ops) {
         mine.push_back(op);
         uses.push_back(op.is_send ? buffer_use{op.send, op.bytes, access::read, "sendbuff"}
                                   : buffer_use{op.recv, op.bytes, access::write, "recvbuff"});
-        pending& view = mine.back();
-        view.send = view.is_send ? moecomm_emulation::device_view(op.send) : nullptr;
-        view.recv = view.is_send ? nullptr : moecomm_emulation::device_view(op.recv);
       }
     cudaError_t const e = moecomm_emulation::enqueue(mine.front().stream, "ncclSend/ncclRecv", uses,
                                                      [c, mine] { run_p2p(c, mine); });
@@ -374,8 +371,8 @@ ncclResult_t launch(std::vector<pending> ops) {
     if (op.send != nullptr) uses.push_back({op.send, in_bytes, access::read, "sendbuff"});
     if (op.recv != nullptr && op.recv != op.send) uses.push_back({op.recv, out_bytes, access::write, "recvbuff"});
     if (op.recv != nullptr && op.recv == op.send) uses.back().mode = access::read_write;
-    p.send = static_cast<char const*>(moecomm_emulation::device_view(op.send));
-    p.recv = static_cast<char*>(moecomm_emulation::device_view(op.recv));
+    p.send = static_cast<char const*>(op.send);
+    p.recv = static_cast<char*>(op.recv);
     auto const c = op.comm;
     cudaError_t const e = moecomm_emulation::enqueue(op.stream, p.kind, uses, [c, k, p] { run_collective(c, k, p); });
     if (e != cudaSuccess) return reject(ncclInvalidUsage, cudaGetErrorString(e), false);

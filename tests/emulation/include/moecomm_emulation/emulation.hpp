@@ -7,8 +7,9 @@
 //! under test is moecomm's real device path. What the emulation adds:
 //!
 //! - devices: several per process (`MOECOMM_EMULATED_DEVICES`, default 8), a current device per
-//!   host thread (0 for a new thread), device memory in mappings the host cannot touch: a host read
-//!   or write of device memory stops the process with a message naming the allocation;
+//!   host thread (0 for a new thread), device memory that only the streams' workers may touch (its
+//!   pages open on a worker's fault and close when its job ends): a host read or write of device
+//!   memory stops the process with a message naming the allocation;
 //! - streams: each an in-order worker thread (work really is asynchronous), events, the legacy
 //!   default stream's implicit synchronisation;
 //! - contracts, checked when work is enqueued and reported by the failing call's error (its
@@ -30,7 +31,6 @@
 #include <memory>
 #include <string>
 #include <type_traits>
-#include <typeinfo>
 #include <vector>
 
 namespace moecomm_emulation {
@@ -47,29 +47,25 @@ struct buffer_use {
 };
 
 //! Enqueues `job` on `stream` (null: the current device's legacy default stream) after checking
-//! the contracts for `uses`. The job runs on the stream's worker thread; it must only touch memory
-//! through `device_view`. Returns the error the call reports (and records it as the last error).
+//! the contracts for `uses`. The job runs on the stream's worker thread, the only kind of thread
+//! that may touch device memory. Returns the error the call reports (also the last error).
 cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_use> const& uses,
                     std::function<void()> job);
 
-//! The address the emulation's worker threads use for `p`: device memory (up to one past its
-//! end) maps to its accessible view; any other pointer is returned unchanged.
-void* device_view(void const* p);
-
-//! Checks a kernel's argument bytes: every word that points into device memory is a buffer the
-//! kernel uses (read and write: the emulation cannot tell which) and is rewritten to its
-//! accessible view; a word that points into pageable host memory is a violation. Returns the uses.
-cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, char const* type, void* bytes,
-                                  std::size_t size, std::vector<buffer_use>& uses);
+//! Checks a kernel's launch on `stream` (the thread's current device must be the stream's) and
+//! adds to `uses` every allocation of the stream's device that a word of the kernel's argument
+//! bytes points into: read and written, as far as the emulation can tell.
+cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, void const* bytes, std::size_t size,
+                                  std::vector<buffer_use>& uses);
 
 //! Launches `run(f)` on `stream` as kernel `name`: `f` is copied (as a kernel's arguments are),
-//! its pointers checked and rewritten, and run on the stream's worker thread.
+//! checked, and run on the stream's worker thread.
 template <class F, class Run>
 cudaError_t launch(cudaStream_t stream, char const* name, F const& f, Run run) {
   static_assert(std::is_trivially_copyable_v<F>, "a kernel's functor must be trivially copyable");
   auto copy = std::make_shared<F>(f);
   std::vector<buffer_use> uses;
-  cudaError_t const scanned = scan_kernel_arguments(stream, name, typeid(F).name(), copy.get(), sizeof(F), uses);
+  cudaError_t const scanned = scan_kernel_arguments(stream, name, copy.get(), sizeof(F), uses);
   if (scanned != cudaSuccess) return scanned;
   return enqueue(stream, name, uses, [copy, run] { run(*copy); });
 }

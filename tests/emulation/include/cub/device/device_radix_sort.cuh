@@ -28,10 +28,6 @@ struct DeviceRadixSort {
         {d_values_in, n * sizeof(Value), moecomm_emulation::access::read, "d_values_in"},
         {d_keys_out, n * sizeof(Key), moecomm_emulation::access::write, "d_keys_out"},
         {d_values_out, n * sizeof(Value), moecomm_emulation::access::write, "d_values_out"}};
-    auto* const keys_in = static_cast<Key const*>(moecomm_emulation::device_view(d_keys_in));
-    auto* const values_in = static_cast<Value const*>(moecomm_emulation::device_view(d_values_in));
-    auto* const keys_out = static_cast<Key*>(moecomm_emulation::device_view(d_keys_out));
-    auto* const values_out = static_cast<Value*>(moecomm_emulation::device_view(d_values_out));
     return moecomm_emulation::enqueue(stream, "cub::DeviceRadixSort::SortPairs", uses, [=] {
       auto bits = [&](Key k) {
         using U = std::make_unsigned_t<Key>;
@@ -41,15 +37,15 @@ struct DeviceRadixSort {
       };
       std::vector<std::size_t> order(n);
       std::iota(order.begin(), order.end(), std::size_t{0});
-      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bits(keys_in[a]) < bits(keys_in[b]); });
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bits(d_keys_in[a]) < bits(d_keys_in[b]); });
       std::vector<Key> keys(n);
       std::vector<Value> values(n);
       for (std::size_t i = 0; i < n; ++i) {
-        keys[i] = keys_in[order[i]];
-        values[i] = values_in[order[i]];
+        keys[i] = d_keys_in[order[i]];
+        values[i] = d_values_in[order[i]];
       }
-      std::copy(keys.begin(), keys.end(), keys_out);
-      std::copy(values.begin(), values.end(), values_out);
+      std::copy(keys.begin(), keys.end(), d_keys_out);
+      std::copy(values.begin(), values.end(), d_values_out);
     });
   }
 };

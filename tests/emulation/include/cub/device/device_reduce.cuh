@@ -27,14 +27,13 @@ struct DeviceReduce {
     std::vector<moecomm_emulation::buffer_use> uses{
         {d_temp_storage, need, moecomm_emulation::access::write, "d_temp_storage"},
         {d_out, sizeof(Output), moecomm_emulation::access::write, "d_out"}};
-    cudaError_t const scanned = moecomm_emulation::scan_kernel_arguments(
-        stream, "cub::DeviceReduce::TransformReduce", typeid(arguments).name(), args.get(), sizeof(arguments), uses);
+    cudaError_t const scanned =
+        moecomm_emulation::scan_kernel_arguments(stream, "cub::DeviceReduce::TransformReduce", args.get(), sizeof(arguments), uses);
     if (scanned != cudaSuccess) return scanned;
-    auto* const out = static_cast<Output*>(moecomm_emulation::device_view(d_out));
     return moecomm_emulation::enqueue(stream, "cub::DeviceReduce::TransformReduce", uses, [=] {
       T acc = init;
       for (std::size_t i = 0; i < n; ++i) acc = args->op(acc, args->map(args->in[static_cast<std::ptrdiff_t>(i)]));
-      *out = acc;
+      *d_out = acc;
     });
   }
 };

@@ -21,13 +21,11 @@ struct DeviceScan {
         {d_temp_storage, need, moecomm_emulation::access::write, "d_temp_storage"},
         {d_in, n * sizeof(T), moecomm_emulation::access::read, "d_in"},
         {d_out, n * sizeof(T), moecomm_emulation::access::write, "d_out"}};
-    auto* const in = static_cast<T const*>(moecomm_emulation::device_view(d_in));
-    auto* const out = static_cast<T*>(moecomm_emulation::device_view(d_out));
     return moecomm_emulation::enqueue(stream, "cub::DeviceScan::ExclusiveSum", uses, [=] {
       T sum{};
       for (std::size_t i = 0; i < n; ++i) {
-        T const v = in[i];  // in and out may be one buffer
-        out[i] = sum;
+        T const v = d_in[i];  // in place allowed
+        d_out[i] = sum;
         sum = static_cast<T>(sum + v);
       }
     });
