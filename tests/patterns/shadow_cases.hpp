@@ -31,6 +31,45 @@ inline float parameter_value(std::int32_t e, std::int64_t i, bool exact) {
   return exact ? dyadic(static_cast<std::uint32_t>(u)) : std::fmod(u, 4001.0f) / 1000.0f - 2.0f;
 }
 
+// The arithmetic of a scale-and-bias expert (row x -> x * w + b per column), as kernels over an
+// index space, so that the host loop and a device back-end run the same per-element code.
+template <class T>
+struct scale_bias_forward_kernel {  // over rows * hidden
+  T const* in;
+  T* out;
+  float const* p;  // [2H]: w then b
+  std::int64_t hidden;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int64_t const h = i % hidden;
+    float const scaled = moecomm::dtype_traits<T>::to_float(in[i]) * p[h];
+    out[i] = moecomm::dtype_traits<T>::from_float(scaled + p[hidden + h]);
+  }
+};
+template <class T>
+struct scale_bias_input_grad_kernel {  // over rows * hidden
+  T const* d_out;
+  T* d_in;
+  float const* p;
+  std::int64_t hidden;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    d_in[i] = moecomm::dtype_traits<T>::from_float(moecomm::dtype_traits<T>::to_float(d_out[i]) * p[i % hidden]);
+  }
+};
+template <class T>
+struct scale_bias_param_grad_kernel {  // over hidden: column h sums its rows in ascending order
+  T const* in;
+  T const* d_out;
+  float* d_p;
+  std::int64_t rows, hidden;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t h) const {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float const g = moecomm::dtype_traits<T>::to_float(d_out[r * hidden + h]);
+      d_p[h] += moecomm::dtype_traits<T>::to_float(in[r * hidden + h]) * g;
+      d_p[hidden + h] += g;
+    }
+  }
+};
+
 // Parametric experts of one rank: expert e maps row x to x * w_e + b_e (per column), P = float.
 template <class T>
 struct scale_bias_experts {
@@ -49,21 +88,15 @@ struct scale_bias_experts {
   float* gradients(std::int32_t l) { return grads.data() + l * 2 * hidden; }
 
   void forward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out) const {
-    for (std::int64_t r = 0; r < in.rows; ++r)
-      for (std::int64_t h = 0; h < hidden; ++h) {
-        float const scaled = oracle::f32(in.row(r)[h]) * p[h];
-        out.row(r)[h] = oracle::from32<T>(scaled + p[hidden + h]);
-      }
+    scale_bias_forward_kernel<T> const k{in.data, out.data, p, hidden};
+    for (std::int64_t i = 0; i < in.rows * hidden; ++i) k(i);
   }
   void backward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T const> d_out,
                 moecomm::matrix_view<T> d_in, float* d_p) const {
-    for (std::int64_t r = 0; r < in.rows; ++r)
-      for (std::int64_t h = 0; h < hidden; ++h) {
-        float const g = oracle::f32(d_out.row(r)[h]);
-        d_in.row(r)[h] = oracle::from32<T>(g * p[h]);
-        d_p[h] += oracle::f32(in.row(r)[h]) * g;
-        d_p[hidden + h] += g;
-      }
+    scale_bias_input_grad_kernel<T> const d{d_out.data, d_in.data, p, hidden};
+    for (std::int64_t i = 0; i < in.rows * hidden; ++i) d(i);
+    scale_bias_param_grad_kernel<T> const g{in.data, d_out.data, d_p, in.rows, hidden};
+    for (std::int64_t h = 0; h < hidden; ++h) g(h);
   }
 };
 

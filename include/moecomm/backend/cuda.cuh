@@ -10,6 +10,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/checked_math.hpp>
+#include <moecomm/core/lane.hpp>
 #include <moecomm/core/dtype.hpp>
 #include <moecomm/error.hpp>
 
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #if !MOECOMM_CUDA_COMPILATION() && !MOECOMM_CUDA_EMULATION()
 #  error "moecomm/backend/cuda.cuh needs nvcc (or the CUDA emulation); host-only code includes moecomm/moecomm.hpp"
@@ -56,6 +58,23 @@ class poll_backoff {
 
  private:
   int spins_ = 0;
+};
+
+//! Makes `device` current for its lifetime, then restores the previous device.
+class cuda_device_guard {
+ public:
+  explicit cuda_device_guard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) (void)cudaSetDevice(device);
+  }
+  cuda_device_guard(cuda_device_guard const&) = delete;
+  cuda_device_guard& operator=(cuda_device_guard const&) = delete;
+  ~cuda_device_guard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
 };
 
 inline constexpr int threads_per_block = 256;
@@ -145,8 +164,12 @@ struct cuda_reduce_scratch {
 
 //! Runs kernel functors on the current device, in order on `stream`. Calls are asynchronous
 //! except those that return a value to the host (`reduce`) and `synchronize`.
+class cuda_lane;
+
 class cuda_backend {
  public:
+  //! Work overlaps on a stream of its own (`cuda_lane`), ordered with this one by events.
+  using lane_type = cuda_lane;
   template <class T>
   using buffer_type = buffer<T, detail::cuda_allocator>;
   static constexpr bool is_host_accessible = false;
@@ -162,6 +185,8 @@ class cuda_backend {
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
   //! The device every launch and allocation of this back-end is on.
   [[nodiscard]] int device() const { return device_; }
+  //! The longest any host wait may take.
+  [[nodiscard]] std::chrono::milliseconds timeout() const { return timeout_; }
 
   //! Makes the back-end's device current on the calling thread: a thread other than the one that
   //! made the back-end (a lane's) starts on device 0. Lanes (core/lane.hpp) call it.
@@ -298,5 +323,97 @@ class cuda_backend {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<detail::cuda_reduce_scratch> reduce_scratch_;  //!< kept by every copy of this back-end
 };
+
+//! A lane (core/lane.hpp) whose units run on a thread of their own and put their device work on a
+//! stream of their own (`backend()`, on the rank's device), so that it overlaps the rank's stream.
+//! Events order the two: unit u starts after the work the rank's stream had when u was released,
+//! and the rank's stream goes on after unit u once `wait(u)` returned; `finish` orders everything
+//! the lane did before the rank's later work (e.g. a buffer's reuse or free). No host wait is added.
+class cuda_lane {
+ public:
+  explicit cuda_lane(cuda_backend const& rank) : rank_(rank), lane_(make_stream(rank), rank.timeout()), thread_(lane_) {
+    detail::cuda_check(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  }
+  cuda_lane(cuda_lane const&) = delete;
+  cuda_lane& operator=(cuda_lane const&) = delete;
+  ~cuda_lane() {
+    thread_.finish();
+    detail::cuda_device_guard const guard(lane_.device());
+    for (cudaEvent_t e : released_) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : done_) (void)cudaEventDestroy(e);
+    (void)cudaEventDestroy(finished_);
+    (void)cudaStreamDestroy(lane_.stream());  // its work completes first (CUDA's rule)
+    (void)cudaGetLastError();
+  }
+
+  //! The back-end on the lane's stream: what the lane's jobs run their device work on.
+  [[nodiscard]] cuda_backend const& backend() const { return lane_; }
+
+  template <class Job>
+  void start(Job& job, std::int32_t units) {
+    for (std::size_t i = done_.size(); i < static_cast<std::size_t>(units); ++i) {  // kept: a steady state creates none
+      released_.push_back(new_event());
+      done_.push_back(new_event());
+    }
+    released_upto_ = 0;
+    unit_ = {this, &job, [](void* j, std::int32_t u) { (*static_cast<Job*>(j))(u); }};
+    thread_.start(unit_, units);
+  }
+
+  void release(std::int32_t unit) {
+    for (; released_upto_ <= unit && released_upto_ < static_cast<std::int32_t>(released_.size()); ++released_upto_)
+      detail::cuda_check(cudaEventRecord(released_[static_cast<std::size_t>(released_upto_)], rank_.stream()), "cudaEventRecord");
+    thread_.release(unit);
+  }
+
+  void wait(std::int32_t unit) {
+    thread_.wait(unit);
+    detail::cuda_check(cudaStreamWaitEvent(rank_.stream(), done_[static_cast<std::size_t>(unit)], 0), "cudaStreamWaitEvent");
+  }
+
+  void finish() {
+    thread_.finish();
+    detail::cuda_check(cudaEventRecord(finished_, lane_.stream()), "cudaEventRecord");
+    detail::cuda_check(cudaStreamWaitEvent(rank_.stream(), finished_, 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  //! Unit u on the lane's thread: after the rank's work released with it, recorded when done.
+  struct unit_on_stream {
+    cuda_lane* lane = nullptr;
+    void* job = nullptr;
+    void (*run)(void*, std::int32_t) = nullptr;
+    void operator()(std::int32_t u) const {
+      cudaStream_t const s = lane->lane_.stream();
+      detail::cuda_check(cudaStreamWaitEvent(s, lane->released_[static_cast<std::size_t>(u)], 0), "cudaStreamWaitEvent");
+      run(job, u);
+      detail::cuda_check(cudaEventRecord(lane->done_[static_cast<std::size_t>(u)], s), "cudaEventRecord");
+    }
+  };
+
+  static cudaStream_t make_stream(cuda_backend const& rank) {
+    detail::cuda_device_guard const guard(rank.device());
+    cudaStream_t s = nullptr;
+    detail::cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }
+  cudaEvent_t new_event() const {
+    detail::cuda_device_guard const guard(lane_.device());
+    cudaEvent_t e = nullptr;
+    detail::cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return e;
+  }
+
+  cuda_backend rank_;  //!< the rank's back-end: its stream
+  cuda_backend lane_;  //!< on the lane's stream
+  std::vector<cudaEvent_t> released_, done_;  //!< per unit
+  cudaEvent_t finished_ = nullptr;
+  std::int32_t released_upto_ = 0;
+  unit_on_stream unit_;
+  thread_lane thread_;  //!< last: its thread ends before the events and the stream go
+};
+
+//! A CUDA lane's jobs run on its stream.
+[[nodiscard]] inline cuda_backend const& lane_backend(cuda_lane const& lane, cuda_backend const&) { return lane.backend(); }
 
 MOECOMM_NAMESPACE_END

@@ -107,6 +107,14 @@ void require_one_stream(Backend const& be, Comm const& comm, char const* op) {
 
 }  // namespace detail
 
+//! A communicator over the same ranks as `comm` (a collective split) whose operations enqueue where
+//! `be` does: a lane's own copy of a communicator, so that two threads never share one. NCCL's
+//! overload puts the copy on `be`'s stream.
+template <class Comm, class Backend>
+[[nodiscard]] Comm split_for(Comm& comm, Backend const&) {
+  return comm.split(0, comm.rank());
+}
+
 //! `recv[r * bytes ...]` = rank r's `send`, both in host memory, over any communicator: the
 //! all-gather of small host values (counts, shapes, agreements). A communicator whose buffers are
 //! device memory overloads it (`nccl_communicator` stages the values through device memory).

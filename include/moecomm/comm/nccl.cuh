@@ -108,23 +108,6 @@ template <class T>
   return op == reduce_op::sum ? ncclSum : op == reduce_op::max ? ncclMax : ncclMin;
 }
 
-//! Makes `device` current for its lifetime, then restores the previous device.
-class cuda_device_guard {
- public:
-  explicit cuda_device_guard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) (void)cudaSetDevice(device);
-  }
-  cuda_device_guard(cuda_device_guard const&) = delete;
-  cuda_device_guard& operator=(cuda_device_guard const&) = delete;
-  ~cuda_device_guard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
-
 }  // namespace detail
 
 //! One rank's handle on an NCCL communicator: a model of the communicator concept whose buffers
@@ -333,9 +316,11 @@ class nccl_communicator {
 
   //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`
   //! (`ncclCommSplit`, non-blocking, waited for). Collective over this group. The result owns its
-  //! communicator and shares this one's stream and options.
+  //! communicator and shares this one's options, and its stream unless `stream` names another
+  //! (of the same device: a lane's own, `split_for`).
   //! @throws error (invalid_argument) if `color < 0`.
-  [[nodiscard]] nccl_communicator split(int color, int key) {
+  [[nodiscard]] nccl_communicator split(int color, int key) { return split(color, key, stream_); }
+  [[nodiscard]] nccl_communicator split(int color, int key, cudaStream_t stream) {
     char const* op = "nccl_communicator::split";
     ensure_ready(op);
     detail::validate_split(op, color);
@@ -355,7 +340,7 @@ class nccl_communicator {
     ncclComm_t const child = __atomic_load_n(slot.get(), __ATOMIC_ACQUIRE);
     if (child == nullptr)
       detail::fail(status::internal_error, op, "ncclCommSplit completed without a communicator for color ", color);
-    nccl_communicator sub(child, stream_, options_, /*owning=*/true);
+    nccl_communicator sub(child, stream, options_, /*owning=*/true);
     sub.settle(op, "ncclCommSplit");
     sub.finish_construction(op);
     return sub;
@@ -593,6 +578,11 @@ class nccl_communicator {
   std::size_t staging_bytes_ = 0;
   std::string failure_;              //!< the first failure; empty while usable
 };
+
+//! `split_for` on NCCL: the copy enqueues on `be`'s stream.
+[[nodiscard]] inline nccl_communicator split_for(nccl_communicator& comm, cuda_backend const& be) {
+  return comm.split(0, comm.rank(), be.stream());
+}
 
 //! `allgather_host` on NCCL: the values are staged through the communicator's device memory.
 inline void allgather_host(nccl_communicator& comm, void const* send, void* recv, std::int64_t bytes) {

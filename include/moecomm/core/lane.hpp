@@ -14,7 +14,9 @@
 //! | `finish()` | units not released never run; returns when the lane no longer touches the job |
 //!
 //! Which lane a back-end uses is `lane_t<Backend>`: the back-end's `lane_type` if it names one,
-//! else `thread_lane`. Models: `thread_lane` (a thread kept between uses: host and CUDA back-ends),
+//! else `thread_lane`. A job runs its device work on `lane_backend(lane, be)` and communicates on
+//! communicators of its own (`split_for(comm, lane_backend(lane, be))`, made once): the CUDA lane
+//! (`cuda_lane`) has a stream of its own, and two threads never share a communicator or a stream. Models: `thread_lane` (a thread kept between uses: host and CUDA back-ends),
 //! `actor_lane` (a second S4U actor on the rank's host: the simulated back-end, so the overlap shows
 //! in simulated time). A lane is made once and kept, so a step that overlaps allocates nothing.
 //!
@@ -228,6 +230,13 @@ struct lane_of<Backend, std::void_t<typename Backend::lane_type>> {
 //! The lane `Backend` overlaps work with.
 template <class Backend>
 using lane_t = typename detail::lane_of<Backend>::type;
+
+//! The back-end a lane's job runs its work on: the rank's own, unless the lane has a back-end of
+//! its own (the CUDA lane: one on the lane's stream, which it orders with the rank's by events).
+template <class Lane, class Backend>
+[[nodiscard]] Backend const& lane_backend(Lane const&, Backend const& be) {
+  return be;
+}
 
 //! Waits for unit `unit` of `lane`'s job, rethrowing its failure; on every exit the lane lets go
 //! of the job (`finish`), so that the job's state may die.

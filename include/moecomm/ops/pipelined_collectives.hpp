@@ -38,11 +38,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
 
-//! What the pipelined collectives keep between calls: the lane (made once) and one workspace for
-//! each of the two threads of calls.
+//! What the pipelined collectives keep between calls: the lane (made once), the lane's own copies
+//! of the communicators it uses (split once, on the lane's back-end) and one workspace for each of
+//! the two threads of calls.
 template <class Backend>
 class pipeline_workspace {
  public:
@@ -52,10 +55,19 @@ class pipeline_workspace {
     if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be);
     return *lane_;
   }
+  //! The lane's copy of `comm` (`split_for`: collective over `comm` the first time).
+  template <class Comm>
+  [[nodiscard]] Comm& lane_copy(Comm& comm, Backend const& be) {
+    for (auto const& [original, copy] : lane_comms_)
+      if (original == &comm) return *static_cast<Comm*>(copy.get());
+    lane_comms_.emplace_back(&comm, std::make_shared<Comm>(split_for(comm, lane_backend(lane(be), be))));
+    return *static_cast<Comm*>(lane_comms_.back().second.get());
+  }
 
  private:
   workspace<Backend> first_, second_;
   std::unique_ptr<lane_t<Backend>> lane_;
+  std::vector<std::pair<void const*, std::shared_ptr<void>>> lane_comms_;  //!< (original, its copy)
 };
 
 namespace detail {
@@ -192,7 +204,9 @@ void alltoall_allgather(Backend const& be, Comm& a2a, Comm& gather, matrix_view<
     }
     a2a.exchange(lists.sends, lists.recvs);
   };
-  auto gather_piece = [&](std::int32_t c) {  // the all-gather of piece c, then unpacked into out
+  Comm& lane_gather = scratch.lane_copy(gather, be);
+  Backend const& lane_be = lane_backend(scratch.lane(be), be);
+  auto gather_piece = [&](std::int32_t c) {  // on the lane: the all-gather of piece c, then unpacked into out
     message_lists& lists = scratch.second().messages();
     lists.clear_messages();
     for (std::int32_t g = 0; g < members; ++g) {
@@ -200,13 +214,14 @@ void alltoall_allgather(Backend const& be, Comm& a2a, Comm& gather, matrix_view<
       if (at.packed_rows(me, c) > 0) lists.sends.push_back({g, packed + at.packed(me, c) * h, at.packed_rows(me, c) * row_bytes});
       if (at.packed_rows(g, c) > 0) lists.recvs.push_back({g, packed + at.packed(g, c) * h, at.packed_rows(g, c) * row_bytes});
     }
-    if (members > 1) gather.exchange(lists.sends, lists.recvs);
+    if (members > 1) lane_gather.exchange(lists.sends, lists.recvs);
     for (std::int32_t g = 0; g < members; ++g)
       for (std::int32_t p = 0; p < peers; ++p) {
         row_range const piece = at.piece(g, p, c);
-        if (piece.count > 0) be.copy(out.data + (at.block(g, p) + piece.begin) * h, packed + at.packed(g, c, p) * h, piece.count * h);
+        if (piece.count > 0)
+          lane_be.copy(out.data + (at.block(g, p) + piece.begin) * h, packed + at.packed(g, c, p) * h, piece.count * h);
       }
-    be.synchronize();
+    lane_be.synchronize();
   };
   detail::run_pipeline(be, scratch, pieces, exchange_piece, gather_piece);
 }
@@ -262,7 +277,8 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
                                                                       reduced + (at.packed(me, c) - first_own) * h});
     be.synchronize();
   };
-  auto return_piece = [&](std::int32_t c) {  // the all-to-all of piece c's sums back to their sources
+  Comm& lane_a2a = scratch.lane_copy(a2a, be);
+  auto return_piece = [&](std::int32_t c) {  // on the lane: the all-to-all of piece c's sums back to their sources
     message_lists& lists = scratch.second().messages();
     lists.clear_messages();
     for (std::int32_t p = 0; p < peers; ++p) {
@@ -272,7 +288,7 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
         lists.sends.push_back({p, reduced + (at.packed(me, c, p) - first_own) * h, mine.count * row_bytes});
       if (theirs.count > 0) lists.recvs.push_back({p, out.data + (returned_before[p] + theirs.begin) * h, theirs.count * row_bytes});
     }
-    a2a.exchange(lists.sends, lists.recvs);
+    lane_a2a.exchange(lists.sends, lists.recvs);
   };
   detail::run_pipeline(be, scratch, pieces, reduce_piece, return_piece);
 }

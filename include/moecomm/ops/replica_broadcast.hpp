@@ -68,10 +68,12 @@ void replica_broadcast(Comm& comm, replica_set const& set, std::int64_t count, a
 }
 
 //! As above, with the message lists kept in `scratch` between calls (a steady state allocates
-//! nothing); the argument order of `gradient_reduce`. `be` names the workspace's back-end only.
+//! nothing); the argument order of `gradient_reduce`. `be` is the back-end whose work wrote `data`
+//! (its stream must be the communicator's: `detail::require_one_stream`).
 template <class Backend, class Comm, class T, class Path = point_to_point_path>
-void replica_broadcast(Backend const&, Comm& comm, replica_set const& set, std::int64_t count, array_view<T> data,
+void replica_broadcast(Backend const& be, Comm& comm, replica_set const& set, std::int64_t count, array_view<T> data,
                        workspace<Backend>& scratch, Path const& path = {}) {
+  detail::require_one_stream(be, comm, "replica_broadcast");
   detail::broadcast_to_replicas(comm, set, count, data, path, scratch.messages());
 }
 

@@ -110,7 +110,10 @@ struct fastermoe_shadowing {
     template <class Experts>
     bool begin_transfer(Experts& experts) {
       finish_lane();
-      if (!lane_comm_) lane_comm_.emplace(groups_->world().split(0, groups_->world().rank()));  // collective, once
+      if (!lane_) {  // once: the lane, and its own copy of the world (collective)
+        lane_ = std::make_unique<lane_t<Backend>>(be_);
+        lane_comm_.emplace(split_for(groups_->world(), lane_backend(*lane_, be_)));
+      }
       scheduled_ = planned_ahead_ = false;
       if (counts_.empty()) return false;
       adopt(counts_);
@@ -140,7 +143,7 @@ struct fastermoe_shadowing {
         return;
       }
       prepare_buffers(experts);
-      transfer_all(experts, groups_->world(), workspace_);
+      transfer_all(experts, be_, groups_->world(), workspace_);
     }
 
     //! The parameters home expert `e` is computed with on this rank.
@@ -165,7 +168,7 @@ struct fastermoe_shadowing {
         start_job(&state::template on_lane<Experts, &state::template aggregate_all<Experts>>, experts);
         return;
       }
-      aggregate_all(experts, groups_->world(), workspace_);
+      aggregate_all(experts, be_, groups_->world(), workspace_);
     }
 
     //! The last step's decision: shadowed experts (and subsets), predicted latencies, tokens per rank before and after.
@@ -218,24 +221,24 @@ struct fastermoe_shadowing {
       be_.synchronize();
     }
 
-    //! Trans: every shadowed expert from its owner to its replicas, over `comm` with staging `ws`.
+    //! Trans: every shadowed expert from its owner to its replicas, on `be` over `comm` with staging `ws`.
     template <class Experts>
-    void transfer_all(Experts& experts, Comm& comm, workspace<Backend>& ws) {
+    void transfer_all(Experts& experts, Backend const& be, Comm& comm, workspace<Backend>& ws) {
       using P = detail::parameter_t<Experts>;
       std::int64_t const count = experts.parameter_count();
-      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+      [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
-        replica_broadcast(be_, comm, replicas_of(i), count, array_view<P>{replica_parameters(experts, i), count},
+        replica_broadcast(be, comm, replicas_of(i), count, array_view<P>{replica_parameters(experts, i), count},
                           ws, path_);
     }
 
     //! Agg: every shadowed expert's replica gradients summed into its owner's, over `comm` with staging `ws`.
     template <class Experts>
-    void aggregate_all(Experts& experts, Comm& comm, workspace<Backend>& ws) {
+    void aggregate_all(Experts& experts, Backend const& be, Comm& comm, workspace<Backend>& ws) {
       using P = detail::parameter_t<Experts>;
-      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+      [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::parameters);
       for (std::size_t i = 0; i < shadowed_.size(); ++i)
-        gradient_reduce(be_, comm, replicas_of(i), experts.parameter_count(),
+        gradient_reduce(be, comm, replicas_of(i), experts.parameter_count(),
                         array_view<P>{replica_gradients(experts, i), experts.parameter_count()}, ws, path_);
     }
 
@@ -246,14 +249,13 @@ struct fastermoe_shadowing {
       void (*run)(state&, void*) = nullptr;
       void operator()(std::int32_t) const { run(*self, experts); }
     };
-    template <class Experts, void (state::*Work)(Experts&, Comm&, workspace<Backend>&)>
-    static void on_lane(state& self, void* experts) {  // the lane's own communicator and staging
-      (self.*Work)(*static_cast<Experts*>(experts), *self.lane_comm_, self.lane_workspace_);
+    template <class Experts, void (state::*Work)(Experts&, Backend const&, Comm&, workspace<Backend>&)>
+    static void on_lane(state& self, void* experts) {  // the lane's own back-end, communicator and staging
+      (self.*Work)(*static_cast<Experts*>(experts), lane_backend(*self.lane_, self.be_), *self.lane_comm_, self.lane_workspace_);
     }
     //! Runs `run(*this, &experts)` on the lane; `experts` must outlive `finish_lane`.
     template <class Experts>
     void start_job(void (*run)(state&, void*), Experts& experts) {
-      if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be_);
       job_ = {this, &experts, run};
       lane_->start(job_, 1);
       lane_busy_ = true;

@@ -71,6 +71,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -255,7 +256,10 @@ class hybridep_layer {
     } else {
       gather_ = {this, &hybridep_layer::template gather_parameters<P>, count};
     }
-    if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be_);
+    if (!lane_) {  // once: the lane, and its own copy of the expert domain (collective)
+      lane_ = std::make_unique<lane_t<Backend>>(be_);
+      lane_expert_domain_.emplace(split_for(expert_domain_, lane_backend(*lane_, be_)));
+    }
     lane_->start(gather_, 1);
     gathering_ = true;
     lane_->release(0);
@@ -306,9 +310,10 @@ class hybridep_layer {
     std::int64_t const rows = std::int64_t{self.layout_.size} * self.local_experts_, L = self.local_experts_;
     auto* const idx = reinterpret_cast<std::int32_t*>(self.code_indices_.data());
     auto* const val = reinterpret_cast<float*>(self.code_values_.data());
-    row_allgather(self.be_, self.expert_domain_, matrix_view<std::int32_t const>{idx + rows * k, L, k},
+    Backend const& be = lane_backend(*self.lane_, self.be_);
+    row_allgather(be, *self.lane_expert_domain_, matrix_view<std::int32_t const>{idx + rows * k, L, k},
                   matrix_view<std::int32_t>{idx, rows, k}, self.gather_scratch_, detail::payload_kind::parameters);
-    row_allgather(self.be_, self.expert_domain_, matrix_view<float const>{val + rows * k, L, k}, matrix_view<float>{val, rows, k},
+    row_allgather(be, *self.lane_expert_domain_, matrix_view<float const>{val + rows * k, L, k}, matrix_view<float>{val, rows, k},
                   self.gather_scratch_, detail::payload_kind::parameters);
   }
 
@@ -336,7 +341,7 @@ class hybridep_layer {
   //! The lane's job: the all-gather of the staged parameters (`count` of type P per expert).
   template <class P>
   static void gather_parameters(hybridep_layer& self, std::int64_t count) {
-    row_allgather(self.be_, self.expert_domain_,
+    row_allgather(lane_backend(*self.lane_, self.be_), *self.lane_expert_domain_,
                   matrix_view<P const>{reinterpret_cast<P const*>(self.staged_params_.data()), self.local_experts_, count},
                   matrix_view<P>{reinterpret_cast<P*>(self.gathered_params_.data()), std::int64_t{self.layout_.size} * self.local_experts_, count},
                   self.gather_scratch_, detail::payload_kind::parameters);
@@ -477,6 +482,7 @@ class hybridep_layer {
   workspace<Backend> codec_scratch_;
   workspace<Backend> gather_scratch_;  //!< the lane's (and the backward's) collectives
   std::unique_ptr<lane_t<Backend>> lane_;
+  std::optional<Comm> lane_expert_domain_;  //!< the lane's copy of expert_domain_, on its stream
   gather_job gather_;
   bool gathering_ = false;
   bool routed_ = false;

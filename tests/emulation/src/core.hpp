@@ -27,6 +27,10 @@ int current_device();
 //! The device of `stream` (null: the current device's legacy stream), or -1 for an unknown handle.
 int stream_device(cudaStream_t stream);
 
+//! A stream's identity, never reused (null: the current device's legacy stream), or -1 for an
+//! unknown handle.
+int stream_id(cudaStream_t stream);
+
 //! Records a contract violation: it is kept for `violations()` and becomes the message of the
 //! thread's next `cudaGetErrorString(cudaErrorNotPermitted)`. Returns cudaErrorNotPermitted.
 cudaError_t violation(std::string message);

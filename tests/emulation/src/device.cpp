@@ -4,7 +4,8 @@
 // Ordering is checked with vector clocks. Every stream counts the operations enqueued on it; a
 // stream's clock says, for every other stream, how many of its operations are ordered before the
 // stream's latest one (through events, the legacy stream's implicit synchronisation, or a host
-// wait of the enqueueing thread). Every allocation remembers its last write and the reads since;
+// wait of the enqueueing thread). Every allocation remembers, by byte range, its last writes and the
+// reads since (a kernel's use covers the whole allocation: the emulation cannot tell its range);
 // an operation that uses it on another stream must find them in its stream's clock.
 
 #include "core.hpp"
@@ -70,6 +71,8 @@ struct access_record {
   int stream = 0;
   std::uint64_t seq = 0;
   std::string what;
+  std::uintptr_t begin = 0, end = 0;  // the bytes used
+  bool write = false;
 };
 
 struct allocation {
@@ -79,9 +82,7 @@ struct allocation {
   bool released = false;  // cudaFreeAsync was called; the memory goes when its stream gets there
   int dev = 0;
   std::string origin;
-  bool written = false;
-  access_record last_write;
-  std::vector<access_record> reads;  // since the last write, the latest per stream
+  std::vector<access_record> uses;  // the last write of each byte range and the reads since
 };
 
 struct thread_state {
@@ -229,33 +230,27 @@ cudaError_t check_use(stream_state const& s, std::uint64_t seq, char const* call
     return record_violation(out.str());
   }
   bool const writes = use.mode != access::read;
+  std::uintptr_t const end = p + use.bytes;
   auto unordered = [&](access_record const& r) { return r.stream != s.id && clock_of(s.knows, r.stream) < r.seq; };
-  access_record const* conflict = nullptr;
-  if (a->written && unordered(a->last_write)) conflict = &a->last_write;
-  if (conflict == nullptr && writes)
-    for (access_record const& r : a->reads)
-      if (unordered(r)) {
-        conflict = &r;
-        break;
-      }
-  if (conflict != nullptr) {
+  for (access_record const& r : a->uses) {
+    if (r.end <= p || end <= r.begin || !(r.write || writes) || !unordered(r)) continue;
     std::ostringstream out;
-    out << call << " on " << stream_label(s) << (writes ? " writes '" : " reads '") << use.role << "' ("
-        << describe_allocation(*a) << ") while " << conflict->what << " (" << (conflict == &a->last_write ? "a write" : "a read")
+    out << call << " on " << stream_label(s) << (writes ? " writes '" : " reads '") << use.role << "' (bytes "
+        << (p - a->base) << " to " << (end - a->base) << " of " << describe_allocation(*a) << ") while " << r.what << " ("
+        << (r.write ? "a write" : "a read") << " of bytes " << (r.begin - a->base) << " to " << (r.end - a->base)
         << ") is not ordered before it: no event recorded after it was waited for on this stream, and no host wait "
            "in between (cudaEventRecord + cudaStreamWaitEvent)";
     return record_violation(out.str());
   }
-  std::string what = std::string(call) + " on " + stream_label(s);
-  if (writes) {
-    a->written = true;
-    a->last_write = {s.id, seq, std::move(what)};
-    a->reads.clear();
-  } else {
-    auto it = std::find_if(a->reads.begin(), a->reads.end(), [&](access_record const& r) { return r.stream == s.id; });
-    if (it != a->reads.end()) *it = {s.id, seq, std::move(what)};
-    else a->reads.push_back({s.id, seq, std::move(what)});
-  }
+  if (writes)  // a write supersedes what it covers
+    a->uses.erase(std::remove_if(a->uses.begin(), a->uses.end(), [&](access_record const& r) { return p <= r.begin && r.end <= end; }),
+                  a->uses.end());
+  else  // this stream's earlier read of the same bytes
+    a->uses.erase(std::remove_if(a->uses.begin(), a->uses.end(),
+                                 [&](access_record const& r) { return !r.write && r.stream == s.id && r.begin == p && r.end == end; }),
+                  a->uses.end());
+  if (a->uses.size() >= 4096) a->uses.erase(a->uses.begin());  // bounded: the oldest goes unchecked
+  a->uses.push_back({s.id, seq, std::string(call) + " on " + stream_label(s), p, end, writes});
   return cudaSuccess;
 }
 
@@ -430,8 +425,7 @@ cudaError_t allocate_device(void** out, std::size_t bytes, std::string origin, i
   a->dev = device;
   a->origin = std::move(origin);
   if (s) {  // stream-ordered: the allocation is a write by the stream
-    a->written = true;
-    a->last_write = {s->id, s->enqueued, std::string(call) + " on " + stream_label(*s)};
+    a->uses.push_back({s->id, s->enqueued, std::string(call) + " on " + stream_label(*s), a->base, a->base + bytes, true});
   }
   emu().memory[a->base] = a;
   *out = reinterpret_cast<void*>(address);
@@ -492,6 +486,12 @@ int stream_device(cudaStream_t stream) {
   std::lock_guard<std::mutex> hold(emu().lock);
   auto s = find_stream(stream);
   return s ? s->device : -1;
+}
+
+int stream_id(cudaStream_t stream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  return s ? s->id : -1;
 }
 
 cudaError_t violation(std::string message) {

@@ -93,6 +93,7 @@ struct registry_t {
   std::uint64_t next_id = 1;
   std::map<std::uint64_t, std::shared_ptr<clique>> forming;  // by unique id, until every rank joined
   std::map<comm_state*, std::shared_ptr<comm_state>> comms;
+  std::map<int, std::thread::id> stream_issuers;  // by stream id: the thread that enqueues NCCL work on it
 };
 registry_t& registry() {
   static registry_t* const r = new registry_t;
@@ -179,8 +180,9 @@ bool await(comm_state& c, std::unique_lock<std::mutex>& hold, char const* what, 
   return true;
 }
 
-//! Checks the calling thread, the stream and the buffers of an operation of `c`.
-ncclResult_t check_call(comm_state& c, char const* call, cudaStream_t stream,
+//! Checks the calling thread, the stream (unless `stream_work` is false: a split) and the buffers
+//! of an operation of `c`.
+ncclResult_t check_call(comm_state& c, char const* call, bool stream_work, cudaStream_t stream,
                         std::initializer_list<std::pair<void const*, char const*>> buffers, std::size_t bytes) {
   {
     std::lock_guard<std::mutex> hold(c.lock);
@@ -191,6 +193,18 @@ ncclResult_t check_call(comm_state& c, char const* call, cudaStream_t stream,
       std::ostringstream out;
       out << call << " on the communicator of " << label(c) << " from a second host thread: an NCCL communicator is "
           << "used by one thread (give each thread its own communicator, split at construction)";
+      return reject(ncclInvalidUsage, out.str(), true);
+    }
+  }
+  if (!stream_work) return ncclSuccess;
+  {
+    std::lock_guard<std::mutex> hold(registry().lock);
+    auto const [it, first] = registry().stream_issuers.emplace(emu::stream_id(stream), std::this_thread::get_id());
+    if (!first && it->second != std::this_thread::get_id()) {
+      std::ostringstream out;
+      out << call << " on the communicator of " << label(c) << " enqueues on a stream that another host thread enqueues NCCL "
+          << "work on: the two threads' operations may reach the stream in a different order on each rank and deadlock "
+          << "(give each thread its own stream and communicator)";
       return reject(ncclInvalidUsage, out.str(), true);
     }
   }
@@ -396,9 +410,9 @@ ncclResult_t collective(char const* kind, void const* send, void* recv, std::siz
   if (type_size(type) == 0) return reject(ncclInvalidArgument, std::string(kind) + ": unsupported data type", false);
   std::size_t const recv_bytes = std::strcmp(kind, "ncclAllGather") == 0 ? bytes * static_cast<std::size_t>(c->group->nranks) : bytes;
   bool const root_only = std::strcmp(kind, "ncclReduce") == 0;
-  if (ncclResult_t r = check_call(*c, kind, stream, {{send, "sendbuff"}}, bytes); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_call(*c, kind, true, stream, {{send, "sendbuff"}}, bytes); r != ncclSuccess) return r;
   if (!root_only || c->rank == root)
-    if (ncclResult_t r = check_call(*c, kind, stream, {{recv, "recvbuff"}}, recv_bytes); r != ncclSuccess) return r;
+    if (ncclResult_t r = check_call(*c, kind, true, stream, {{recv, "recvbuff"}}, recv_bytes); r != ncclSuccess) return r;
   pending p{c, stream, false, false, 0, send, root_only && c->rank != root ? nullptr : recv, bytes, {}};
   p.collective = posted{kind, count, type, op, root, nullptr, nullptr};
   return submit(std::move(p));
@@ -483,7 +497,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t*) {
   auto c = find_comm(comm);
   if (!c) return reject(ncclInvalidArgument, "ncclCommSplit: not a live communicator", false);
-  if (ncclResult_t r = check_call(*c, "ncclCommSplit", nullptr, {}, 0); r != ncclSuccess && r != ncclInvalidArgument) return r;
+  if (ncclResult_t r = check_call(*c, "ncclCommSplit", false, nullptr, {}, 0); r != ncclSuccess) return r;
   std::uint64_t k;
   {
     std::lock_guard<std::mutex> hold(c->lock);
@@ -599,7 +613,7 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
   if (!c) return reject(ncclInvalidArgument, "ncclSend: not a live communicator", false);
   if (peer < 0 || peer >= c->group->nranks) return reject(ncclInvalidArgument, "ncclSend: peer out of range", false);
   std::size_t const bytes = count * type_size(datatype);
-  if (ncclResult_t r = check_call(*c, "ncclSend", stream, {{sendbuff, "sendbuff"}}, bytes); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_call(*c, "ncclSend", true, stream, {{sendbuff, "sendbuff"}}, bytes); r != ncclSuccess) return r;
   return submit({c, stream, true, true, peer, sendbuff, nullptr, bytes, {}});
 }
 
@@ -608,7 +622,7 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
   if (!c) return reject(ncclInvalidArgument, "ncclRecv: not a live communicator", false);
   if (peer < 0 || peer >= c->group->nranks) return reject(ncclInvalidArgument, "ncclRecv: peer out of range", false);
   std::size_t const bytes = count * type_size(datatype);
-  if (ncclResult_t r = check_call(*c, "ncclRecv", stream, {{recvbuff, "recvbuff"}}, bytes); r != ncclSuccess) return r;
+  if (ncclResult_t r = check_call(*c, "ncclRecv", true, stream, {{recvbuff, "recvbuff"}}, bytes); r != ncclSuccess) return r;
   return submit({c, stream, true, false, peer, nullptr, recvbuff, bytes, {}});
 }
 

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every pattern on emulated GPUs over emulated NCCL equals the same pattern on in-process host
+// ranks, bit for bit (output, input and routing-weight gradients, parameter gradients): FasterMoE
+// with the smart schedule, Pro-Prophet's subsets, HybridEP with the background gather, replicated
+// experts (FineMoE's split), on 2, 4 and 8 ranks. The host run is the reference the host tests tie
+// to plain expert parallelism and the oracle. The experts are kernels on the layer's stream.
+
+#include "../patterns/hybridep_cases.hpp"
+#include "../patterns/replicated_cases.hpp"
+#include "../patterns/shadow_cases.hpp"
+#include "emulated_ranks.hpp"
+
+#include <moecomm/comm/inproc.hpp>
+#include <moecomm/patterns/finemoe.hpp>
+#include <moecomm/patterns/hybridep.hpp>
+
+#include <type_traits>
+#include <vector>
+
+namespace test {
+
+namespace {
+
+// scale_bias_experts with parameters and gradients in the back-end's memory, run as kernels.
+template <class T, class Backend>
+struct kernel_scale_bias_experts {
+  Backend be;
+  std::int64_t hidden;
+  typename Backend::template buffer_type<float> params, grads;
+
+  kernel_scale_bias_experts(Backend const& b, scale_bias_experts<T> const& host)
+      : be(b), hidden(host.hidden), params(upload(b, host.params)), grads(upload(b, host.grads)) {}
+  [[nodiscard]] std::int64_t parameter_count() const { return 2 * hidden; }
+  float* parameters(std::int32_t l) { return params.data() + l * 2 * hidden; }
+  float* gradients(std::int32_t l) { return grads.data() + l * 2 * hidden; }
+  void forward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out) const {
+    be.for_each_index(in.rows * hidden, scale_bias_forward_kernel<T>{in.data, out.data, p, hidden});
+  }
+  void backward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T const> d_out, moecomm::matrix_view<T> d_in,
+                float* d_p) const {
+    be.for_each_index(in.rows * hidden, scale_bias_input_grad_kernel<T>{d_out.data, d_in.data, p, hidden});
+    be.for_each_index(hidden, scale_bias_param_grad_kernel<T>{in.data, d_out.data, d_p, in.rows, hidden});
+  }
+  [[nodiscard]] std::vector<float> gradients_on_host() const { return download(be, grads.data(), grads.size()); }
+};
+
+// Rank `me`'s inputs in the back-end's memory, and NaN-poisoned outputs there.
+template <class Backend>
+struct rank_buffers {
+  using floats = typename Backend::template buffer_type<float>;
+  typename Backend::template buffer_type<std::int32_t> idx;
+  floats w, x, d_out, out, d_x, d_w;
+  moecomm::routing_view routing;
+  std::int64_t tokens, hidden;
+
+  rank_buffers(Backend const& be, shadow_case const& c, shadow_inputs<float> const& in, std::int32_t me)
+      : idx(upload(be, in.routing[static_cast<std::size_t>(me)].idx)), w(upload(be, in.routing[static_cast<std::size_t>(me)].w)),
+        x(upload(be, in.x[static_cast<std::size_t>(me)])), d_out(upload(be, in.d_out[static_cast<std::size_t>(me)])),
+        out(upload(be, poisoned<float>(in.routing[static_cast<std::size_t>(me)].tokens * c.hidden))),
+        d_x(upload(be, poisoned<float>(in.routing[static_cast<std::size_t>(me)].tokens * c.hidden))),
+        d_w(upload(be, poisoned<float>(in.routing[static_cast<std::size_t>(me)].tokens * c.top_k))),
+        routing{idx.data(), w.data(), in.routing[static_cast<std::size_t>(me)].tokens, c.top_k},
+        tokens(routing.num_tokens), hidden(c.hidden) {}
+  [[nodiscard]] moecomm::matrix_view<float const> x_view() const { return {x.data(), tokens, hidden}; }
+  [[nodiscard]] moecomm::matrix_view<float const> d_out_view() const { return {d_out.data(), tokens, hidden}; }
+  [[nodiscard]] moecomm::matrix_view<float> out_view() { return {out.data(), tokens, hidden}; }
+  [[nodiscard]] moecomm::matrix_view<float> d_x_view() { return {d_x.data(), tokens, hidden}; }
+  [[nodiscard]] moecomm::array_view<float> d_w_view() { return {d_w.data(), tokens * routing.top_k}; }
+  template <class Experts>
+  layer_result<float> result(Backend const& be, Experts const& experts) const {
+    return {download(be, out.data(), tokens * hidden), download(be, d_x.data(), tokens * hidden),
+            download(be, d_w.data(), tokens * routing.top_k), experts.gradients_on_host()};
+  }
+};
+
+// One forward and backward of a layer on rank `me`, on any back-end; `before_forward(layer, experts)`
+// may start a background transfer.
+template <class Backend, class Layer, class Before>
+layer_result<float> backend_step(Backend const& be, Layer& layer, std::int32_t me, shadow_case const& c, shadow_inputs<float> const& in,
+                                 scale_bias_experts<float> const& initial, Before&& before_forward) {
+  kernel_scale_bias_experts<float, Backend> experts(be, initial);
+  rank_buffers<Backend> io(be, c, in, me);
+  before_forward(layer, experts);
+  layer.forward(io.routing, io.x_view(), io.out_view(), experts);
+  layer.backward(io.d_out_view(), io.d_x_view(), io.d_w_view(), experts);
+  return io.result(be, experts);
+}
+
+struct nothing_before {
+  template <class Layer, class Experts>
+  void operator()(Layer&, Experts&) const {}
+};
+
+// `pattern(be, comm, c, in)` -> layer_result, run on in-process host ranks and on emulated GPUs.
+template <class Pattern>
+void check_emulated_equals_host(shadow_case const& c, Pattern const& pattern) {
+  CAPTURE(c.ranks);
+  auto const in = make_shadow_inputs<float>(c);
+  std::vector<layer_result<float>> want(static_cast<std::size_t>(c.ranks)), got(want.size());
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    want[static_cast<std::size_t>(comm.rank())] = pattern(moecomm::host_backend{}, comm, c, in);
+  });
+  run_emulated_ranks(c.ranks, [&](emulated_rank& rank) {
+    got[static_cast<std::size_t>(rank.comm.rank())] = pattern(rank.be, rank.comm, c, in);
+  });
+  for (std::int32_t r = 0; r < c.ranks; ++r) {
+    CAPTURE(r);
+    if (got[static_cast<std::size_t>(r)].out.empty() && want[static_cast<std::size_t>(r)].out.size() > 0) continue;  // reported
+    check_same_result(got[static_cast<std::size_t>(r)], want[static_cast<std::size_t>(r)], r, c);
+  }
+  auto const seen = moecomm_emulation::violations();
+  CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
+  moecomm_emulation::clear_violations();
+}
+
+template <class Comm>
+using comm_of = std::decay_t<Comm>;
+
+shadow_case const skewed4{4, 2, 8, 2, 16, {40, 33, 0, 57}, 1.5, true};
+shadow_case const skewed8{8, 4, 16, 2, 8, {30, 1, 0, 57, 20, 44, 9, 16}, 1.5, true};
+shadow_case const dense8{8, 2, 16, 2, 8, {96, 96, 96, 96, 96, 96, 96, 96}, 0.0, true};
+
+}  // namespace
+
+TEST_CASE("FasterMoE (shadowing, smart schedule) on emulated GPUs equals the host") {
+  for (shadow_case const& c : {shadow_case{2, 2, 4, 2, 16, {40, 7}, 1.5, true}, skewed4, skewed8}) {
+    check_emulated_equals_host(c, [](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+      using B = std::decay_t<decltype(be)>;
+      using C = comm_of<decltype(comm)>;
+      moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node));
+      moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_planner> const shadowing{small_model(), {64}, {{0, 1}}};
+      moecomm::expert_parallel_layer<float, B, C, moecomm::dropless, moecomm::smart_schedule, moecomm::weighted, decltype(shadowing)>
+          layer(be, groups, k.experts, k.hidden, {}, moecomm::smart_schedule{k.per_node}, {}, shadowing);
+      return backend_step(be, layer, comm.rank(), k, in, scale_bias_experts<float>(comm.rank(), k.experts / k.ranks, k.hidden, true),
+                          nothing_before{});
+    });
+  }
+}
+
+TEST_CASE("Pro-Prophet's replicas on subsets, collective path, on emulated GPUs equal the host") {
+  check_emulated_equals_host(skewed8, [](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+    using B = std::decay_t<decltype(be)>;
+    using C = comm_of<decltype(comm)>;
+    moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node));
+    fixed_subset_planner const planner{{0, 5, 9, 14}, {0, 3, 3, 10, 11}, {1, 2, 7, 0, 1, 2, 3, 5, 6, 7, 0}};
+    moecomm::fastermoe_shadowing<moecomm::collective_path, fixed_subset_planner> const shadowing{small_model(), {}, planner};
+    moecomm::expert_parallel_layer<float, B, C, moecomm::dropless, moecomm::hierarchical_2d, moecomm::weighted, decltype(shadowing)>
+        layer(be, groups, k.experts, k.hidden, {}, {}, {}, shadowing);
+    return backend_step(be, layer, comm.rank(), k, in, scale_bias_experts<float>(comm.rank(), k.experts / k.ranks, k.hidden, true),
+                        nothing_before{});
+  });
+}
+
+TEST_CASE("HybridEP (background expert gather) on emulated GPUs equals the host") {
+  for (std::int32_t domain : {2, 4}) {
+    CAPTURE(domain);
+    check_emulated_equals_host(dense8, [domain](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+      using B = std::decay_t<decltype(be)>;
+      using C = comm_of<decltype(comm)>;
+      moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node, 2));
+      moecomm::hybridep policy;
+      policy.expert_domain = domain;
+      moecomm::hybridep_layer<float, B, C> layer(be, groups, k.experts, k.hidden, policy);
+      return backend_step(be, layer, comm.rank(), k, in, scale_bias_experts<float>(comm.rank(), k.experts / k.ranks, k.hidden, true),
+                          [](auto& l, auto& experts) { l.begin_expert_gather(experts); });
+    });
+  }
+}
+
+TEST_CASE("replicated experts (FineMoE's min-max split, FlexMoE's even split) on emulated GPUs equal the host") {
+  moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(4, 4, 2);  // 8 experts, 2 replicas each
+  auto const replicated = [&](auto split) {
+    return [&, split](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+      using B = std::decay_t<decltype(be)>;
+      using C = comm_of<decltype(comm)>;
+      moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node));
+      moecomm::replicated_expert_layer<float, B, C, decltype(split)> layer(be, groups, placement, k.hidden);
+      return backend_step(be, layer, comm.rank(), k, in, slot_experts(placement, comm.rank(), k.hidden), nothing_before{});
+    };
+  };
+  check_emulated_equals_host(skewed4, replicated(moecomm::finemoe_split{}));
+  check_emulated_equals_host(skewed4, replicated(moecomm::even_split{}));
+}
+
+}  // namespace test
