@@ -6,10 +6,6 @@
 
 #include "emulated_ranks.hpp"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,27 +126,17 @@ TEST_CASE("an NCCL group left open when its thread ends is reported") {
 TEST_CASE("the host reading device memory stops the process, naming the allocation") {
   void* p = nullptr;
   REQUIRE(cudaMalloc(&p, 1000) == cudaSuccess);
-  int pipe_ends[2];
-  REQUIRE(pipe(pipe_ends) == 0);
-  std::fflush(nullptr);
-  pid_t const child = fork();
-  if (child == 0) {
-    dup2(pipe_ends[1], 2);
-    volatile char const c = static_cast<char const*>(p)[100];  // what a host loop over device rows would do
-    (void)c;
-    _exit(0);
-  }
-  close(pipe_ends[1]);
-  std::string text;
-  char chunk[256];
-  for (ssize_t n; (n = read(pipe_ends[0], chunk, sizeof chunk)) > 0;) text.append(chunk, static_cast<std::size_t>(n));
-  close(pipe_ends[0]);
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
-  CHECK(WIFSIGNALED(status));
-  CHECK_MESSAGE(text.find("the host touched device memory at byte 100 of a 1000-byte device allocation of cudaMalloc") !=
+  bool stopped = false;
+  std::string const said = child_stderr(
+      [&] {
+        volatile char const c = static_cast<char const*>(p)[100];  // what a host loop over device rows would do
+        (void)c;
+      },
+      stopped);
+  CHECK(stopped);
+  CHECK_MESSAGE(said.find("the host touched device memory at byte 100 of a 1000-byte device allocation of cudaMalloc") !=
                     std::string::npos,
-                text);
+                said);
   REQUIRE(cudaFree(p) == cudaSuccess);
 }
 

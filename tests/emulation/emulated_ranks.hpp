@@ -10,6 +10,11 @@
 #include <moecomm/comm/nccl.cuh>
 #include <moecomm_emulation/emulation.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <thread>
@@ -60,6 +65,32 @@ void run_emulated_ranks(int ranks, Body const& body, std::chrono::milliseconds t
   for (auto& t : threads) t.join();
   for (int r = 0; r < ranks; ++r)
     CHECK_MESSAGE(failures[static_cast<std::size_t>(r)].empty(), "rank ", r, ": ", failures[static_cast<std::size_t>(r)]);
+}
+
+// Runs `body` in a child process and returns what it wrote to stderr, with `signalled` telling
+// whether it was stopped by a signal (the emulation stops a process that touches device memory
+// from the host). The child gets 60 s.
+template <class Body>
+std::string child_stderr(Body const& body, bool& signalled) {
+  int ends[2];
+  REQUIRE(pipe(ends) == 0);
+  std::fflush(nullptr);
+  pid_t const child = fork();
+  if (child == 0) {
+    dup2(ends[1], 2);
+    alarm(60);
+    body();
+    _exit(0);
+  }
+  close(ends[1]);
+  std::string text;
+  char chunk[256];
+  for (ssize_t n; (n = read(ends[0], chunk, sizeof chunk)) > 0;) text.append(chunk, static_cast<std::size_t>(n));
+  close(ends[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  signalled = WIFSIGNALED(status) && WTERMSIG(status) != SIGALRM;
+  return text;
 }
 
 }  // namespace test

@@ -7,6 +7,9 @@
 #include "../patterns/layer_cases.hpp"
 #include "emulated_ranks.hpp"
 
+#include <moecomm/comm/inproc.hpp>
+#include <moecomm/comm/staged.cuh>
+
 #include <string>
 #include <vector>
 
@@ -101,6 +104,57 @@ TEST_CASE("the expert-parallel layer on emulated GPUs over NCCL equals the oracl
   }
 }
 
+// Rank `comm.rank()` of an in-process world on its own emulated device: the layer over `comm` as
+// `Comm` (a host-memory communicator, staged or not).
+template <class Comm, class Algorithm, class Capacity>
+void host_comm_layer_on_device(moecomm::inproc_communicator comm, layer_case const& c, layer_inputs<float> const& in,
+                               Capacity const& capacity, bool staged) {
+  moecomm::detail::cuda_check(cudaSetDevice(comm.rank()), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  {
+    moecomm::cuda_backend const be(stream, std::chrono::seconds(10));
+    auto run = [&](auto& world) {
+      using C = std::decay_t<decltype(world)>;
+      moecomm::exchange_groups<C> groups(world, moecomm::topology(c.ranks, c.per_node));
+      moecomm::expert_parallel_layer<float, moecomm::cuda_backend, C, Capacity, Algorithm> layer(be, groups, c.experts, c.hidden, capacity);
+      check_device_layer_step(layer, be, comm.rank(), c, in);
+    };
+    if (staged) {
+      moecomm::staged_communicator<moecomm::inproc_communicator> world(comm, be);
+      run(world);
+    } else {
+      run(comm);
+    }
+    be.synchronize();
+  }
+  (void)cudaStreamDestroy(stream);
+}
+
+TEST_CASE("over a host-memory communicator (MPI's kind) the layer stages device rows through pinned memory (F3)") {
+  layer_case const c{4, 2, 8, 2, 8, {30, 1, 0, 57}, 0.0};
+  for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
+    CAPTURE(std::decay_t<decltype(capacity)>::name);
+    auto const in = make_layer_inputs<float>(c, capacity, rule, drops);
+    moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      host_comm_layer_on_device<moecomm::inproc_communicator, moecomm::hierarchical_2d>(comm, c, in, capacity, true);
+    });
+  });
+}
+
+// Unstaged, the communicator's threads read the device rows on the host: the emulation stops the
+// process and names the allocation. Run by CTest on its own (emulated.unstaged_host_communicator_stops),
+// which expects the message; skipped in the binary's normal run.
+TEST_CASE("without staging a host-memory communicator touching device rows stops the process (F3)" * doctest::skip()) {
+  layer_case const c{4, 2, 8, 2, 8, {30, 1, 0, 57}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    host_comm_layer_on_device<moecomm::inproc_communicator, moecomm::flat>(comm, c, in, moecomm::dropless{}, false);
+  });
+}
+
 TEST_CASE("a layer whose back-end and communicator enqueue on different streams is refused (F2)") {
   run_emulated_ranks(2, [](emulated_rank& rank) {
     cudaStream_t other = nullptr;
@@ -111,6 +165,47 @@ TEST_CASE("a layer whose back-end and communicator enqueue on different streams 
                 {"dispatcher: the back-end enqueues on stream", "but the communicator on stream", "cuda_backend{comm.stream()}"});
     (void)cudaStreamDestroy(other);
   });
+}
+
+}  // namespace test
+
+namespace test {
+
+// The host waits of one warm step of the plain layer (flat, dropless) on 2 emulated GPUs: the
+// numbers docs/performance.md lists, so that a change that adds one is seen.
+TEST_CASE("host waits per step of the plain layer on emulated GPUs") {
+  layer_case const c{2, 2, 4, 2, 16, {40, 9}, 1.2};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  std::vector<std::int64_t> forward(2), backward(2);
+  run_emulated_ranks(2, [&](emulated_rank& rank) {
+    std::int32_t const me = rank.comm.rank();
+    moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(2, 2));
+    auto layer = moecomm::make_expert_parallel_layer<float>(rank.be, groups, c.experts, c.hidden);
+    check_device_layer_step(layer, rank.be, me, c, in);  // warm: buffers grown
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
+    auto const idx = upload(rank.be, r.idx);
+    auto const w = upload(rank.be, r.w);
+    auto const x = upload(rank.be, in.x[static_cast<std::size_t>(me)]);
+    auto out = rank.be.allocate<float>(r.tokens * c.hidden);
+    auto d_x = rank.be.allocate<float>(r.tokens * c.hidden);
+    auto d_w = rank.be.allocate<float>(r.tokens * r.top_k);
+    device_scale_experts<float> const experts{rank.be, me * 2};
+    rank.be.synchronize();
+    std::int64_t const before = moecomm_emulation::host_waits();
+    layer.forward({idx.data(), w.data(), r.tokens, r.top_k}, {x.data(), r.tokens, c.hidden}, {out.data(), r.tokens, c.hidden}, experts);
+    std::int64_t const after_forward = moecomm_emulation::host_waits();
+    layer.backward({x.data(), r.tokens, c.hidden}, {d_x.data(), r.tokens, c.hidden}, moecomm::array_view<float>{d_w.data(), r.tokens * r.top_k},
+                   experts);
+    forward[static_cast<std::size_t>(me)] = after_forward - before;
+    backward[static_cast<std::size_t>(me)] = moecomm_emulation::host_waits() - after_forward;
+  });
+  MESSAGE("host waits: forward ", forward[0], ", backward ", backward[0]);
+  CHECK(forward[0] == forward[1]);
+  CHECK(backward[0] == backward[1]);
+  // Forward: the routing check's reduction, the plan's offsets, the count all-gather (the one an
+  // all-to-all-v cannot avoid). Backward: the weight gradients' copy out. docs/performance.md lists them.
+  CHECK(forward[0] == 3);
+  CHECK(backward[0] == 1);
 }
 
 }  // namespace test

@@ -24,6 +24,7 @@
 #include <thrust/iterator/counting_iterator.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -159,6 +160,11 @@ namespace detail {
 struct cuda_reduce_scratch {
   std::mutex lock;
   buffer<unsigned char, cuda_allocator> bytes;
+  void* pinned = nullptr;  //!< `read_back`'s host side (cudaMallocHost), grown and kept
+  std::size_t pinned_bytes = 0;
+  ~cuda_reduce_scratch() {
+    if (pinned != nullptr) (void)cudaFreeHost(pinned);
+  }
 };
 }  // namespace detail
 
@@ -246,9 +252,16 @@ class cuda_backend {
                                                           init, stream_),
                        "cub::DeviceReduce::TransformReduce");
     T value = init;
-    copy(&value, result, 1);
-    synchronize();
+    read_back_locked(&value, result, 1);
     return value;
+  }
+
+  //! `host[0, n)` = `src[0, n)`, through pinned memory of the back-end's (kept between calls): the
+  //! copy is asynchronous and the one host wait is the synchronize that follows it.
+  template <class T>
+  void read_back(T* host, T const* src, std::int64_t n) const {
+    std::lock_guard<std::mutex> const hold(reduce_scratch_->lock);
+    read_back_locked(host, src, n);
   }
 
   //! Bytes of scratch `stable_sort_by_key` needs for `n` pairs (CUB's first phase, any `end_bit`).
@@ -318,6 +331,24 @@ class cuda_backend {
   }
 
  private:
+  template <class T>
+  void read_back_locked(T* host, T const* src, std::int64_t n) const {
+    if (n <= 0) return synchronize();
+    std::size_t const bytes = static_cast<std::size_t>(n) * sizeof(T);
+    detail::cuda_reduce_scratch& s = *reduce_scratch_;
+    if (s.pinned_bytes < bytes) {
+      synchronize();  // an earlier read may still land in the old buffer
+      if (s.pinned != nullptr) detail::cuda_check(cudaFreeHost(s.pinned), "cudaFreeHost");
+      s.pinned = nullptr;
+      s.pinned_bytes = 0;
+      detail::cuda_check(cudaMallocHost(&s.pinned, bytes < 256 ? 256 : bytes), "cudaMallocHost");
+      s.pinned_bytes = bytes < 256 ? 256 : bytes;
+    }
+    copy(static_cast<T*>(s.pinned), src, n);
+    synchronize();
+    std::memcpy(host, s.pinned, bytes);
+  }
+
   cudaStream_t stream_;
   int device_ = 0;
   std::chrono::milliseconds timeout_;

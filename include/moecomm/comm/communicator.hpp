@@ -105,6 +105,22 @@ void require_one_stream(Backend const& be, Comm const& comm, char const* op) {
   }
 }
 
+template <class Comm, class = void>
+struct has_enqueue_exchange : std::false_type {};
+template <class Comm>
+struct has_enqueue_exchange<Comm, std::void_t<decltype(std::declval<Comm&>().enqueue_exchange(
+                                      std::declval<std::vector<send_block> const&>(), std::declval<std::vector<recv_block> const&>()))>>
+    : std::true_type {};
+
+//! `comm.exchange(sends, recvs)` for a consumer that is ordered after it by its stream (token rows
+//! a kernel reads next): a communicator that can leave it in stream order without a host wait
+//! (`enqueue_exchange`: NCCL's) does so; any other exchanges as usual.
+template <class Comm>
+void exchange_in_stream_order(Comm& comm, std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+  if constexpr (has_enqueue_exchange<Comm>::value) comm.enqueue_exchange(sends, recvs);
+  else comm.exchange(sends, recvs);
+}
+
 }  // namespace detail
 
 //! A communicator over the same ranks as `comm` (a collective split) whose operations enqueue where

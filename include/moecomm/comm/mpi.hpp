@@ -72,6 +72,11 @@
 #include <moecomm/error.hpp>
 
 #include <mpi.h>
+#if defined(__has_include)
+#  if __has_include(<mpi-ext.h>)
+#    include <mpi-ext.h>  // Open MPI's MPIX_Query_cuda_support
+#  endif
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -143,6 +148,18 @@ struct mpi_scratch {
 };
 
 }  // namespace detail
+
+//! Whether this MPI reads and writes CUDA device memory itself (Open MPI built with CUDA reports it
+//! through `MPIX_Query_cuda_support`); false when it says no or cannot tell. With the CUDA back-end,
+//! `staged_communicator` (comm/staged.cuh) passes device buffers through when it is true and stages
+//! them through pinned host memory otherwise.
+[[nodiscard]] inline bool mpi_accepts_device_memory() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
 
 //! One rank's handle on an MPI communicator: a model of the communicator concept
 //! (`<moecomm/comm/communicator.hpp>`) for host buffers. It is move-only. A communicator made by

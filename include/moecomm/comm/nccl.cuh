@@ -202,26 +202,16 @@ class nccl_communicator {
   //! @throws error (invalid_argument) naming the bad block, before anything is sent.
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     char const* op = "nccl_communicator::exchange";
-    ensure_ready(op);
-    detail::validate_exchange(op, sends, recvs, size_);
-    for (send_block const& b : sends) require_device_memory(op, "sends[].data", b.data, b.bytes);
-    for (recv_block const& b : recvs) require_device_memory(op, "recvs[].data", b.data, b.bytes);
-    enqueue_group(op, [&]() -> std::pair<ncclResult_t, char const*> {
-      for (send_block const& s : sends)
-        for (detail::byte_chunk const& c : detail::split_into_chunks(s.bytes, options_.max_chunk_bytes)) {
-          ncclResult_t const r = ncclSend(static_cast<char const*>(s.data) + c.offset, static_cast<std::size_t>(c.bytes),
-                                          ncclChar, s.peer, comm_, stream_);
-          if (r != ncclSuccess && r != ncclInProgress) return {r, "ncclSend"};
-        }
-      for (recv_block const& b : recvs)
-        for (detail::byte_chunk const& c : detail::split_into_chunks(b.bytes, options_.max_chunk_bytes)) {
-          ncclResult_t const r = ncclRecv(static_cast<char*>(b.data) + c.offset, static_cast<std::size_t>(c.bytes),
-                                          ncclChar, b.peer, comm_, stream_);
-          if (r != ncclSuccess && r != ncclInProgress) return {r, "ncclRecv"};
-        }
-      return {ncclSuccess, ""};
-    });
+    enqueue_blocks(op, sends, recvs);
     wait_for(op);
+  }
+
+  //! `exchange` without the wait: the messages are enqueued on the stream, and work enqueued on it
+  //! later is ordered after them. A failure is reported by the next operation or `wait()` (a
+  //! timeout by the back-end's next host wait). The layers' token exchanges use it
+  //! (`detail::exchange_in_stream_order`): their consumers are kernels on the same stream.
+  void enqueue_exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+    enqueue_blocks("nccl_communicator::enqueue_exchange", sends, recvs);
   }
 
   //! `recv[r * bytes, (r + 1) * bytes)` = rank r's `send` (`ncclAllGather`), then `wait()`.
@@ -362,6 +352,29 @@ class nccl_communicator {
   }
 
  private:
+  //! `exchange`'s checks and its grouped sends and receives, enqueued.
+  void enqueue_blocks(char const* op, std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+    ensure_ready(op);
+    detail::validate_exchange(op, sends, recvs, size_);
+    for (send_block const& b : sends) require_device_memory(op, "sends[].data", b.data, b.bytes);
+    for (recv_block const& b : recvs) require_device_memory(op, "recvs[].data", b.data, b.bytes);
+    enqueue_group(op, [&]() -> std::pair<ncclResult_t, char const*> {
+      for (send_block const& s : sends)
+        for (detail::byte_chunk const& c : detail::split_into_chunks(s.bytes, options_.max_chunk_bytes)) {
+          ncclResult_t const r = ncclSend(static_cast<char const*>(s.data) + c.offset, static_cast<std::size_t>(c.bytes),
+                                          ncclChar, s.peer, comm_, stream_);
+          if (r != ncclSuccess && r != ncclInProgress) return {r, "ncclSend"};
+        }
+      for (recv_block const& b : recvs)
+        for (detail::byte_chunk const& c : detail::split_into_chunks(b.bytes, options_.max_chunk_bytes)) {
+          ncclResult_t const r = ncclRecv(static_cast<char*>(b.data) + c.offset, static_cast<std::size_t>(c.bytes),
+                                          ncclChar, b.peer, comm_, stream_);
+          if (r != ncclSuccess && r != ncclInProgress) return {r, "ncclRecv"};
+        }
+      return {ncclSuccess, ""};
+    });
+  }
+
   nccl_communicator(ncclComm_t comm, cudaStream_t stream, nccl_options const& options, bool owning)
       : comm_(comm), stream_(stream), options_(options), owning_(owning) {}
 

@@ -27,8 +27,10 @@ class workspace {
     return reinterpret_cast<T*>(grow(be, bytes_, n * static_cast<std::int64_t>(sizeof(T))).data());
   }
 
-  //! At least `n` elements of `T` of host memory, for tables a call builds on the host before it
-  //! copies them to the back-end (the same memory as `get` on the host back-end is not assumed).
+  //! At least `n` elements of `T` of pageable host memory, for tables a call builds on the host
+  //! before it copies them to the back-end (the same memory as `get` on the host back-end is not
+  //! assumed). Pageable on purpose: a copy from it to a GPU has read it when the call returns, so
+  //! the next call may refill it without waiting (values read back go through `detail::read_back`).
   template <class T>
   [[nodiscard]] T* host(std::int64_t n) {
     static_assert(alignof(T) <= alignof(std::max_align_t), "moecomm::workspace::host: over-aligned type");

@@ -599,9 +599,9 @@ class dispatcher {
 
   //! Every rank learns the rows every rank sends every expert in `plan` (one all-gather of E counts).
   void exchange_counts(permute_plan<Backend> const& plan) {
-    std::int32_t* const offsets = scratch_.template host<std::int32_t>(num_experts_ + 1);
-    be_.copy(offsets, plan.expert_offsets(), num_experts_ + 1);
-    be_.synchronize();
+    detail::require(plan.host_expert_offsets().size == num_experts_ + 1, "dispatcher::route", "the plan holds ",
+                    plan.host_expert_offsets().size, " host offsets for ", num_experts_, " experts (was it built?)");
+    std::int32_t const* const offsets = plan.host_expert_offsets().data;
     my_counts_.resize(static_cast<std::size_t>(num_experts_));
     std::vector<std::int64_t>& mine = my_counts_;
     for (std::int32_t e = 0; e < num_experts_; ++e) mine[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];

@@ -8,9 +8,10 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
+#include <moecomm/core/buffer.hpp>
 #include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
-#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/read_back.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
@@ -247,6 +248,10 @@ class permute_plan {
   //! `[E + 1]` first row of each expert's block; the last entry equals `num_rows()`.
   //! Padded to C: `e * C`.
   [[nodiscard]] std::int32_t const* expert_offsets() const { return expert_offsets_.data(); }
+  //! The same `[E + 1]` offsets in host memory, read back with `num_rows()` (no further wait).
+  [[nodiscard]] array_view<std::int32_t const> host_expert_offsets() const {
+    return {host_offsets_.data(), static_cast<std::int64_t>(host_offsets_.size())};
+  }
   //! P, rows of the permuted buffer: the number of kept slots, or `E * C` when padded.
   [[nodiscard]] std::int64_t num_rows() const { return num_rows_; }
   //! Slots whose id was out of range and were treated as masked (non-zero only with the value scan off).
@@ -270,6 +275,7 @@ class permute_plan {
   routing_view routing_;
   std::int32_t num_experts_ = 0;
   buffer_t<std::int32_t> row_of_, token_of_, slot_of_, expert_offsets_;
+  std::vector<std::int32_t> host_offsets_;  //!< expert_offsets_ on the host (capacity kept)
   std::int64_t num_rows_ = 0;
   std::int64_t num_invalid_slots_ = 0;
   std::int64_t padded_capacity_ = 0;
@@ -325,8 +331,7 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
   be.for_each_index(num_experts + 1, detail::expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
   if (padded_capacity > 0) {
     std::int32_t* const counts = scratch.template host<std::int32_t>(std::int64_t{num_experts} + 1);
-    be.copy(counts, plan.expert_offsets_.data(), num_experts + 1);
-    be.synchronize();
+    detail::read_back(be, counts, plan.expert_offsets_.data(), num_experts + 1);
     for (std::int32_t e = 0; e < num_experts; ++e) {
       std::int64_t const n = counts[e + 1] - counts[e];
       detail::require(n <= padded_capacity, op, "expert ", e, " has ", n, " slots, more than padded_capacity = ",
@@ -341,12 +346,12 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
                                                               plan.token_of_.data(), plan.slot_of_.data()});
   if (padded_capacity > 0)
     be.for_each_index(num_experts + 1, detail::padded_offsets{padded_capacity, plan.expert_offsets_.data()});
-  std::int32_t num_rows = 0;
-  be.copy(&num_rows, plan.expert_offsets_.data() + num_experts, 1);
   std::int64_t invalid = 0;
   if (!checks.scan_values)
     invalid = be.reduce(slots, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts}, detail::plus{});
-  be.synchronize();
+  plan.host_offsets_.resize(static_cast<std::size_t>(num_experts) + 1);
+  detail::read_back(be, plan.host_offsets_.data(), plan.expert_offsets_.data(), num_experts + 1);
+  std::int32_t const num_rows = plan.host_offsets_.back();
   plan.routing_ = routing;
   plan.num_experts_ = num_experts;
   plan.padded_capacity_ = padded_capacity;
@@ -404,7 +409,8 @@ void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_vi
                                           relabeled.top_k, old_token_of, old_slot_of, plan.token_of_.data(),
                                           plan.slot_of_.data(), plan.row_of_.data()});
   be.copy(plan.expert_offsets_.data(), device_tables + num_blocks + 1, std::int64_t{num_experts} + 1);
-  be.synchronize();
+  plan.host_offsets_.resize(static_cast<std::size_t>(num_experts) + 1);
+  detail::read_back(be, plan.host_offsets_.data(), plan.expert_offsets_.data(), num_experts + 1);
   plan.routing_ = relabeled;
   plan.num_experts_ = num_experts;
 }
@@ -426,8 +432,7 @@ void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routin
   std::int32_t const experts = plan.num_experts();
   detail::check_elements(label, experts, op, "label", "one new id per expert of the plan");
   std::int32_t* const tables = scratch.template host<std::int32_t>(3 * (std::int64_t{experts} + 1));
-  be.copy(tables, plan.expert_offsets(), experts + 1);  // the blocks are the experts' blocks
-  be.synchronize();
+  detail::read_back(be, tables, plan.expert_offsets(), experts + 1);  // the blocks are the experts' blocks
   detail::move_plan_blocks(be, plan, relabeled, tables, experts, label.data, experts, scratch, op);
 }
 
@@ -541,8 +546,7 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
                                                                                    kept_offsets});
   if (padded_capacity > 0) {
     std::int32_t* const counts = scratch.template host<std::int32_t>(std::int64_t{experts} + 1);
-    be.copy(counts, kept_offsets, experts + 1);
-    be.synchronize();
+    detail::read_back(be, counts, kept_offsets, experts + 1);
     for (std::int32_t e = 0; e < experts; ++e) {
       std::int64_t const n = counts[e + 1] - counts[e];
       detail::require(n <= padded_capacity, op, "expert ", e, " keeps ", n, " slots, more than padded_capacity = ",
@@ -559,9 +563,9 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
                                                  kept_routing.topk_idx, positions, kept_offsets, padded_capacity,
                                                  routing.top_k, kept.token_of_.data(), kept.slot_of_.data(),
                                                  kept.row_of_.data()});
-  std::int32_t num_rows = 0;
-  be.copy(&num_rows, kept.expert_offsets_.data() + experts, 1);
-  be.synchronize();
+  kept.host_offsets_.resize(static_cast<std::size_t>(experts) + 1);
+  detail::read_back(be, kept.host_offsets_.data(), kept.expert_offsets_.data(), experts + 1);
+  std::int32_t const num_rows = kept.host_offsets_.back();
   kept.routing_ = kept_routing;
   kept.num_experts_ = experts;
   kept.padded_capacity_ = padded_capacity;

@@ -85,7 +85,8 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
     be.for_each_row(total, detail::gather_rows_kernel<T, n, detail::chunk_source, detail::no_scale>{
                                in.data, out.data, out.hidden, source, {}});
   });
-  be.synchronize();  // the table's memory is reused by the next call
+  // No wait: the table is pageable host memory (workspace::host), which a copy to the device has
+  // read when the call returns, and the device table is rewritten only by later work on the stream.
 }
 
 //! `sort_chunks` with a table of its own, allocated for this call.

@@ -239,9 +239,7 @@ class replicated_expert_layer {
     std::int32_t const R = placement_.num_ranks(), E = placement_.num_experts(), me = world_->rank();
     // 1. This rank's rows per expert, then every rank's.
     build_permute_plan(be_, routing, E, real_plan_, scratch_, checks_);
-    std::int32_t* const offsets = scratch_.template host<std::int32_t>(E + 1);
-    be_.copy(offsets, real_plan_.expert_offsets(), E + 1);
-    be_.synchronize();
+    std::int32_t const* const offsets = real_plan_.host_expert_offsets().data;
     counts_.resize(static_cast<std::size_t>(R) * E);
     mine_.resize(static_cast<std::size_t>(E));
     for (std::int32_t e = 0; e < E; ++e) mine_[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];

@@ -94,6 +94,9 @@ struct thread_state {
 };
 thread_local thread_state this_thread;
 
+//! One host wait of this thread (a function of its own, so that a debugger can stop on each).
+[[gnu::noinline]] void count_host_wait() { ++this_thread.waits; }
+
 // The kernel a worker thread is running, for the fault handler's message.
 thread_local char const* running_kernel = nullptr;
 
@@ -339,10 +342,10 @@ void say(char const* text, int n) {
 void on_segv(int sig, siginfo_t* info, void* context) {
   auto const a = reinterpret_cast<std::uintptr_t>(info->si_addr);
   if (in_arena(a)) {
-    std::unique_lock<std::mutex> hold(emu().lock, std::defer_lock);
-    if (is_worker) hold.lock();  // a worker never faults while holding it; a host thread might
-    else (void)hold.try_lock();
-    if (hold.owns_lock()) {
+    // No thread touches device memory while it holds the lock (the emulation's own code reads
+    // only host memory under it), so the faulting thread may wait for it.
+    std::unique_lock<std::mutex> hold(emu().lock);
+    {
       char text[512];
       auto it = emu().memory.upper_bound(a);
       if (it != emu().memory.begin()) {
@@ -565,7 +568,7 @@ void host_wait(std::shared_ptr<stream_state> const& s, std::uint64_t target) {
   wait_until(*s, target);
   std::lock_guard<std::mutex> hold(emu().lock);
   learn_from(*s);
-  ++this_thread.waits;
+  count_host_wait();
 }
 
 //! Copies `bytes` from `src` to `dst` in the order of `stream`. Pageable host memory is read when
@@ -782,7 +785,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (s->completed.load(std::memory_order_acquire) < s->enqueued) return cudaErrorNotReady;
   learn_from(*s);
-  ++this_thread.waits;
+  count_host_wait();
   return cudaSuccess;
 }
 
@@ -797,7 +800,7 @@ cudaError_t cudaDeviceSynchronize() {
   for (auto const& [s, target] : busy) wait_until(*s, target);
   std::lock_guard<std::mutex> hold(emu().lock);
   for (auto const& [s, target] : busy) learn_from(*s);
-  ++this_thread.waits;
+  count_host_wait();
   return cudaSuccess;
 }
 
@@ -855,7 +858,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   wait_until(*ev->stream, ev->seq);
   std::lock_guard<std::mutex> hold(emu().lock);
   merge(this_thread.knows, ev->knows);
-  ++this_thread.waits;
+  count_host_wait();
   return cudaSuccess;
 }
 
@@ -867,7 +870,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!ev.recorded) return cudaSuccess;
   if (ev.stream->completed.load(std::memory_order_acquire) < ev.seq) return cudaErrorNotReady;
   merge(this_thread.knows, ev.knows);
-  ++this_thread.waits;
+  count_host_wait();
   return cudaSuccess;
 }
 

@@ -46,7 +46,7 @@ struct flat {
       stats.record(groups.topo(), me, peer, m.bytes(me, peer));
     }
     detail::copy_self_block(be, m, me, send, recv);
-    comm.exchange(sends, recvs);
+    detail::exchange_in_stream_order(comm, sends, recvs);
     stats.rounds += 1;
   }
 };

@@ -91,7 +91,7 @@ struct hierarchical_2d {
         if (back > 0) scratch.recvs.push_back({g, stage_b + b_begin[g], back});
         stats.record(topo, me, rank_at(my_node, g), out);
       }
-      groups.intra().exchange(scratch.sends, scratch.recvs);
+      detail::exchange_in_stream_order(groups.intra(), scratch.sends, scratch.recvs);
       stats.rounds += 1;
     }
 
@@ -124,7 +124,7 @@ struct hierarchical_2d {
         if (back > 0) scratch.recvs.push_back({n, stage_d + d_begin[n], back});
         stats.record(topo, me, rank_at(n, my_local), out);
       }
-      groups.inter().exchange(scratch.sends, scratch.recvs);
+      detail::exchange_in_stream_order(groups.inter(), scratch.sends, scratch.recvs);
       stats.rounds += 1;
     }
 
@@ -136,7 +136,7 @@ struct hierarchical_2d {
         be.copy(static_cast<char*>(recv) + m.recv_offset(src, me), stage_d + at, m.bytes(src, me));
         at += m.bytes(src, me);
       }
-    be.synchronize();  // the staging is reused by the next call
+    // No wait: the staging is reused only by later work on the same stream.
   }
 
  private:

@@ -50,7 +50,7 @@ void pairwise_step(std::int32_t group_size, exchange_groups<Comm>& groups, byte_
       recvs.push_back({src, static_cast<char*>(recv) + m.recv_offset(src, me), m.bytes(src, me)});
     stats.record(groups.topo(), me, dst, m.bytes(me, dst));
   }
-  comm.exchange(sends, recvs);
+  detail::exchange_in_stream_order(comm, sends, recvs);
   stats.rounds += 1;
 }
 
