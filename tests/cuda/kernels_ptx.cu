@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The data-movement kernels, instantiated for every element type and both access widths, and the
-// expert codec's element kernels, for the ptxas resource check (check_kernels.sh): no spills, and
-// 16-byte vector accesses on aligned rows.
+// The data-movement kernels, instantiated for every element type and both access widths, the
+// expert codec's element kernels and the router's, for the ptxas resource check (check_kernels.sh):
+// no spills, and 16-byte vector accesses on aligned rows.
 
 #include <moecomm/moecomm.cuh>
 
@@ -27,5 +27,11 @@ template __global__ void for_each_index_kernel(std::int64_t, divide_by_count);
 template __global__ void for_each_index_kernel(std::int64_t, residual_order_key);
 template __global__ void for_each_index_kernel(std::int64_t, gather_kept_values);
 template __global__ void for_each_index_kernel(std::int64_t, scatter_kept_values);
+
+// The router: forward, the auxiliary loss's column sums and values, backward.
+template __global__ void for_each_index_kernel(std::int64_t, router_forward_kernel);
+template __global__ void for_each_index_kernel(std::int64_t, column_sums);
+template __global__ void for_each_index_kernel(std::int64_t, router_loss_values);
+template __global__ void for_each_index_kernel(std::int64_t, router_backward_kernel);
 
 }  // namespace moecomm::detail

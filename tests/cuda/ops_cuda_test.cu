@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA instantiations of the same test bodies the host runs: nvcc compiles them in every CI run;
-// they run where a GPU exists. Without a device the binary reports the suite as skipped (exit
+// CUDA instantiations of the same test bodies the host runs (ops, codec, router): nvcc compiles
+// them in every CI run; they run where a GPU exists, and g++ builds the same file against the
+// CUDA emulation (emulated.ops), where they run here. Without a device the binary reports the suite as skipped (exit
 // code 77, which CTest shows as "Skipped"), never as passed.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../ops/expert_codec_cases.hpp"
 #include "../ops/layout_cases.hpp"
 #include "../ops/permute_cases.hpp"
+#include "../ops/router_cases.hpp"
 #include "../ops/sort_chunks_cases.hpp"
 #include "../ops/validation_cases.hpp"
 
@@ -45,6 +47,12 @@ TEST_CASE_TEMPLATE_INVOKE(codec_ties, MOECOMM_TEST_ONE_TYPE);
 TEST_CASE_TEMPLATE_INVOKE(codec_exact, MOECOMM_TEST_ONE_TYPE);
 TEST_CASE_TEMPLATE_INVOKE(codec_errors, MOECOMM_TEST_ONE_TYPE);
 TEST_CASE_TEMPLATE_INVOKE(codec_in_place, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(router_sweep, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(router_finite_differences, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(router_example, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(router_errors, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(router_unchecked, MOECOMM_TEST_ONE_TYPE);
+TEST_CASE_TEMPLATE_INVOKE(router_state_reuse, MOECOMM_TEST_ONE_TYPE);
 
 }  // namespace test
 

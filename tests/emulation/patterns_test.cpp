@@ -6,6 +6,7 @@
 // to plain expert parallelism and the oracle. The experts are kernels on the layer's stream.
 
 #include "../patterns/hybridep_cases.hpp"
+#include "../patterns/parm_cases.hpp"
 #include "../patterns/replicated_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
 #include "emulated_ranks.hpp"
@@ -109,9 +110,8 @@ void check_emulated_equals_host(shadow_case const& c, Pattern const& pattern) {
     if (got[static_cast<std::size_t>(r)].out.empty() && want[static_cast<std::size_t>(r)].out.size() > 0) continue;  // reported
     check_same_result(got[static_cast<std::size_t>(r)], want[static_cast<std::size_t>(r)], r, c);
   }
-  auto const seen = moecomm_emulation::violations();
+  auto const seen = take_violations();
   CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
-  moecomm_emulation::clear_violations();
 }
 
 template <class Comm>
@@ -181,6 +181,20 @@ TEST_CASE("replicated experts (FineMoE's min-max split, FlexMoE's even split) on
   };
   check_emulated_equals_host(skewed4, replicated(moecomm::finemoe_split{}));
   check_emulated_equals_host(skewed4, replicated(moecomm::even_split{}));
+}
+
+TEST_CASE("Parm's schedules (deepspeed_mp, S1, S2 pipelined on the lane) on 8 emulated GPUs equal the oracle") {
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 2}}) {
+    CAPTURE(sizes.model);
+    CAPTURE(sizes.expert_slicing);
+    run_emulated_ranks(8, [&](emulated_rank& rank) {
+      check_parm_schedules_on_rank<float>(rank.be, rank.comm, parm_case{sizes, 37, 8, 2, 0}, moecomm::dropless{});
+      check_parm_schedules_on_rank<float>(rank.be, rank.comm, parm_case{sizes, 97, 16, 4, 0.75},
+                                          moecomm::capacity<moecomm::drop_by_position>{0.75});
+    });
+    auto const seen = take_violations();
+    CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
+  }
 }
 
 }  // namespace test

@@ -86,7 +86,7 @@ struct parm_result {
   moecomm::parm_report report;
 };
 
-// One forward and backward of `Schedule` on this rank.
+// One forward and backward of `Schedule` on this rank, in the back-end's memory (experts as its kernels).
 template <class T, class Schedule, class Capacity, class Backend, class Comm>
 parm_result<T> run_parm_step(Backend const& be, moecomm::parallel_groups<Comm>& groups, parm_case const& c, Schedule schedule,
                              Capacity capacity) {
@@ -94,23 +94,29 @@ parm_result<T> run_parm_step(Backend const& be, moecomm::parallel_groups<Comm>& 
   std::int32_t const group = at.dp * c.sizes.expert + at.ep, locals = c.experts / c.sizes.expert;
   oracle::routing const r = parm_routing(group, c);
   std::vector<T> const x = parm_rows<T>(group, 0, c.tokens, parm_hidden), d_out = parm_rows<T>(group, 1, c.tokens, parm_hidden);
-  sliced_mlp_experts<T> experts{parm_hidden, parm_inner, at.esp, c.sizes.expert_slicing, {}, {}};
+  sliced_mlp_experts<T> initial{parm_hidden, parm_inner, at.esp, c.sizes.expert_slicing, {}, {}};
   for (std::int32_t l = 0; l < locals; ++l) {
     std::vector<float> const s = slice_parameters(whole_expert_parameters(at.ep * locals + l), parm_hidden, parm_inner, at.esp,
                                                   c.sizes.expert_slicing);
-    experts.params.insert(experts.params.end(), s.begin(), s.end());
+    initial.params.insert(initial.params.end(), s.begin(), s.end());
   }
-  experts.grads.assign(experts.params.size(), 0.0f);
+  initial.grads.assign(initial.params.size(), 0.0f);
+  backend_sliced_mlp_experts<T, Backend> experts(be, initial);
   moecomm::parm_layer<T, Backend, Comm, Schedule, Capacity> layer(be, groups, c.experts, parm_hidden, schedule, capacity);
+  auto const idx = upload(be, r.idx);
+  auto const w = upload(be, r.w);
+  auto const dx_in = upload(be, x), dy_in = upload(be, d_out);
+  auto out = upload(be, poisoned<T>(c.tokens * parm_hidden)), d_x = upload(be, poisoned<T>(c.tokens * parm_hidden));
+  auto d_weights = upload(be, std::vector<float>(static_cast<std::size_t>(c.tokens * c.top_k), std::nanf("")));
+  moecomm::routing_view const routing{idx.data(), w.data(), c.tokens, c.top_k};
+  layer.forward(routing, {dx_in.data(), c.tokens, parm_hidden}, {out.data(), c.tokens, parm_hidden}, experts);
+  layer.backward({dy_in.data(), c.tokens, parm_hidden}, moecomm::matrix_view<T>{d_x.data(), c.tokens, parm_hidden},
+                 moecomm::array_view<float>{d_weights.data(), c.tokens * c.top_k}, experts);
   parm_result<T> res;
-  res.out = poisoned<T>(c.tokens * parm_hidden);
-  res.d_x = poisoned<T>(c.tokens * parm_hidden);
-  res.d_weights.assign(static_cast<std::size_t>(c.tokens * c.top_k), std::nanf(""));
-  moecomm::routing_view const routing{r.idx.data(), r.w.data(), c.tokens, c.top_k};
-  layer.forward(routing, {x.data(), c.tokens, parm_hidden}, {res.out.data(), c.tokens, parm_hidden}, experts);
-  layer.backward({d_out.data(), c.tokens, parm_hidden}, moecomm::matrix_view<T>{res.d_x.data(), c.tokens, parm_hidden},
-                 moecomm::array_view<float>{res.d_weights.data(), c.tokens * c.top_k}, experts);
-  res.grads = experts.grads;
+  res.out = download(be, out.data(), c.tokens * parm_hidden);
+  res.d_x = download(be, d_x.data(), c.tokens * parm_hidden);
+  res.d_weights = download(be, d_weights.data(), c.tokens * c.top_k);
+  res.grads = experts.gradients_on_host();
   res.report = layer.report();
   return res;
 }
@@ -259,7 +265,7 @@ std::vector<float> sum_over_slice_peers(moecomm::parallel_groups<Comm>& groups, 
   std::int32_t const M = groups.sizes().model, G = groups.sizes().expert_slicing, me = world.rank();
   std::size_t const n = grads.size();
   std::vector<float> all(n * static_cast<std::size_t>(world.size()));
-  world.allgather(grads.data(), all.data(), static_cast<std::int64_t>(n * sizeof(float)));
+  allgather_host(world, grads.data(), all.data(), static_cast<std::int64_t>(n * sizeof(float)));
   std::vector<float> sum(n, 0.0f);
   for (std::int32_t r = 0; r < world.size(); ++r) {
     if (r / M != me / M || (r % M) % G != (me % M) % G) continue;
@@ -299,7 +305,7 @@ void check_parm_schedules_on_rank(Backend const& be, Comm& world, parm_case cons
   std::int64_t sums[4] = {0, 0, 0, 0};
   std::vector<std::int64_t> all(static_cast<std::size_t>(4 * everyone.size()));
   std::int64_t const mine[4] = {base_rows[0], base_rows[1], paused_rows[0], paused_rows[1]};
-  everyone.allgather(mine, all.data(), sizeof(mine));
+  allgather_host(everyone, mine, all.data(), sizeof(mine));
   for (std::size_t i = 0; i < all.size(); ++i) sums[i % 4] += all[i];
   std::int64_t const mp = c.sizes.model, slices = c.sizes.expert_slicing;
   CHECK(sums[0] == mp * sums[2]);
@@ -344,7 +350,7 @@ void check_parm_auto_on_rank(Backend const& be, Comm& world, parm_case const& c,
     }
     std::int32_t const mine = r.pieces;  // every rank runs the same schedule
     std::vector<std::int32_t> all(static_cast<std::size_t>(world.size()));
-    world.allgather(&mine, all.data(), sizeof mine);
+    allgather_host(world, &mine, all.data(), sizeof mine);
     CHECK(std::count(all.begin(), all.end(), mine) == world.size());
   }
 }

@@ -444,7 +444,4 @@ class cuda_lane {
   thread_lane thread_;  //!< last: its thread ends before the events and the stream go
 };
 
-//! A CUDA lane's jobs run on its stream.
-[[nodiscard]] inline cuda_backend const& lane_backend(cuda_lane const& lane, cuda_backend const&) { return lane.backend(); }
-
 MOECOMM_NAMESPACE_END

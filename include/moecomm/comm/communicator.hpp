@@ -121,22 +121,38 @@ void exchange_in_stream_order(Comm& comm, std::vector<send_block> const& sends, 
   else comm.exchange(sends, recvs);
 }
 
+template <class Comm, class Backend, class = void>
+struct splits_onto_stream : std::false_type {};
+template <class Comm, class Backend>
+struct splits_onto_stream<Comm, Backend,
+                          std::void_t<decltype(std::declval<Comm&>().split(0, 0, std::declval<Backend const&>().stream()))>>
+    : std::true_type {};
+
+template <class Comm, class = void>
+struct has_allgather_host : std::false_type {};
+template <class Comm>
+struct has_allgather_host<Comm, std::void_t<decltype(std::declval<Comm&>().allgather_host(
+                                    std::declval<void const*>(), std::declval<void*>(), std::int64_t{}))>> : std::true_type {};
+
 }  // namespace detail
 
 //! A communicator over the same ranks as `comm` (a collective split) whose operations enqueue where
-//! `be` does: a lane's own copy of a communicator, so that two threads never share one. NCCL's
-//! overload puts the copy on `be`'s stream.
+//! `be` does: a lane's own copy of a communicator, so that two threads never share one. A
+//! communicator with a stream (NCCL) puts the copy on `be`'s stream.
 template <class Comm, class Backend>
-[[nodiscard]] Comm split_for(Comm& comm, Backend const&) {
-  return comm.split(0, comm.rank());
+[[nodiscard]] Comm split_for(Comm& comm, Backend const& be) {
+  if constexpr (detail::splits_onto_stream<Comm, Backend>::value) return comm.split(0, comm.rank(), be.stream());
+  else return comm.split(0, comm.rank());
 }
 
 //! `recv[r * bytes ...]` = rank r's `send`, both in host memory, over any communicator: the
 //! all-gather of small host values (counts, shapes, agreements). A communicator whose buffers are
-//! device memory overloads it (`nccl_communicator` stages the values through device memory).
+//! device memory has a member of that name (`nccl_communicator` stages the values through device
+//! memory); any other all-gathers them as they are.
 template <class Comm>
 void allgather_host(Comm& comm, void const* send, void* recv, std::int64_t bytes) {
-  comm.allgather(send, recv, bytes);
+  if constexpr (detail::has_allgather_host<Comm>::value) comm.allgather_host(send, recv, bytes);
+  else comm.allgather(send, recv, bytes);
 }
 
 MOECOMM_NAMESPACE_END

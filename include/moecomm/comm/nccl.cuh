@@ -592,14 +592,4 @@ class nccl_communicator {
   std::string failure_;              //!< the first failure; empty while usable
 };
 
-//! `split_for` on NCCL: the copy enqueues on `be`'s stream.
-[[nodiscard]] inline nccl_communicator split_for(nccl_communicator& comm, cuda_backend const& be) {
-  return comm.split(0, comm.rank(), be.stream());
-}
-
-//! `allgather_host` on NCCL: the values are staged through the communicator's device memory.
-inline void allgather_host(nccl_communicator& comm, void const* send, void* recv, std::int64_t bytes) {
-  comm.allgather_host(send, recv, bytes);
-}
-
 MOECOMM_NAMESPACE_END

@@ -123,6 +123,9 @@ class staged_communicator {
 
   void barrier() { inner_.barrier(); }
 
+  //! Host values need no staging: they go to the inner communicator as they are.
+  void allgather_host(void const* send, void* recv, std::int64_t bytes) { moecomm::allgather_host(inner_, send, recv, bytes); }
+
   //! The sub-group of `inner().split(color, key)`, staged on the same back-end.
   [[nodiscard]] staged_communicator split(int color, int key) { return {inner_.split(color, key), be_, direct_}; }
 
@@ -161,11 +164,5 @@ class staged_communicator {
   std::vector<send_block> host_sends_;  //!< kept between calls
   std::vector<recv_block> host_recvs_;
 };
-
-//! Host values need no staging: they go to the inner communicator as they are.
-template <class Comm>
-void allgather_host(staged_communicator<Comm>& comm, void const* send, void* recv, std::int64_t bytes) {
-  allgather_host(comm.inner(), send, recv, bytes);
-}
 
 MOECOMM_NAMESPACE_END

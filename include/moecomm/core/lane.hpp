@@ -231,11 +231,19 @@ struct lane_of<Backend, std::void_t<typename Backend::lane_type>> {
 template <class Backend>
 using lane_t = typename detail::lane_of<Backend>::type;
 
+namespace detail {
+template <class Lane, class = void>
+struct has_own_backend : std::false_type {};
+template <class Lane>
+struct has_own_backend<Lane, std::void_t<decltype(std::declval<Lane const&>().backend())>> : std::true_type {};
+}  // namespace detail
+
 //! The back-end a lane's job runs its work on: the rank's own, unless the lane has a back-end of
-//! its own (the CUDA lane: one on the lane's stream, which it orders with the rank's by events).
+//! its own (`backend()`: the CUDA lane's, on the lane's stream, ordered with the rank's by events).
 template <class Lane, class Backend>
-[[nodiscard]] Backend const& lane_backend(Lane const&, Backend const& be) {
-  return be;
+[[nodiscard]] Backend const& lane_backend(Lane const& lane, Backend const& be) {
+  if constexpr (detail::has_own_backend<Lane>::value) return lane.backend();
+  else return be;
 }
 
 //! Waits for unit `unit` of `lane`'s job, rethrowing its failure; on every exit the lane lets go

@@ -246,10 +246,11 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
   [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::rows);
   std::int64_t const own = at.total() == 0 ? 0 : at.packed(me, pieces - 1, peers) - at.packed(me, 0);
   // packed: every member's pieces of this rank's partial sums; staged: this rank's pieces from every
-  // member ([c][g][rows of piece c]); reduced: their sums, packed as this rank's blocks.
-  T* const packed = scratch.first().template get<T>(be, (at.total() + (members + 1) * own) * h);
+  // member ([c][g][rows of piece c]); reduced: their sums, packed as this rank's blocks, which the
+  // lane sends while this thread sums the next piece: a buffer of its own (the second workspace's).
+  T* const packed = scratch.first().template get<T>(be, (at.total() + members * own) * h);
   T* const staged = packed + at.total() * h;
-  T* const reduced = staged + members * own * h;
+  T* const reduced = scratch.second().template get<T>(be, own * h);
   std::int64_t const first_own = at.packed(me, 0);
   std::int64_t* const returned_before = scratch.second().template host<std::int64_t>(peers + 1);
   returned_before[0] = 0;

@@ -5,7 +5,7 @@
 // stream's clock says, for every other stream, how many of its operations are ordered before the
 // stream's latest one (through events, the legacy stream's implicit synchronisation, or a host
 // wait of the enqueueing thread). Every allocation remembers, by byte range, its last writes and the
-// reads since (a kernel's use covers the whole allocation: the emulation cannot tell its range);
+// reads since (a kernel's use runs from the lowest address it was given to the allocation's end);
 // an operation that uses it on another stream must find them in its stream's clock.
 
 #include "core.hpp"
@@ -530,12 +530,18 @@ cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, void 
   for (std::size_t at = 0; at + sizeof(std::uintptr_t) <= size; at += sizeof(std::uintptr_t)) {
     std::uintptr_t w;
     std::memcpy(&w, words + at, sizeof w);
-    // A word into an allocation of this device is a buffer the kernel may use. Padding and other
-    // words that only look like one are harmless: nothing is rewritten, and the kernel's real
-    // accesses open the pages they touch.
+    // A word into an allocation of this device is a buffer the kernel may use, from that address
+    // to the allocation's end (moecomm's kernels index forward from the pointers they are given,
+    // so a pipeline's piece c + 1 does not overlap piece c). Padding and other words that only
+    // look like one are harmless: nothing is rewritten, and the kernel's real accesses open the
+    // pages they touch.
     allocation const* a = find_allocation(reinterpret_cast<void const*>(w));
-    if (a != nullptr && a->device && a->dev == s->device)
-      uses.push_back({reinterpret_cast<void const*>(a->base), a->bytes, access::read_write, kernel});
+    if (a == nullptr || !a->device || a->dev != s->device || w >= a->base + a->bytes) continue;
+    auto it = std::find_if(uses.begin(), uses.end(), [&](buffer_use const& u) {
+      return reinterpret_cast<std::uintptr_t>(u.ptr) + u.bytes == a->base + a->bytes;  // this allocation's
+    });
+    if (it == uses.end()) uses.push_back({reinterpret_cast<void const*>(w), a->base + a->bytes - w, access::read_write, kernel});
+    else if (w < reinterpret_cast<std::uintptr_t>(it->ptr)) *it = {reinterpret_cast<void const*>(w), a->base + a->bytes - w, access::read_write, kernel};
   }
   return cudaSuccess;
 }

@@ -53,8 +53,9 @@ cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_us
                     std::function<void()> job);
 
 //! Checks a kernel's launch on `stream` (the thread's current device must be the stream's) and
-//! adds to `uses` every allocation of the stream's device that a word of the kernel's argument
-//! bytes points into: read and written, as far as the emulation can tell.
+//! adds to `uses`, for every allocation of the stream's device that words of the kernel's argument
+//! bytes point into, the bytes from the lowest such address to its end: read and written, as far
+//! as the emulation can tell.
 cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, void const* bytes, std::size_t size,
                                   std::vector<buffer_use>& uses);
 
