@@ -102,8 +102,12 @@ thread_local char const* running_kernel = nullptr;
 
 // Device memory is inaccessible until a stream's worker touches it: the fault opens the page for
 // the job, which closes it when it ends. A host thread's touch faults, and stops the process.
+// Fixed-size and trivially destructible: the fault handler may neither allocate nor register a
+// thread-local destructor. A job that opens more pages leaves the rest open until it is freed.
+constexpr int max_opened_pages = 8192;
 thread_local bool is_worker = false;
-thread_local std::vector<std::uintptr_t> opened_pages;  // by this worker's current job
+thread_local std::uintptr_t opened_pages[max_opened_pages];  // by this worker's current job
+thread_local int opened_count = 0;
 
 struct emulator {
   std::mutex lock;  // everything below but the queues
@@ -306,14 +310,19 @@ void learn_from(stream_state const& s) { merge(this_thread.knows, s.knows); }
 // Device addresses come from one reserved, inaccessible range. No allocation holds an address
 // whose low 32 bits are below 2^20: a kernel argument word that is a small int32 beside four bytes
 // of padding (which may hold the high half of any pointer) is then never taken for a device pointer.
-constexpr std::uintptr_t arena_bytes = std::uintptr_t{1} << 42;
+std::uintptr_t arena_bytes = 0;  // set with the arena: the largest reservation the process allows
 constexpr std::uintptr_t window = std::uintptr_t{1} << 32, window_gap = std::uintptr_t{1} << 20;
 
 //! `reserved` bytes of device address space (emu().lock held); 0 when the range is used up.
 std::uintptr_t arena_base() {
   static std::uintptr_t const base = [] {
-    void* p = mmap(nullptr, arena_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? std::uintptr_t{0} : reinterpret_cast<std::uintptr_t>(p);
+    for (int log2 = 42; log2 >= 34; --log2) {  // 4 TiB of addresses, less where a sanitizer keeps the rest
+      void* p = mmap(nullptr, std::uintptr_t{1} << log2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) continue;
+      arena_bytes = std::uintptr_t{1} << log2;
+      return reinterpret_cast<std::uintptr_t>(p);
+    }
+    return std::uintptr_t{0};
   }();
   return base;
 }
@@ -355,7 +364,7 @@ void on_segv(int sig, siginfo_t* info, void* context) {
           if (is_worker) {  // a stream's job: open the page for it
             std::uintptr_t const first = a & ~(std::uintptr_t{page} - 1);
             mprotect(reinterpret_cast<void*>(first), page, PROT_READ | PROT_WRITE);
-            opened_pages.push_back(first);
+            if (opened_count < max_opened_pages) opened_pages[opened_count++] = first;
             return;
           }
           say(text, std::snprintf(text, sizeof text,
@@ -390,8 +399,8 @@ void on_segv(int sig, siginfo_t* info, void* context) {
 
 //! Closes the pages the worker's job opened.
 void close_opened_pages() {
-  for (std::uintptr_t const first : opened_pages) mprotect(reinterpret_cast<void*>(first), page, PROT_NONE);
-  opened_pages.clear();
+  for (int i = 0; i < opened_count; ++i) mprotect(reinterpret_cast<void*>(opened_pages[i]), page, PROT_NONE);
+  opened_count = 0;
 }
 
 //! Installs the fault handler unless it is in place (a test framework may have replaced it).
@@ -514,8 +523,8 @@ cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_us
   return e == cudaSuccess ? e : fail(e);
 }
 
-cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, void const* bytes, std::size_t size,
-                                  std::vector<buffer_use>& uses) {
+cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::vector<std::uintptr_t> const& pointers,
+                                std::vector<buffer_use>& uses) {
   install_segv_handler();
   std::lock_guard<std::mutex> hold(emu().lock);
   auto s = find_stream(stream);
@@ -526,15 +535,11 @@ cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, void 
         << this_thread.device << ": call cudaSetDevice(" << s->device << ") on this thread first";
     return fail(record_violation(out.str()));
   }
-  auto const* words = static_cast<unsigned char const*>(bytes);
-  for (std::size_t at = 0; at + sizeof(std::uintptr_t) <= size; at += sizeof(std::uintptr_t)) {
-    std::uintptr_t w;
-    std::memcpy(&w, words + at, sizeof w);
-    // A word into an allocation of this device is a buffer the kernel may use, from that address
-    // to the allocation's end (moecomm's kernels index forward from the pointers they are given,
-    // so a pipeline's piece c + 1 does not overlap piece c). Padding and other words that only
-    // look like one are harmless: nothing is rewritten, and the kernel's real accesses open the
-    // pages they touch.
+  for (std::uintptr_t const w : pointers) {
+    // A pointer into an allocation of this device is a buffer the kernel may use, from that
+    // address to the allocation's end (moecomm's kernels index forward from the pointers they are
+    // given, so a pipeline's piece c + 1 does not overlap piece c). The kernel's real accesses
+    // open the pages they touch.
     allocation const* a = find_allocation(reinterpret_cast<void const*>(w));
     if (a == nullptr || !a->device || a->dev != s->device || w >= a->base + a->bytes) continue;
     auto it = std::find_if(uses.begin(), uses.end(), [&](buffer_use const& u) {

@@ -22,6 +22,8 @@
 //! Kernels are launched through `launch`, which `moecomm/backend/cuda.cuh` calls where nvcc
 //! compiles `<<<...>>>`: the same functor runs on the stream's worker thread.
 
+#include <moecomm_emulation/kernel_arguments.hpp>
+
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -53,11 +55,30 @@ cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_us
                     std::function<void()> job);
 
 //! Checks a kernel's launch on `stream` (the thread's current device must be the stream's) and
-//! adds to `uses`, for every allocation of the stream's device that words of the kernel's argument
-//! bytes point into, the bytes from the lowest such address to its end: read and written, as far
-//! as the emulation can tell.
-cudaError_t scan_kernel_arguments(cudaStream_t stream, char const* kernel, void const* bytes, std::size_t size,
-                                  std::vector<buffer_use>& uses);
+//! adds to `uses`, for every allocation of the stream's device that `pointers` (the kernel's
+//! pointer arguments) point into, the bytes from the lowest such address to its end: read and
+//! written, as far as the emulation can tell.
+cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::vector<std::uintptr_t> const& pointers,
+                                std::vector<buffer_use>& uses);
+
+//! The pointer arguments of kernel functor `f`: its pointer members by type (kernel_arguments.hpp),
+//! or, for a functor that is not a plain aggregate, every aligned word of its bytes.
+template <class F>
+std::vector<std::uintptr_t> pointer_arguments(F const& f) {
+  std::vector<std::uintptr_t> pointers;
+  bool fallback = false;
+  detail::collect_pointers(f, pointers, fallback);
+  if (fallback) {
+    pointers.clear();
+    auto const* bytes = reinterpret_cast<unsigned char const*>(&f);
+    for (std::size_t at = 0; at + sizeof(std::uintptr_t) <= sizeof(F); at += sizeof(std::uintptr_t)) {
+      std::uintptr_t w;
+      std::memcpy(&w, bytes + at, sizeof w);
+      pointers.push_back(w);
+    }
+  }
+  return pointers;
+}
 
 //! Launches `run(f)` on `stream` as kernel `name`: `f` is copied (as a kernel's arguments are),
 //! checked, and run on the stream's worker thread.
@@ -66,7 +87,7 @@ cudaError_t launch(cudaStream_t stream, char const* name, F const& f, Run run) {
   static_assert(std::is_trivially_copyable_v<F>, "a kernel's functor must be trivially copyable");
   auto copy = std::make_shared<F>(f);
   std::vector<buffer_use> uses;
-  cudaError_t const scanned = scan_kernel_arguments(stream, name, copy.get(), sizeof(F), uses);
+  cudaError_t const scanned = check_kernel_launch(stream, name, pointer_arguments(f), uses);
   if (scanned != cudaSuccess) return scanned;
   return enqueue(stream, name, uses, [copy, run] { run(*copy); });
 }

@@ -27,8 +27,8 @@ struct DeviceReduce {
     std::vector<moecomm_emulation::buffer_use> uses{
         {d_temp_storage, need, moecomm_emulation::access::write, "d_temp_storage"},
         {d_out, sizeof(Output), moecomm_emulation::access::write, "d_out"}};
-    cudaError_t const scanned =
-        moecomm_emulation::scan_kernel_arguments(stream, "cub::DeviceReduce::TransformReduce", args.get(), sizeof(arguments), uses);
+    cudaError_t const scanned = moecomm_emulation::check_kernel_launch(stream, "cub::DeviceReduce::TransformReduce",
+                                                                       moecomm_emulation::pointer_arguments(*args), uses);
     if (scanned != cudaSuccess) return scanned;
     return moecomm_emulation::enqueue(stream, "cub::DeviceReduce::TransformReduce", uses, [=] {
       T acc = init;
