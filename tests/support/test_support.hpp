@@ -6,6 +6,7 @@
 
 #include "oracle.hpp"
 
+#include <moecomm/core/read_back.hpp>
 #include <moecomm/moecomm.hpp>
 
 #include <doctest/doctest.h>
@@ -48,11 +49,12 @@ typename Backend::template buffer_type<T> upload(Backend const& be, std::vector<
   return buf;
 }
 
+// Through detail::read_back: on a GPU an asynchronous copy and a wait bounded by the back-end's
+// timeout (a copy into pageable memory would wait for a hung stream forever).
 template <class Backend, class T>
 std::vector<T> download(Backend const& be, T const* data, int64_t n) {
   std::vector<T> host(static_cast<std::size_t>(n));
-  be.copy(host.data(), data, n);
-  be.synchronize();
+  moecomm::detail::read_back(be, host.data(), data, n);
   return host;
 }
 

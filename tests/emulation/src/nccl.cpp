@@ -14,6 +14,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -39,6 +40,8 @@ struct comm_state {
   std::string async_message;
   std::thread::id owner;            // the thread that issues its operations
   bool has_owner = false;
+  bool finalizing = false;          // ncclCommFinalize was called: in progress until `pending` is 0
+  std::atomic<int> pending{0};      // jobs enqueued and not yet done
   std::uint64_t next_collective = 0, next_split = 0;
 };
 
@@ -86,6 +89,7 @@ struct clique {
   std::map<std::uint64_t, split_round> splits;
   bool aborted = false;
   std::string abort_reason;
+  std::vector<int> departed;  // ranks that destroyed their communicator: a wait on one fails
 };
 
 struct registry_t {
@@ -160,14 +164,22 @@ void fail_async(comm_state& c, ncclResult_t r, std::string message) {
   }
 }
 
-//! Waits on the clique until `ready()`; false (and the communicator failed) on an abort or timeout.
-template <class Ready>
-bool await(comm_state& c, std::unique_lock<std::mutex>& hold, char const* what, Ready ready) {
+//! Waits on the clique until `ready()`; false (and the communicator failed) on an abort, when
+//! `waits_on(rank)` is true for a rank that destroyed its communicator, or on a timeout.
+template <class Ready, class WaitsOn>
+bool await(comm_state& c, std::unique_lock<std::mutex>& hold, char const* what, Ready ready, WaitsOn waits_on) {
   clique& g = *c.group;
-  bool const ok = g.changed.wait_for(hold, emu::peer_wait, [&] { return g.aborted || ready(); });
-  if (g.aborted) {
+  auto gone = [&] {
+    for (int r : g.departed)
+      if (waits_on(r)) return r;
+    return -1;
+  };
+  bool const ok = g.changed.wait_for(hold, emu::peer_wait, [&] { return g.aborted || ready() || gone() >= 0; });
+  if (ready()) return true;  // what it waited for happened, whatever the peers did since
+  if (g.aborted || gone() >= 0) {
+    std::string const why = g.aborted ? g.abort_reason : "rank " + std::to_string(gone()) + " destroyed its communicator";
     hold.unlock();
-    fail_async(c, ncclRemoteError, std::string(what) + ": " + g.abort_reason);
+    fail_async(c, ncclRemoteError, std::string(what) + ": " + why);
     hold.lock();
     return false;
   }
@@ -265,7 +277,9 @@ void run_collective(std::shared_ptr<comm_state> const& c, std::uint64_t k, poste
   r.posts[static_cast<std::size_t>(c->rank)] = mine;
   ++r.arrived;
   g.changed.notify_all();
-  if (!await(*c, hold, mine.kind, [&] { return r.arrived == g.nranks; })) return;
+  if (!await(*c, hold, mine.kind, [&] { return r.arrived == g.nranks; },
+             [&](int q) { return q != c->rank && r.posts[static_cast<std::size_t>(q)].kind[0] == '\0'; }))
+    return;
   for (int q = 0; q < g.nranks; ++q) {
     posted const& p = r.posts[static_cast<std::size_t>(q)];
     if (std::strcmp(p.kind, mine.kind) != 0 || p.count != mine.count || p.type != mine.type || p.root != mine.root ||
@@ -302,7 +316,9 @@ void run_collective(std::shared_ptr<comm_state> const& c, std::uint64_t k, poste
   }
   ++r.read;
   g.changed.notify_all();
-  if (!await(*c, hold, mine.kind, [&] { return r.read == g.nranks; })) return;
+  // Every rank has arrived, so every one reads and counts promptly: no abort ends this wait, or a
+  // rank could free a buffer a peer still reads.
+  g.changed.wait(hold, [&] { return r.read == g.nranks; });
   if (writes && !result.empty()) std::memcpy(mine.recv, result.data(), result.size());
   if (++r.left == g.nranks) g.rounds.erase(k);
 }
@@ -313,6 +329,7 @@ void run_p2p(std::shared_ptr<comm_state> const& c, std::vector<pending> const& o
   clique& g = *c->group;
   std::unique_lock<std::mutex> hold(g.lock);
   std::vector<std::shared_ptr<ticket>> sent;
+  std::vector<int> sent_to;
   for (pending const& op : ops)
     if (op.is_send) {
       auto t = std::make_shared<ticket>();
@@ -320,14 +337,28 @@ void run_p2p(std::shared_ptr<comm_state> const& c, std::vector<pending> const& o
       t->bytes = op.bytes;
       g.channels[{c->rank, op.peer}].push_back(t);
       sent.push_back(t);
+      sent_to.push_back(op.peer);
     }
   g.changed.notify_all();
+  auto withdraw = [&] {  // returning early: no peer may read these buffers any more
+    for (auto const& w : sent)
+      if (!w->consumed) {
+        w->data = nullptr;
+        w->error = "the sender's communicator failed before this message was taken";
+      }
+  };
   for (pending const& op : ops) {
     if (op.is_send) continue;
     auto& channel = g.channels[{op.peer, c->rank}];
-    if (!await(*c, hold, "ncclRecv", [&] { return !channel.empty(); })) return;
+    if (!await(*c, hold, "ncclRecv", [&] { return !channel.empty(); }, [&](int q) { return q == op.peer; })) return withdraw();
     std::shared_ptr<ticket> t = channel.front();
     channel.pop_front();
+    if (t->data == nullptr && t->bytes > 0) {  // withdrawn by a failed sender
+      hold.unlock();
+      fail_async(*c, ncclRemoteError, "ncclRecv on rank " + std::to_string(c->rank) + ": " + t->error);
+      hold.lock();
+      return withdraw();
+    }
     if (t->bytes != op.bytes) {
       std::ostringstream out;
       out << "ncclRecv of " << op.bytes << " bytes on rank " << c->rank << " from rank " << op.peer << " met an ncclSend of "
@@ -337,14 +368,17 @@ void run_p2p(std::shared_ptr<comm_state> const& c, std::vector<pending> const& o
       g.changed.notify_all();
       hold.unlock();
       fail_async(*c, ncclInvalidUsage, out.str());
-      return;
+      hold.lock();
+      return withdraw();
     }
     std::memcpy(op.recv, t->data, t->bytes);
     t->consumed = true;
     g.changed.notify_all();
   }
-  for (auto const& t : sent) {
-    if (!await(*c, hold, "ncclSend", [&] { return t->consumed; })) return;
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    auto const& t = sent[i];
+    int const to = sent_to[i];
+    if (!await(*c, hold, "ncclSend", [&] { return t->consumed; }, [&](int q) { return q == to; })) return withdraw();
     if (!t->error.empty()) {
       hold.unlock();
       fail_async(*c, ncclInvalidUsage, t->error);
@@ -367,8 +401,12 @@ ncclResult_t launch(std::vector<pending> ops) {
         uses.push_back(op.is_send ? buffer_use{op.send, op.bytes, access::read, "sendbuff"}
                                   : buffer_use{op.recv, op.bytes, access::write, "recvbuff"});
       }
-    cudaError_t const e = moecomm_emulation::enqueue(mine.front().stream, "ncclSend/ncclRecv", uses,
-                                                     [c, mine] { run_p2p(c, mine); });
+    ++c->pending;
+    cudaError_t const e = moecomm_emulation::enqueue(mine.front().stream, "ncclSend/ncclRecv", uses, [c, mine] {
+      run_p2p(c, mine);
+      --c->pending;
+    });
+    if (e != cudaSuccess) --c->pending;
     if (e != cudaSuccess) return reject(ncclInvalidUsage, cudaGetErrorString(e), false);
   }
   for (pending const& op : ops) {
@@ -388,7 +426,12 @@ ncclResult_t launch(std::vector<pending> ops) {
     p.send = static_cast<char const*>(op.send);
     p.recv = static_cast<char*>(op.recv);
     auto const c = op.comm;
-    cudaError_t const e = moecomm_emulation::enqueue(op.stream, p.kind, uses, [c, k, p] { run_collective(c, k, p); });
+    ++c->pending;
+    cudaError_t const e = moecomm_emulation::enqueue(op.stream, p.kind, uses, [c, k, p] {
+      run_collective(c, k, p);
+      --c->pending;
+    });
+    if (e != cudaSuccess) --c->pending;
     if (e != cudaSuccess) return reject(ncclInvalidUsage, cudaGetErrorString(e), false);
   }
   return ncclSuccess;
@@ -528,7 +571,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     s.done = true;
     g.changed.notify_all();
   }
-  if (!await(*c, hold, "ncclCommSplit", [&] { return s.done; })) return ncclSystemError;
+  if (!await(*c, hold, "ncclCommSplit", [&] { return s.done; },
+             [&](int q) { return s.posts[static_cast<std::size_t>(q)].out == nullptr; }))
+    return ncclSystemError;
   return ncclSuccess;
 }
 
@@ -572,14 +617,28 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   std::lock_guard<std::mutex> hold(c->lock);
   *asyncError = c->async;
   if (c->async != ncclSuccess) last_error = c->async_message;
+  else if (c->finalizing && c->pending > 0) *asyncError = ncclInProgress;
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommFinalize(ncclComm_t comm) { return find_comm(comm) ? ncclSuccess : ncclInvalidArgument; }
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {  // in progress until its enqueued work is done
+  auto c = find_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  std::lock_guard<std::mutex> hold(c->lock);
+  c->finalizing = true;
+  return ncclInProgress;
+}
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  auto c = find_comm(comm);
+  if (!c) return ncclInvalidArgument;
+  {  // a peer waiting for this rank would wait in vain: that wait fails now (NCCL would hang)
+    std::lock_guard<std::mutex> hold(c->group->lock);
+    c->group->departed.push_back(c->rank);
+  }
+  c->group->changed.notify_all();
   std::lock_guard<std::mutex> hold(registry().lock);
-  return registry().comms.erase(reinterpret_cast<comm_state*>(comm)) == 1 ? ncclSuccess : ncclInvalidArgument;
+  return registry().comms.erase(c.get()) == 1 ? ncclSuccess : ncclInvalidArgument;
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
@@ -591,7 +650,9 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     c->group->abort_reason = "rank " + std::to_string(c->rank) + " aborted the communicator";
   }
   c->group->changed.notify_all();
-  return ncclCommDestroy(comm);
+  std::lock_guard<std::mutex> hold(registry().lock);
+  registry().comms.erase(c.get());
+  return ncclSuccess;
 }
 
 ncclResult_t ncclGroupStart() {
