@@ -16,11 +16,8 @@ struct DeviceRadixSort {
                                int end_bit = int(sizeof(Key) * 8), cudaStream_t stream = 0) {
     std::size_t const n = static_cast<std::size_t>(num_items);
     std::size_t const need = moecomm_emulation::cub_scratch_bytes(n * (sizeof(Key) + sizeof(Value) + sizeof(std::size_t)));
-    if (d_temp_storage == nullptr) {
-      temp_storage_bytes = need;
-      return cudaSuccess;
-    }
-    if (temp_storage_bytes < need) return cudaErrorInvalidValue;
+    cudaError_t result;
+    if (!moecomm_emulation::cub_scratch_ready(d_temp_storage, temp_storage_bytes, need, result)) return result;
     if (n == 0) return cudaSuccess;
     std::vector<moecomm_emulation::buffer_use> const uses{
         {d_temp_storage, need, moecomm_emulation::access::write, "d_temp_storage"},
