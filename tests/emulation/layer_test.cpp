@@ -95,12 +95,17 @@ void check_emulated_layer(layer_case const& c, Algorithm const& algorithm) {
 }  // namespace
 
 TEST_CASE("the expert-parallel layer on emulated GPUs over NCCL equals the oracle") {
-  for (layer_case const& c : {layer_case{2, 2, 4, 2, 16, {40, 0}, 1.2}, layer_case{4, 2, 8, 2, 8, {30, 1, 0, 57}, 0.0}}) {
+  for (layer_case const& c : {layer_case{2, 2, 4, 2, 16, {40, 0}, 1.2}, layer_case{4, 2, 8, 2, 8, {30, 1, 0, 57}, 0.0},
+                              layer_case{8, 4, 16, 4, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 1.2}}) {
     check_emulated_layer<float>(c, moecomm::flat{});
     check_emulated_layer<float>(c, moecomm::hierarchical_2d{});
     check_emulated_layer<float>(c, moecomm::pairwise{1});
     check_emulated_layer<float>(c, moecomm::smart_schedule{c.per_node});
   }
+}
+
+TEST_CASE("the layer on emulated GPUs handles bf16 rows") {
+  check_emulated_layer<__nv_bfloat16>(layer_case{4, 2, 8, 2, 16, {30, 1, 0, 57}, 8.0}, moecomm::hierarchical_2d{});
 }
 
 // Rank `comm.rank()` of an in-process world on its own emulated device: the layer over `comm` as
