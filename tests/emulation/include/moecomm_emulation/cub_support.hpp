@@ -16,7 +16,7 @@ namespace moecomm_emulation {
 constexpr std::size_t cub_scratch_bytes(std::size_t working) { return 256 + (working + 255) / 256 * 256; }
 
 //! CUB's two-phase protocol: a null scratch asks for its size (answered, and the call is done), too
-//! little scratch is an error (the call is done); otherwise the call goes on (`proceed`).
+//! little scratch is an error (the call is done, `result` says which); true: the call goes on.
 inline bool cub_scratch_ready(void* d_temp_storage, std::size_t& temp_storage_bytes, std::size_t need, cudaError_t& result) {
   result = cudaSuccess;
   if (d_temp_storage == nullptr) {
