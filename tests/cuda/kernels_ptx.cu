@@ -28,9 +28,10 @@ template __global__ void for_each_index_kernel(std::int64_t, residual_order_key)
 template __global__ void for_each_index_kernel(std::int64_t, gather_kept_values);
 template __global__ void for_each_index_kernel(std::int64_t, scatter_kept_values);
 
-// The router: forward, the auxiliary loss's column sums and values, backward.
+// The router: forward, the losses' block sums and values, backward.
 template __global__ void for_each_index_kernel(std::int64_t, router_forward_kernel);
-template __global__ void for_each_index_kernel(std::int64_t, column_sums);
+template __global__ void for_each_index_kernel(std::int64_t, block_column_sums);
+template __global__ void for_each_index_kernel(std::int64_t, block_lse_squares);
 template __global__ void for_each_index_kernel(std::int64_t, router_loss_values);
 template __global__ void for_each_index_kernel(std::int64_t, router_backward_kernel);
 

@@ -116,6 +116,38 @@ TEST_CASE("a second host thread issuing on one NCCL communicator is caught (F4's
   moecomm_emulation::clear_violations();
 }
 
+TEST_CASE("a sub-group split on the parent's stream shares its resources and thread, a lane's split on its own stream does not (F12)") {
+  run_emulated_ranks(2, [](emulated_rank& rank) {
+    auto word = rank.be.allocate<std::int32_t>(2);
+    moecomm::nccl_communicator shared = rank.comm.split(0, rank.comm.rank());  // splitShare = 1
+    cudaStream_t lane_stream = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&lane_stream, cudaStreamNonBlocking) == cudaSuccess);
+    {
+      moecomm::nccl_communicator own = rank.comm.split(0, rank.comm.rank(), lane_stream);  // splitShare = 0
+      rank.comm.barrier();  // this thread now issues on the parent
+      std::string shared_failure, own_failure;
+      std::thread other([&] {
+        moecomm::detail::cuda_check(cudaSetDevice(rank.device), "cudaSetDevice");
+        try {
+          own.barrier();
+        } catch (moecomm::error const& e) {
+          own_failure = e.what();
+        }
+        try {
+          shared.allgather(word.data(), word.data(), 4);
+        } catch (moecomm::error const& e) {
+          shared_failure = e.what();
+        }
+      });
+      other.join();
+      CHECK_MESSAGE(own_failure.empty(), own_failure);
+      CHECK_MESSAGE(shared_failure.find("split with splitShare = 1") != std::string::npos, shared_failure);
+    }
+    REQUIRE(cudaStreamDestroy(lane_stream) == cudaSuccess);
+  });
+  moecomm_emulation::clear_violations();
+}
+
 TEST_CASE("an NCCL group left open when its thread ends is reported") {
   moecomm_emulation::clear_violations();
   std::thread([] { (void)ncclGroupStart(); }).join();

@@ -10,7 +10,10 @@
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/comm/staged.cuh>
 
+#include <mutex>
+#include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace test {
@@ -20,26 +23,74 @@ namespace {
 // out[i] = in[i] * (expert + 1), as scale_experts does on the host.
 template <class T>
 struct scale_kernel {
-  T const* in;
-  T* out;
+  moecomm::matrix_view<T const> in;  // sized views: the emulation knows exactly which rows it touches
+  moecomm::matrix_view<T> out;
   int32_t expert;
   MOECOMM_HOST_DEVICE void operator()(int64_t i) const {
-    out[i] = moecomm::dtype_traits<T>::from_float(moecomm::dtype_traits<T>::to_float(in[i]) * static_cast<float>(expert + 1));
+    out.data[i] = moecomm::dtype_traits<T>::from_float(moecomm::dtype_traits<T>::to_float(in.data[i]) * static_cast<float>(expert + 1));
   }
 };
 
-// The test's experts as kernels on the back-end's stream (the layer's stream).
+// out[i] = in[i] * (expert + 1) over a block of rows cut among local experts by `offsets` (in
+// device memory, as a grouped GEMM takes its problem sizes): one kernel for every expert. Its
+// arguments are sized views, so the emulation knows exactly which rows it touches.
 template <class T>
-struct device_scale_experts {
-  moecomm::cuda_backend be;
+struct grouped_scale_kernel {
+  moecomm::matrix_view<T const> in;
+  moecomm::matrix_view<T> out;
+  moecomm::array_view<int64_t const> offsets;
   int32_t first_expert;
-  void operator()(int32_t l, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out) const {
-    be.for_each_index(in.rows * in.hidden, scale_kernel<T>{in.data, out.data, first_expert + l});
-  }
-  void operator()(int32_t l, moecomm::matrix_view<T const>, moecomm::matrix_view<T const> d_out, moecomm::matrix_view<T> d_in) const {
-    be.for_each_index(d_out.rows * d_out.hidden, scale_kernel<T>{d_out.data, d_in.data, first_expert + l});
+  MOECOMM_HOST_DEVICE void operator()(int64_t i) const {
+    int64_t const row = i / in.hidden;
+    int32_t l = 0;
+    while (row >= offsets.data[l + 1]) ++l;
+    out.data[i] = moecomm::dtype_traits<T>::from_float(moecomm::dtype_traits<T>::to_float(in.data[i]) *
+                                                       static_cast<float>(first_expert + l + 1));
   }
 };
+
+// The test's experts as kernels on the back-end each call is given (the layer's, or the lane's in
+// the smart schedule), noting the streams they were given; `Grouped` adds the grouped form.
+template <class T, bool Grouped = false>
+struct device_scale_experts {
+  int32_t first_expert;
+  mutable std::mutex lock;
+  mutable std::set<cudaStream_t> streams;
+
+  void operator()(int32_t l, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out, moecomm::cuda_backend const& be) const {
+    note(be);
+    be.for_each_index(in.rows * in.hidden, scale_kernel<T>{in, out, first_expert + l});
+  }
+  void operator()(int32_t l, moecomm::matrix_view<T const>, moecomm::matrix_view<T const> d_out, moecomm::matrix_view<T> d_in,
+                  moecomm::cuda_backend const& be) const {
+    note(be);
+    be.for_each_index(d_out.rows * d_out.hidden, scale_kernel<T>{d_out, d_in, first_expert + l});
+  }
+  template <bool G = Grouped, class = std::enable_if_t<G>>
+  void forward_grouped(moecomm::grouped_rows<T> const& rows, moecomm::cuda_backend const& be) const {
+    grouped(rows.in, rows.out, rows.offsets, be);
+  }
+  template <bool G = Grouped, class = std::enable_if_t<G>>
+  void backward_grouped(moecomm::grouped_gradient_rows<T> const& rows, moecomm::cuda_backend const& be) const {
+    grouped(rows.d_out, rows.d_in, rows.offsets, be);
+  }
+  [[nodiscard]] std::set<cudaStream_t> streams_seen() const {
+    std::lock_guard<std::mutex> const hold(lock);
+    return streams;
+  }
+
+ private:
+  void note(moecomm::cuda_backend const& be) const {
+    std::lock_guard<std::mutex> const hold(lock);
+    streams.insert(be.stream());
+  }
+  void grouped(moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out, moecomm::array_view<int64_t const> offsets,
+               moecomm::cuda_backend const& be) const {
+    note(be);
+    auto on_device = be.allocate<int64_t>(offsets.size);  // freed in stream order after the kernel
+    be.copy(on_device.data(), offsets.data, offsets.size);
+    be.for_each_index(in.rows * in.hidden, grouped_scale_kernel<T>{in, out, {on_device.data(), offsets.size}, first_expert});
+  }};
 
 template <class T>
 moecomm::cuda_backend::buffer_type<T> poisoned_on(moecomm::cuda_backend const& be, int64_t n) {
@@ -47,9 +98,11 @@ moecomm::cuda_backend::buffer_type<T> poisoned_on(moecomm::cuda_backend const& b
 }
 
 // One forward and backward of `layer` on rank `me`, inputs and outputs in device memory.
-template <class T, class Layer>
+// `grouped`: the experts have the grouped form. The experts' kernels must run on the layer's stream,
+// except in the smart schedule, where they overlap the exchanges on the lane's (F7).
+template <class T, bool Grouped = false, class Layer>
 void check_device_layer_step(Layer& layer, moecomm::cuda_backend const& be, int32_t me, layer_case const& c,
-                             layer_inputs<T> const& in) {
+                             layer_inputs<T> const& in, bool overlapped) {
   auto const& r = in.routing[static_cast<std::size_t>(me)];
   int64_t const tokens = r.tokens;
   auto const idx = upload(be, r.idx);
@@ -59,7 +112,7 @@ void check_device_layer_step(Layer& layer, moecomm::cuda_backend const& be, int3
   auto out = poisoned_on<T>(be, tokens * c.hidden);
   auto d_x = poisoned_on<T>(be, tokens * c.hidden);
   auto d_w = poisoned_on<float>(be, tokens * r.top_k);
-  device_scale_experts<T> const experts{be, me * (c.experts / c.ranks)};
+  device_scale_experts<T, Grouped> const experts{me * (c.experts / c.ranks), {}, {}};
   layer.forward({idx.data(), w.data(), tokens, r.top_k}, {x.data(), tokens, c.hidden}, {out.data(), tokens, c.hidden}, experts);
   check_bitwise(download(be, out.data(), tokens * c.hidden), in.want[static_cast<std::size_t>(me)].out, c.hidden, "layer output");
   CHECK(layer.dispatch_state().report().dropped_slots == in.want[static_cast<std::size_t>(me)].dropped);
@@ -71,9 +124,16 @@ void check_device_layer_step(Layer& layer, moecomm::cuda_backend const& be, int3
   for (std::size_t i = 0; i < got_w.size(); ++i)
     REQUIRE_MESSAGE(std::fabs(got_w[i] - want_w[i]) <= 1e-5f * std::fabs(want_w[i]) + 1e-6f * float(c.hidden), "rank ", me,
                     " d_weights[", i, "] = ", got_w[i], ", oracle ", want_w[i]);
+  std::set<cudaStream_t> const streams = experts.streams_seen();
+  if (overlapped) {
+    CHECK_MESSAGE((streams.size() == 1 && streams.count(be.stream()) == 0),
+                  "the smart schedule's experts must run on the lane's stream, not the layer's");
+  } else if (!streams.empty()) {
+    CHECK_MESSAGE((streams.size() == 1 && streams.count(be.stream()) == 1), "the experts must run on the layer's stream");
+  }
 }
 
-template <class T, class Algorithm>
+template <class T, class Algorithm, bool Grouped = false>
 void check_emulated_layer(layer_case const& c, Algorithm const& algorithm) {
   CAPTURE(c.ranks);
   CAPTURE(Algorithm::name);
@@ -85,7 +145,7 @@ void check_emulated_layer(layer_case const& c, Algorithm const& algorithm) {
       moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(c.ranks, c.per_node));
       moecomm::expert_parallel_layer<T, moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, Algorithm> layer(
           rank.be, groups, c.experts, c.hidden, capacity, algorithm);
-      check_device_layer_step(layer, rank.be, rank.comm.rank(), c, in);
+      check_device_layer_step<T, Grouped>(layer, rank.be, rank.comm.rank(), c, in, std::is_same_v<Algorithm, moecomm::smart_schedule>);
     });
   });
   auto const seen = take_violations();
@@ -102,6 +162,12 @@ TEST_CASE("the expert-parallel layer on emulated GPUs over NCCL equals the oracl
     check_emulated_layer<float>(c, moecomm::pairwise{1});
     check_emulated_layer<float>(c, moecomm::smart_schedule{c.per_node});
   }
+}
+
+TEST_CASE("grouped experts (one call for every local expert) on emulated GPUs equal the oracle") {
+  layer_case const c{4, 2, 16, 2, 8, {30, 1, 0, 57}, 1.2};
+  check_emulated_layer<float, moecomm::flat, true>(c, moecomm::flat{});
+  check_emulated_layer<float, moecomm::smart_schedule, true>(c, moecomm::smart_schedule{c.per_node});
 }
 
 TEST_CASE("the layer on emulated GPUs handles bf16 rows") {
@@ -122,7 +188,7 @@ void host_comm_layer_on_device(moecomm::inproc_communicator comm, layer_case con
       using C = std::decay_t<decltype(world)>;
       moecomm::exchange_groups<C> groups(world, moecomm::topology(c.ranks, c.per_node));
       moecomm::expert_parallel_layer<float, moecomm::cuda_backend, C, Capacity, Algorithm> layer(be, groups, c.experts, c.hidden, capacity);
-      check_device_layer_step(layer, be, comm.rank(), c, in);
+      check_device_layer_step(layer, be, comm.rank(), c, in, std::is_same_v<Algorithm, moecomm::smart_schedule>);
     };
     if (staged) {
       moecomm::staged_communicator<moecomm::inproc_communicator> world(comm, be);
@@ -200,7 +266,7 @@ std::pair<std::int64_t, std::int64_t> host_waits_of_a_step(Algorithm const& algo
     auto out = rank.be.allocate<float>(r.tokens * c.hidden);
     auto d_x = rank.be.allocate<float>(r.tokens * c.hidden);
     auto d_w = rank.be.allocate<float>(r.tokens * r.top_k);
-    device_scale_experts<float> const experts{rank.be, me * 2};
+    device_scale_experts<float> const experts{me * 2, {}, {}};
     for (int step = 0; step < 2; ++step) {  // the first step grows the buffers
       rank.be.synchronize();
       std::int64_t const before = moecomm_emulation::host_waits();

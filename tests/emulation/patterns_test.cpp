@@ -34,13 +34,14 @@ struct kernel_scale_bias_experts {
   [[nodiscard]] std::int64_t parameter_count() const { return 2 * hidden; }
   float* parameters(std::int32_t l) { return params.data() + l * 2 * hidden; }
   float* gradients(std::int32_t l) { return grads.data() + l * 2 * hidden; }
-  void forward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out) const {
-    be.for_each_index(in.rows * hidden, scale_bias_forward_kernel<T>{in.data, out.data, p, hidden});
+  // On the back-end the layer gives each call: the lane's, where the call overlaps an exchange.
+  void forward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out, Backend const& on) const {
+    on.for_each_index(in.rows * hidden, scale_bias_forward_kernel<T>{in, out, p, hidden});
   }
   void backward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T const> d_out, moecomm::matrix_view<T> d_in,
-                float* d_p) const {
-    be.for_each_index(in.rows * hidden, scale_bias_input_grad_kernel<T>{d_out.data, d_in.data, p, hidden});
-    be.for_each_index(hidden, scale_bias_param_grad_kernel<T>{in.data, d_out.data, d_p, in.rows, hidden});
+                float* d_p, Backend const& on) const {
+    on.for_each_index(in.rows * hidden, scale_bias_input_grad_kernel<T>{d_out, d_in, p, hidden});
+    on.for_each_index(hidden, scale_bias_param_grad_kernel<T>{in, d_out, d_p, in.rows, hidden});
   }
   [[nodiscard]] std::vector<float> gradients_on_host() const { return download(be, grads.data(), grads.size()); }
 };

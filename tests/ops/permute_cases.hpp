@@ -186,7 +186,7 @@ void check_permute_family(typename Config::backend const& be, routing_spec const
 TEST_CASE_TEMPLATE_DEFINE("permute, unpermute and backward equal the oracle", Config, permute_family_sweep) {
   auto const be = Config::make_backend();
   for (auto const& spec : routing_sweep())
-    for (int64_t hidden : {1, 7, 64}) check_permute_family<Config>(be, spec, hidden);
+    for (int64_t hidden : {1, 6, 7, 12, 64}) check_permute_family<Config>(be, spec, hidden);  // 16-, 8-byte and element access
 }
 
 // On the back-end: each drop rule keeps the oracle's slots (semantics §8), and the plans derived

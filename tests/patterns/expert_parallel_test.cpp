@@ -131,6 +131,57 @@ void check_throwing_expert_stops_every_rank(Algorithm const& algorithm) {
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
 
+TEST_CASE("grouped experts (one call for all local experts) equal the oracle, and the layer prefers that form") {
+  layer_case const c{4, 2, 16, 2, 8, {30, 1, 0, 57}, 1.2};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  auto run = [&](auto const& algorithm) {
+    using Algorithm = std::decay_t<decltype(algorithm)>;
+    CAPTURE(Algorithm::name);
+    moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(c.ranks, c.per_node));
+      moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, Algorithm>
+          layer(moecomm::host_backend{}, groups, c.experts, c.hidden, {}, algorithm);
+      check_layer_step<float, grouped_scale_experts<float>>(layer, comm.rank(), c, in);
+    });
+  };
+  run(moecomm::flat{});
+  run(moecomm::smart_schedule{c.per_node});
+  grouped_scale_experts<float> const experts(0);  // a forward's and a backward's grouped call, no per-expert one
+  moecomm::inproc_world const world(1, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(1, 1));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    auto const& r = in.routing[0];
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden)), d_x(out.size());
+    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[0].data(), r.tokens, c.hidden}, {out.data(), r.tokens, c.hidden},
+                  experts);
+    layer.backward({in.d_out[0].data(), r.tokens, c.hidden}, {d_x.data(), r.tokens, c.hidden}, moecomm::not_needed, experts);
+    CHECK(experts.grouped_calls == 2);
+  });
+}
+
+TEST_CASE("the dispatch report gives the row access width: 16 bytes, or narrower for rows not 16-byte aligned") {
+  auto width = [](int64_t hidden, int64_t offset) {
+    int result = 0;
+    moecomm::inproc_world const world(1, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(1, 1));
+      auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, 2, hidden);
+      auto const routing = make_routing({5, 1, 2, 0.0, false, 0.0, 3});
+      std::vector<float> x(static_cast<std::size_t>(5 * hidden + offset), 1.0f), out(x.size());
+      layer.forward({routing.idx.data(), routing.w.data(), 5, 1}, {x.data() + offset, 5, hidden}, {out.data() + offset, 5, hidden},
+                    scale_experts<float>{0});
+      result = layer.dispatch_state().report().row_access_bytes;
+    });
+    return result;
+  };
+  CHECK(width(16, 0) == 16);
+  CHECK(width(6, 0) == 8);   // 24-byte rows
+  CHECK(width(7, 0) == 4);   // 28-byte rows: one float at a time
+  CHECK(width(16, 1) == 4);  // rows start 4 bytes past a 16-byte boundary
+}
+
 TEST_CASE("an expert that throws on one rank stops every rank with an error, not a hang") {
   check_throwing_expert_stops_every_rank(moecomm::flat{});
   check_throwing_expert_stops_every_rank(moecomm::smart_schedule{2});  // thrown on the worker thread

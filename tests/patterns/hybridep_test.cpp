@@ -195,3 +195,68 @@ TEST_CASE("HybridEP: one policy value in make_expert_parallel_layer makes the la
 }
 
 }  // namespace test
+
+namespace test {
+
+// Issue 23's first silent-data defect: 4 ranks, hybridep{2}; rank 1 skips one backward, every rank
+// catches what it gets and runs one more step. Each rank must then fail, or equal a clean run's step
+// bit for bit: never finish with a different result. The layer calls' identity (layer, call, step)
+// in every collective's check is what stops the retry pairing with the failed step's leftovers.
+TEST_CASE("HybridEP: after a rank skips a backward, every rank's retry fails or equals a clean run, never silently differs") {
+  shadow_case const c{4, 2, 8, 2, 8, {40, 40, 40, 40}, 0.0, true};
+  auto const in = make_shadow_inputs<float>(c);
+  using comm_t = moecomm::inproc_communicator;
+  auto run = [&](bool skip) {
+    std::vector<layer_result<float>> last(4);
+    std::vector<std::string> errors(4);
+    std::vector<int> failed(4, 0);
+    moecomm::inproc_world const world(4, std::chrono::seconds(20));
+    world.run([&](comm_t comm) {
+      std::int32_t const me = comm.rank();
+      moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(4, 2, 1));
+      moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> layer(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                                          moecomm::hybridep{2});
+      (void)run_step(layer, me, c, in);
+      try {  // step 2: rank 1 skips its backward
+        auto const& r = in.routing[static_cast<std::size_t>(me)];
+        scale_bias_experts<float> experts(me, c.experts / c.ranks, c.hidden, c.exact);
+        std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden)), d_x(out.size());
+        layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden},
+                      {out.data(), r.tokens, c.hidden}, experts);
+        if (!(skip && me == 1))
+          layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {d_x.data(), r.tokens, c.hidden},
+                         moecomm::not_needed, experts);
+      } catch (moecomm::error const& e) {
+        errors[static_cast<std::size_t>(me)] = e.what();
+      }
+      try {  // step 3, the retry
+        last[static_cast<std::size_t>(me)] = run_step(layer, me, c, in);
+      } catch (moecomm::error const& e) {
+        failed[static_cast<std::size_t>(me)] = 1;
+        errors[static_cast<std::size_t>(me)] = e.what();
+      }
+    });
+    return std::make_tuple(last, failed, errors);
+  };
+  auto const [clean, clean_failed, clean_errors] = run(false);
+  for (int f : clean_failed) REQUIRE(f == 0);
+  auto const [retried, failed, errors] = run(true);
+  int silent = 0, fails = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CAPTURE(errors[r]);
+    if (failed[r]) {
+      ++fails;
+      continue;
+    }
+    bool const same = retried[r].out == clean[r].out && retried[r].d_x == clean[r].d_x && retried[r].grads == clean[r].grads;
+    silent += same ? 0 : 1;
+  }
+  CHECK(silent == 0);
+  CHECK(fails > 0);  // the skipped backward cannot go unnoticed
+  bool named = false;
+  for (std::string const& e : errors) named = named || e.find("hybridep_layer::") != std::string::npos;
+  CHECK_MESSAGE(named, "an error names the user's calls (hybridep_layer::forward / backward and their steps)");
+}
+
+}  // namespace test

@@ -32,6 +32,28 @@ struct scale_experts {
   }
 };
 
+// scale_experts with the grouped form too (patterns/experts.hpp): one call per block of rows cut
+// among the local experts, which the layer then prefers; it counts the grouped calls.
+template <class T>
+struct grouped_scale_experts : scale_experts<T> {
+  explicit grouped_scale_experts(int32_t first) : scale_experts<T>{first} {}
+  mutable int64_t grouped_calls = 0;
+  template <class Backend>
+  void forward_grouped(moecomm::grouped_rows<T> const& rows, Backend const&) const {
+    ++grouped_calls;
+    for (int64_t l = 0; l + 1 < rows.offsets.size; ++l)
+      for (int64_t i = rows.offsets.data[l] * rows.in.hidden; i < rows.offsets.data[l + 1] * rows.in.hidden; ++i)
+        rows.out.data[i] = scaled(rows.in.data[i], this->first_expert + static_cast<int32_t>(l));
+  }
+  template <class Backend>
+  void backward_grouped(moecomm::grouped_gradient_rows<T> const& rows, Backend const&) const {
+    ++grouped_calls;
+    for (int64_t l = 0; l + 1 < rows.offsets.size; ++l)
+      for (int64_t i = rows.offsets.data[l] * rows.d_out.hidden; i < rows.offsets.data[l + 1] * rows.d_out.hidden; ++i)
+        rows.d_in.data[i] = scaled(rows.d_out.data[i], this->first_expert + static_cast<int32_t>(l));
+  }
+};
+
 // What the layer must produce on one rank, computed without the library.
 template <class T>
 struct expected_rank {
@@ -124,9 +146,9 @@ layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity,
 }
 
 // One step of `layer` on rank `me`: forward and backward, compared with the oracle.
-template <class T, class Layer>
+template <class T, class Experts = scale_experts<T>, class Layer>
 void check_layer_step(Layer& layer, int32_t me, layer_case const& c, layer_inputs<T> const& in) {
-  scale_experts<T> const experts{me * (c.experts / c.ranks)};
+  Experts const experts{me * (c.experts / c.ranks)};
   auto const& r = in.routing[me];
   int64_t const tokens = r.tokens;
   moecomm::routing_view const view{r.idx.data(), r.w.data(), tokens, r.top_k};

@@ -13,6 +13,8 @@
 #include <moecomm/ops/replica_migration.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
 
+#include <stdexcept>
+
 namespace test {
 namespace {
 
@@ -37,6 +39,17 @@ void sgd_step(scale_bias_experts<float>& experts, momentum_state& state) {
 struct broken_state {
   [[nodiscard]] std::int64_t state_count() const { return 4; }
   [[nodiscard]] float* state(std::int32_t) const { return nullptr; }
+};
+
+// Optimizer state whose `state(l)` throws at its `throw_at`-th call (counted from 1): a caller's
+// object that fails while the move reads it.
+struct throwing_state : momentum_state {
+  int throw_at, calls = 0;
+  throwing_state(momentum_state const& s, int at) : momentum_state(s), throw_at(at) {}
+  float* state(std::int32_t l) {
+    if (++calls == throw_at) throw std::runtime_error("optimizer state unavailable");
+    return momentum_state::state(l);
+  }
 };
 
 // One replica per expert (expert e on rank e / 2, slot e % 2), slots 2 and 3 empty.
@@ -197,6 +210,30 @@ TEST_CASE("replica migration: a move that fails on one rank leaves every rank's 
       CHECK(what.find(me == 3 ? "state.state(" : "rank 3 rejected") != std::string::npos);
     }
     unchanged("after a rejected argument");
+    // Rank 2's state throws at its n-th call, for every n the move makes: every rank refuses, no
+    // slot changes (the move reads the caller's objects once, before anything moves).
+    for (int n = 1;; ++n) {
+      CAPTURE(n);
+      throwing_state flaky(state, me == 2 ? n : 0);
+      bool moved = false;
+      try {
+        (void)layer.move_replicas(target, experts, flaky);
+        moved = true;
+      } catch (moecomm::error const& e) {
+        std::string const what = e.what();
+        CAPTURE(what);
+        CHECK(what.find(me == 2 ? "optimizer state unavailable" : "rank 2 rejected") != std::string::npos);
+      }
+      int any_moved = moved ? 1 : 0, moves = 0;
+      comm.allreduce(&any_moved, &moves, 1, moecomm::reduce_op::sum);
+      if (moves > 0) {  // n is past the last call: every rank moved; move back for the next checks
+        CHECK(moves == c.ranks);
+        (void)layer.move_replicas(start, experts, state);
+        state.m = state_before;  // the round trip moved peers' state into the slots; the checks below compare with the start
+        break;
+      }
+      unchanged("after a throw while the move read the state");
+    }
     // Ranks that disagree on the target: every rank refuses.
     moecomm::replica_placement const mine = me == 5 ? start : target;
     CHECK_THROWS_AS(layer.move_replicas(mine, experts, state), moecomm::error);

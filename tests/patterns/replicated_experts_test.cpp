@@ -127,3 +127,23 @@ TEST_CASE("replicated experts: gradients left to the trainer sum over each repli
 }
 
 }  // namespace test
+
+namespace test {
+
+// Issue 23's second silent-data defect: ranks that pass different (each valid) placements would
+// route to different slots and combine wrong rows; the layer refuses at construction, on every rank.
+TEST_CASE("replicated experts: ranks that pass different placements are refused at construction, naming the placement") {
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(4, 2));
+    moecomm::replica_placement const cyclic = moecomm::replica_placement::cyclic(4, 2, 2);  // 4 experts, 2 replicas each
+    moecomm::replica_placement const other(4, 4, 2, {1, 0, 3, 2, 1, 0, 3, 2});             // the same experts, other slots
+    moecomm::replica_placement const& mine = comm.rank() == 2 ? other : cyclic;
+    CAPTURE(comm.rank());
+    check_error([&] { moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, groups, mine, 4); },
+                moecomm::status::invalid_usage, {"replicated_expert_layer: ranks disagree on the layer's configuration", "they differ in placement"});
+  });
+}
+
+}  // namespace test

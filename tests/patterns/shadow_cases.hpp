@@ -34,37 +34,37 @@ inline float parameter_value(std::int32_t e, std::int64_t i, bool exact) {
 // The arithmetic of a scale-and-bias expert (row x -> x * w + b per column), as kernels over an
 // index space, so that the host loop and a device back-end run the same per-element code.
 template <class T>
-struct scale_bias_forward_kernel {  // over rows * hidden
-  T const* in;
-  T* out;
+struct scale_bias_forward_kernel {  // over rows * hidden; rows as sized views (the emulation sees their exact bytes)
+  moecomm::matrix_view<T const> in;
+  moecomm::matrix_view<T> out;
   float const* p;  // [2H]: w then b
   std::int64_t hidden;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
     std::int64_t const h = i % hidden;
-    float const scaled = moecomm::dtype_traits<T>::to_float(in[i]) * p[h];
-    out[i] = moecomm::dtype_traits<T>::from_float(scaled + p[hidden + h]);
+    float const scaled = moecomm::dtype_traits<T>::to_float(in.data[i]) * p[h];
+    out.data[i] = moecomm::dtype_traits<T>::from_float(scaled + p[hidden + h]);
   }
 };
 template <class T>
 struct scale_bias_input_grad_kernel {  // over rows * hidden
-  T const* d_out;
-  T* d_in;
+  moecomm::matrix_view<T const> d_out;
+  moecomm::matrix_view<T> d_in;
   float const* p;
   std::int64_t hidden;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
-    d_in[i] = moecomm::dtype_traits<T>::from_float(moecomm::dtype_traits<T>::to_float(d_out[i]) * p[i % hidden]);
+    d_in.data[i] = moecomm::dtype_traits<T>::from_float(moecomm::dtype_traits<T>::to_float(d_out.data[i]) * p[i % hidden]);
   }
 };
 template <class T>
 struct scale_bias_param_grad_kernel {  // over hidden: column h sums its rows in ascending order
-  T const* in;
-  T const* d_out;
+  moecomm::matrix_view<T const> in;
+  moecomm::matrix_view<T const> d_out;
   float* d_p;
   std::int64_t rows, hidden;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t h) const {
     for (std::int64_t r = 0; r < rows; ++r) {
-      float const g = moecomm::dtype_traits<T>::to_float(d_out[r * hidden + h]);
-      d_p[h] += moecomm::dtype_traits<T>::to_float(in[r * hidden + h]) * g;
+      float const g = moecomm::dtype_traits<T>::to_float(d_out.data[r * hidden + h]);
+      d_p[h] += moecomm::dtype_traits<T>::to_float(in.data[r * hidden + h]) * g;
       d_p[hidden + h] += g;
     }
   }
@@ -88,14 +88,14 @@ struct scale_bias_experts {
   float* gradients(std::int32_t l) { return grads.data() + l * 2 * hidden; }
 
   void forward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out) const {
-    scale_bias_forward_kernel<T> const k{in.data, out.data, p, hidden};
+    scale_bias_forward_kernel<T> const k{in, out, p, hidden};
     for (std::int64_t i = 0; i < in.rows * hidden; ++i) k(i);
   }
   void backward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T const> d_out,
                 moecomm::matrix_view<T> d_in, float* d_p) const {
-    scale_bias_input_grad_kernel<T> const d{d_out.data, d_in.data, p, hidden};
+    scale_bias_input_grad_kernel<T> const d{d_out, d_in, p, hidden};
     for (std::int64_t i = 0; i < in.rows * hidden; ++i) d(i);
-    scale_bias_param_grad_kernel<T> const g{in.data, d_out.data, d_p, in.rows, hidden};
+    scale_bias_param_grad_kernel<T> const g{in, d_out, d_p, in.rows, hidden};
     for (std::int64_t h = 0; h < hidden; ++h) g(h);
   }
 };

@@ -124,8 +124,11 @@ inline router_forward_result router_forward(std::vector<float> const& logits, in
   router_forward_result r;
   r.counts.assign(static_cast<std::size_t>(E), 0);
   r.aux_counts.assign(static_cast<std::size_t>(E), 0);
-  std::vector<float> column(static_cast<std::size_t>(E), 0.0f);
-  float z = 0.0f;
+  // The losses' token sums in blocks of 64 tokens (docs/semantics.md §15): within a block ascending,
+  // then the blocks' partials ascending.
+  int64_t const block = 64;
+  std::vector<float> column(static_cast<std::size_t>(E), 0.0f), column_block(column);
+  float z = 0.0f, z_block = 0.0f;
   for (int64_t t = 0; t < T; ++t) {
     token const tk(logits.data() + t * E, E, o.sigmoid);
     auto const sel = select(tk, o);
@@ -137,8 +140,14 @@ inline router_forward_result router_forward(std::vector<float> const& logits, in
       ++r.counts[sel[k]];
     }
     for (int32_t e : top(iota(0, E), tk.q, o.top_k)) ++r.aux_counts[e];
-    for (int32_t e = 0; e < E; ++e) column[e] = column[e] + tk.q[e];
-    z = std::fma(tk.lse, tk.lse, z);
+    for (int32_t e = 0; e < E; ++e) column_block[e] = column_block[e] + tk.q[e];
+    z_block = std::fma(tk.lse, tk.lse, z_block);
+    if ((t + 1) % block == 0 || t + 1 == T) {
+      for (int32_t e = 0; e < E; ++e) column[e] = column[e] + column_block[e];
+      z = z + z_block;
+      std::fill(column_block.begin(), column_block.end(), 0.0f);
+      z_block = 0.0f;
+    }
   }
   if (T > 0) {
     float aux = 0.0f;

@@ -163,13 +163,14 @@ struct backend_sliced_mlp_experts {
   [[nodiscard]] std::int64_t parameter_count() const { return shape.parameter_count(); }
   float* parameters(std::int32_t l) { return params.data() + l * parameter_count(); }
   float* gradients(std::int32_t l) { return grads.data() + l * parameter_count(); }
-  void forward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out) const {
-    be.for_each_index(in.rows, sliced_mlp_forward_kernel<T>{shape.arithmetic(), p, in.data, out.data});
+  // On the back-end the layer gives each call (its own, or a lane's).
+  void forward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T> out, Backend const& on) const {
+    on.for_each_index(in.rows, sliced_mlp_forward_kernel<T>{shape.arithmetic(), p, in.data, out.data});
   }
   void backward(float const* p, moecomm::matrix_view<T const> in, moecomm::matrix_view<T const> d_out,
-                moecomm::matrix_view<T> d_in, float* d_p) const {
-    be.for_each_index(in.rows, sliced_mlp_input_grad_kernel<T>{shape.arithmetic(), p, in.data, d_out.data, d_in.data});
-    be.for_each_index(parameter_count(), sliced_mlp_param_grad_kernel<T>{shape.arithmetic(), p, in.data, d_out.data, in.rows, d_p});
+                moecomm::matrix_view<T> d_in, float* d_p, Backend const& on) const {
+    on.for_each_index(in.rows, sliced_mlp_input_grad_kernel<T>{shape.arithmetic(), p, in.data, d_out.data, d_in.data});
+    on.for_each_index(parameter_count(), sliced_mlp_param_grad_kernel<T>{shape.arithmetic(), p, in.data, d_out.data, in.rows, d_p});
   }
   [[nodiscard]] std::vector<float> gradients_on_host() const {
     std::vector<float> host(static_cast<std::size_t>(grads.size()));

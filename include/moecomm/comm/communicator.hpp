@@ -22,6 +22,7 @@
 //! every rank must see (counts, shapes, agreements) go through `allgather_host`, which takes host
 //! memory on every communicator (NCCL's stages them through device memory of its own).
 
+#include <moecomm/comm/detail/call_identity.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 
@@ -139,10 +140,17 @@ struct has_allgather_host<Comm, std::void_t<decltype(std::declval<Comm&>().allga
 //! A communicator over the same ranks as `comm` (a collective split) whose operations enqueue where
 //! `be` does: a lane's own copy of a communicator, so that two threads never share one. A
 //! communicator with a stream (NCCL) puts the copy on `be`'s stream.
+//! The copy's layer-call identity (comm/detail/call_identity.hpp) is its own: the lane's thread
+//! reads it while the rank's thread moves on.
 template <class Comm, class Backend>
 [[nodiscard]] Comm split_for(Comm& comm, Backend const& be) {
-  if constexpr (detail::splits_onto_stream<Comm, Backend>::value) return comm.split(0, comm.rank(), be.stream());
-  else return comm.split(0, comm.rank());
+  if constexpr (detail::splits_onto_stream<Comm, Backend>::value) {
+    return comm.split(0, comm.rank(), be.stream());
+  } else {
+    Comm copy = comm.split(0, comm.rank());
+    if constexpr (detail::has_call_identity<Comm>::value) copy.detach_call();
+    return copy;
+  }
 }
 
 //! `recv[r * bytes ...]` = rank r's `send`, both in host memory, over any communicator: the

@@ -230,6 +230,12 @@ class inproc_communicator {
   [[nodiscard]] int world_rank() const { return group_->members[static_cast<std::size_t>(rank_)]; }
   //! Always true: calls are compared across ranks (see `<moecomm/comm/world_agreement.hpp>`).
   [[nodiscard]] bool checks_collectives() const { return true; }
+  //! The layer call this rank's collectives belong to (comm/detail/call_identity.hpp): shared with
+  //! the communicators split from this one; compared across ranks with every collective.
+  [[nodiscard]] detail::call_identity current_call() const { return call_.current(); }
+  void set_call(detail::call_identity call) { call_.set(call); }
+  //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
+  void detach_call() { call_.detach(); }
 
   //! Grouped point-to-point. Each rank may post one send and one receive per peer (itself
   //! included); rank i's send to j and j's receive from i must have equal sizes (a missing one
@@ -302,6 +308,7 @@ class inproc_communicator {
       return detail::call_problem{};
     });
     inproc_communicator sub(state_);
+    sub.call_ = call_;  // a sub-group on this rank is in the same layer call
     std::lock_guard<std::mutex> lock(state_->mutex);
     for (auto& [c, order] : by_color) {  // the first rank here makes every group of this split
       std::sort(order.begin(), order.end());
@@ -339,7 +346,7 @@ class inproc_communicator {
   template <class Checks>
   [[nodiscard]] detail::posted_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
                                          Checks&& checks) const {
-    return detail::make_call(op, where(op), size, extra, send, checks);
+    return detail::make_call(op, where(op), size, extra, send, call_.current(), checks);
   }
 
   //! One collective: posts `call`, waits for every rank, checks the posted calls and, if they are
@@ -439,6 +446,7 @@ class inproc_communicator {
   std::shared_ptr<detail::inproc_state> state_;
   std::shared_ptr<detail::inproc_group> group_;
   int rank_ = 0;
+  detail::call_identity_holder call_;  //!< shared with this rank's splits (call_identity.hpp)
   int splits_made_ = 0;
   std::vector<char> reduce_scratch_;             //!< allreduce/reduce results, kept between calls
   mutable std::vector<std::int64_t> pair_bytes_;  //!< exchange's size check, kept between calls

@@ -137,7 +137,7 @@ inline MPI_Op mpi_reduction(reduce_op op) {
 //! An `mpi_communicator`'s buffers for the checked mode's small collectives. They are allocated once
 //! and are never freed while MPI may still write to them (see the file comment).
 struct mpi_scratch {
-  static constexpr int words = 5;  //!< fingerprint: op, size, extra, world rank, bad argument
+  static constexpr int words = 7;  //!< fingerprint: op, size, extra, world rank, bad argument, layer call, its step
   std::vector<std::int64_t> mine;  //!< this rank's fingerprint or verdict
   std::vector<std::int64_t> all;   //!< every rank's fingerprint or verdict
   std::vector<std::int64_t> sent;  //!< exchange: bytes this rank sends to each rank
@@ -331,8 +331,17 @@ class mpi_communicator {
     wait(requests, deadline, op, "waiting for every rank to call split");
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &sub), op, "MPI_Comm_split");
-    return mpi_communicator(sub, options_, true);
+    mpi_communicator made(sub, options_, true);
+    made.call_ = call_;  // a sub-group on this rank is in the same layer call
+    return made;
   }
+
+  //! The layer call this rank's collectives belong to (comm/detail/call_identity.hpp): shared with
+  //! the communicators split from this one; compared across ranks in the checked mode.
+  [[nodiscard]] detail::call_identity current_call() const { return call_.current(); }
+  void set_call(detail::call_identity call) { call_.set(call); }
+  //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
+  void detach_call() { call_.detach(); }
 
  private:
   using clock = std::chrono::steady_clock;
@@ -383,6 +392,7 @@ class mpi_communicator {
     tag_ub_ = other.tag_ub_;
     failure_ = std::move(other.failure_);
     scratch_ = std::move(other.scratch_);
+    call_ = other.call_;
   }
 
   //! Frees an owned, healthy `MPI_Comm`. After a failure, MPI may still use the scratch buffers and
@@ -502,7 +512,10 @@ class mpi_communicator {
     }
     constexpr int words = detail::mpi_scratch::words;
     detail::mpi_scratch& s = *scratch_;
-    std::int64_t const mine[words] = {static_cast<std::int64_t>(what), size, extra, world_rank_, bad ? 1 : 0};
+    detail::call_identity const layer_call = call_.current();
+    std::int64_t const mine[words] = {static_cast<std::int64_t>(what), size,      extra,
+                                      world_rank_,                     bad ? 1 : 0, detail::call_names::code(layer_call.name),
+                                      layer_call.step};
     std::copy(mine, mine + words, s.mine.begin());
     std::vector<MPI_Request> requests(1);
     check(MPI_Iallgather(s.mine.data(), words, MPI_INT64_T, s.all.data(), words, MPI_INT64_T, comm_, requests.data()),
@@ -526,6 +539,15 @@ class mpi_communicator {
       std::int64_t const* c = call(r);
       return detail::concat("world rank ", c[3], " called ", detail::mpi_op_name(c[0]), "(size ", c[1], ", ", c[2], ")");
     };
+    auto const in_call = [&](int r) {  // " in hybridep_layer::forward (step 12)", as in-process
+      std::int64_t const* c = call(r);
+      return c[5] == 0 ? std::string(" outside any layer call") : detail::concat(" in ", detail::call_names::name(c[5]), " (step ", c[6], ")");
+    };
+    for (int r = 1; r < size_; ++r)  // the layer calls first: two steps' collectives may happen to match
+      if (call(0)[5] != call(r)[5] || call(0)[6] != call(r)[6])
+        fail(status::invalid_usage, op,
+             detail::concat("ranks are in different calls: world rank ", call(0)[3], " is", in_call(0), ", but world rank ",
+                            call(r)[3], " is", in_call(r), group(), "; every rank must make the same calls in the same order"));
     for (int r = 1; r < size_; ++r)
       if (!std::equal(call(0), call(0) + 3, call(r)))
         fail(status::invalid_usage, op, detail::concat("ranks disagree: ", describe(0), ", but ", describe(r), group()));
@@ -590,6 +612,7 @@ class mpi_communicator {
   int tag_ub_ = 32767;
   std::string failure_;  //!< why the communicator became unusable; empty while it is usable
   std::unique_ptr<detail::mpi_scratch> scratch_;
+  detail::call_identity_holder call_;  //!< shared with this rank's splits (call_identity.hpp)
 };
 
 MOECOMM_NAMESPACE_END

@@ -316,6 +316,11 @@ class nccl_communicator {
     detail::validate_split(op, color);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    // A sub-group used on this one's stream (so from the same thread: exchange_groups' intra and
+    // inter, replica groups) shares this communicator's buffers and channels instead of making its
+    // own (NCCL >= 2.18), which saves their memory and most of the setup. A lane's (another stream,
+    // another thread) must not: NCCL forbids operations on a parent and a sharing child at once.
+    config.splitShare = stream == stream_ ? 1 : 0;
     // NCCL publishes the new communicator from its own thread when the split completes. If this
     // call gives up first, the slot must outlive it: it is then leaked on purpose (with the child,
     // whose initialization the parent's abort stops).

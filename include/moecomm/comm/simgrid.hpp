@@ -171,6 +171,12 @@ class simgrid_communicator {
   [[nodiscard]] int world_rank() const { return group_->members[static_cast<std::size_t>(rank_)]; }
   //! Always true: calls are compared across ranks (see `<moecomm/comm/world_agreement.hpp>`).
   [[nodiscard]] bool checks_collectives() const { return true; }
+  //! The layer call this rank's collectives belong to (comm/detail/call_identity.hpp): shared with
+  //! the communicators split from this one; compared across ranks with every collective.
+  [[nodiscard]] detail::call_identity current_call() const { return call_.current(); }
+  void set_call(detail::call_identity call) { call_.set(call); }
+  //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
+  void detach_call() { call_.detach(); }
 
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     collective(post("exchange", 0, 0, nullptr,
@@ -241,6 +247,7 @@ class simgrid_communicator {
       return detail::call_problem{};
     });
     simgrid_communicator sub(state_);
+    sub.call_ = call_;  // a sub-group on this rank is in the same layer call
     sub.group_ = state_->splits.at(std::make_tuple(std::get<0>(id), std::get<1>(id), color));
     auto const& members = sub.group_->members;
     sub.rank_ = static_cast<int>(std::find(members.begin(), members.end(), world_rank()) - members.begin());
@@ -269,7 +276,7 @@ class simgrid_communicator {
   template <class Checks>
   [[nodiscard]] detail::posted_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
                                          Checks&& checks) const {
-    return detail::make_call(op, where(op), size, extra, send, checks);
+    return detail::make_call(op, where(op), size, extra, send, call_.current(), checks);
   }
 
   //! Posts `call`, waits for every rank, checks the posted calls and, if they are fine, runs
@@ -464,6 +471,7 @@ class simgrid_communicator {
   std::shared_ptr<detail::simgrid_state> state_;
   std::shared_ptr<detail::simgrid_group> group_;
   int rank_ = 0;
+  detail::call_identity_holder call_;  //!< shared with this rank's splits (call_identity.hpp)
   int splits_made_ = 0;
   std::vector<char> reduce_scratch_;
   std::vector<std::int64_t> pair_bytes_;

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! `detail::agree_across_world`: before an operation splits its work over sub-groups, the ranks of
-//! the whole group compare a few numbers that decide which sub-group calls they will make. Ranks that
+//! `detail::agree_on`: the ranks of a group compare a few numbers (a layer's configuration at
+//! construction, on every communicator). `detail::agree_across_world`: before an operation splits
+//! its work over sub-groups, the ranks of the whole group compare a few numbers that decide which
+//! sub-group calls they will make. Ranks that
 //! disagree would otherwise wait in different sub-groups until the timeout (after which an MPI
 //! communicator is unusable); this way every rank throws the same `invalid_usage` at once.
 //!
@@ -38,14 +40,14 @@ template <class Comm>
 }
 
 //! Every rank of `world` passes the same `values` (named by `names`), or every rank throws
-//! `error(invalid_usage)` from `op`, naming two ranks and their values. Collective over `world`.
-//! `all` receives the gathered values: the caller keeps it, so a steady state allocates nothing (a
-//! thread_local would be shared by simulated ranks, which run on one thread and yield inside the
-//! all-gather).
+//! `error(invalid_usage)` from `op`, saying what they disagree on (`what`, e.g. "on the layer's
+//! configuration") and naming two ranks and their values. Collective over `world`, on any
+//! communicator (`allgather_host`). `all` receives the gathered values: the caller keeps it, so a
+//! steady state allocates nothing (a thread_local would be shared by simulated ranks, which run on
+//! one thread and yield inside the all-gather).
 template <class Comm, std::size_t N>
-void agree_across_world(Comm& world, char const* op, char const* const (&names)[N], std::int64_t const (&values)[N],
-                        std::vector<std::int64_t>& all) {
-  if (!checks_collectives(world)) return;
+void agree_on(Comm& world, char const* op, char const* what, char const* const (&names)[N], std::int64_t const (&values)[N],
+              std::vector<std::int64_t>& all) {
   all.resize(N * static_cast<std::size_t>(world.size()));
   allgather_host(world, values, all.data(), static_cast<std::int64_t>(sizeof(values)));
   auto const describe = [&](int r) {
@@ -57,8 +59,16 @@ void agree_across_world(Comm& world, char const* op, char const* const (&names)[
   for (int r = 1; r < world.size(); ++r)
     for (std::size_t i = 0; i < N; ++i)
       if (all[static_cast<std::size_t>(r) * N + i] != all[i])
-        fail(status::invalid_usage, op, "ranks disagree before the sub-group phases: ", describe(0), ", but ",
-             describe(r), " (ranks of the whole group)");
+        fail(status::invalid_usage, op, "ranks disagree ", what, ": ", describe(0), ", but ", describe(r),
+             " (ranks of the whole group; they differ in ", names[i], ")");
+}
+
+//! `agree_on` before an operation's sub-group phases, on a communicator that checks its
+//! collectives (the others skip it: the check is per step, and NCCL's would cost a host wait).
+template <class Comm, std::size_t N>
+void agree_across_world(Comm& world, char const* op, char const* const (&names)[N], std::int64_t const (&values)[N],
+                        std::vector<std::int64_t>& all) {
+  if (checks_collectives(world)) agree_on(world, op, "before the sub-group phases", names, values, all);
 }
 
 }  // namespace detail

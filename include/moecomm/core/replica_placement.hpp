@@ -200,6 +200,17 @@ class replica_placement {
   //! `[E + 1]` offsets into `replica_ranks()`: expert e's replicas, ascending rank.
   [[nodiscard]] std::vector<std::int32_t> const& replica_offsets() const { return offsets_; }
   [[nodiscard]] std::vector<std::int32_t> const& replica_ranks() const { return replica_ranks_; }
+  //! A 63-bit digest of the shape and the slot table (FNV-1a), for ranks to check they hold the same
+  //! placement with one all-gather.
+  [[nodiscard]] std::int64_t digest() const {
+    std::uint64_t h = 1469598103934665603ull;
+    auto const mix = [&](std::int32_t v) { h = (h ^ static_cast<std::uint32_t>(v)) * 1099511628211ull; };
+    mix(experts_);
+    mix(ranks_);
+    mix(slots_);
+    for (std::int32_t e : slot_expert_) mix(e);
+    return static_cast<std::int64_t>(h >> 1);
+  }
 
  private:
   std::int32_t experts_, ranks_, slots_;

@@ -57,6 +57,10 @@ struct dispatch_report {
   std::int64_t received_rows = 0;  //!< rows this rank's experts get (padding included)
   std::int64_t home_rows = 0;      //!< rows of this rank's tokens computed here by home experts
   alltoall_stats exchange;         //!< messages and bytes sent, accumulated over the step's all-to-alls
+  //! The narrowest access, in bytes, the step's row kernels made on the caller's rows (x, out, d_out,
+  //! d_x): 16 at full width; 8 or one element when a row (hidden · sizeof(T) bytes) or a pointer is
+  //! not 16-byte aligned, which costs bandwidth on a GPU (pad hidden to a multiple of 16 bytes).
+  int row_access_bytes = detail::max_access_bytes;
 };
 
 //! The dispatch and combine of one expert-parallel group (experts placed contiguously, `E / R`
@@ -163,6 +167,7 @@ class dispatcher {
     exchange_back<T>(expert_rows, returned_, "combine");
     combined_ = true;
     be_.copy(home_tail<T>(returned_, home, out.hidden, "combine", "home_rows"), home.data, home_rows() * out.hidden);
+    note_row_access<T>(out.hidden, out.data);
     unpermute<Weighting>(be_, plan_, returned_view<T>(out.hidden), out);
   }
 
@@ -201,16 +206,18 @@ class dispatcher {
     check_token_rows(d_x, hidden, op, "d_x");
     bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, op);
     be_.copy(home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), d_home.data, home_rows() * hidden);
+    if (d_x.wanted()) note_row_access<T>(hidden, d_x.view().data);
     if (d_x.wanted()) permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_.num_rows(), hidden)), d_x.view());
   }
 
   //! The smart schedule (`Algorithm` = `smart_schedule`): `dispatch`, the experts and `combine`
   //! as one call, whose exchanges run in pairwise steps while the experts work on the rows of
   //! earlier steps (FasterMoE §4.2). `arrived` and `produced` hold `received_rows()` rows in
-  //! rank-major order (by source rank, then local expert; `rank_major_offsets()`). The back-end's lane (`lane_t<Backend>`, core/lane.hpp)
-  //! runs, in order, `compute_home()` (`home` -> `home_out`) and, once step j's rows are in,
-  //! `compute(first_source, sources)` (their rows of `arrived` -> `produced`); each step's results
-  //! go back as soon as they are computed. Collective.
+  //! rank-major order (by source rank, then local expert; `rank_major_offsets()`). The back-end's
+  //! lane (`lane_t<Backend>`, core/lane.hpp) runs, in order, `compute_home(on)` (`home` ->
+  //! `home_out`) and, once step j's rows are in, `compute(first_source, sources, on)` (their rows of
+  //! `arrived` -> `produced`), `on` being the back-end to run them on (the lane's); each step's
+  //! results go back as soon as they are computed. Collective.
   template <class Weighting = weighted, class T, class ComputeHome, class Compute>
   void forward_pipelined(matrix_view<std::add_const_t<T>> x, matrix_view<T> arrived, matrix_view<T> produced,
                          matrix_view<T> home, matrix_view<T> home_out, matrix_view<T> out, ComputeHome&& compute_home,
@@ -223,11 +230,12 @@ class dispatcher {
     pipelined_exchange<T>(sent.data(), arrived, produced, returned_.data(), compute_home, compute, "forward_pipelined");
     be_.copy(home_tail<T>(returned_, home_out, x.hidden, "forward_pipelined", "home_out"), home_out.data,
              home_rows() * x.hidden);
+    note_row_access<T>(out.hidden, out.data);
     unpermute<Weighting>(be_, plan_, returned_view<T>(out.hidden), out);
   }
 
   //! The backward of `forward_pipelined`, pipelined the same way: `combine_backward`, the experts'
-  //! backward (`compute_home()`: `d_home_out` -> `d_home_in`; `compute(first_source, sources)`:
+  //! backward (`compute_home(on)`: `d_home_out` -> `d_home_in`; `compute(first_source, sources, on)`:
   //! `d_arrived` -> `d_produced`) and `dispatch_backward`. Collective.
   template <class Weighting = weighted, class T, class ComputeHome, class Compute>
   void backward_pipelined(matrix_view<std::add_const_t<T>> d_out, matrix_view<T> d_arrived, matrix_view<T> d_produced,
@@ -242,6 +250,7 @@ class dispatcher {
     bytes_t& d_back = rows_buffer<T>(d_back_, plan_.num_rows(), hidden);
     pipelined_exchange<T>(d_rows.data(), d_arrived, d_produced, d_back.data(), compute_home, compute, op);
     be_.copy(home_tail<T>(d_back, d_home_in, hidden, op, "d_home_in"), d_home_in.data, home_rows() * hidden);
+    if (d_x.wanted()) note_row_access<T>(hidden, d_x.view().data);
     if (d_x.wanted()) permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_back, plan_.num_rows(), hidden)), d_x.view());
   }
 
@@ -270,6 +279,7 @@ class dispatcher {
   void combine_returned(matrix_view<T> out) {
     require_routed("combine_returned");
     combined_ = true;
+    note_row_access<T>(out.hidden, out.data);
     unpermute<Weighting>(be_, plan_, returned_view<T>(out.hidden), out);
   }
   //! The gradient of this rank's slot rows (plan order) from that of the combined tokens, and the
@@ -288,6 +298,7 @@ class dispatcher {
     require_routed("dispatch_gradient");
     detail::check_rows(d_rows, plan_.num_rows(), "dispatch_gradient", "d_rows", "one row per kept slot");
     check_token_rows(optional_output<matrix_view<T>>(d_x), d_rows.hidden, "dispatch_gradient", "d_x");
+    note_row_access<T>(d_x.hidden, d_x.data);
     permute_backward(be_, plan_, d_rows, d_x);
   }
 
@@ -301,6 +312,8 @@ class dispatcher {
   [[nodiscard]] std::vector<std::int64_t> const& home_expert_offsets() const { return home_offsets_; }
   //! `[L + 1]` host offsets of each local expert's rows in `expert_rows`.
   [[nodiscard]] std::vector<std::int64_t> const& local_expert_offsets() const { return local_offsets_; }
+  //! The communicators it exchanges over.
+  [[nodiscard]] exchange_groups<Comm>& groups() const { return *groups_; }
   //! `[R * L + 1]` host offsets of the rows from source rank s for local expert l (index s * L + l)
   //! in the rank-major order of the pipelined calls.
   [[nodiscard]] std::vector<std::int64_t> const& rank_major_offsets() const { return rank_major_offsets_; }
@@ -349,6 +362,7 @@ class dispatcher {
   template <class T>
   bytes_t& permuted_rows(matrix_view<std::add_const_t<T>> x, matrix_view<T> home, char const* op) {
     bytes_t& sent = rows_buffer<T>(sent_, plan_.num_rows(), x.hidden);
+    note_row_access<T>(x.hidden, x.data);
     permute(be_, plan_, x, as_rows<T>(sent, plan_.num_rows(), x.hidden));
     be_.copy(home.data, home_tail<T>(sent, home, x.hidden, op, "home_rows"), home_rows() * x.hidden);
     return sent;
@@ -365,6 +379,7 @@ class dispatcher {
                     ": the weight gradient needs the rows of a previous combine");
     std::int64_t const rows = plan_.num_rows(), hidden = d_out.hidden;
     bytes_t& d_rows = rows_buffer<T>(sent_, rows, hidden);  // dispatch is done with sent_
+    note_row_access<T>(hidden, d_out.data);
     if constexpr (detail::is_weighted<Weighting>()) {
       if (d_weights.wanted()) {
         unpermute_backward(be_, plan_, d_out, returned_view<T>(hidden), as_rows<T>(d_rows, rows, hidden), d_weights.view());
@@ -395,12 +410,13 @@ class dispatcher {
     back_matrix_.assign_transposed(there);
     byte_matrix const& back = back_matrix_;
     detail::copy_self_block(be_, there, me, send, arrived.data);
-    auto job = [&](std::int32_t unit) {  // unit 0: the home experts; unit j + 1: pairwise step j
-      if (unit == 0) return compute_home();
-      compute(detail::pairwise_source(me, group_size, steps, unit - 1), group_size);
-    };
     if (!lane_) lane_ = std::make_unique<lane_t<Backend>>(be_);  // once: kept between steps
     lane_t<Backend>& lane = *lane_;
+    Backend const& on = lane_backend(lane, be_);
+    auto job = [&](std::int32_t unit) {  // unit 0: the home experts; unit j + 1: pairwise step j
+      if (unit == 0) return compute_home(on);
+      compute(detail::pairwise_source(me, group_size, steps, unit - 1), group_size, on);
+    };
     lane.start(job, steps + 1);
     struct finish_job {  // on every exit, the lane lets go of `job` before it goes out of scope
       lane_t<Backend>& l;
@@ -473,6 +489,13 @@ class dispatcher {
   }
 
   //! The chooser of a `route` without home experts.
+  //! Records the access width the row kernels will use on the caller's rows at `p` (the library's
+  //! own buffers are 256-byte aligned), for `dispatch_report::row_access_bytes`.
+  template <class T>
+  void note_row_access(std::int64_t hidden, void const* p) {
+    report_.row_access_bytes = std::min(report_.row_access_bytes, detail::row_access_bytes<T>(hidden, {p}));
+  }
+
   struct no_home_experts {
     std::vector<std::int32_t> operator()(std::vector<std::int64_t> const&) const { return {}; }
   };

@@ -33,6 +33,7 @@
 #include <moecomm/error.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -93,10 +94,19 @@ class replica_migration {
     char const* op = "replica_migration::exchange";
     detail::require_one_stream(be, world, op);
     std::int32_t const me = world.rank();
-    std::optional<error> const bad = detail::argument_error([&] { check(op, world, from, to, experts, state); });
-    agree(op, world, bad, to, experts, state);
-    param_bytes_ = experts.parameter_count() * std::int64_t(sizeof(*experts.parameters(0)));
-    state_bytes_ = state.state_count() * std::int64_t(sizeof(*state.state(0)));
+    // Everything read from the caller's objects is read here, before the agreement, so that a throw
+    // is agreed on like a bad argument and `pack` and `commit` never call them (commit cannot fail).
+    std::optional<error> const bad = detail::argument_error([&] {
+      try {
+        check(op, world, from, to, experts, state);
+        record_slots(world.rank(), from, to, experts, state);
+      } catch (error const&) {
+        throw;
+      } catch (std::exception const& e) {
+        detail::fail(status::invalid_argument, op, "the caller's experts or optimizer state threw while the move read them: ", e.what());
+      }
+    });
+    agree(op, world, bad, to);
     std::int64_t const slot_bytes = param_bytes_ + state_bytes_;
     copies_ = replica_copies(from, to);
     stats_ = {};
@@ -121,7 +131,7 @@ class replica_migration {
       if (c.from_rank != me) continue;
       std::int64_t& at = c.to_rank == me ? own_at : cursor_[static_cast<std::size_t>(c.to_rank)];
       unsigned char* const base = c.to_rank == me ? received_ : out;
-      pack(be, base + at, experts, state, c.from_local);
+      pack(be, base + at, c.from_local);
       at += slot_bytes;
     }
     lists_.clear_messages();
@@ -141,9 +151,9 @@ class replica_migration {
     pending_ = true;
   }
 
-  //! Phase 2: the staged copies into this rank's slots. Local; a no-op without a phase 1 before it.
-  template <class Experts, class State>
-  void commit(Backend const& be, std::int32_t me, Experts& experts, State& state) {
+  //! Phase 2: the staged copies into this rank's slots, at the addresses phase 1 read from the
+  //! caller's objects (so it calls none of them and cannot fail). Local; a no-op without a phase 1.
+  void commit(Backend const& be, std::int32_t me) {
     if (!pending_) return;
     pending_ = false;
     [[maybe_unused]] auto const payload = detail::payload_scope(be, detail::payload_kind::parameters);
@@ -152,10 +162,9 @@ class replica_migration {
     for (replica_copy const& c : copies_) {
       if (c.to_rank != me) continue;
       std::int64_t& at = cursor_[static_cast<std::size_t>(c.from_rank)];
-      auto* const params = reinterpret_cast<unsigned char*>(experts.parameters(c.to_local));
-      be.copy(params, received_ + at, param_bytes_);
-      if (auto* const slot_state = state.state(c.to_local); state_bytes_ > 0 && slot_state != nullptr)  // non-null: checked
-        be.copy(reinterpret_cast<unsigned char*>(slot_state), received_ + at + param_bytes_, state_bytes_);
+      slot const& to = slots_[static_cast<std::size_t>(c.to_local)];  // recorded in phase 1: no call of the caller's
+      be.copy(to.params, received_ + at, param_bytes_);
+      if (state_bytes_ > 0) be.copy(to.state, received_ + at + param_bytes_, state_bytes_);
       at += slot_bytes;
       ++stats_.slots_filled;
     }
@@ -197,15 +206,10 @@ class replica_migration {
   }
 
   //! Every rank passes the same `to` and sizes, and its own checks: or every rank throws.
-  template <class Comm, class Experts, class State>
-  void agree(char const* op, Comm& world, std::optional<error> const& bad, replica_placement const& to, Experts& experts,
-             State& state) {
-    std::uint64_t digest = 1469598103934665603ull;  // FNV-1a over the slot table
-    for (std::int32_t g = 0; g < to.num_ranks(); ++g)
-      for (std::int32_t l = 0; l < to.slots_per_rank(); ++l)
-        digest = (digest ^ static_cast<std::uint32_t>(to.expert_at(g, l))) * 1099511628211ull;
-    std::int64_t const mine[4] = {bad ? 0 : 1, static_cast<std::int64_t>(digest >> 1), bad ? 0 : experts.parameter_count(),
-                                  bad ? 0 : state.state_count()};
+  template <class Comm>
+  void agree(char const* op, Comm& world, std::optional<error> const& bad, replica_placement const& to) {
+    std::int64_t const mine[4] = {bad ? 0 : 1, to.digest(), bad ? 0 : param_bytes_,
+                                  bad ? 0 : state_bytes_};
     agreement_.resize(4 * static_cast<std::size_t>(world.size()));
     allgather_host(world, mine, agreement_.data(), std::int64_t(sizeof(mine)));
     if (bad) throw *bad;
@@ -214,17 +218,35 @@ class replica_migration {
       if (theirs[0] == 0) detail::fail(status::invalid_usage, op, "rank ", r, " rejected its arguments");
       if (theirs[1] != mine[1]) detail::fail(status::invalid_usage, op, "ranks disagree on 'to': rank ", r, "'s placement differs from rank ", world.rank(), "'s");
       if (theirs[2] != mine[2] || theirs[3] != mine[3])
-        detail::fail(status::invalid_usage, op, "ranks disagree on the slot sizes: rank ", r, " has parameter_count ", theirs[2],
-                     " and state_count ", theirs[3], ", rank ", world.rank(), " ", mine[2], " and ", mine[3]);
+        detail::fail(status::invalid_usage, op, "ranks disagree on the slot sizes: rank ", r, " has ", theirs[2],
+                     " parameter bytes and ", theirs[3], " state bytes, rank ", world.rank(), " ", mine[2], " and ", mine[3]);
     }
   }
 
-  template <class Experts, class State>
-  void pack(Backend const& be, unsigned char* at, Experts& experts, State& state, std::int32_t local) const {
-    be.copy(at, reinterpret_cast<unsigned char const*>(experts.parameters(local)), param_bytes_);
-    if (auto const* const slot_state = state.state(local); state_bytes_ > 0 && slot_state != nullptr)  // non-null: checked
-      be.copy(at + param_bytes_, reinterpret_cast<unsigned char const*>(slot_state), state_bytes_);
+  void pack(Backend const& be, unsigned char* at, std::int32_t local) const {
+    slot const& from = slots_[static_cast<std::size_t>(local)];
+    be.copy(at, from.params, param_bytes_);
+    if (state_bytes_ > 0) be.copy(at + param_bytes_, from.state, state_bytes_);
   }
+
+  //! The sizes, and the addresses of every slot this rank reads or writes, read once from the
+  //! caller's objects (after `check`).
+  template <class Experts, class State>
+  void record_slots(std::int32_t me, replica_placement const& from, replica_placement const& to, Experts& experts, State& state) {
+    param_bytes_ = experts.parameter_count() * std::int64_t(sizeof(*experts.parameters(0)));
+    state_bytes_ = state.state_count() * std::int64_t(sizeof(*state.state(0)));
+    slots_.assign(static_cast<std::size_t>(from.slots_per_rank()), slot{});
+    for (std::int32_t l = 0; l < from.slots_per_rank(); ++l)
+      if (from.expert_at(me, l) >= 0 || to.expert_at(me, l) >= 0)
+        slots_[static_cast<std::size_t>(l)] = {reinterpret_cast<unsigned char*>(experts.parameters(l)),
+                                               state_bytes_ > 0 ? reinterpret_cast<unsigned char*>(state.state(l)) : nullptr};
+  }
+
+  struct slot {
+    unsigned char* params = nullptr;
+    unsigned char* state = nullptr;
+  };
+  std::vector<slot> slots_;  //!< this rank's slots, as phase 1 read them
 
   workspace<Backend> send_, recv_;
   message_lists lists_;

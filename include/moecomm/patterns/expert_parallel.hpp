@@ -66,8 +66,10 @@ class expert_parallel_layer {
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     // The interface is checked member by member; only the first mistake is reported.
-    if constexpr (detail::check_experts<T, Experts, Shadowing::shadows, false>())
+    if constexpr (detail::check_experts<T, Backend, Experts, Shadowing::shadows, false>()) {
+      detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::forward", ++step_);
       checked_forward(routing, x, out, experts);
+    }
   }
 
   //! The gradient of `x` and, with `weighted`, of the routing weights, from that of `out`, for the
@@ -83,8 +85,10 @@ class expert_parallel_layer {
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
-    if constexpr (detail::check_experts<T, ExpertsBackward, Shadowing::shadows, true>())
+    if constexpr (detail::check_experts<T, Backend, ExpertsBackward, Shadowing::shadows, true>()) {
+      detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::backward", step_);
       checked_backward(d_out, d_x, d_weights, experts);
+    }
   }
 
   //! Begins a scheduled step (Pro-Prophet's scheduler; patterns/fastermoe.hpp): plans it from the
@@ -96,6 +100,7 @@ class expert_parallel_layer {
   template <class Experts>
   bool begin_replica_transfer(Experts& experts) {
     static_assert(Shadowing::shadows, "moecomm::expert_parallel_layer::begin_replica_transfer: needs a shadowing policy");
+    detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::begin_replica_transfer", step_ + 1);
     return shadow_.begin_transfer(experts);
   }
 
@@ -135,25 +140,26 @@ class expert_parallel_layer {
     grow_rows(home_in_, home);
     rows_t& expert_out = grow_rows(expert_out_, rows);
     rows_t& home_out = grow_rows(home_out_, home);
-    auto run_home = [&] {
+    auto run_home = [&](Backend const& on) {
       if constexpr (Shadowing::shadows)
         for_each_home_expert([&](std::int32_t e, std::int64_t begin, std::int64_t n) {
-          experts.forward(shadow_.parameters(experts, e), input_rows(home_in_, begin, n), rows_at(home_out, begin, n));
-          detail::charge_expert_flops(dispatcher_.backend(), experts, n, 1);
+          detail::expert_forward<T>(experts, shadow_.parameters(experts, e), input_rows(home_in_, begin, n),
+                                    rows_at(home_out, begin, n), on);
+          detail::charge_expert_flops(on, experts, n, 1);
         });
     };
-    auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
-      detail::run_local_expert<T>(experts, l, input_rows(expert_in_, begin, n), rows_at(expert_out, begin, n));
-      detail::charge_expert_flops(dispatcher_.backend(), experts, n, 1);
+    auto run_local = [&](array_view<std::int64_t const> offsets, Backend const& on) {
+      detail::run_local_experts<T>(experts, offsets, input_rows(expert_in_, 0, rows), view(expert_out, rows), on, group_offsets_);
     };
     if constexpr (pipelined) {
       dispatcher_.template forward_pipelined<Weighting, T>(
           x, view(expert_in_, rows), view(expert_out, rows), view(home_in_, home), view(home_out, home), out, run_home,
-          [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
+          [&](std::int32_t first, std::int32_t sources, Backend const& on) { for_each_source(first, sources, run_local, on); });
     } else {
+      Backend const& be = dispatcher_.backend();
       dispatcher_.template dispatch<T>(x, view(expert_in_, rows), view(home_in_, home));
-      for_each_expert(run_local);
-      run_home();
+      run_local(dispatcher_.local_expert_offsets(), be);
+      run_home(be);
       dispatcher_.template combine<Weighting, T>(view(expert_out, rows), view(home_out, home), out);
     }
     routed_ = true;
@@ -177,29 +183,30 @@ class expert_parallel_layer {
     rows_t& d_expert_in = grow_rows(d_expert_in_, rows);
     rows_t& d_home_out = grow_rows(d_home_out_, home);
     rows_t& d_home_in = grow_rows(d_home_in_, home);
-    auto run_home = [&] {
+    auto run_home = [&](Backend const& on) {
       if constexpr (Shadowing::shadows)
         for_each_home_expert([&](std::int32_t e, std::int64_t begin, std::int64_t n) {
-          experts.backward(shadow_.parameters(experts, e), input_rows(home_in_, begin, n), input_rows(d_home_out, begin, n),
-                           rows_at(d_home_in, begin, n), shadow_.gradients(experts, e));
-          detail::charge_expert_flops(dispatcher_.backend(), experts, n, 2);
+          detail::expert_backward<T>(experts, shadow_.parameters(experts, e), input_rows(home_in_, begin, n),
+                                     input_rows(d_home_out, begin, n), rows_at(d_home_in, begin, n),
+                                     shadow_.gradients(experts, e), on);
+          detail::charge_expert_flops(on, experts, n, 2);
         });
     };
-    auto run_local = [&](std::int32_t l, std::int64_t begin, std::int64_t n) {
-      detail::run_local_expert_backward<T>(experts, l, input_rows(expert_in_, begin, n), input_rows(d_expert_out, begin, n),
-                                           rows_at(d_expert_in, begin, n));
-      detail::charge_expert_flops(dispatcher_.backend(), experts, n, 2);
+    auto run_local = [&](array_view<std::int64_t const> offsets, Backend const& on) {
+      detail::run_local_experts_backward<T>(experts, offsets, input_rows(expert_in_, 0, rows), input_rows(d_expert_out, 0, rows),
+                                            view(d_expert_in, rows), on, group_offsets_);
     };
     if constexpr (pipelined) {
       dispatcher_.template backward_pipelined<Weighting, T>(
           d_out, view(d_expert_out, rows), view(d_expert_in, rows), view(d_home_out, home), view(d_home_in, home),
           d_x_staged, d_weights_staged, run_home,
-          [&](std::int32_t first, std::int32_t sources) { for_each_chunk(first, sources, run_local); });
+          [&](std::int32_t first, std::int32_t sources, Backend const& on) { for_each_source(first, sources, run_local, on); });
     } else {
+      Backend const& be = dispatcher_.backend();
       dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home),
                                                           d_weights_staged);
-      for_each_expert(run_local);
-      run_home();
+      run_local(dispatcher_.local_expert_offsets(), be);
+      run_home(be);
       if constexpr (Shadowing::shadows) shadow_.reduce(experts);
       dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x_staged);
     }
@@ -234,23 +241,13 @@ class expert_parallel_layer {
   matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
   matrix_view<T const> input_rows(rows_t& b, std::int64_t begin, std::int64_t n) const { return rows_at(b, begin, n); }
 
+  //! `f(offsets, on)` for each source rank in `[first, first + sources)`, with the L + 1 rank-major
+  //! offsets of its rows cut among the local experts.
   template <class F>
-  void for_each_expert(F&& f) const {
-    auto const& offsets = dispatcher_.local_expert_offsets();
-    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l)
-      f(l, offsets[static_cast<std::size_t>(l)], offsets[static_cast<std::size_t>(l) + 1] - offsets[static_cast<std::size_t>(l)]);
-  }
-
-  //! The rank-major chunks of sources `[first, first + sources)`, one call per (source, local expert).
-  template <class F>
-  void for_each_chunk(std::int32_t first, std::int32_t sources, F&& f) const {
+  void for_each_source(std::int32_t first, std::int32_t sources, F&& f, Backend const& on) const {
     auto const& offsets = dispatcher_.rank_major_offsets();
-    std::int32_t const experts = dispatcher_.num_local_experts();
-    for (std::int32_t s = first; s < first + sources; ++s)
-      for (std::int32_t l = 0; l < experts; ++l) {
-        std::size_t const i = static_cast<std::size_t>(s) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(l);
-        if (offsets[i + 1] > offsets[i]) f(l, offsets[i], offsets[i + 1] - offsets[i]);
-      }
+    std::int64_t const experts = dispatcher_.num_local_experts();
+    for (std::int32_t s = first; s < first + sources; ++s) f(array_view<std::int64_t const>{offsets.data() + s * experts, experts + 1}, on);
   }
 
   //! `f(expert, first row, rows)` for each of this rank's home experts.
@@ -264,6 +261,8 @@ class expert_parallel_layer {
   dispatcher<Backend, Comm, Capacity, Algorithm> dispatcher_;
   typename Shadowing::template state<Backend, Comm> shadow_;
   std::int64_t hidden_;
+  std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
+  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
   rows_t expert_in_;  //!< the experts' input rows, kept for their backward
   rows_t home_in_;    //!< the home (shadowed) experts' input rows, likewise
   rows_t expert_out_, home_out_, d_expert_out_, d_expert_in_, d_home_out_, d_home_in_;  //!< reused each step

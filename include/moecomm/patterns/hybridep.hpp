@@ -196,7 +196,10 @@ class hybridep_layer {
   //! parameters must not change until `forward` returns.
   template <class Experts>
   void begin_expert_gather(Experts& experts) {
-    if constexpr (detail::check_experts<T, Experts, true, false>()) start_gather(experts);
+    if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
+      detail::call_scope<Comm> const call(*world_, "hybridep_layer::begin_expert_gather", step_ + 1);
+      start_gather(experts);
+    }
   }
 
   //! With compression: recomputes the shared expert, the mean of the expert domain's experts in a
@@ -204,7 +207,10 @@ class hybridep_layer {
   //! the optimizer has moved the experts far enough (it runs once by itself, on first use).
   template <class Experts>
   void refresh_shared_expert(Experts& experts) {
-    if constexpr (detail::check_experts<T, Experts, true, false>()) compute_shared_expert(experts);
+    if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
+      detail::call_scope<Comm> const call(*world_, "hybridep_layer::refresh_shared_expert", step_);
+      compute_shared_expert(experts);
+    }
   }
 
   //! `out[t]` = the combine of t's kept slots' expert outputs (plain expert parallelism's). Collective
@@ -213,7 +219,10 @@ class hybridep_layer {
   //! @throws error (invalid_argument) naming the argument, before any communication.
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
-    if constexpr (detail::check_experts<T, Experts, true, false>()) checked_forward(routing, x, out, experts);
+    if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
+      detail::call_scope<Comm> const call(*world_, "hybridep_layer::forward", ++step_);
+      checked_forward(routing, x, out, experts);
+    }
   }
 
   //! The gradients of `x`, of the routing weights (weighted) and, summed into their owners', of the
@@ -222,7 +231,10 @@ class hybridep_layer {
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
-    if constexpr (detail::check_experts<T, ExpertsBackward, true, true>()) checked_backward(d_out, d_x, d_weights, experts);
+    if constexpr (detail::check_experts<T, Backend, ExpertsBackward, true, true>()) {
+      detail::call_scope<Comm> const call(*world_, "hybridep_layer::backward", step_);
+      checked_backward(d_out, d_x, d_weights, experts);
+    }
   }
 
   [[nodiscard]] hybridep_report const& report() const { return report_; }
@@ -388,7 +400,8 @@ class hybridep_layer {
     P const* const gathered = reinterpret_cast<P const*>(gathered_params_.data());
     matrix_view<T> const expert_out = view(grow_rows(expert_out_, rows), rows);
     for_each_expert([&](std::int32_t l, std::int64_t b, std::int64_t n) {
-      experts.forward(gathered + l * experts.parameter_count(), rows_at(expert_in_, b, n), rows_at(expert_out_, b, n));
+      detail::expert_forward<T>(experts, gathered + l * experts.parameter_count(), rows_at(expert_in_, b, n),
+                                rows_at(expert_out_, b, n), be_);
       detail::charge_expert_flops(be_, experts, n, 1);
     });
     dispatcher_.template combine<Weighting, T>(matrix_view<T const>(expert_out), out);
@@ -416,8 +429,8 @@ class hybridep_layer {
     P* const shares = reinterpret_cast<P*>(grow(be_, gradient_shares_, gathered_count * std::int64_t(sizeof(P))).data());
     be_.for_each_index(gathered_count, detail::fill_value<P>{shares, P(0)});
     for_each_expert([&](std::int32_t l, std::int64_t b, std::int64_t n) {
-      experts.backward(gathered + l * count, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), rows_at(d_expert_in_, b, n),
-                       shares + l * count);
+      detail::expert_backward<T>(experts, gathered + l * count, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n),
+                                 rows_at(d_expert_in_, b, n), shares + l * count, be_);
       detail::charge_expert_flops(be_, experts, n, 2);
     });
     // The members' shares of this rank's experts, summed in ascending offset, then into the owner's.
@@ -461,6 +474,7 @@ class hybridep_layer {
 
   Backend be_;
   Comm* world_;
+  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
   detail::expert_domain_layout layout_;
   std::int32_t position_;
   Comm same_offset_, expert_domain_;

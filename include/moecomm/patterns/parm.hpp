@@ -168,7 +168,10 @@ class parm_layer {
   //! @throws error (invalid_argument) naming the argument, before any communication.
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
-    if constexpr (detail::check_experts<T, Experts, false, false>()) checked_forward(routing, x, out, experts);
+    if constexpr (detail::check_experts<T, Backend, Experts, false, false>()) {
+      detail::call_scope<Comm> const call(groups_->world(), "parm_layer::forward", ++step_);
+      checked_forward(routing, x, out, experts);
+    }
   }
 
   //! The gradients of `x` and (weighted) of the routing weights for the last forward, and the
@@ -178,7 +181,10 @@ class parm_layer {
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
-    if constexpr (detail::check_experts<T, ExpertsBackward, false, true>()) checked_backward(d_out, d_x, d_weights, experts);
+    if constexpr (detail::check_experts<T, Backend, ExpertsBackward, false, true>()) {
+      detail::call_scope<Comm> const call(groups_->world(), "parm_layer::backward", step_);
+      checked_backward(d_out, d_x, d_weights, experts);
+    }
   }
 
   [[nodiscard]] parm_report const& report() const { return report_; }
@@ -317,13 +323,8 @@ class parm_layer {
     report_.rows_dispatched = dispatcher_.plan().num_rows();
     report_.rows_computed = rows;
     dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
-    auto const& offsets = dispatcher_.local_expert_offsets();
     matrix_view<T> const partial = view(grow_rows(partial_out_, rows), rows);
-    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l) {
-      std::int64_t const b = offsets[static_cast<std::size_t>(l)], n = offsets[static_cast<std::size_t>(l) + 1] - b;
-      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, b, n), rows_at(partial_out_, b, n));
-      detail::charge_expert_flops(be(), experts, n, 1);
-    }
+    detail::run_local_experts<T>(experts, dispatcher_.local_expert_offsets(), view(expert_in_, rows), partial, be(), group_offsets_);
     matrix_view<T> const summed = esp_allreduce(partial, expert_out_);
     record_baseline_traffic();
     dispatcher_.template combine<Weighting, T>(matrix_view<T const>(summed), out);
@@ -344,7 +345,7 @@ class parm_layer {
     alltoall_allgather(be(), groups_->ep(), groups_->esp(), sent, send_rows(), recv_rows(), view(grow_rows(expert_in_, rows), rows),
                        pipe_, pieces());
     for_each_segment([&](std::int32_t l, std::int64_t b, std::int64_t n) {
-      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, b, n), rows_at(grow_rows(partial_out_, rows), b, n));
+      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, b, n), rows_at(grow_rows(partial_out_, rows), b, n), be());
       detail::charge_expert_flops(be(), experts, n, 1);
     });
     matrix_view<T> const returned = dispatcher_.template returned_rows<T>(hidden_);
@@ -373,13 +374,9 @@ class parm_layer {
                          optional_output<array_view<float>> d_weights, Experts& experts) {
     std::int64_t const rows = dispatcher_.received_rows();
     dispatcher_.template combine_backward<Weighting, T>(d_out, view(grow_rows(d_expert_out_, rows), rows), d_weights);
-    auto const& offsets = dispatcher_.local_expert_offsets();
-    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l) {
-      std::int64_t const b = offsets[static_cast<std::size_t>(l)], n = offsets[static_cast<std::size_t>(l) + 1] - b;
-      detail::run_local_expert_backward<T>(experts, l, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n),
-                                           rows_at(grow_rows(d_partial_in_, rows), b, n));
-      detail::charge_expert_flops(be(), experts, n, 2);
-    }
+    detail::run_local_experts_backward<T>(experts, dispatcher_.local_expert_offsets(), view(expert_in_, rows),
+                                          view(d_expert_out_, rows), view(grow_rows(d_partial_in_, rows), rows), be(),
+                                          group_offsets_);
     matrix_view<T> const summed = esp_allreduce(view(d_partial_in_, rows), d_expert_in_);
     dispatcher_.template dispatch_backward<T>(matrix_view<T const>(summed), d_x);
   }
@@ -402,10 +399,10 @@ class parm_layer {
     for_each_segment([&](std::int32_t l, std::int64_t b, std::int64_t n) {
       matrix_view<T> const d_in = rows_at(grow_rows(d_partial_in_, rows), b, n);
       if constexpr (detail::is_parametric_experts_v<Experts>) {
-        experts.backward(experts.parameters(l), rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), d_in,
-                         replicated ? staged_gradient(experts, l) : experts.gradients(l));
+        detail::expert_backward<T>(experts, experts.parameters(l), rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), d_in,
+                                   replicated ? staged_gradient(experts, l) : experts.gradients(l), be());
       } else {
-        detail::run_local_expert_backward<T>(experts, l, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), d_in);
+        detail::run_local_expert_backward<T>(experts, l, rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), d_in, be());
       }
       detail::charge_expert_flops(be(), experts, n, 2);
     });
@@ -588,6 +585,8 @@ class parm_layer {
   std::int32_t top_k_ = 0;
   row_range slice_;  //!< this rank's tokens under PauseMP
   rows_t expert_in_, partial_out_, expert_out_, esp_slice_, out_slice_;
+  std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
+  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
   rows_t d_expert_out_, d_partial_in_, d_expert_in_, d_returned_, d_x_slice_, d_x_unwanted_;
   typename Backend::template buffer_type<float> d_weights_slice_, d_weights_unwanted_;
   parm_report report_;

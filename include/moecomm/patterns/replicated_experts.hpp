@@ -36,6 +36,7 @@
 //! state)` plans the moves itself from the loads seen since the last rebalance
 //! (`plan/flexmoe_planner.hpp`) and makes them when they pay off.
 
+#include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
@@ -123,6 +124,10 @@ class replicated_expert_layer {
         dispatcher_(be, groups, placement_.num_ranks() * placement_.slots_per_rank(), dropless{}, flat{}, unchecked_routing),
         checks_(checks), rebalancing_(rebalancing), gradients_(gradients), hidden_(hidden) {
     detail::require(hidden > 0, "replicated_expert_layer", "hidden = ", hidden, " must be positive");
+    // Ranks with different placements would route to different slots and combine wrong rows.
+    static constexpr char const* names[] = {"placement", "hidden", "gradients"};
+    std::int64_t const mine[] = {placement_.digest(), hidden, static_cast<std::int64_t>(gradients)};
+    detail::agree_on(*world_, "replicated_expert_layer", "on the layer's configuration", names, mine, agreement_);
     replica_groups_ = split_replica_groups(placement_);
   }
 
@@ -130,7 +135,10 @@ class replicated_expert_layer {
   //! @param x `[>= T][hidden]`; @param out `[>= T][hidden]`.
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
-    if constexpr (detail::check_experts<T, Experts, true, false>()) checked_forward(routing, x, out, experts);
+    if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
+      detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::forward", ++step_);
+      checked_forward(routing, x, out, experts);
+    }
   }
 
   //! The gradients of `x` and of the routing weights, and every replica's expert gradient (all
@@ -138,7 +146,10 @@ class replicated_expert_layer {
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x, optional_output<array_view<float>> d_weights,
                 ExpertsBackward&& experts) {
-    if constexpr (detail::check_experts<T, ExpertsBackward, true, true>()) checked_backward(d_out, d_x, d_weights, experts);
+    if constexpr (detail::check_experts<T, Backend, ExpertsBackward, true, true>()) {
+      detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::backward", step_);
+      checked_backward(d_out, d_x, d_weights, experts);
+    }
   }
 
   //! Moves the replicas to placement `to` (file comment): parameters and optimizer `state` into
@@ -153,6 +164,7 @@ class replicated_expert_layer {
                   "moecomm::replicated_expert_layer::move_replicas: replicas move with parametric experts "
                   "(parameter_count, parameters, gradients: patterns/experts.hpp)");
     routed_ = false;
+    detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::move_replicas", step_);
     migration_.exchange(be_, *world_, placement_, to, experts, state);
     std::vector<Comm> groups;
     try {
@@ -161,7 +173,7 @@ class replicated_expert_layer {
       migration_.discard();
       throw;
     }
-    migration_.commit(be_, world_->rank(), experts, state);
+    migration_.commit(be_, world_->rank());
     placement_ = to;
     sets_ = replica_sets_of(placement_);
     replica_groups_ = std::move(groups);
@@ -277,10 +289,7 @@ class replicated_expert_layer {
     std::int64_t const rows = dispatcher_.received_rows();
     dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
     matrix_view<T> const expert_out = view(grow_rows(expert_out_, rows), rows);
-    for_each_slot([&](std::int32_t l, std::int64_t b, std::int64_t n) {
-      experts.forward(experts.parameters(l), rows_at(expert_in_, b, n), rows_at(expert_out_, b, n));
-      detail::charge_expert_flops(be_, experts, n, 1);
-    });
+    detail::run_local_experts<T>(experts, dispatcher_.local_expert_offsets(), view(expert_in_, rows), expert_out, be_, group_offsets_);
     dispatcher_.template combine<Weighting, T>(matrix_view<T const>(expert_out), out);
     report_.exchange = dispatcher_.report().exchange;
     routed_ = true;
@@ -298,11 +307,8 @@ class replicated_expert_layer {
     matrix_view<T> const d_expert_out = view(grow_rows(d_expert_out_, rows), rows);
     matrix_view<T> const d_expert_in = view(grow_rows(d_expert_in_, rows), rows);
     dispatcher_.template combine_backward<Weighting, T>(d_out, d_expert_out, d_weights);
-    for_each_slot([&](std::int32_t l, std::int64_t b, std::int64_t n) {
-      experts.backward(experts.parameters(l), rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), rows_at(d_expert_in_, b, n),
-                       experts.gradients(l));
-      detail::charge_expert_flops(be_, experts, n, 2);
-    });
+    detail::run_local_experts_backward<T>(experts, dispatcher_.local_expert_offsets(), view(expert_in_, rows), d_expert_out,
+                                          d_expert_in, be_, group_offsets_);
     // Every replica group in ascending local index: a rank's groups come in the same order as its peers'.
     std::int32_t const me = world_->rank();
     for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {
@@ -353,15 +359,6 @@ class replicated_expert_layer {
   using rows_t = typename Backend::template buffer_type<T>;
   rows_t& grow_rows(rows_t& b, std::int64_t rows) const { return grow(be_, b, rows * hidden_); }
   matrix_view<T> view(rows_t& b, std::int64_t rows) const { return {b.data(), rows, hidden_}; }
-  matrix_view<T> rows_at(rows_t& b, std::int64_t begin, std::int64_t n) const { return {b.data() + begin * hidden_, n, hidden_}; }
-
-  //! `f(l, first row, rows)` for each slot of this rank.
-  template <class F>
-  void for_each_slot(F&& f) const {
-    auto const& offsets = dispatcher_.local_expert_offsets();
-    for (std::int32_t l = 0; l < dispatcher_.num_local_experts(); ++l)
-      f(l, offsets[static_cast<std::size_t>(l)], offsets[static_cast<std::size_t>(l) + 1] - offsets[static_cast<std::size_t>(l)]);
-  }
 
   Backend be_;
   Comm* world_;
@@ -388,6 +385,9 @@ class replicated_expert_layer {
   flexmoe_planner_workspace planner_workspace_;
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;
+  std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
+  std::vector<std::int64_t> agreement_;       //!< every rank's configuration, gathered at construction
+  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
   bool routed_ = false;
 };
 

@@ -523,7 +523,7 @@ cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_us
   return e == cudaSuccess ? e : fail(e);
 }
 
-cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::vector<std::uintptr_t> const& pointers,
+cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::vector<detail::kernel_pointer> const& pointers,
                                 std::vector<buffer_use>& uses) {
   install_segv_handler();
   std::lock_guard<std::mutex> hold(emu().lock);
@@ -535,13 +535,18 @@ cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::ve
         << this_thread.device << ": call cudaSetDevice(" << s->device << ") on this thread first";
     return fail(record_violation(out.str()));
   }
-  for (std::uintptr_t const w : pointers) {
-    // A pointer into an allocation of this device is a buffer the kernel may use, from that
-    // address to the allocation's end (moecomm's kernels index forward from the pointers they are
-    // given, so a pipeline's piece c + 1 does not overlap piece c). The kernel's real accesses
-    // open the pages they touch.
+  for (detail::kernel_pointer const& p : pointers) {
+    // A pointer into an allocation of this device is a buffer the kernel may use: a sized view's
+    // bytes, or from a raw pointer to the allocation's end (moecomm's kernels index forward from
+    // the pointers they are given, so a pipeline's piece c + 1 does not overlap piece c). The
+    // kernel's real accesses open the pages they touch.
+    std::uintptr_t const w = p.address;
     allocation const* a = find_allocation(reinterpret_cast<void const*>(w));
     if (a == nullptr || !a->device || a->dev != s->device || w >= a->base + a->bytes) continue;
+    if (p.bytes != detail::kernel_pointer::unknown) {
+      uses.push_back({reinterpret_cast<void const*>(w), std::min<std::size_t>(p.bytes, a->base + a->bytes - w), access::read_write, kernel});
+      continue;
+    }
     auto it = std::find_if(uses.begin(), uses.end(), [&](buffer_use const& u) {
       return reinterpret_cast<std::uintptr_t>(u.ptr) + u.bytes == a->base + a->bytes;  // this allocation's
     });

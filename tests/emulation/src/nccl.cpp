@@ -40,6 +40,9 @@ struct comm_state {
   std::string async_message;
   std::thread::id owner;            // the thread that issues its operations
   bool has_owner = false;
+  // Split with splitShare: the communicator whose resources it shares (the root of the chain), and
+  // whose owner thread it therefore has (NCCL: no operations on both from two threads at once).
+  std::shared_ptr<comm_state> shares_with;
   bool finalizing = false;          // ncclCommFinalize was called: in progress until `pending` is 0
   std::atomic<int> pending{0};      // jobs enqueued and not yet done
   std::uint64_t next_collective = 0, next_split = 0;
@@ -71,6 +74,7 @@ struct ticket {  // a send waiting for its receive
 struct split_post {
   int color = 0, key = 0, device = 0;
   ncclComm_t* out = nullptr;
+  std::shared_ptr<comm_state> shares_with;  // splitShare = 1: the communicator whose resources the child shares
 };
 
 struct split_round {
@@ -197,14 +201,18 @@ bool await(comm_state& c, std::unique_lock<std::mutex>& hold, char const* what, 
 ncclResult_t check_call(comm_state& c, char const* call, bool stream_work, cudaStream_t stream,
                         std::initializer_list<std::pair<void const*, char const*>> buffers, std::size_t bytes) {
   {
-    std::lock_guard<std::mutex> hold(c.lock);
-    if (!c.has_owner) {
-      c.owner = std::this_thread::get_id();
-      c.has_owner = true;
-    } else if (c.owner != std::this_thread::get_id()) {
+    comm_state& o = c.shares_with ? *c.shares_with : c;
+    std::lock_guard<std::mutex> hold(o.lock);
+    if (!o.has_owner) {
+      o.owner = std::this_thread::get_id();
+      o.has_owner = true;
+    } else if (o.owner != std::this_thread::get_id()) {
       std::ostringstream out;
       out << call << " on the communicator of " << label(c) << " from a second host thread: an NCCL communicator is "
           << "used by one thread (give each thread its own communicator, split at construction)";
+      if (c.shares_with)
+        out << "; this one was split with splitShare = 1, so it shares its parent's resources and thread (NCCL forbids "
+            << "operations on a parent and such a child from two threads: split a lane's communicator with splitShare = 0)";
       return reject(ncclInvalidUsage, out.str(), true);
     }
   }
@@ -537,7 +545,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
   return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
 }
 
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t*) {
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   auto c = find_comm(comm);
   if (!c) return reject(ncclInvalidArgument, "ncclCommSplit: not a live communicator", false);
   if (ncclResult_t r = check_call(*c, "ncclCommSplit", false, nullptr, {}, 0); r != ncclSuccess) return r;
@@ -550,7 +558,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   std::unique_lock<std::mutex> hold(g.lock);
   split_round& s = g.splits[k];
   s.posts.resize(static_cast<std::size_t>(g.nranks));
-  s.posts[static_cast<std::size_t>(c->rank)] = {color, key, emu::current_device(), newcomm};
+  bool const share = config != nullptr && config->splitShare == 1;
+  s.posts[static_cast<std::size_t>(c->rank)] = {color, key, emu::current_device(), newcomm,
+                                               share ? (c->shares_with ? c->shares_with : c) : nullptr};
   if (++s.arrived == g.nranks) {
     std::map<int, std::vector<int>> members;  // color -> ranks ordered by (key, rank)
     for (int q = 0; q < g.nranks; ++q)
@@ -563,6 +573,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
       for (std::size_t i = 0; i < ranks.size(); ++i) {
         split_post const& p = s.posts[static_cast<std::size_t>(ranks[i])];
         auto made = new_comm(child, static_cast<int>(i), p.device);
+        made->shares_with = p.shares_with;
         __atomic_store_n(p.out, reinterpret_cast<ncclComm_t>(made.get()), __ATOMIC_RELEASE);
       }
     }

@@ -6,10 +6,12 @@
 //! same checks on the same posted calls, so every rank finds the same problem:
 //! - a rank posted a bad argument: that rank throws its `invalid_argument`, every other rank throws
 //!   `aborted` naming it; no buffer is read;
-//! - ranks called different operations or sizes (`invalid_usage`, naming two of them);
+//! - ranks called different operations or sizes, or are in different layer calls or steps
+//!   (`invalid_usage`, naming two of them and their layer calls);
 //! - for `exchange`, a pair (i, j) whose sizes differ (`invalid_usage`).
 
 #include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/detail/call_identity.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 
@@ -31,6 +33,7 @@ struct posted_call {
   std::int64_t size = 0;   //!< bytes, or element count
   std::int64_t extra = 0;  //!< root, or element type and reduction (+ 64 x root for reduce)
   void const* send = nullptr;
+  call_identity call;  //!< the layer call it belongs to (call_identity.hpp)
   std::vector<send_block> sends;  //!< copies: the poster may unwind while peers still check them
   std::vector<recv_block> recvs;
   std::optional<error> bad;  //!< the invalid argument this rank found in its own call
@@ -42,6 +45,7 @@ struct posted_call {
     size = call.size;
     extra = call.extra;
     send = call.send;
+    this->call = call.call;
     bad = std::move(call.bad);
     sends.clear();
     recvs.clear();
@@ -50,13 +54,14 @@ struct posted_call {
   }
 };
 
-//! Rank `rank`'s call of `op` (named `where` in messages), with the bad argument `checks(where)`
-//! finds, if any.
+//! Rank `rank`'s call of `op` (named `where` in messages) within layer call `identity`, with the bad
+//! argument `checks(where)` finds, if any.
 template <class Checks>
 [[nodiscard]] posted_call make_call(char const* op, char const* where, std::int64_t size, std::int64_t extra,
-                                    void const* send, Checks&& checks) {
+                                    void const* send, call_identity identity, Checks&& checks) {
   posted_call call;
   call.op = op;
+  call.call = identity;
   call.size = size;
   call.extra = extra;
   call.send = send;
@@ -180,8 +185,18 @@ struct call_site {
                                       " (see its error); no rank's call took effect")};
   auto const describe = [&](int r) {
     auto const& c = calls[static_cast<std::size_t>(r)];
-    return concat("world rank ", world_rank(r), " called ", c.op, "(size ", c.size, ", ", c.extra, ")");
+    return concat("world rank ", world_rank(r), " called ", c.op, "(size ", c.size, ", ", c.extra, ")", describe_call(c.call));
   };
+  for (int r = 1; r < n; ++r) {  // the layer calls first: two steps' collectives may happen to match
+    auto const& a = calls[0];
+    auto const& b = calls[static_cast<std::size_t>(r)];
+    if (!same_call(a.call, b.call))
+      return {status::invalid_usage, concat(prefix(), "ranks are in different calls: world rank ", world_rank(0), " is",
+                                            a.call.name ? describe_call(a.call) : std::string(" outside any layer call"),
+                                            ", but world rank ", world_rank(r), " is",
+                                            b.call.name ? describe_call(b.call) : std::string(" outside any layer call"),
+                                            site.suffix(), "; every rank must make the same calls in the same order")};
+  }
   for (int r = 1; r < n; ++r) {
     auto const& a = calls[0];
     auto const& b = calls[static_cast<std::size_t>(r)];

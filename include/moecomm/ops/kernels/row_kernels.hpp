@@ -284,16 +284,31 @@ struct slot_dot_kernel {
 
 // ---- choosing the access width ----------------------------------------------------------------
 
-//! Calls `f(std::integral_constant<int, N>{})` with the widest fragment (16 bytes) when every row
-//! of every pointer is 16-byte aligned, else with single elements. Both paths compute identical
-//! bits; only the access width differs.
+//! The widest access, in bytes, that every row of every pointer allows: 16, else 8, else one
+//! element (a row of `hidden` elements of `T` must span a multiple of the width, and each pointer
+//! be aligned to it).
+template <class T>
+[[nodiscard]] int row_access_bytes(std::int64_t hidden, std::initializer_list<void const*> pointers) {
+  for (int bytes = max_access_bytes; bytes >= 8 && bytes > static_cast<int>(sizeof(T)); bytes /= 2) {
+    bool aligned = (hidden * static_cast<std::int64_t>(sizeof(T))) % bytes == 0;
+    for (void const* p : pointers) aligned = aligned && is_aligned(p, bytes);
+    if (aligned) return bytes;
+  }
+  return static_cast<int>(sizeof(T));
+}
+
+//! Calls `f(std::integral_constant<int, N>{})` with the widest fragment `row_access_bytes` allows:
+//! 16 bytes, 8 bytes, or single elements. Every path computes identical bits; only the access
+//! width differs (the dispatcher reports the narrowest it met: `dispatch_report::row_access_bytes`).
 template <class T, class F>
 void with_fragment_width(std::int64_t hidden, std::initializer_list<void const*> pointers, F&& f) {
-  constexpr int wide = max_access_bytes / static_cast<int>(sizeof(T));
-  bool aligned = hidden % wide == 0;
-  for (void const* p : pointers) aligned = aligned && is_aligned(p, max_access_bytes);
-  if (aligned) {
+  constexpr int wide = max_access_bytes / static_cast<int>(sizeof(T)), half = 8 / static_cast<int>(sizeof(T));
+  int const bytes = row_access_bytes<T>(hidden, pointers);
+  if (bytes == max_access_bytes) {
     f(std::integral_constant<int, wide>{});
+  } else if constexpr (half > 1) {
+    if (bytes == 8) f(std::integral_constant<int, half>{});
+    else f(std::integral_constant<int, 1>{});
   } else {
     f(std::integral_constant<int, 1>{});
   }

@@ -67,6 +67,8 @@ class router_state {
     grow(be, stats_, tokens);
     grow(be, aux_counts_, experts);
     grow(be, aux_sums_, experts);
+    std::int64_t const blocks = (tokens + detail::router_sum_block - 1) / detail::router_sum_block;
+    grow(be, block_sums_, blocks * (experts + 1));  // per block: E column sums, then the z sum
     tokens_ = tokens;
     experts_ = experts;
     config_ = config;
@@ -81,6 +83,7 @@ class router_state {
   buffer_t<detail::router_row_stats> stats_;
   buffer_t<std::int32_t> aux_counts_;  //!< per expert, of the aux loss's own top-k
   buffer_t<float> aux_sums_;           //!< per expert, the aux scores summed over tokens
+  buffer_t<float> block_sums_;         //!< the losses' partial sums per block of 64 tokens
 };
 
 namespace detail {
@@ -173,12 +176,18 @@ void router_forward(Backend const& be, matrix_view<float const> logits, matrix_v
                                                           topk_weights.data, counts,
                                                           aux_needed ? state.aux_counts_.data() : nullptr});
   if (losses.wanted()) {
-    be.for_each_index(experts, detail::column_sums{state.scores_.data(), tokens, experts, state.aux_sums_.data()});
+    // Blocks of 64 tokens in parallel, then their partials (kernels/router_kernels.hpp).
+    std::int64_t const blocks = (tokens + detail::router_sum_block - 1) / detail::router_sum_block;
+    float* const column_blocks = state.block_sums_.data();
+    float* const z_blocks = column_blocks + blocks * experts;
+    be.for_each_index(blocks * experts, detail::block_column_sums{state.scores_.data(), tokens, experts,
+                                                                  detail::router_sum_block, column_blocks});
+    be.for_each_index(experts, detail::block_column_sums{column_blocks, blocks, experts, blocks, state.aux_sums_.data()});
+    be.for_each_index(blocks, detail::block_lse_squares{state.stats_.data(), tokens, z_blocks});
     double const t = static_cast<double>(tokens);
     auto const aux_scale = tokens > 0 ? static_cast<float>(static_cast<double>(experts) / (config.top_k * t * t)) : 0.0f;
-    be.for_each_index(1, detail::router_loss_values{state.aux_sums_.data(), state.aux_counts_.data(),
-                                                    state.stats_.data(), rule.experts, tokens, aux_scale,
-                                                    losses.view().data});
+    be.for_each_index(1, detail::router_loss_values{state.aux_sums_.data(), state.aux_counts_.data(), z_blocks, rule.experts,
+                                                    tokens, aux_scale, losses.view().data});
   }
 }
 

@@ -260,25 +260,48 @@ struct router_forward_kernel {
   }
 };
 
-//! Per column: `sums[e] = sum_t m[t][e]`, ascending t.
-struct column_sums {
-  float const* m;  //!< `[T][E]`
+//! The losses' sums over tokens run in blocks of this many consecutive tokens: each block's partial
+//! sum in ascending order, in parallel, then the partials in ascending block order. The shape is
+//! fixed (not the device's), so every back-end gets the same bits, and the rounding error grows
+//! with 64 + T/64 terms instead of T.
+inline constexpr std::int64_t router_sum_block = 64;
+
+//! Per (block b, column e), over index `b * columns + e`: `sums[b][e] = sum of m[t][e]` over the
+//! block's rows `[b * block, min(rows, (b + 1) * block))`, ascending t. With `block >= rows`: one
+//! block, the column sums.
+struct block_column_sums {
+  float const* m;  //!< `[rows][columns]`
   std::int64_t rows;
   std::int64_t columns;
-  float* sums;
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t e) const {
+  std::int64_t block;
+  float* sums;  //!< `[ceil(rows / block)][columns]`
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int64_t const b = i / columns, e = i % columns, end = (b + 1) * block < rows ? (b + 1) * block : rows;
     float sum = 0.0f;
-    for (std::int64_t t = 0; t < rows; ++t) sum = add32(sum, m[t * columns + e]);
-    sums[e] = sum;
+    for (std::int64_t t = b * block; t < end; ++t) sum = add32(sum, m[t * columns + e]);
+    sums[i] = sum;
   }
 };
 
-//! One thread: `aux = scale * sum_e P[e] * n[e]` (ascending e) and `z = sum_t lse[t]^2 / T`
-//! (ascending t), both 0 when T = 0.
+//! Per block b of `router_sum_block` tokens: `sums[b] = sum of lse_t^2` over its tokens (FMA, ascending t).
+struct block_lse_squares {
+  router_row_stats const* stats;
+  std::int64_t tokens;
+  float* sums;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t b) const {
+    std::int64_t const end = (b + 1) * router_sum_block < tokens ? (b + 1) * router_sum_block : tokens;
+    float z = 0.0f;
+    for (std::int64_t t = b * router_sum_block; t < end; ++t) z = fma32(stats[t].lse, stats[t].lse, z);
+    sums[b] = z;
+  }
+};
+
+//! One thread: `aux = scale * sum_e P[e] * n[e]` (FMA, ascending e) and `z = sum_b z_b / T`
+//! (ascending block), both 0 when T = 0. E and T / 64 terms: short loops.
 struct router_loss_values {
   float const* aux_sums;
   std::int32_t const* aux_counts;
-  router_row_stats const* stats;
+  float const* z_blocks;
   std::int32_t experts;
   std::int64_t tokens;
   float aux_scale;  //!< fp32(E / (K T^2))
@@ -286,7 +309,7 @@ struct router_loss_values {
   MOECOMM_HOST_DEVICE void operator()(std::int64_t) const {
     float aux = 0.0f, z = 0.0f;
     for (std::int32_t e = 0; e < experts; ++e) aux = fma32(aux_sums[e], static_cast<float>(aux_counts[e]), aux);
-    for (std::int64_t t = 0; t < tokens; ++t) z = fma32(stats[t].lse, stats[t].lse, z);
+    for (std::int64_t b = 0; b * router_sum_block < tokens; ++b) z = add32(z, z_blocks[b]);
     out->aux = tokens > 0 ? mul32(aux, aux_scale) : 0.0f;
     out->z = tokens > 0 ? div32(z, static_cast<float>(tokens)) : 0.0f;
   }

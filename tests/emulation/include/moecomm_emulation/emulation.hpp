@@ -56,16 +56,17 @@ cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_us
 
 //! Checks a kernel's launch on `stream` (the thread's current device must be the stream's) and
 //! adds to `uses`, for every allocation of the stream's device that `pointers` (the kernel's
-//! pointer arguments) point into, the bytes from the lowest such address to its end: read and
-//! written, as far as the emulation can tell.
-cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::vector<std::uintptr_t> const& pointers,
+//! pointer arguments) point into, the bytes a sized view covers, and for raw pointers the bytes
+//! from the lowest such address to the allocation's end: read and written, as far as the
+//! emulation can tell.
+cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::vector<detail::kernel_pointer> const& pointers,
                                 std::vector<buffer_use>& uses);
 
 //! The pointer arguments of kernel functor `f`: its pointer members by type (kernel_arguments.hpp),
 //! or, for a functor that is not a plain aggregate, every aligned word of its bytes.
 template <class F>
-std::vector<std::uintptr_t> pointer_arguments(F const& f) {
-  std::vector<std::uintptr_t> pointers;
+std::vector<detail::kernel_pointer> pointer_arguments(F const& f) {
+  std::vector<detail::kernel_pointer> pointers;
   bool fallback = false;
   detail::collect_pointers(f, pointers, fallback);
   if (fallback) {
@@ -74,7 +75,7 @@ std::vector<std::uintptr_t> pointer_arguments(F const& f) {
     for (std::size_t at = 0; at + sizeof(std::uintptr_t) <= sizeof(F); at += sizeof(std::uintptr_t)) {
       std::uintptr_t w;
       std::memcpy(&w, bytes + at, sizeof w);
-      pointers.push_back(w);
+      pointers.push_back({w, detail::kernel_pointer::unknown});
     }
   }
   return pointers;

@@ -3,8 +3,10 @@
 // The pointers among a kernel functor's members, found by type, not by reading its bytes (which
 // include padding, and padding may hold a stale pointer): an aggregate's members are enumerated
 // with structured bindings (its member count probed by brace-initialisation, as Boost.PFR does),
-// nested aggregates recursively. A functor that is not an aggregate of at most 16 members is
-// read word by word instead (`fallback` is then true).
+// nested aggregates recursively. A sized view among them (moecomm's `matrix_view`: `data`, `rows`,
+// `hidden`; `array_view`: `data`, `size`) gives its exact bytes; a raw pointer's extent is unknown.
+// A functor that is not an aggregate of at most 16 members is read word by word instead
+// (`fallback` is then true).
 
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +15,25 @@
 #include <vector>
 
 namespace moecomm_emulation::detail {
+
+//! A pointer a kernel was given, and the bytes it may touch from there (`unknown`: to the end of
+//! its allocation).
+struct kernel_pointer {
+  static constexpr std::size_t unknown = ~std::size_t{0};
+  std::uintptr_t address;
+  std::size_t bytes;
+};
+
+template <class V, class = void>
+struct is_matrix_view : std::false_type {};
+template <class V>
+struct is_matrix_view<V, std::void_t<decltype(*std::declval<V const&>().data), decltype(std::declval<V const&>().rows),
+                                     decltype(std::declval<V const&>().hidden)>> : std::true_type {};
+template <class V, class = void>
+struct is_array_view : std::false_type {};
+template <class V>
+struct is_array_view<V, std::enable_if_t<std::is_pointer_v<decltype(std::declval<V const&>().data)> &&
+                                         std::is_integral_v<decltype(std::declval<V const&>().size)>>> : std::true_type {};
 
 //! Converts to anything: `T{any_member{}...}` compiles while there are at most as many as T's members.
 struct any_member {
@@ -34,23 +55,30 @@ constexpr std::size_t member_count() {
 }
 
 template <class T>
-void collect_pointers(T const& value, std::vector<std::uintptr_t>& out, bool& fallback);
+void collect_pointers(T const& value, std::vector<kernel_pointer>& out, bool& fallback);
 
 template <class M>
-void collect_member(M const& m, std::vector<std::uintptr_t>& out, bool& fallback) {
+void collect_member(M const& m, std::vector<kernel_pointer>& out, bool& fallback) {
   using U = std::remove_cv_t<M>;
-  if constexpr (std::is_pointer_v<U>) out.push_back(reinterpret_cast<std::uintptr_t>(m));
-  else if constexpr (std::is_class_v<U>) collect_pointers(m, out, fallback);
+  if constexpr (std::is_pointer_v<U>) out.push_back({reinterpret_cast<std::uintptr_t>(m), kernel_pointer::unknown});
+  else if constexpr (is_matrix_view<U>::value) {
+    if (m.rows * m.hidden > 0)
+      out.push_back({reinterpret_cast<std::uintptr_t>(m.data), static_cast<std::size_t>(m.rows * m.hidden) * sizeof(*m.data)});
+  } else if constexpr (is_array_view<U>::value) {
+    if (m.size > 0) out.push_back({reinterpret_cast<std::uintptr_t>(m.data), static_cast<std::size_t>(m.size) * sizeof(*m.data)});
+  } else if constexpr (std::is_class_v<U>) {
+    collect_pointers(m, out, fallback);
+  }
   else if constexpr (std::is_array_v<U>) fallback = true;  // not expected in a kernel's arguments
 }
 
 template <class... M>
-void collect_each(std::vector<std::uintptr_t>& out, bool& fallback, M const&... m) {
+void collect_each(std::vector<kernel_pointer>& out, bool& fallback, M const&... m) {
   (collect_member(m, out, fallback), ...);
 }
 
 template <class T>
-void collect_pointers(T const& value, std::vector<std::uintptr_t>& out, bool& fallback) {
+void collect_pointers(T const& value, std::vector<kernel_pointer>& out, bool& fallback) {
   if constexpr (!std::is_aggregate_v<T> || std::is_empty_v<T>) {
     if constexpr (!std::is_empty_v<T>) fallback = true;
   } else {
