@@ -327,6 +327,7 @@ void bm_layer(benchmark::State& state, layout lay, Capacity capacity, Algorithm 
       moecomm::exchange_groups<comm_t> groups(comm, topo);
       moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t, Capacity, Algorithm> layer(
           be, groups, kNumExperts, kHidden, capacity, algorithm);
+      layer.set_training(backward);  // forward-only runs are inference: no backward expected
       moecomm::routing_view const routing{d.idx.data(), d.weights.data(), kTokens, kTopK};
       auto const identity = [](std::int32_t, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) {
         if (in.rows > 0) std::memcpy(out.data, in.data, static_cast<std::size_t>(in.rows * in.row_bytes()));

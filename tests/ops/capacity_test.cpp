@@ -32,7 +32,7 @@ TEST_CASE("expert_capacity rejects factors and minima that give no defined capac
                 {"moecomm::expert_capacity", "capacity factor = ", "must be a finite number >= 0"});
   }
   check_error([&] { (void)moecomm::expert_capacity(64, 2, 16, 1e18, 0); }, moecomm::status::invalid_argument,
-              {"capacity factor = 1e+18 gives a capacity of 8e+18 rows per expert, beyond int64"});
+              {"capacity factor = 1e+18 gives a capacity of 8e+18 rows per expert, at or beyond the limit of 2^62"});
   check_error([&] { (void)moecomm::expert_capacity(64, 2, 16, 1.0, -1); }, moecomm::status::invalid_argument,
               {"min_capacity = -1 must be >= 0"});
   check_error([&] { (void)moecomm::expert_capacity(std::int64_t{1} << 62, 4, 16, 1.0, 0); },
@@ -73,7 +73,7 @@ TEST_CASE("a padded capacity whose rows overflow is invalid_argument on every ra
       {{1.0, int64_max, true, {}}, 4, "padded_capacity * num_experts = 9223372036854775807 * 16 overflows int64"},
       {{1.0, int64_max, true, {}}, 0, "padded_capacity * num_experts = 9223372036854775807 * 16 overflows int64"},
       {{1e18, 0, true, {}}, 4, "padded_capacity * num_experts = 8000000000000000000 exceeds int32 (2^31 - 1)"},
-      {{1e18, 0, true, {}}, 64, "capacity factor = 1e+18 gives a capacity of 8e+18 rows per expert, beyond int64"},
+      {{1e18, 0, true, {}}, 64, "capacity factor = 1e+18 gives a capacity of 8e+18 rows per expert, at or beyond the limit of 2^62"},
       {{1e18, 0, true, {}}, 0, ""},
   };
   for (hostile const& h : cases) {

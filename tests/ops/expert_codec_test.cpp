@@ -30,6 +30,9 @@ TEST_CASE("codec: top_k_for_ratio is ceil(n / ratio), and rejects a ratio below 
   CHECK(moecomm::top_k_for_ratio(100, 50.0) == 2);
   CHECK(moecomm::top_k_for_ratio(101, 50.0) == 3);
   CHECK(moecomm::top_k_for_ratio(2039, 1.0) == 2039);
+  // n / ratio rounds up to 2^63 for the largest n: the result is n, not the conversion's INT64_MIN.
+  CHECK(moecomm::top_k_for_ratio(INT64_MAX, 1.0) == INT64_MAX);
+  CHECK(moecomm::top_k_for_ratio(INT64_MAX, 2.0) == std::int64_t{1} << 62);
   CHECK(moecomm::top_k_for_ratio(0, 50.0) == 0);
   CHECK(moecomm::top_k_for_ratio(1, 1e300) == 1);
   CHECK(moecomm::top_k_for_ratio(7, 2.5) == 3);

@@ -248,3 +248,45 @@ TEST_CASE("ranks that disagree on the number of experts get an error on every ra
 }
 
 }  // namespace test
+
+namespace test {
+
+TEST_CASE("a forward without its backward is an error in training mode, and allowed in inference mode") {
+  layer_case const c{2, 2, 4, 2, 8, {12, 7}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    std::int32_t const me = comm.rank();
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(2, 2));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden)), d_x(out.size());
+    scale_experts<float> const experts{me * 2};
+    auto forward = [&] {
+      layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden},
+                    {out.data(), r.tokens, c.hidden}, experts);
+    };
+    auto backward = [&] {
+      layer.backward({in.d_out[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden}, {d_x.data(), r.tokens, c.hidden},
+                     moecomm::not_needed, experts);
+    };
+    CHECK(layer.training());
+    forward();
+    check_error(forward, moecomm::status::invalid_usage,
+                {"expert_parallel_layer::forward: called for step 2, but step 1's forward has had no backward"});
+    backward();  // the step's backward still runs, and the next forward is fine
+    forward();
+    backward();
+    layer.set_training(false);
+    forward();
+    forward();  // inference: forwards follow each other
+    check_error(backward, moecomm::status::invalid_usage, {"expert_parallel_layer::backward: called in inference mode"});
+    layer.set_training(true);
+    forward();
+    backward();
+    check_bitwise(out, in.want[static_cast<std::size_t>(me)].out, c.hidden, "output after the misuse");
+    check_bitwise(d_x, in.want[static_cast<std::size_t>(me)].d_x, c.hidden, "input gradient after the misuse");
+  });
+}
+
+}  // namespace test

@@ -260,3 +260,19 @@ TEST_CASE("HybridEP: after a rank skips a backward, every rank's retry fails or 
 }
 
 }  // namespace test
+
+namespace test {
+
+TEST_CASE("HybridEP: ranks that pass different policies are refused at construction, naming the field") {
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(4, 2, 1));
+    moecomm::hybridep const policy{comm.rank() == 3 ? 4 : 2};
+    check_error([&] { moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> l(moecomm::host_backend{}, groups, 8, 4, policy); },
+                moecomm::status::invalid_usage,
+                {"hybridep_layer: ranks disagree on the layer's configuration", "they differ in policy.expert_domain"});
+  });
+}
+
+}  // namespace test

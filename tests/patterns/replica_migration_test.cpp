@@ -268,6 +268,7 @@ TEST_CASE("replica migration: flexmoe's rebalance moves replicas that pay off, k
                                                            moecomm::flexmoe{start, {}, {cheap}});
     auto stuck = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
                                                             moecomm::flexmoe{start, {}, {dear}});
+    stuck.set_training(false);  // forwards only: it counts loads for rebalance
     static_assert(std::is_same_v<decltype(flex), moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t,
                                                                                   moecomm::even_split, moecomm::weighted,
                                                                                   moecomm::dynamic_placement>>);

@@ -230,8 +230,9 @@ TEST_CASE("calibration: bad options are errors that name them") {
       {{{}, 5}, "options.sizes is empty: a line needs at least two distinct sizes"},
       {{{64, 64, 64}, 5}, "options.sizes holds only the size 64: a line needs at least two distinct sizes"},
       {{{8, -4}, 5}, "options.sizes[1] = -4 is negative"},
-      {{{8, 16}, 0}, "options.repeats = 0 must be positive"},
-      {{{8, 16}, -2}, "options.repeats = -2 must be positive"},
+      {{{8, 16}, 0}, "options.repeats = 0 must be in [1, 1000000]"},
+      {{{8, 16}, -2}, "options.repeats = -2 must be in [1, 1000000]"},
+      {{{8, 16}, 2147483647}, "options.repeats = 2147483647 must be in [1, 1000000]"},  // was std::bad_alloc
   };
   for (bad_case const& bad : cases) {
     check_error([&] { (void)moecomm::measure_compute_rate(compute, 0, bad.options, manual_clock{&now}); },
@@ -251,7 +252,15 @@ TEST_CASE("calibration: bad options are errors that name them") {
   // A clock that does not move cannot time anything.
   check_error([&] { (void)moecomm::measure_compute_rate([](std::int64_t) {}, 0, {{8, 16}, 1}, manual_clock{&now}); },
               moecomm::status::invalid_argument,
-              {"moecomm::measure_compute_rate: the clock measured 0 s at size 8: it must advance over a timed call"});
+              {"moecomm::measure_compute_rate: the clock measured 0 s at size 8: it must advance, by a finite time, over a timed call"});
+  // A clock that returns +inf gave a NaN fit.
+  check_error([&] { (void)moecomm::measure_compute_rate([&](std::int64_t) { now = HUGE_VAL; }, 0, {{8, 16}, 1}, manual_clock{&now}); },
+              moecomm::status::invalid_argument, {"moecomm::measure_compute_rate: the clock measured", "by a finite time"});
+  // Two sizes that are one size as doubles gave a NaN fit too.
+  now = 0;
+  std::int64_t const big = std::int64_t{1} << 60;
+  check_error([&] { (void)moecomm::measure_compute_rate(compute, 0, {{big, big + 1}, 1}, manual_clock{&now}); },
+              moecomm::status::invalid_argument, {"options.sizes differ only beyond a double's precision"});
 }
 
 }  // namespace test

@@ -39,7 +39,10 @@
 //! alive (leaked) for the same reason, and a failed sub-communicator is not freed. Collectives still
 //! pending on a failed `MPI_Comm` may clash with later collectives on that `MPI_Comm`. Give the
 //! communicator an `MPI_Comm` of its own, such as a `MPI_Comm_dup` of `MPI_COMM_WORLD`, if the process
-//! should carry on after a failure, for example to report the failure and call `MPI_Finalize`.
+//! should carry on after a failure, for example to report it. Do not count on `MPI_Finalize` after a
+//! peer has died: it is collective and may wait for the dead peer (Open MPI with `--enable-recovery`
+//! hung in 1 of 6 such runs). Report the failure, flush what must be kept, and end the process with
+//! `MPI_Abort(MPI_COMM_WORLD, code)` (or `std::_Exit`), which tears the job down without waiting.
 //!
 //! Notes on the MPI model:
 //! - It does not take ownership of the `MPI_Comm` passed to its constructor, but it sets that

@@ -86,7 +86,10 @@ inline void check_calibration_options(char const* op, calibration_options const&
     require(sizes[i] >= 0, op, "options.sizes[", i, "] = ", sizes[i], " is negative");
   require(std::any_of(sizes.begin(), sizes.end(), [&](std::int64_t s) { return s != sizes[0]; }), op,
           "options.sizes holds only the size ", sizes[0], ": a line needs at least two distinct sizes");
-  require(options.repeats > 0, op, "options.repeats = ", options.repeats, " must be positive");
+  // Each repeat's time is kept for the median: a bound keeps that vector small (and a typo such as
+  // INT32_MAX an error, not std::bad_alloc).
+  require(options.repeats > 0 && options.repeats <= 1'000'000, op, "options.repeats = ", options.repeats,
+          " must be in [1, 1000000]");
 }
 
 //! The median of `repeats` results of `timed_call()` (seconds), after one call whose result is dropped.
@@ -110,8 +113,8 @@ inline linear_fit fit_line(char const* op, std::vector<std::int64_t> sizes, std:
   std::vector<double> weight(n);
   double total = 0, mean_x = 0, mean_y = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    require(seconds[i] > 0, op, "the clock measured ", seconds[i], " s at size ", sizes[i],
-            ": it must advance over a timed call");
+    require(std::isfinite(seconds[i]) && seconds[i] > 0, op, "the clock measured ", seconds[i], " s at size ", sizes[i],
+            ": it must advance, by a finite time, over a timed call");
     weight[i] = 1.0 / (seconds[i] * seconds[i]);
     total += weight[i];
     mean_x += weight[i] * static_cast<double>(sizes[i]);
@@ -125,8 +128,12 @@ inline linear_fit fit_line(char const* op, std::vector<std::int64_t> sizes, std:
     spread += weight[i] * dx * dx;
     covariance += weight[i] * dx * (seconds[i] - mean_y);
   }
+  // Distinct sizes that are equal as doubles (above 2^53) leave no spread: no line through them.
+  require(spread > 0 && std::isfinite(covariance / spread), op,
+          "options.sizes differ only beyond a double's precision (or the times are too far apart): no line fits; "
+          "use sizes that differ by more");
   linear_fit fit;
-  fit.slope = covariance / spread;  // spread > 0: the options hold two distinct sizes
+  fit.slope = covariance / spread;
   fit.intercept = mean_y - fit.slope * mean_x;
   double squares = 0;
   for (std::size_t i = 0; i < n; ++i) {

@@ -210,7 +210,7 @@ struct keep_ranked_rows {
 //! This rank's capacity before agreement (semantics §7): `C = max(ceil((double(T·K) / E) ·
 //! factor), min_capacity)`, IEEE double, division first. Ranks agree on the maximum of theirs.
 //! @throws error (invalid_argument) for a factor that is NaN, infinite or negative, a negative
-//!         `min_capacity`, or a capacity beyond int64, naming the argument and its value.
+//!         `min_capacity`, or a capacity of 2^62 rows or more, naming the argument and its value.
 [[nodiscard]] inline std::int64_t expert_capacity(std::int64_t num_tokens, std::int32_t top_k, std::int32_t num_experts,
                                                   double factor, std::int64_t min_capacity) {
   char const* op = "expert_capacity";
@@ -223,7 +223,7 @@ struct keep_ranked_rows {
                   " * ", top_k, " overflows int64");
   double const c = std::ceil((static_cast<double>(num_tokens * top_k) / num_experts) * factor);
   detail::require(c < 0x1p62, op, "capacity factor = ", factor, " gives a capacity of ", c,
-                  " rows per expert, beyond int64 (", num_tokens, " tokens, top_k = ", top_k, ", ", num_experts,
+                  " rows per expert, at or beyond the limit of 2^62 (", num_tokens, " tokens, top_k = ", top_k, ", ", num_experts,
                   " experts)");
   auto const rows = static_cast<std::int64_t>(c);
   return rows > min_capacity ? rows : min_capacity;

@@ -105,8 +105,10 @@ void check_index_list(Backend const& be, array_view<std::int32_t const> indices,
   detail::require(n >= 0, op, "argument 'n' = ", n, " is negative");
   detail::require(std::isfinite(ratio) && ratio >= 1.0, op, "argument 'ratio' = ", ratio,
                   " must be finite and >= 1 (1 keeps every parameter)");
-  auto const k = static_cast<std::int64_t>(std::ceil(static_cast<double>(n) / ratio));
-  return std::min(k, n);  // n / 1.0 may round above n for n > 2^53
+  // n / ratio may round above n (n > 2^53), even to 2^63, which no int64 holds: compare as doubles
+  // first, and convert only a value below n.
+  double const k = std::ceil(static_cast<double>(n) / ratio);
+  return k >= static_cast<double>(n) ? n : static_cast<std::int64_t>(k);
 }
 
 //! `shared` becomes the mean of the expert domain's experts: every rank of `comm` passes the experts

@@ -19,6 +19,7 @@
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/patterns/layer_steps.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -67,8 +68,10 @@ class expert_parallel_layer {
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     // The interface is checked member by member; only the first mistake is reported.
     if constexpr (detail::check_experts<T, Backend, Experts, Shadowing::shadows, false>()) {
-      detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::forward", ++step_);
+      char const* op = "expert_parallel_layer::forward";
+      detail::call_scope<Comm> const call(dispatcher_.groups().world(), op, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
+      steps_.forward_done();
     }
   }
 
@@ -86,7 +89,8 @@ class expert_parallel_layer {
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, Shadowing::shadows, true>()) {
-      detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::backward", step_);
+      char const* op = "expert_parallel_layer::backward";
+      detail::call_scope<Comm> const call(dispatcher_.groups().world(), op, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
@@ -100,7 +104,7 @@ class expert_parallel_layer {
   template <class Experts>
   bool begin_replica_transfer(Experts& experts) {
     static_assert(Shadowing::shadows, "moecomm::expert_parallel_layer::begin_replica_transfer: needs a shadowing policy");
-    detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::begin_replica_transfer", step_ + 1);
+    detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::begin_replica_transfer", steps_.step() + 1);
     return shadow_.begin_transfer(experts);
   }
 
@@ -110,6 +114,12 @@ class expert_parallel_layer {
     static_assert(Shadowing::shadows, "moecomm::expert_parallel_layer::finish_replica_gradients: needs a shadowing policy");
     shadow_.finish_lane();
   }
+
+  //! Training mode (the default): every forward needs its backward before the next forward, or the
+  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
+  //! each other, and a backward is an error. Local: set it alike on every rank.
+  void set_training(bool on) { steps_.set_training(on); }
+  [[nodiscard]] bool training() const { return steps_.training(); }
 
   //! The layer's shadowing policy (`no_shadowing` or `fastermoe_shadowing<...>`).
   using shadowing_policy = Shadowing;
@@ -262,7 +272,7 @@ class expert_parallel_layer {
   typename Shadowing::template state<Backend, Comm> shadow_;
   std::int64_t hidden_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
-  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
+  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   rows_t expert_in_;  //!< the experts' input rows, kept for their backward
   rows_t home_in_;    //!< the home (shadowed) experts' input rows, likewise
   rows_t expert_out_, home_out_, d_expert_out_, d_expert_in_, d_home_out_, d_home_in_;  //!< reused each step

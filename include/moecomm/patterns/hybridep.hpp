@@ -47,6 +47,7 @@
 //! EP's where the sums are exact; otherwise they differ by the reassociation of one sum over `S`
 //! shares.
 
+#include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
@@ -66,10 +67,12 @@
 #include <moecomm/ops/row_collectives.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/patterns/layer_steps.hpp>
 #include <moecomm/plan/hybridep_planner.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -158,7 +161,7 @@ class hybridep_layer {
   hybridep_layer(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
                  hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {})
       : be_(be),
-        world_(&groups.world()),
+        world_(&agreed(groups.world(), policy, num_experts, hidden)),
         layout_(detail::expert_domain_layout::of(groups.topo(), policy)),
         position_(layout_.position_of(groups.world().rank())),
         same_offset_(groups.world().split(position_ % layout_.size, position_ / layout_.size)),
@@ -197,7 +200,7 @@ class hybridep_layer {
   template <class Experts>
   void begin_expert_gather(Experts& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
-      detail::call_scope<Comm> const call(*world_, "hybridep_layer::begin_expert_gather", step_ + 1);
+      detail::call_scope<Comm> const call(*world_, "hybridep_layer::begin_expert_gather", steps_.step() + 1);
       start_gather(experts);
     }
   }
@@ -208,7 +211,7 @@ class hybridep_layer {
   template <class Experts>
   void refresh_shared_expert(Experts& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
-      detail::call_scope<Comm> const call(*world_, "hybridep_layer::refresh_shared_expert", step_);
+      detail::call_scope<Comm> const call(*world_, "hybridep_layer::refresh_shared_expert", steps_.step());
       compute_shared_expert(experts);
     }
   }
@@ -220,8 +223,10 @@ class hybridep_layer {
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
-      detail::call_scope<Comm> const call(*world_, "hybridep_layer::forward", ++step_);
+      char const* op = "hybridep_layer::forward";
+      detail::call_scope<Comm> const call(*world_, op, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
+      steps_.forward_done();
     }
   }
 
@@ -232,10 +237,17 @@ class hybridep_layer {
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, true, true>()) {
-      detail::call_scope<Comm> const call(*world_, "hybridep_layer::backward", step_);
+      char const* op = "hybridep_layer::backward";
+      detail::call_scope<Comm> const call(*world_, op, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
+
+  //! Training mode (the default): every forward needs its backward before the next forward, or the
+  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
+  //! each other, and a backward is an error. Local: set it alike on every rank.
+  void set_training(bool on) { steps_.set_training(on); }
+  [[nodiscard]] bool training() const { return steps_.training(); }
 
   [[nodiscard]] hybridep_report const& report() const { return report_; }
   //! The dispatcher over the same-offset group (its report: capacity, drops, rows).
@@ -245,6 +257,22 @@ class hybridep_layer {
   [[nodiscard]] Comm& same_offset() { return same_offset_; }
 
  private:
+  //! `world`, once every rank has passed the same policy, experts and hidden size (before anything
+  //! is derived from them: ranks that disagree on `expert_domain` would otherwise split into groups
+  //! that do not match and be told about a topology).
+  static Comm& agreed(Comm& world, hybridep const& policy, std::int32_t num_experts, std::int64_t hidden) {
+    std::int64_t compression_bits = 0;
+    static_assert(sizeof(compression_bits) == sizeof(policy.compression));
+    std::memcpy(&compression_bits, &policy.compression, sizeof(compression_bits));
+    static constexpr char const* names[] = {"policy.expert_domain", "policy.spread", "policy.compression (bits)", "num_experts",
+                                            "hidden"};
+    std::int64_t const mine[] = {policy.expert_domain, static_cast<std::int64_t>(policy.spread), compression_bits, num_experts,
+                                 hidden};
+    std::vector<std::int64_t> all;
+    detail::agree_on(world, "hybridep_layer", "on the layer's configuration", names, mine, all);
+    return world;
+  }
+
   template <class Experts>
   void start_gather(Experts& experts) {
     using P = detail::parameter_t<Experts>;
@@ -474,7 +502,7 @@ class hybridep_layer {
 
   Backend be_;
   Comm* world_;
-  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
+  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   detail::expert_domain_layout layout_;
   std::int32_t position_;
   Comm same_offset_, expert_domain_;

@@ -44,6 +44,7 @@
 #include <moecomm/core/topology.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/content_digest.hpp>
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/dispatcher.hpp>
 #include <moecomm/ops/matrix_checks.hpp>
@@ -53,6 +54,7 @@
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/replica_gradients.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/patterns/layer_steps.hpp>
 #include <moecomm/plan/parm_cost_model.hpp>
 
 #include <algorithm>
@@ -169,8 +171,10 @@ class parm_layer {
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, false, false>()) {
-      detail::call_scope<Comm> const call(groups_->world(), "parm_layer::forward", ++step_);
+      char const* op = "parm_layer::forward";
+      detail::call_scope<Comm> const call(groups_->world(), op, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
+      steps_.forward_done();
     }
   }
 
@@ -182,10 +186,17 @@ class parm_layer {
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, false, true>()) {
-      detail::call_scope<Comm> const call(groups_->world(), "parm_layer::backward", step_);
+      char const* op = "parm_layer::backward";
+      detail::call_scope<Comm> const call(groups_->world(), op, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
+
+  //! Training mode (the default): every forward needs its backward before the next forward, or the
+  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
+  //! each other, and a backward is an error. Local: set it alike on every rank.
+  void set_training(bool on) { steps_.set_training(on); }
+  [[nodiscard]] bool training() const { return steps_.training(); }
 
   [[nodiscard]] parm_report const& report() const { return report_; }
   [[nodiscard]] parallel_groups<Comm>& groups() const { return *groups_; }
@@ -265,6 +276,20 @@ class parm_layer {
     }
   }
 
+  //! Every rank of this rank's MP group passed inputs of digest `mine` (one all-gather of 8 bytes),
+  //! or every one of them throws `invalid_usage` naming two ranks: Parm's ranks of an MP group hold
+  //! identical tokens, and a rank whose inputs differ (another step's, after a skipped one) would
+  //! mix them into the others' results.
+  void require_same_over_mp(char const* op, char const* what, std::uint64_t mine) {
+    Comm& mp = groups_->mp();
+    mp_digests_.resize(static_cast<std::size_t>(mp.size()));
+    allgather_host(mp, &mine, mp_digests_.data(), std::int64_t(sizeof(mine)));
+    for (std::int32_t r = 1; r < mp.size(); ++r)
+      if (mp_digests_[static_cast<std::size_t>(r)] != mp_digests_[0])
+        detail::fail(status::invalid_usage, op, "the ranks of an MP group pass different ", what, " (MP ranks 0 and ", r,
+                     "): every rank of an MP group must pass the same token rows, routing and output gradient");
+  }
+
   // ---- forward ----------------------------------------------------------------------------------
   template <class Experts>
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
@@ -272,6 +297,13 @@ class parm_layer {
     detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
     check_experts_slicing(experts, op);
     routed_ = false;
+    if (checks_.scan_values) {  // the MP group's ranks must pass the same rows and routing
+      std::int64_t const slots = routing.num_tokens * routing.top_k;
+      require_same_over_mp(op, "x and routing",
+                           detail::content_digest(be(), x.data, routing.num_tokens * hidden_) +
+                               3 * detail::content_digest(be(), routing.topk_idx, slots) +
+                               5 * (routing.topk_weights ? detail::content_digest(be(), routing.topk_weights, slots) : 0));
+    }
     report_ = {};
     report_.schedule = Schedule::name;
     routing_view const kept = apply_capacity(routing);
@@ -365,6 +397,7 @@ class parm_layer {
     if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
     detail::check_layer_backward_arguments(op, tokens_, top_k_, detail::is_weighted<Weighting>(), d_out, d_x, d_weights, hidden_);
     check_experts_slicing(experts, op);
+    if (checks_.scan_values) require_same_over_mp(op, "d_out", detail::content_digest(be(), d_out.data, tokens_ * hidden_));
     if constexpr (pauses_mp) paused_backward(d_out, d_x, d_weights, experts);
     else baseline_backward(d_out, d_x, d_weights, experts);
   }
@@ -571,6 +604,7 @@ class parm_layer {
   Schedule schedule_;
   Capacity capacity_;
   routing_checks checks_;
+  std::vector<std::uint64_t> mp_digests_;  //!< the MP group's input digests (`require_same_over_mp`)
   std::int32_t num_experts_;
   std::int64_t hidden_;
   permute_plan<Backend> all_plan_;  //!< the plan of all T tokens: validation and capacity
@@ -586,7 +620,7 @@ class parm_layer {
   row_range slice_;  //!< this rank's tokens under PauseMP
   rows_t expert_in_, partial_out_, expert_out_, esp_slice_, out_slice_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
-  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
+  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   rows_t d_expert_out_, d_partial_in_, d_expert_in_, d_returned_, d_x_slice_, d_x_unwanted_;
   typename Backend::template buffer_type<float> d_weights_slice_, d_weights_unwanted_;
   parm_report report_;

@@ -54,6 +54,7 @@
 #include <moecomm/ops/replica_migration.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
+#include <moecomm/patterns/layer_steps.hpp>
 #include <moecomm/patterns/replica_gradients.hpp>
 #include <moecomm/plan/flexmoe_planner.hpp>
 #include <moecomm/plan/replica_assignment.hpp>
@@ -136,8 +137,10 @@ class replicated_expert_layer {
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
-      detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::forward", ++step_);
+      char const* op = "replicated_expert_layer::forward";
+      detail::call_scope<Comm> const call(*world_, op, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
+      steps_.forward_done();
     }
   }
 
@@ -147,10 +150,17 @@ class replicated_expert_layer {
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x, optional_output<array_view<float>> d_weights,
                 ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, true, true>()) {
-      detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::backward", step_);
+      char const* op = "replicated_expert_layer::backward";
+      detail::call_scope<Comm> const call(*world_, op, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
+
+  //! Training mode (the default): every forward needs its backward before the next forward, or the
+  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
+  //! each other, and a backward is an error. Local: set it alike on every rank.
+  void set_training(bool on) { steps_.set_training(on); }
+  [[nodiscard]] bool training() const { return steps_.training(); }
 
   //! Moves the replicas to placement `to` (file comment): parameters and optimizer `state` into
   //! the slots that gain an expert, then new replica groups. Collective; between steps (a backward
@@ -164,7 +174,7 @@ class replicated_expert_layer {
                   "moecomm::replicated_expert_layer::move_replicas: replicas move with parametric experts "
                   "(parameter_count, parameters, gradients: patterns/experts.hpp)");
     routed_ = false;
-    detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::move_replicas", step_);
+    detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::move_replicas", steps_.step());
     migration_.exchange(be_, *world_, placement_, to, experts, state);
     std::vector<Comm> groups;
     try {
@@ -387,7 +397,7 @@ class replicated_expert_layer {
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
   std::vector<std::int64_t> agreement_;       //!< every rank's configuration, gathered at construction
-  std::int64_t step_ = 0;  //!< forwards begun: the step its calls' collectives are checked under (comm/detail/call_identity.hpp)
+  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   bool routed_ = false;
 };
 
