@@ -210,16 +210,10 @@ step_result run_rank(comm_t& comm, pattern p, fault f, int faulty, bool& params_
     case pattern::parm: {
       moecomm::parallel_groups<comm_t> parm_groups(comm, parm.sizes);
       auto const at = parm_groups.coordinates();
-      std::int32_t const group = at.dp * parm.sizes.expert + at.ep, parm_locals = parm.experts / parm.sizes.expert;
+      std::int32_t const group = at.dp * parm.sizes.expert + at.ep;
       oracle::routing const pr = parm_routing(group, parm);
       std::vector<float> const px = parm_rows<float>(group, 0, parm.tokens, parm_hidden), pd = parm_rows<float>(group, 1, parm.tokens, parm_hidden);
-      sliced_mlp_experts<float> initial{parm_hidden, parm_inner, at.esp, parm.sizes.expert_slicing, {}, {}};
-      for (std::int32_t l = 0; l < parm_locals; ++l) {
-        std::vector<float> const s = slice_parameters(whole_expert_parameters(at.ep * parm_locals + l), parm_hidden, parm_inner, at.esp,
-                                                      parm.sizes.expert_slicing);
-        initial.params.insert(initial.params.end(), s.begin(), s.end());
-      }
-      initial.grads.assign(initial.params.size(), 0.0f);
+      sliced_mlp_experts<float> const initial = parm_rank_experts<float>(at, parm);
       arming<sliced_mlp_experts<float>> experts(initial);
       moecomm::parm_layer<float, host_backend, comm_t, moecomm::parm_s1> layer(host_backend{}, parm_groups, parm.experts, parm_hidden);
       moecomm::routing_view const parm_view{pr.idx.data(), pr.w.data(), parm.tokens, parm.top_k};

@@ -86,14 +86,10 @@ struct parm_result {
   moecomm::parm_report report;
 };
 
-// One forward and backward of `Schedule` on this rank, in the back-end's memory (experts as its kernels).
-template <class T, class Schedule, class Capacity, class Backend, class Comm>
-parm_result<T> run_parm_step(Backend const& be, moecomm::parallel_groups<Comm>& groups, parm_case const& c, Schedule schedule,
-                             Capacity capacity) {
-  auto const at = groups.coordinates();
-  std::int32_t const group = at.dp * c.sizes.expert + at.ep, locals = c.experts / c.sizes.expert;
-  oracle::routing const r = parm_routing(group, c);
-  std::vector<T> const x = parm_rows<T>(group, 0, c.tokens, parm_hidden), d_out = parm_rows<T>(group, 1, c.tokens, parm_hidden);
+// This rank's slices of its local experts (rank `at` of a Parm layer over `c`'s groups), gradients zero.
+template <class T>
+sliced_mlp_experts<T> parm_rank_experts(moecomm::parallel_coordinates const& at, parm_case const& c) {
+  std::int32_t const locals = c.experts / c.sizes.expert;
   sliced_mlp_experts<T> initial{parm_hidden, parm_inner, at.esp, c.sizes.expert_slicing, {}, {}};
   for (std::int32_t l = 0; l < locals; ++l) {
     std::vector<float> const s = slice_parameters(whole_expert_parameters(at.ep * locals + l), parm_hidden, parm_inner, at.esp,
@@ -101,7 +97,18 @@ parm_result<T> run_parm_step(Backend const& be, moecomm::parallel_groups<Comm>& 
     initial.params.insert(initial.params.end(), s.begin(), s.end());
   }
   initial.grads.assign(initial.params.size(), 0.0f);
-  backend_sliced_mlp_experts<T, Backend> experts(be, initial);
+  return initial;
+}
+
+// One forward and backward of `Schedule` on this rank, in the back-end's memory (experts as its kernels).
+template <class T, class Schedule, class Capacity, class Backend, class Comm>
+parm_result<T> run_parm_step(Backend const& be, moecomm::parallel_groups<Comm>& groups, parm_case const& c, Schedule schedule,
+                             Capacity capacity) {
+  auto const at = groups.coordinates();
+  std::int32_t const group = at.dp * c.sizes.expert + at.ep;
+  oracle::routing const r = parm_routing(group, c);
+  std::vector<T> const x = parm_rows<T>(group, 0, c.tokens, parm_hidden), d_out = parm_rows<T>(group, 1, c.tokens, parm_hidden);
+  backend_sliced_mlp_experts<T, Backend> experts(be, parm_rank_experts<T>(at, c));
   moecomm::parm_layer<T, Backend, Comm, Schedule, Capacity> layer(be, groups, c.experts, parm_hidden, schedule, capacity);
   auto const idx = upload(be, r.idx);
   auto const w = upload(be, r.w);
