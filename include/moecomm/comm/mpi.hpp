@@ -517,7 +517,7 @@ class mpi_communicator {
     detail::mpi_scratch& s = *scratch_;
     detail::call_identity const layer_call = call_.current();
     std::int64_t const mine[words] = {static_cast<std::int64_t>(what), size,      extra,
-                                      world_rank_,                     bad ? 1 : 0, detail::call_names::code(layer_call.name),
+                                      world_rank_,                     bad ? 1 : 0, layer_call.code,
                                       layer_call.step};
     std::copy(mine, mine + words, s.mine.begin());
     std::vector<MPI_Request> requests(1);

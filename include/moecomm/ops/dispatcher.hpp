@@ -206,8 +206,10 @@ class dispatcher {
     check_token_rows(d_x, hidden, op, "d_x");
     bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, op);
     be_.copy(home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), d_home.data, home_rows() * hidden);
-    if (d_x.wanted()) note_row_access<T>(hidden, d_x.view().data);
-    if (d_x.wanted()) permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_.num_rows(), hidden)), d_x.view());
+    if (d_x.wanted()) {
+      note_row_access<T>(hidden, d_x.view().data);
+      permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_.num_rows(), hidden)), d_x.view());
+    }
   }
 
   //! The smart schedule (`Algorithm` = `smart_schedule`): `dispatch`, the experts and `combine`
@@ -250,8 +252,10 @@ class dispatcher {
     bytes_t& d_back = rows_buffer<T>(d_back_, plan_.num_rows(), hidden);
     pipelined_exchange<T>(d_rows.data(), d_arrived, d_produced, d_back.data(), compute_home, compute, op);
     be_.copy(home_tail<T>(d_back, d_home_in, hidden, op, "d_home_in"), d_home_in.data, home_rows() * hidden);
-    if (d_x.wanted()) note_row_access<T>(hidden, d_x.view().data);
-    if (d_x.wanted()) permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_back, plan_.num_rows(), hidden)), d_x.view());
+    if (d_x.wanted()) {
+      note_row_access<T>(hidden, d_x.view().data);
+      permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_back, plan_.num_rows(), hidden)), d_x.view());
+    }
   }
 
   // ---- for schedules that move the rows themselves (Parm's pipelined collectives, patterns/parm.hpp)

@@ -37,9 +37,10 @@ class layer_steps {
   //! At a backward's start: the step of the forward it belongs to (the last that succeeded).
   //! @throws error (invalid_usage) in inference mode.
   std::int64_t begin_backward(char const* op) {
-    require_usage(training_, op,
-                  "called in inference mode (set_training(false)), where forwards expect no backward; call "
-                  "set_training(true) before the forward whose backward you need");
+    if (!training_)
+      fail(status::invalid_usage, op,
+           "called in inference mode (set_training(false)), where forwards expect no backward; call "
+           "set_training(true) before the forward whose backward you need");
     awaiting_backward_ = false;
     return last_forward_;
   }
@@ -52,10 +53,6 @@ class layer_steps {
   }
 
  private:
-  static void require_usage(bool ok, char const* op, char const* why) {
-    if (!ok) fail(status::invalid_usage, op, why);
-  }
-
   std::int64_t step_ = 0, last_forward_ = 0;
   bool training_ = true;
   bool awaiting_backward_ = false;

@@ -300,9 +300,8 @@ class parm_layer {
     if (checks_.scan_values) {  // the MP group's ranks must pass the same rows and routing
       std::int64_t const slots = routing.num_tokens * routing.top_k;
       require_same_over_mp(op, "x and routing",
-                           detail::content_digest(be(), x.data, routing.num_tokens * hidden_) +
-                               3 * detail::content_digest(be(), routing.topk_idx, slots) +
-                               5 * (routing.topk_weights ? detail::content_digest(be(), routing.topk_weights, slots) : 0));
+                           detail::content_digest(be(), x.data, routing.num_tokens * hidden_, routing.topk_idx, slots,
+                                                  routing.topk_weights, routing.topk_weights != nullptr ? slots : 0));
     }
     report_ = {};
     report_.schedule = Schedule::name;

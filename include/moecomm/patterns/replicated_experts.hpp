@@ -128,7 +128,8 @@ class replicated_expert_layer {
     // Ranks with different placements would route to different slots and combine wrong rows.
     static constexpr char const* names[] = {"placement", "hidden", "gradients"};
     std::int64_t const mine[] = {placement_.digest(), hidden, static_cast<std::int64_t>(gradients)};
-    detail::agree_on(*world_, "replicated_expert_layer", "on the layer's configuration", names, mine, agreement_);
+    std::vector<std::int64_t> all;
+    detail::agree_on(*world_, "replicated_expert_layer", "on the layer's configuration", names, mine, all);
     replica_groups_ = split_replica_groups(placement_);
   }
 
@@ -396,7 +397,6 @@ class replicated_expert_layer {
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
-  std::vector<std::int64_t> agreement_;       //!< every rank's configuration, gathered at construction
   detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   bool routed_ = false;
 };

@@ -32,6 +32,7 @@ namespace detail {
 struct call_identity {
   char const* name = nullptr;  //!< null: outside any layer call
   std::int64_t step = 0;
+  std::int64_t code = 0;  //!< `call_names::code(name)`, computed once per layer call (MPI sends it)
 };
 
 [[nodiscard]] inline bool same_call(call_identity const& a, call_identity const& b) {
@@ -54,7 +55,7 @@ class call_names {
     for (char const* c = name; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
     std::int64_t const k = static_cast<std::int64_t>(h >> 1) | 1;
     std::lock_guard<std::mutex> const hold(table().lock);
-    table().names.emplace(k, name);
+    table().names.try_emplace(k, name);  // no node made for a name already known: repeated calls allocate nothing
     return k;
   }
   [[nodiscard]] static std::string name(std::int64_t code) {
@@ -88,7 +89,7 @@ class call_scope {
   call_scope(Comm& comm, char const* name, std::int64_t step) : comm_(comm) {
     if constexpr (has_call_identity<Comm>::value) {
       saved_ = comm.current_call();
-      comm.set_call({name, step});
+      comm.set_call({name, step, call_names::code(name)});
     }
   }
   call_scope(call_scope const&) = delete;
