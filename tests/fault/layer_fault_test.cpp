@@ -324,10 +324,16 @@ std::string verdict(scenario const& s, run_result const& run, std::vector<ending
     rank_state const& x = st[static_cast<std::size_t>(r)];
     std::string const rank = "rank " + std::to_string(r) + " ";
     if (!rank_ending_ok(s, r, e)) wrong += rank + "ended with " + e.describe() + "; ";
-    // The culprit that skipped its backward stops in the next step's forward.
-    int const stop_step = s.fault == kind::skips_backward ? s.step + 1 : s.step;
+    // The culprit that skipped its backward stops in the next step's forward; a layer built with
+    // other experts or another hidden size is refused at construction, before step 0 (-1).
+    bool const at_construction = s.fault == kind::other_num_experts || s.fault == kind::other_hidden;
+    int const stop_step = s.fault == kind::skips_backward ? s.step + 1 : at_construction ? -1 : s.step;
     phase const stop_phase = s.fault == kind::skips_backward ? phase::forward : s.when;
     if (r == s.culprit && (x.step != stop_step || x.in != stop_phase)) wrong += rank + "(the culprit) stopped at another step or phase; ";
+    if (at_construction) {  // every rank is told which field differs
+      std::string const field = s.fault == kind::other_hidden ? "they differ in hidden" : "they differ in num_experts";
+      if (e.message.find(field) == std::string::npos) wrong += rank + "message lacks '" + field + "': " + e.message + "; ";
+    }
     if (r == s.culprit && is_bad_argument(s.fault))
       for (std::string const& fragment : bad_argument_fragments(s))
         if (e.message.find(fragment) == std::string::npos) wrong += rank + "message lacks '" + fragment + "': " + e.message + "; ";

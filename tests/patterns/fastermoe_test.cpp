@@ -296,4 +296,27 @@ TEST_CASE("FasterMoE: uniform routing shadows nothing; the planner never predict
   });
 }
 
+// Issue 23, item 2: every rank runs the planner on the same counts, so ranks with different cost
+// models would shadow different experts; the layer refuses at construction, naming the field. The
+// layer's own configuration (experts, hidden) is agreed first.
+TEST_CASE("FasterMoE: ranks that pass different cost models or hidden sizes are refused at construction, naming the field") {
+  using comm_t = moecomm::inproc_communicator;
+  using layer_t = moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t, moecomm::dropless, moecomm::flat,
+                                                 moecomm::weighted, moecomm::fastermoe_shadowing<>>;
+  moecomm::inproc_world const world(4, std::chrono::seconds(30));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(4, 2));
+    moecomm::fastermoe_shadowing<> shadowing{small_model(), {}, {}};
+    if (comm.rank() == 3) shadowing.model.net_bandwidth *= 2;
+    CAPTURE(comm.rank());
+    check_error([&] { layer_t l(moecomm::host_backend{}, groups, 8, 16, {}, {}, {}, shadowing); }, moecomm::status::invalid_usage,
+                {"fastermoe_shadowing: ranks disagree on the shadowing policy's cost model", "they differ in model.net_bandwidth"});
+    shadowing.model.net_bandwidth = small_model().net_bandwidth;
+    check_error([&] { layer_t l(moecomm::host_backend{}, groups, 8, comm.rank() == 1 ? 32 : 16, {}, {}, {}, shadowing); },
+                moecomm::status::invalid_usage,
+                {"expert_parallel_layer: ranks disagree on the layer's configuration", "they differ in hidden"});
+    layer_t agreed(moecomm::host_backend{}, groups, 8, 16, {}, {}, {}, shadowing);  // the groups are still usable
+  });
+}
+
 }  // namespace test

@@ -35,11 +35,12 @@ inline moecomm::simulated_platform const& test_platform() {
   return platform;
 }
 
-// `ranks` ranks, `per_node` on each node: rank r on GPU r % per_node of node r / per_node.
-inline moecomm::simgrid_world sim_world(int ranks, int per_node) {
+// `ranks` ranks, `per_node` on each node: rank r on GPU r % per_node of node r / per_node; every wait
+// bounded by `timeout_seconds` of simulated time.
+inline moecomm::simgrid_world sim_world(int ranks, int per_node, double timeout_seconds = 3600) {
   std::vector<std::int32_t> gpus;
   for (int r = 0; r < ranks; ++r) gpus.push_back(r / per_node * test_platform().gpus_per_node() + r % per_node);
-  return moecomm::simgrid_world(test_platform(), gpus);
+  return moecomm::simgrid_world(test_platform(), gpus, timeout_seconds);
 }
 
 }  // namespace test

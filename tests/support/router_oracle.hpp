@@ -54,6 +54,19 @@ inline std::vector<int32_t> iota(int32_t first, int32_t count) {
   return v;
 }
 
+// A token's sum over its experts: blocks of 16 experts, ascending within each, then the blocks'
+// partials ascending (docs/semantics.md §15).
+template <class F>
+float blocked_sum(std::vector<float> const& v, F const& term) {
+  float sum = 0.0f;
+  for (std::size_t b = 0; b < v.size(); b += 16) {
+    float part = 0.0f;
+    for (std::size_t e = b; e < std::min(v.size(), b + 16); ++e) part = part + term(v[e]);
+    sum = sum + part;
+  }
+  return sum;
+}
+
 // One token's quantities, fp32.
 struct token {
   std::vector<float> l, p, sig, q;  // logits, softmax, sigmoid, aux scores
@@ -62,14 +75,13 @@ struct token {
   token(float const* row, int32_t E, bool sigmoid_scores) : l(row, row + E) {
     max = -std::numeric_limits<float>::infinity();
     for (float x : l) max = std::max(max, x);
-    for (float x : l) sum = sum + std::exp(x - max);
+    sum = blocked_sum(l, [&](float x) { return std::exp(x - max); });
     lse = max + std::log(sum);
     for (float x : l) {
       p.push_back(std::exp(x - max) / sum);
       sig.push_back(sigmoid(x));
     }
-    if (sigmoid_scores)
-      for (float s : sig) sum_sig = sum_sig + s;
+    if (sigmoid_scores) sum_sig = blocked_sum(sig, [](float s) { return s; });
     for (int32_t e = 0; e < E; ++e) q.push_back(sigmoid_scores ? sig[e] / (sum_sig + eps) : p[e]);
   }
 };

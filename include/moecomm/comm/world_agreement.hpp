@@ -18,6 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -41,24 +43,26 @@ template <class Comm>
 
 //! Every rank of `world` passes the same `values` (named by `names`), or every rank throws
 //! `error(invalid_usage)` from `op`, saying what they disagree on (`what`, e.g. "on the layer's
-//! configuration") and naming two ranks and their values. Collective over `world`, on any
-//! communicator (`allgather_host`). `all` receives the gathered values: the caller keeps it, so a
-//! steady state allocates nothing (a thread_local would be shared by simulated ranks, which run on
-//! one thread and yield inside the all-gather).
-template <class Comm, std::size_t N>
-void agree_on(Comm& world, char const* op, char const* what, char const* const (&names)[N], std::int64_t const (&values)[N],
-              std::vector<std::int64_t>& all) {
+//! configuration") and naming two ranks and their values. `Value` is `std::int64_t` or `double`
+//! (compared bit for bit, printed to 17 digits). Collective over `world`, on any communicator
+//! (`allgather_host`). `all` receives the gathered values: the caller keeps it, so a steady state
+//! allocates nothing (a thread_local would be shared by simulated ranks, which run on one thread
+//! and yield inside the all-gather).
+template <class Comm, class Value, std::size_t N>
+void agree_on(Comm& world, char const* op, char const* what, char const* const (&names)[N], Value const (&values)[N],
+              std::vector<Value>& all) {
+  static_assert(std::is_same_v<Value, std::int64_t> || std::is_same_v<Value, double>);
   all.resize(N * static_cast<std::size_t>(world.size()));
   allgather_host(world, values, all.data(), static_cast<std::int64_t>(sizeof(values)));
   auto const describe = [&](int r) {
-    std::string fields;
-    for (std::size_t i = 0; i < N; ++i)
-      fields += concat(i > 0 ? ", " : "", names[i], " ", all[static_cast<std::size_t>(r) * N + i]);
-    return concat("rank ", r, " has (", fields, ")");
+    std::ostringstream fields;
+    fields.precision(17);
+    for (std::size_t i = 0; i < N; ++i) fields << (i > 0 ? ", " : "") << names[i] << " " << all[static_cast<std::size_t>(r) * N + i];
+    return concat("rank ", r, " has (", fields.str(), ")");
   };
   for (int r = 1; r < world.size(); ++r)
     for (std::size_t i = 0; i < N; ++i)
-      if (all[static_cast<std::size_t>(r) * N + i] != all[i])
+      if (std::memcmp(&all[static_cast<std::size_t>(r) * N + i], &all[i], sizeof(Value)) != 0)
         fail(status::invalid_usage, op, "ranks disagree ", what, ": ", describe(0), ", but ", describe(r),
              " (ranks of the whole group; they differ in ", names[i], ")");
 }

@@ -6,6 +6,7 @@
 //! policy and all-to-all algorithm; with `fastermoe_shadowing` (patterns/fastermoe.hpp) as the
 //! shadowing policy it becomes FasterMoE's layer.
 
+#include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
@@ -55,7 +56,7 @@ class expert_parallel_layer {
   expert_parallel_layer(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
                         Capacity capacity = {}, Algorithm algorithm = {}, routing_checks checks = {},
                         Shadowing shadowing = {})
-      : dispatcher_(be, groups, num_experts, capacity, algorithm, checks),
+      : dispatcher_(be, agreed(groups, num_experts, hidden), num_experts, capacity, algorithm, checks),
         shadow_(shadowing, be, groups, num_experts, hidden),
         hidden_(hidden) {}
 
@@ -131,6 +132,16 @@ class expert_parallel_layer {
 
  private:
   using rows_t = typename Backend::template buffer_type<T>;
+
+  //! The groups, once every rank has passed the same experts and hidden size (ranks that disagree
+  //! would size and route their rows differently). One all-gather, at construction only.
+  static exchange_groups<Comm>& agreed(exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden) {
+    static constexpr char const* names[] = {"num_experts", "hidden"};
+    std::int64_t const mine[] = {num_experts, hidden};
+    std::vector<std::int64_t> all;
+    detail::agree_on(groups.world(), "expert_parallel_layer", "on the layer's configuration", names, mine, all);
+    return groups;
+  }
 
   template <class Experts>
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {

@@ -17,6 +17,7 @@
 //! aggregation on the lane, to overlap the previous block's backward, until
 //! `layer.finish_replica_gradients()` (or the layer's next step) waits for it.
 
+#include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/functional.hpp>
@@ -77,7 +78,7 @@ struct fastermoe_shadowing {
           std::int64_t hidden)
         : path_(policy.path),
           planner_(policy.planner),
-          model_(with_hidden(policy.model, hidden, detail::simulated_scale(be))),
+          model_(with_hidden(agreed(groups.world(), policy.model), hidden, detail::simulated_scale(be))),
           be_(std::move(be)),
           groups_(&groups),
           placement_(num_experts, groups.world().size()),
@@ -260,6 +261,20 @@ struct fastermoe_shadowing {
       lane_->start(job_, 1);
       lane_busy_ = true;
       lane_->release(0);
+    }
+
+    //! `model`, once every rank has passed the same one: the planner runs on every rank from the
+    //! same counts, and ranks with different models would shadow different experts.
+    static fastermoe_cost_params const& agreed(Comm& world, fastermoe_cost_params const& model) {
+      static constexpr char const* names[] = {"model.alpha",           "model.hidden",          "model.bytes_per_element",
+                                              "model.gemm_flops",      "model.net_bandwidth",   "model.local_bandwidth",
+                                              "model.model_transfers"};
+      double const mine[] = {model.alpha,         static_cast<double>(model.hidden), model.bytes_per_element,
+                             model.gemm_flops,    model.net_bandwidth,               model.local_bandwidth,
+                             static_cast<double>(model.model_transfers)};
+      std::vector<double> all;
+      detail::agree_on(world, "fastermoe_shadowing", "on the shadowing policy's cost model", names, mine, all);
+      return model;
     }
 
     //! The policy's model for the layer's rows; under simulation, for the model-sized rows they stand for.

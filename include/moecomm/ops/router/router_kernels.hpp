@@ -91,18 +91,35 @@ MOECOMM_HOST_DEVICE void pick_top(std::int32_t first, std::int32_t last, std::in
 //! Per-token values kept from the forward for the losses and the backward.
 struct router_row_stats {
   float max;          //!< max_e l[e]
-  float sum_exp;      //!< sum_e exp(l[e] - max), ascending e
+  float sum_exp;      //!< sum_e exp(l[e] - max), blocked (expert_blocked_sum)
   float lse;          //!< max + log(sum_exp)
-  float sum_sigmoid;  //!< sum_e sigmoid(l[e]), ascending e (sigmoid only; else 0)
+  float sum_sigmoid;  //!< sum_e sigmoid(l[e]), blocked (sigmoid only; else 0)
 };
+
+//! A token's sums over its experts run in blocks of this many experts: ascending within a block,
+//! then the blocks' partials ascending (docs/semantics.md §15). Fixed, so every back-end gets the
+//! same bits; the rounding error grows with 16 + E/16 terms instead of E.
+inline constexpr std::int32_t router_expert_block = 16;
+
+//! `sum_{e < experts} term(e)` in the blocked order above.
+template <class Term>
+MOECOMM_HOST_DEVICE float expert_blocked_sum(std::int32_t experts, Term const& term) {
+  float sum = 0.0f;
+  for (std::int32_t b = 0; b < experts; b += router_expert_block) {
+    std::int32_t const end = experts - b < router_expert_block ? experts : b + router_expert_block;
+    float part = 0.0f;
+    for (std::int32_t e = b; e < end; ++e) part = add32(part, term(e));
+    sum = add32(sum, part);
+  }
+  return sum;
+}
 
 MOECOMM_HOST_DEVICE inline router_row_stats make_row_stats(float const* l, std::int32_t experts, bool sigmoid) {
   router_row_stats s{-router_infinity, 0.0f, 0.0f, 0.0f};
   for (std::int32_t e = 0; e < experts; ++e) s.max = l[e] > s.max ? l[e] : s.max;
-  for (std::int32_t e = 0; e < experts; ++e) s.sum_exp = add32(s.sum_exp, exp32(add32(l[e], -s.max)));
+  s.sum_exp = expert_blocked_sum(experts, [&](std::int32_t e) { return exp32(add32(l[e], -s.max)); });
   s.lse = add32(s.max, log32(s.sum_exp));
-  if (sigmoid)
-    for (std::int32_t e = 0; e < experts; ++e) s.sum_sigmoid = add32(s.sum_sigmoid, sigmoid32(l[e]));
+  if (sigmoid) s.sum_sigmoid = expert_blocked_sum(experts, [&](std::int32_t e) { return sigmoid32(l[e]); });
   return s;
 }
 
