@@ -5,7 +5,8 @@
 //! bandwidth (measured in the same process before any benchmark runs).
 //!
 //! Bytes are counted as read + written:
-//!   permute   : P*H*sizeof(T) read + P*H*sizeof(T) written            (P = plan.num_rows() = T*K)
+//!   permute   : T*H*sizeof(T) read + P*H*sizeof(T) written            (P = plan.num_rows() = T*K:
+//!               each token row is read once and written to its K rows)
 //!   unpermute : P*H*sizeof(T) read + T*K*4 (weights) + T*H*sizeof(T) written
 //!   memcpy    : 2 * size per copy (read + write), the same convention.
 //!
@@ -223,7 +224,7 @@ void bm_permute(benchmark::State& state, std::int64_t tokens, std::int64_t hidde
     benchmark::ClobberMemory();
   }
 
-  set_counters(state, 2.0 * static_cast<double>(rows) * static_cast<double>(hidden) * sizeof(T));
+  set_counters(state, static_cast<double>(tokens + rows) * static_cast<double>(hidden) * sizeof(T));
   if (std::string const e = compare_plan(d.plan, *d.routing); !e.empty()) return fail(state, e);
   for (std::int64_t r : sample) {
     std::int64_t const t = d.routing->token_of[static_cast<std::size_t>(r)];

@@ -5,6 +5,8 @@
 // sizes have all been seen, one forward + backward must count 0: plain flat, hierarchical_2d with a
 // capacity policy, the smart schedule, FasterMoE, Parm S2 and parm_auto, HybridEP (exact and compressed);
 // and HybridEP's expert codec; the replica schedulers; FlexMoE's placement planner; Pro-Prophet's planner.
+// And 1000 steps whose sizes drift, as a trainer's do: buffers grow geometrically, so a rank
+// allocates on a few early steps only.
 
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -348,6 +350,68 @@ TEST_CASE("proprophet planner: a warm decision allocates nothing") {
   CHECK(!decision.shadowed.empty());
   CHECK(allocations_in([&] { plan(counts[0]); }) == 0);
   CHECK(allocations_in([&] { plan(counts[1]); }) == 0);
+}
+
+// ---- 1000 steps of drifting routing (issue 24) ---------------------------------------------------
+
+// Steps whose token count drifts in [T/2, T] and whose routing is new every step (skewed, the hot
+// experts moving with the step), as a trainer's batches do: no round repeats sizes. Returns the steps
+// (after the first `warm`) that allocated.
+template <class Layer, class Experts>
+std::vector<int> drifting_steps_that_allocate(Layer& layer, std::int32_t me, Experts& experts, int steps, int warm) {
+  std::int64_t const T = 64, H = 16;
+  std::int32_t const K = 2, E = 8;
+  std::vector<int> allocating;
+  std::vector<float> x = finite_rows<float>(T, H, 7 + me), d_out = finite_rows<float>(T, H, 9 + me);
+  std::vector<float> out(T * H), d_x(T * H), d_w(T * K);
+  std::vector<std::int32_t> idx(T * K);
+  std::vector<float> w(T * K);
+  std::mt19937 drift(static_cast<std::uint32_t>(1234 + me));
+  for (int step = 0; step < steps; ++step) {
+    std::int64_t const tokens = T / 2 + static_cast<std::int64_t>(drift() % (T / 2 + 1));
+    auto r = make_routing({tokens, K, E, 0.1, true, 1.2, static_cast<std::uint32_t>(7919 * step + me)});
+    for (auto& e : r.idx) e = e < 0 ? e : (e + step) % E;  // the hot experts move
+    std::copy(r.idx.begin(), r.idx.end(), idx.begin());
+    std::copy(r.w.begin(), r.w.end(), w.begin());
+    moecomm::routing_view const routing{idx.data(), w.data(), r.tokens, K};
+    std::int64_t const n = allocations_in([&] {
+      layer.forward(routing, {x.data(), r.tokens, H}, {out.data(), r.tokens, H}, experts);
+      layer.backward({d_out.data(), r.tokens, H}, {d_x.data(), r.tokens, H}, moecomm::array_view<float>{d_w.data(), r.tokens * K},
+                     experts);
+    });
+    if (step >= warm && n > 0) allocating.push_back(step);
+  }
+  return allocating;
+}
+
+// Over 1000 drifting steps after 10 warm-up steps, each rank allocates on at most 3 steps, none
+// after step 500. (With buffers grown to the exact size seen, as before issue 24, ranks allocated on
+// up to 12 of these steps, the last at step 935.)
+template <class... Policies>
+void check_drifting_steps(char const* name, Policies const&... policies) {
+  CAPTURE(name);
+  std::vector<std::vector<int>> allocating(4);
+  moecomm::inproc_world const world(4, std::chrono::seconds(60));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, 8, 16, policies...);
+    scale_bias_experts<float> experts(comm.rank(), 2, 16, false);
+    allocating[comm.rank()] = drifting_steps_that_allocate(layer, comm.rank(), experts, 1000, 10);
+  });
+  for (std::size_t r = 0; r < allocating.size(); ++r) {
+    std::string line;
+    for (int step : allocating[r]) line += std::to_string(step) + " ";
+    MESSAGE(std::string(name), ": rank ", r, " allocated on ", allocating[r].size(), " of 990 warm drifting steps: ", line);
+    CHECK(allocating[r].size() <= 3);
+    CHECK((allocating[r].empty() || allocating[r].back() < 500));
+  }
+}
+
+TEST_CASE("1000 drifting steps: buffers grow geometrically, so allocations stop early") {
+  check_drifting_steps("plain");
+  check_drifting_steps("capacity", moecomm::capacity<moecomm::drop_by_position>{1.25, 0, false, {}});
+  check_drifting_steps("fastermoe", moecomm::fastermoe_shadowing<>{});
+  check_drifting_steps("smart schedule", moecomm::smart_schedule{2});
 }
 
 }  // namespace test

@@ -3,6 +3,10 @@
 
 #include "router_cases.hpp"
 
+#include <moecomm/core/topology.hpp>
+
+#include <algorithm>
+
 namespace test {
 
 #define MOECOMM_ROUTER_CONFIGS host_config<float, 1>, host_config<float, 2>
@@ -49,6 +53,47 @@ TEST_CASE("router softmax weights at E = 256 stay within 1e-6 of double (blocked
   }
   MESSAGE("worst relative error of the softmax weights at E = 256: " << worst);
   CHECK(worst < 1e-6);
+}
+
+// DeepSeek-V3's node-limited routing is the group limit with one group per node (§15): 16 ranks on 8
+// nodes of 2, 64 experts placed in rank order (node n holds experts [8n, 8n + 8)), top-8 over at most
+// M = 4 nodes, chosen by the sum of each node's best K / M = 2 scores. Every token's experts then sit
+// on at most 4 nodes; without the limit most tokens reach more.
+TEST_CASE("router: node-limited routing (DeepSeek-V3) is the group limit with a group per node") {
+  int64_t const tokens = 512;
+  int32_t const experts = 64, top_k = 8, nodes = 8, most_nodes = 4;
+  moecomm::host_backend const be;
+  moecomm::router_state<moecomm::host_backend> state;
+  std::vector<float> logits(static_cast<std::size_t>(tokens * experts));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> value(0.0f, 1.0f);
+  for (auto& x : logits) x = value(rng);
+  moecomm::topology const topo(16, 2);
+  auto const nodes_reached = [&](bool limited) {
+    moecomm::router_config c;
+    c.top_k = top_k;
+    c.score = moecomm::score_function::sigmoid;
+    c.renormalize = true;
+    if (limited) {
+      c.num_groups = nodes;
+      c.group_top_k = most_nodes;
+    }
+    std::vector<int32_t> idx(static_cast<std::size_t>(tokens * top_k));
+    std::vector<float> w(idx.size());
+    moecomm::router_forward(be, moecomm::make_matrix_view<float const>(logits.data(), tokens, experts),
+                            moecomm::make_matrix_view(idx.data(), tokens, top_k), moecomm::make_matrix_view(w.data(), tokens, top_k),
+                            moecomm::not_needed, moecomm::not_needed, state, c);
+    std::vector<int> reached;
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::set<int32_t> on;
+      for (int32_t k = 0; k < top_k; ++k) on.insert(topo.node_of(idx[static_cast<std::size_t>(t * top_k + k)] / (experts / 16)));
+      reached.push_back(static_cast<int>(on.size()));
+    }
+    return reached;
+  };
+  auto const limited = nodes_reached(true), free = nodes_reached(false);
+  CHECK(*std::max_element(limited.begin(), limited.end()) <= most_nodes);
+  CHECK(std::count_if(free.begin(), free.end(), [&](int n) { return n > most_nodes; }) > tokens / 2);
 }
 
 }  // namespace test

@@ -68,11 +68,16 @@ class buffer {
 };
 
 //! Grow-only reuse: `b` itself when it holds at least `n` elements, else `b` replaced by a new
-//! allocation of `n` from the back-end `be` (contents not kept). Buffers kept from step to step
-//! this way allocate, and page-fault, nothing in a steady state.
+//! allocation from the back-end `be` (contents not kept) of `n` elements the first time, and of at
+//! least 1.5 times the old size after that. Buffers kept from step to step this way allocate, and
+//! page-fault, nothing in a steady state; when the sizes drift from step to step (a trainer's
+//! batches), the geometric growth makes the allocations stop after a few steps instead of recurring
+//! at every new maximum (each is a `cudaMallocAsync` on a GPU, and rules out graph capture).
 template <class Backend, class T, class Allocator>
 buffer<T, Allocator>& grow(Backend const& be, buffer<T, Allocator>& b, std::int64_t n) {
-  if (b.size() < n) b = be.template allocate<T>(n);
+  if (b.size() >= n) return b;
+  std::int64_t const geometric = b.size() > 0 ? b.size() + b.size() / 2 : 0;
+  b = be.template allocate<T>(n > geometric ? n : geometric);
   return b;
 }
 

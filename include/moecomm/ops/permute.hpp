@@ -66,11 +66,14 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
     detail::require(tokens == 0 || plan.routing().topk_weights != nullptr, op,
                     "argument 'out_weights' was given but the plan's routing has no topk_weights");
   }
+  // Each token row is read once and written to its slots' rows (one pass over x, not K); a padded
+  // plan's tail rows, which no slot maps to, are zeroed apart.
   detail::with_fragment_width<T>(x.hidden, {x.data, out.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
-    be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::no_scale>{
-                              x.data, out.data, x.hidden, {plan.token_of()}, {},
-                              rows * out.row_bytes() >= detail::streaming_store_min_bytes});
+    be.for_each_row(tokens, detail::scatter_rows_kernel<T, n>{x.data, out.data, x.hidden, plan.row_of(), plan.routing().top_k,
+                                                              rows * out.row_bytes() >= detail::streaming_store_min_bytes});
+    if (plan.padded_capacity() > 0)
+      be.for_each_row(rows, detail::zero_unmapped_rows_kernel<T, n>{out.data, out.hidden, plan.token_of()});
   });
   if (out_weights.wanted())
     be.for_each_index(rows, detail::gather_slot_weights{plan.routing().topk_weights, plan.token_of(), plan.slot_of(),

@@ -151,6 +151,93 @@ struct gather_rows_kernel {
   }
 };
 
+// ---- scatter: each token row read once, written to each of its slots' rows ---------------------
+
+//! `dst[row_of[t][k]] = src[t]` for every valid slot k of token t (TransformerEngine's permute): the
+//! token's row is read once and written up to K times, where a gather by `token_of` reads it once
+//! per slot. Rows no slot maps to are not written.
+template <class T, int N>
+struct scatter_rows_kernel {
+  T const* src;
+  T* dst;
+  std::int64_t hidden;
+  std::int32_t const* row_of;  //!< `[T][K]`
+  std::int32_t top_k;
+  bool streaming = false;  //!< host only: non-temporal stores (large outputs)
+
+  //! Device memory one token reads (its row, its indices) and writes (up to K rows).
+  [[nodiscard]] std::int64_t bytes_per_row() const { return (top_k + 1) * hidden * std::int64_t{sizeof(T)} + 4 * top_k; }
+
+  template <class Team>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
+#if !MOECOMM_DEVICE_PASS()
+    if constexpr (team_fragments_per_step<Team>::value > 1) {
+      constexpr int tile = team_fragments_per_step<Team>::value;
+      if (streaming) host_row<tile, true>(t); else host_row<tile, false>(t);
+      return;
+    }
+#endif
+    std::int32_t const* rows = row_of + t * top_k;
+    T const* in = src + t * hidden;
+    std::int64_t const fragments = hidden / N;
+    for (std::int64_t f = team.lane(); f < fragments; f += team.size()) {
+      fragment<T, N> const v = load_fragment<T, N>(in + f * N);
+      MOECOMM_DEVICE_UNROLL(1)
+      for (std::int32_t k = 0; k < top_k; ++k) {
+        std::int32_t const r = rows[k];
+        if (r >= 0) store_fragment(dst + static_cast<std::int64_t>(r) * hidden + f * N, v);
+      }
+    }
+  }
+
+ private:
+  //! The host's row, `Tile` fragments per step: loaded once, then stored to each slot's row.
+  template <int Tile, bool Streaming>
+  void host_row(std::int64_t t) const {
+    std::int64_t const fragments = hidden / N;
+    std::int64_t f = 0;
+    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(t, f);
+    for (; f < fragments; ++f) host_step<1, Streaming>(t, f);
+  }
+
+  template <int Count, bool Streaming>
+  void host_step(std::int64_t t, std::int64_t f0) const {
+    std::int32_t const* rows = row_of + t * top_k;
+    fragment<T, N> v[Count];
+    for (int i = 0; i < Count; ++i) v[i] = load_fragment<T, N>(src + t * hidden + (f0 + i) * N);
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      std::int32_t const r = rows[k];
+      if (r < 0) continue;
+      T* out = dst + static_cast<std::int64_t>(r) * hidden + f0 * N;
+      for (int i = 0; i < Count; ++i) {
+        if constexpr (Streaming) {
+          store_fragment_streaming(out + i * N, v[i]);
+        } else {
+          store_fragment(out + i * N, v[i]);
+        }
+      }
+    }
+  }
+};
+
+//! Zeros row `r` when no token maps to it (`token_of[r] < 0`: a padded plan's tail rows).
+template <class T, int N>
+struct zero_unmapped_rows_kernel {
+  T* dst;
+  std::int64_t hidden;
+  std::int32_t const* token_of;  //!< `[P]`
+
+  [[nodiscard]] std::int64_t bytes_per_row() const { return 4; }
+
+  template <class Team>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r, Team const& team) const {
+    if (token_of[r] >= 0) return;
+    fragment<T, N> zero;
+    for (int j = 0; j < N; ++j) zero.v[j] = dtype_traits<T>::from_float(0.0f);
+    for (std::int64_t f = team.lane(); f < hidden / N; f += team.size()) store_fragment(dst + r * hidden + f * N, zero);
+  }
+};
+
 // ---- combine: out[t] = sum over the token's valid slots, fp32, ascending k -------------------
 
 //! `dst[t] = round(sum_k w[t][k] * src[row_of[t][k]])` (weighted, explicit FMA) or the plain sum
