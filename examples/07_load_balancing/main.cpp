@@ -6,7 +6,8 @@
 //! gate (Zipf 1.2, top-2) under four patterns, each one policy of the same layer:
 //!   plain EP         `make_expert_parallel_layer<float>(be, groups, E, H)` over EP groups of 4 ranks
 //!                    (Megatron-LM: EP 4 x expert-DP 2, so every pattern holds 8 expert slots per GPU);
-//!   FasterMoE        the same, plus `fastermoe_shadowing<>{model}`;
+//!   FasterMoE        the same, plus `fastermoe_shadowing<collective_path>{model}` (replicas broadcast with
+//!                    collectives, the path example 04 and the benches use: its best here);
 //!   FlexMoE          all 8 ranks, `flexmoe{placement, {}, {planner}}`: each rank's tokens split evenly
 //!                    over an expert's replicas, `layer.rebalance(experts, state)` every few steps moves
 //!                    replicas (parameters and Adam state) where the planner says they pay off;
@@ -246,7 +247,7 @@ run_result run(problem const& p, int pattern) {
 
     // The four layers; each is one policy of make_expert_parallel_layer.
     using plain_t = moecomm::expert_parallel_layer_of<float, backend, comm_t>;
-    using shadow_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::fastermoe_shadowing<>>;
+    using shadow_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::fastermoe_shadowing<moecomm::collective_path>>;
     using flex_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::flexmoe>;
     using fine_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::finemoe>;
     std::optional<plain_t> plain;
@@ -256,7 +257,7 @@ run_result run(problem const& p, int pattern) {
     moecomm::replica_placement const* placed = nullptr;
     if (pattern == 0) plain.emplace(be, ep_groups, experts, H);
     if (pattern == 1) shadowed.emplace(be, ep_groups, experts, H, moecomm::dropless{}, moecomm::flat{}, moecomm::routing_checks{},
-                                       moecomm::fastermoe_shadowing<>{shadow, {}, {}});
+                                       moecomm::fastermoe_shadowing<moecomm::collective_path>{shadow, {}, {}});
     if (pattern == 2) flex.emplace(be, all, even, H, moecomm::even_split{}, moecomm::routing_checks{}, moecomm::dynamic_placement{planner}, left);
     if (pattern == 3) fine.emplace(be, all, cyclic, H, moecomm::finemoe_split{}, moecomm::routing_checks{}, moecomm::static_placement{}, left);
     if (pattern == 2) placed = &even;

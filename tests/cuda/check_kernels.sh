@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The resource check of the data-movement kernels (tests/cuda/kernels_ptx.cu), for every
 # architecture given: ptxas must report no spills for any moecomm kernel, and the wide paths of the
-# row kernels must copy with 16-byte vector loads and stores (ld.global.v4 / st.global.v4).
+# row kernels must copy with 16-byte vector loads and stores (ld.global[.nc].v4 / st.global[.wb].v4).
 # Spills listed in known_spills.txt beside this script (architecture, kernel, at most so many bytes
 # of spill stores) are reported but pass; any other spill, or a larger one, fails.
 # Usage: check_kernels.sh <nvcc> <include dir> <kernels_ptx.cu> <work dir> <arch>...
@@ -36,9 +36,9 @@ for arch in "$@"; do
   fi
   # Wide paths: float with 4 lanes, half/bf16 with 8, of gather and combine.
   not_vector=$(awk '
-    /^\.visible \.entry/ { name = $3; wide = (name ~ /(gather|combine)_rows_kernelI(f|6__half|13__nv_bfloat16)Li(4|8)E/); ld = 0; st = 0 }
-    wide && /ld\.global\.v4\./ { ld = 1 }
-    wide && /st\.global\.v4\./ { st = 1 }
+    /^\.visible \.entry/ { name = $3; wide = (name ~ /(gather|combine|scatter)_rows_kernelI(f|6__half|13__nv_bfloat16)Li(4|8)E/); ld = 0; st = 0 }
+    wide && /ld\.global(\.nc)?\.v4\./ { ld = 1 }
+    wide && /st\.global(\.wb)?\.v4\./ { st = 1 }
     wide && /^}/ { n++; if (!ld || !st) print name; wide = 0 }
     END { if (n == 0) print "no wide row kernels found" }' "$ptx")
   if [ -n "$not_vector" ]; then

@@ -7,12 +7,14 @@
 
 namespace moecomm::detail {
 
-#define MOECOMM_ROW_KERNELS(T, WIDE)                                                                         \
-  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, WIDE, indexed_source, no_scale>); \
-  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, 1, indexed_source, no_scale>);    \
-  template __global__ void for_each_row_kernel(std::int64_t,                                                  \
-                                               gather_rows_kernel<T, WIDE, indexed_source, slot_weight_scale>); \
-  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, WIDE, chunk_source, no_scale>);   \
+#define MOECOMM_ROW_KERNELS(T, WIDE)                                                                            \
+  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, WIDE, chunk_source>);        \
+  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, 1, chunk_source>);           \
+  template __global__ void for_each_row_kernel(std::int64_t, scatter_rows_kernel<T, WIDE, false>);              \
+  template __global__ void for_each_row_kernel(std::int64_t, scatter_rows_kernel<T, WIDE, true>);               \
+  template __global__ void for_each_row_kernel(std::int64_t, scatter_rows_kernel<T, 1, false>);                 \
+  template __global__ void for_each_row_kernel(std::int64_t, scatter_weighted_rows_with_dot_kernel<T, WIDE>);   \
+  template __global__ void for_each_row_kernel(std::int64_t, zero_unmapped_rows_kernel<T, WIDE>);               \
   template __global__ void for_each_row_kernel(std::int64_t, combine_rows_kernel<T, WIDE, true>);               \
   template __global__ void for_each_row_kernel(std::int64_t, combine_rows_kernel<T, WIDE, false>);              \
   template __global__ void for_each_row_kernel(std::int64_t, combine_rows_kernel<T, 1, true>);                  \

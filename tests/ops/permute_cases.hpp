@@ -10,7 +10,7 @@
 namespace test {
 
 // The shape sweep of the issue: T in {0, 1, 7, 2039}, E in {1, 7, 16}, K in {1, 2, 8} (K <= E),
-// with and without masked slots; duplicates allowed.
+// with and without masked slots; duplicates allowed; and K = 12.
 inline std::vector<routing_spec> routing_sweep() {
   std::vector<routing_spec> specs;
   std::uint32_t seed = 7;
@@ -23,6 +23,7 @@ inline std::vector<routing_spec> routing_sweep() {
         }
   specs.push_back({2039, 8, 16, 0.0, false, 1.2, 99});  // Zipf, distinct experts
   specs.push_back({513, 2, 16, 1.0, true, 0.0, 5});     // every slot masked
+  specs.push_back({257, 12, 16, 0.25, true, 0.0, 11});  // K > 8: the combine backward's two-pass path
   return specs;
 }
 

@@ -47,7 +47,9 @@ MOECOMM_HOST_DEVICE inline void store_fragment(T* p, fragment<T, N> const& f) {
   if constexpr (sizeof(f) == 16) {
     uint4 w;
     memcpy(&w, &f, sizeof(f));
-    *reinterpret_cast<uint4*>(p) = w;
+    // The intrinsic keeps it one 16-byte store (st.global.wb.v4): a plain assignment of a fragment
+    // held across a loop (the scatter kernels) was split into four 4-byte stores.
+    __stwb(reinterpret_cast<uint4*>(p), w);
     return;
   }
 #endif

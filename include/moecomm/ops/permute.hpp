@@ -70,10 +70,9 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
   // plan's tail rows, which no slot maps to, are zeroed apart.
   detail::with_fragment_width<T>(x.hidden, {x.data, out.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
-    be.for_each_row(tokens, detail::scatter_rows_kernel<T, n>{x.data, out.data, x.hidden, plan.row_of(), plan.routing().top_k,
-                                                              rows * out.row_bytes() >= detail::streaming_store_min_bytes});
-    if (plan.padded_capacity() > 0)
-      be.for_each_row(rows, detail::zero_unmapped_rows_kernel<T, n>{out.data, out.hidden, plan.token_of()});
+    be.for_each_row(tokens, detail::scatter_rows_kernel<T, n, false>{x.data, out.data, x.hidden, plan.row_of(), plan.routing().top_k,
+                                                                     nullptr, rows * out.row_bytes() >= detail::streaming_store_min_bytes});
+    detail::zero_padding_rows<T, n>(be, plan, out);
   });
   if (out_weights.wanted())
     be.for_each_index(rows, detail::gather_slot_weights{plan.routing().topk_weights, plan.token_of(), plan.slot_of(),

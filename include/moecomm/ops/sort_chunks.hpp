@@ -82,8 +82,8 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
   detail::chunk_source const source{device_table, device_table + chunks + 1, static_cast<std::int32_t>(chunks)};
   detail::with_fragment_width<T>(out.hidden, {in.data, out.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
-    be.for_each_row(total, detail::gather_rows_kernel<T, n, detail::chunk_source, detail::no_scale>{
-                               in.data, out.data, out.hidden, source, {}});
+    be.for_each_row(total, detail::gather_rows_kernel<T, n, detail::chunk_source>{
+                               in.data, out.data, out.hidden, source});
   });
   // No wait: the table is pageable host memory (workspace::host), which a copy to the device has
   // read when the call returns, and the device table is rewritten only by later work on the stream.

@@ -87,25 +87,17 @@ void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, ma
                         matrix_view<T> d_y) {
   detail::check_unpermute_backward<Weighting, Backend, T>(plan, d_out, d_y, "unpermute_backward");
   routing_view const& routing = plan.routing();
-  std::int64_t const rows = plan.num_rows();
+  // One pass over the tokens: each gradient row is read once and written (weighted) to its slots'
+  // rows; a padded plan's tail rows get zeros.
   detail::with_fragment_width<T>(d_y.hidden, {d_out.data, d_y.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
-    detail::indexed_source const source{plan.token_of()};
-    if constexpr (detail::is_weighted<Weighting>()) {
-      be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::slot_weight_scale>{
-                                d_out.data, d_y.data, d_y.hidden, source,
-                                {routing.topk_weights, plan.token_of(), plan.slot_of(), routing.top_k}});
-    } else {
-      be.for_each_row(rows, detail::gather_rows_kernel<T, n, detail::indexed_source, detail::no_scale>{
-                                d_out.data, d_y.data, d_y.hidden, source, {}});
-    }
+    be.for_each_row(routing.num_tokens, detail::scatter_rows_kernel<T, n, detail::is_weighted<Weighting>()>{
+                                            d_out.data, d_y.data, d_y.hidden, plan.row_of(), routing.top_k,
+                                            routing.topk_weights});
+    detail::zero_padding_rows<T, n>(be, plan, d_y);
   });
 }
 
-//! The weighted backward with the weight gradient too: `d_weights[t][k] = <y[row_of[t][k]],
-//! d_out[t]>` (fp32; 0 for masked slots), which needs the forward's expert outputs `y`.
-//! @param y `[>= P][H]` the forward's expert outputs.
-//! @param d_weights `[>= T * K]` gradient of the routing weights.
 template <class Backend, class T>
 void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, matrix_view<std::add_const_t<T>> d_out,
                         matrix_view<std::add_const_t<T>> y, matrix_view<T> d_y, array_view<float> d_weights) {
@@ -116,11 +108,22 @@ void unpermute_backward(Backend const& be, permute_plan<Backend> const& plan, ma
   detail::check_rows(y, plan.num_rows(), op, "y", "the forward's expert outputs, needed for d_weights");
   detail::check_same_hidden(d_out, "d_out", y, "y", op);
   detail::check_elements(d_weights, slots, op, "d_weights", "one per slot: num_tokens * top_k");
-  unpermute_backward<weighted>(be, plan, d_out, d_y);
-  detail::with_fragment_width<T>(y.hidden, {y.data, d_out.data}, [&](auto width) {
+  if (routing.top_k > detail::fused_dot_max_slots) {  // more slots than the fused kernel keeps: two passes
+    unpermute_backward<weighted>(be, plan, d_out, d_y);
+    detail::with_fragment_width<T>(y.hidden, {y.data, d_out.data}, [&](auto width) {
+      constexpr int n = decltype(width)::value;
+      be.for_each_row(slots, detail::slot_dot_kernel<T, n>{y.data, d_out.data, d_weights.data, y.hidden, plan.row_of(),
+                                                           routing.top_k});
+    });
+    return;
+  }
+  // One pass over the tokens: d_y and the weight gradient together, each d_out row read once.
+  detail::with_fragment_width<T>(y.hidden, {y.data, d_out.data, d_y.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
-    be.for_each_row(slots, detail::slot_dot_kernel<T, n>{y.data, d_out.data, d_weights.data, y.hidden, plan.row_of(),
-                                                         routing.top_k});
+    be.for_each_row(routing.num_tokens, detail::scatter_weighted_rows_with_dot_kernel<T, n>{
+                                            d_out.data, y.data, d_y.data, d_weights.data, y.hidden, plan.row_of(),
+                                            routing.topk_weights, routing.top_k});
+    detail::zero_padding_rows<T, n>(be, plan, d_y);
   });
 }
 

@@ -35,12 +35,6 @@ inline constexpr std::int64_t streaming_store_min_bytes = std::int64_t{8} << 20;
 
 // ---- source maps: which input row feeds output row `r` (-1 writes a zero row) ----------------
 
-//! Source row read from an index array (`token_of` of a permute plan).
-struct indexed_source {
-  std::int32_t const* source_of;
-  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t r) const { return source_of[r]; }
-};
-
 //! Source row of a chunked reordering: output chunk `c` covers rows `[dst_begin[c], dst_begin[c+1])`
 //! and reads rows from `src_begin[c]` on.
 struct chunk_source {
@@ -57,35 +51,13 @@ struct chunk_source {
   }
 };
 
-// ---- scaling applied while gathering ---------------------------------------------------------
-
-//! A bit copy.
-struct no_scale {
-  template <class T, int N>
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t, fragment<T, N>&) const {}
-};
-
-//! Multiplies row `r` by the routing weight of the slot that produced it, in fp32, rounding once.
-struct slot_weight_scale {
-  float const* weights;  //!< `[T][K]`
-  std::int32_t const* token_of;
-  std::int32_t const* slot_of;
-  std::int32_t top_k;
-  template <class T, int N>
-  MOECOMM_HOST_DEVICE void operator()(std::int64_t r, fragment<T, N>& f) const {
-    float const w = weights[static_cast<std::int64_t>(token_of[r]) * top_k + slot_of[r]];
-    for (int j = 0; j < N; ++j) f.v[j] = dtype_traits<T>::from_float(mul32(w, dtype_traits<T>::to_float(f.v[j])));
-  }
-};
-
-//! `dst[r] = scale(src[source(r)])`, or zeros when `source(r) < 0`.
-template <class T, int N, class Source, class Scale>
+//! `dst[r] = src[source(r)]`, or zeros when `source(r) < 0`.
+template <class T, int N, class Source>
 struct gather_rows_kernel {
   T const* src;
   T* dst;
   std::int64_t hidden;
   Source source;
-  Scale scale;
   bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
   //! Device memory one row reads and writes (a simulated device charges it).
@@ -112,9 +84,7 @@ struct gather_rows_kernel {
     T const* in = src + s * hidden;
     MOECOMM_DEVICE_UNROLL(2)  // deeper unrolling makes ptxas spill (tests/cuda/check_kernels.sh)
     for (std::int64_t f = team.lane(); f < fragments; f += team.size()) {
-      fragment<T, N> v = load_fragment<T, N>(in + f * N);
-      scale(r, v);
-      store_fragment(out + f * N, v);
+      store_fragment(out + f * N, load_fragment<T, N>(in + f * N));
     }
   }
 
@@ -128,19 +98,18 @@ struct gather_rows_kernel {
     T* out = dst + r * hidden;
     std::int64_t const fragments = hidden / N;
     std::int64_t f = 0;
-    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(r, in, out, f);
-    for (; f < fragments; ++f) host_step<1, Streaming>(r, in, out, f);
+    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(in, out, f);
+    for (; f < fragments; ++f) host_step<1, Streaming>(in, out, f);
   }
 
   template <int Count, bool Streaming>
-  void host_step(std::int64_t r, T const* in, T* out, std::int64_t f0) const {
+  void host_step(T const* in, T* out, std::int64_t f0) const {
     for (int i = 0; i < Count; ++i) {  // one fragment at a time: no array for g++ to spill
       fragment<T, N> v;
       if (in == nullptr) {
         for (int j = 0; j < N; ++j) v.v[j] = dtype_traits<T>::from_float(0.0f);
       } else {
         v = load_fragment<T, N>(in + (f0 + i) * N);
-        scale(r, v);
       }
       if constexpr (Streaming) {
         store_fragment_streaming(out + (f0 + i) * N, v);
@@ -153,20 +122,29 @@ struct gather_rows_kernel {
 
 // ---- scatter: each token row read once, written to each of its slots' rows ---------------------
 
-//! `dst[row_of[t][k]] = src[t]` for every valid slot k of token t (TransformerEngine's permute): the
-//! token's row is read once and written up to K times, where a gather by `token_of` reads it once
-//! per slot. Rows no slot maps to are not written.
+//! `v * w` in fp32, one rounding per element (the routing weight applied to a row).
 template <class T, int N>
+MOECOMM_HOST_DEVICE fragment<T, N> weighted_fragment(fragment<T, N> v, float w) {
+  for (int j = 0; j < N; ++j) v.v[j] = dtype_traits<T>::from_float(mul32(w, dtype_traits<T>::to_float(v.v[j])));
+  return v;
+}
+
+//! `dst[row_of[t][k]] = src[t]` (times `weights[t][k]` when `Weighted`, in fp32, one rounding) for
+//! every valid slot k of token t (TransformerEngine's permute): the token's row is read once and
+//! written up to K times, where a gather by `token_of` reads it once per slot. Rows no slot maps
+//! to are not written. `permute` (src = x) and the combine's backward (src = d_out).
+template <class T, int N, bool Weighted>
 struct scatter_rows_kernel {
   T const* src;
   T* dst;
   std::int64_t hidden;
   std::int32_t const* row_of;  //!< `[T][K]`
   std::int32_t top_k;
+  float const* weights;    //!< `[T][K]`, read only when `Weighted`
   bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
   //! Device memory one token reads (its row, its indices) and writes (up to K rows).
-  [[nodiscard]] std::int64_t bytes_per_row() const { return (top_k + 1) * hidden * std::int64_t{sizeof(T)} + 4 * top_k; }
+  [[nodiscard]] std::int64_t bytes_per_row() const { return (top_k + 1) * hidden * std::int64_t{sizeof(T)} + 8 * top_k; }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
@@ -185,7 +163,10 @@ struct scatter_rows_kernel {
       MOECOMM_DEVICE_UNROLL(1)
       for (std::int32_t k = 0; k < top_k; ++k) {
         std::int32_t const r = rows[k];
-        if (r >= 0) store_fragment(dst + static_cast<std::int64_t>(r) * hidden + f * N, v);
+        if (r < 0) continue;
+        T* out = dst + static_cast<std::int64_t>(r) * hidden + f * N;
+        if constexpr (Weighted) store_fragment(out, weighted_fragment(v, weights[t * top_k + k]));
+        else store_fragment(out, v);
       }
     }
   }
@@ -210,12 +191,60 @@ struct scatter_rows_kernel {
       if (r < 0) continue;
       T* out = dst + static_cast<std::int64_t>(r) * hidden + f0 * N;
       for (int i = 0; i < Count; ++i) {
+        fragment<T, N> const o = Weighted ? weighted_fragment(v[i], weights[t * top_k + k]) : v[i];
         if constexpr (Streaming) {
-          store_fragment_streaming(out + i * N, v[i]);
+          store_fragment_streaming(out + i * N, o);
         } else {
-          store_fragment(out + i * N, v[i]);
+          store_fragment(out + i * N, o);
         }
       }
+    }
+  }
+};
+
+//! The most slots per token the fused combine backward keeps in registers.
+inline constexpr std::int32_t fused_dot_max_slots = 8;
+
+//! The weighted combine's backward in one pass per token (TransformerEngine fuses it the same way):
+//! `d_y[row_of[t][k]] = w[t][k] * d_out[t]` and `dw[t][k] = <y[row_of[t][k]], d_out[t]>` (0 for a
+//! slot without a row), reading `d_out[t]` once. Each dot product accumulates as `slot_dot_kernel`
+//! does (per lane in ascending fragment, then the team's sum), so the bits are the same. Needs
+//! `top_k <= fused_dot_max_slots`.
+template <class T, int N>
+struct scatter_weighted_rows_with_dot_kernel {
+  T const* d_out;  //!< `[T][H]`
+  T const* y;      //!< `[P][H]` the forward's expert outputs
+  T* d_y;          //!< `[P][H]`
+  float* dw;       //!< `[T][K]`
+  std::int64_t hidden;
+  std::int32_t const* row_of;  //!< `[T][K]`
+  float const* weights;        //!< `[T][K]`
+  std::int32_t top_k;
+
+  //! Device memory one token reads (its gradient row, K expert rows, indices, weights) and writes (K rows, K floats).
+  [[nodiscard]] std::int64_t bytes_per_row() const { return (2 * top_k + 1) * hidden * std::int64_t{sizeof(T)} + 12 * top_k; }
+
+  template <class Team>
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
+    std::int32_t const* rows = row_of + t * top_k;
+    float partial[fused_dot_max_slots];
+    for (int k = 0; k < fused_dot_max_slots; ++k) partial[k] = 0.0f;
+    for (std::int64_t f = team.lane(); f < hidden / N; f += team.size()) {
+      fragment<T, N> const g = load_fragment<T, N>(d_out + t * hidden + f * N);
+      MOECOMM_DEVICE_UNROLL(8)  // constant indices keep `partial` in registers
+      for (std::int32_t k = 0; k < fused_dot_max_slots; ++k) {
+        if (k >= top_k || rows[k] < 0) continue;
+        std::int64_t const at = static_cast<std::int64_t>(rows[k]) * hidden + f * N;
+        fragment<T, N> const a = load_fragment<T, N>(y + at);
+        for (int j = 0; j < N; ++j) partial[k] = fma32(dtype_traits<T>::to_float(a.v[j]), dtype_traits<T>::to_float(g.v[j]), partial[k]);
+        store_fragment(d_y + at, weighted_fragment(g, weights[t * top_k + k]));
+      }
+    }
+    MOECOMM_DEVICE_UNROLL(8)
+    for (std::int32_t k = 0; k < fused_dot_max_slots; ++k) {
+      if (k >= top_k) continue;
+      float const total = team.reduce_sum(partial[k]);
+      if (team.lane() == 0) dw[t * top_k + k] = rows[k] < 0 ? 0.0f : total;
     }
   }
 };
@@ -237,6 +266,13 @@ struct zero_unmapped_rows_kernel {
     for (std::int64_t f = team.lane(); f < hidden / N; f += team.size()) store_fragment(dst + r * hidden + f * N, zero);
   }
 };
+
+//! After a scatter into `rows` (`[P][H]`): zeros a padded plan's tail rows, which no slot maps to.
+template <class T, int N, class Backend, class Plan, class Rows>
+void zero_padding_rows(Backend const& be, Plan const& plan, Rows const& rows) {
+  if (plan.padded_capacity() > 0)
+    be.for_each_row(plan.num_rows(), zero_unmapped_rows_kernel<T, N>{rows.data, rows.hidden, plan.token_of()});
+}
 
 // ---- combine: out[t] = sum over the token's valid slots, fp32, ascending k -------------------
 
