@@ -21,6 +21,7 @@
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
 #include <moecomm/patterns/layer_steps.hpp>
+#include <moecomm/patterns/policy_kinds.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -52,12 +53,37 @@ struct no_shadowing {
 template <class T, class Backend, class Comm, class Capacity = dropless, class Algorithm = flat,
           class Weighting = weighted, class Shadowing = no_shadowing>
 class expert_parallel_layer {
+  // The positional form checks each policy's kind (patterns/policy_kinds.hpp); the first one out of
+  // place is the one error (the layer builds with the defaults there, so nothing else fails).
+  static_assert(detail::is_kind<is_capacity_policy, Capacity>,
+                "moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, Weighting, Shadowing>: the 4th "
+                "argument must be a capacity policy (dropless, capacity<Rule>, receiver_budget). For policies in any "
+                "order, use make_expert_parallel_layer");
+  static_assert(!detail::is_kind<is_capacity_policy, Capacity> || detail::is_kind<is_alltoall_algorithm, Algorithm>,
+                "moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, Weighting, Shadowing>: the 5th "
+                "argument must be an all-to-all algorithm (flat, hierarchical_2d, pairwise, smart_schedule). For "
+                "policies in any order, use make_expert_parallel_layer");
+  static_assert(!detail::is_kind<is_capacity_policy, Capacity> || !detail::is_kind<is_alltoall_algorithm, Algorithm> ||
+                    detail::is_kind<is_weighting_policy, Weighting>,
+                "moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, Weighting, Shadowing>: the 6th "
+                "argument must be a weighting policy (weighted, unweighted). For policies in any order, use "
+                "make_expert_parallel_layer");
+  static_assert(!detail::is_kind<is_capacity_policy, Capacity> || !detail::is_kind<is_alltoall_algorithm, Algorithm> ||
+                    !detail::is_kind<is_weighting_policy, Weighting> || detail::is_kind<is_shadowing_policy, Shadowing>,
+                "moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, Weighting, Shadowing>: the 7th "
+                "argument must be a shadowing policy (no_shadowing, fastermoe_shadowing<...>). For policies in any "
+                "order, use make_expert_parallel_layer");
+  using capacity_t = detail::policy_or_default_t<is_capacity_policy, Capacity, dropless>;
+  using algorithm_t = detail::policy_or_default_t<is_alltoall_algorithm, Algorithm, flat>;
+  using weighting_t = detail::policy_or_default_t<is_weighting_policy, Weighting, weighted>;
+  using shadowing_t = detail::policy_or_default_t<is_shadowing_policy, Shadowing, no_shadowing>;
  public:
   expert_parallel_layer(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
                         Capacity capacity = {}, Algorithm algorithm = {}, routing_checks checks = {},
                         Shadowing shadowing = {})
-      : dispatcher_(be, agreed(groups, num_experts, hidden), num_experts, capacity, algorithm, checks),
-        shadow_(shadowing, be, groups, num_experts, hidden),
+      : dispatcher_(be, agreed(groups, num_experts, hidden), num_experts, detail::policy_or_default<capacity_t>(capacity),
+                    detail::policy_or_default<algorithm_t>(algorithm), checks),
+        shadow_(detail::policy_or_default<shadowing_t>(shadowing), be, groups, num_experts, hidden),
         hidden_(hidden) {}
 
   //! `out[t] = combine over t's kept slots of expert(e)(x[t])`. Collective. `routing` and `x` must
@@ -68,7 +94,7 @@ class expert_parallel_layer {
   template <class Experts>
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     // The interface is checked member by member; only the first mistake is reported.
-    if constexpr (detail::check_experts<T, Backend, Experts, Shadowing::shadows, false>()) {
+    if constexpr (detail::check_experts<T, Backend, Experts, shadowing_t::shadows, false>()) {
       char const* op = "expert_parallel_layer::forward";
       detail::call_scope<Comm> const call(dispatcher_.groups().world(), op, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
@@ -89,7 +115,7 @@ class expert_parallel_layer {
   template <class ExpertsBackward>
   void backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
-    if constexpr (detail::check_experts<T, Backend, ExpertsBackward, Shadowing::shadows, true>()) {
+    if constexpr (detail::check_experts<T, Backend, ExpertsBackward, shadowing_t::shadows, true>()) {
       char const* op = "expert_parallel_layer::backward";
       detail::call_scope<Comm> const call(dispatcher_.groups().world(), op, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
@@ -104,7 +130,7 @@ class expert_parallel_layer {
   //! from: the step runs unscheduled).
   template <class Experts>
   bool begin_replica_transfer(Experts& experts) {
-    static_assert(Shadowing::shadows, "moecomm::expert_parallel_layer::begin_replica_transfer: needs a shadowing policy");
+    static_assert(shadowing_t::shadows, "moecomm::expert_parallel_layer::begin_replica_transfer: needs a shadowing policy");
     detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::begin_replica_transfer", steps_.step() + 1);
     return shadow_.begin_transfer(experts);
   }
@@ -112,7 +138,7 @@ class expert_parallel_layer {
   //! Waits for a scheduled step's gradient aggregation, rethrowing its failure: the owners'
   //! gradients are whole after it. Call it before the optimizer reads them.
   void finish_replica_gradients() {
-    static_assert(Shadowing::shadows, "moecomm::expert_parallel_layer::finish_replica_gradients: needs a shadowing policy");
+    static_assert(shadowing_t::shadows, "moecomm::expert_parallel_layer::finish_replica_gradients: needs a shadowing policy");
     shadow_.finish_lane();
   }
 
@@ -123,10 +149,10 @@ class expert_parallel_layer {
   [[nodiscard]] bool training() const { return steps_.training(); }
 
   //! The layer's shadowing policy (`no_shadowing` or `fastermoe_shadowing<...>`).
-  using shadowing_policy = Shadowing;
+  using shadowing_policy = shadowing_t;
 
   //! The dispatcher: the step's report (capacity, drops, received and home rows, messages), counts, plan.
-  [[nodiscard]] dispatcher<Backend, Comm, Capacity, Algorithm> const& dispatch_state() const { return dispatcher_; }
+  [[nodiscard]] dispatcher<Backend, Comm, capacity_t, algorithm_t> const& dispatch_state() const { return dispatcher_; }
   //! The shadowing policy's state of the last step (for `fastermoe_shadowing`: the decision and the counts).
   [[nodiscard]] auto const& shadow_state() const { return shadow_; }
 
@@ -146,7 +172,7 @@ class expert_parallel_layer {
   template <class Experts>
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     check_forward_arguments(routing, x, out);
-    if constexpr (Shadowing::shadows) {
+    if constexpr (shadowing_t::shadows) {
       if (!shadow_.planned_ahead()) shadow_.finish_lane();  // a previous step's aggregation: its buffers are reused
       dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) {
         return shadow_.choose(counts);  // views of the state's vectors: nothing is copied
@@ -162,7 +188,7 @@ class expert_parallel_layer {
     rows_t& expert_out = grow_rows(expert_out_, rows);
     rows_t& home_out = grow_rows(home_out_, home);
     auto run_home = [&](Backend const& on) {
-      if constexpr (Shadowing::shadows)
+      if constexpr (shadowing_t::shadows)
         for_each_home_expert([&](std::int32_t e, std::int64_t begin, std::int64_t n) {
           detail::expert_forward<T>(experts, shadow_.parameters(experts, e), input_rows(home_in_, begin, n),
                                     rows_at(home_out, begin, n), on);
@@ -173,7 +199,7 @@ class expert_parallel_layer {
       detail::run_local_experts<T>(experts, offsets, input_rows(expert_in_, 0, rows), view(expert_out, rows), on, group_offsets_);
     };
     if constexpr (pipelined) {
-      dispatcher_.template forward_pipelined<Weighting, T>(
+      dispatcher_.template forward_pipelined<weighting_t, T>(
           x, view(expert_in_, rows), view(expert_out, rows), view(home_in_, home), view(home_out, home), out, run_home,
           [&](std::int32_t first, std::int32_t sources, Backend const& on) { for_each_source(first, sources, run_local, on); });
     } else {
@@ -181,7 +207,7 @@ class expert_parallel_layer {
       dispatcher_.template dispatch<T>(x, view(expert_in_, rows), view(home_in_, home));
       run_local(dispatcher_.local_expert_offsets(), be);
       run_home(be);
-      dispatcher_.template combine<Weighting, T>(view(expert_out, rows), view(home_out, home), out);
+      dispatcher_.template combine<weighting_t, T>(view(expert_out, rows), view(home_out, home), out);
     }
     routed_ = true;
   }
@@ -196,7 +222,7 @@ class expert_parallel_layer {
         d_weights.wanted() ? optional_output<array_view<float>>(array_view<float>{grow(dispatcher_.backend(), d_weights_, slots).data(), slots})
                            : optional_output<array_view<float>>(not_needed);
     // The smart schedule writes d_x before the shadowed gradients are reduced, which may fail: stage it.
-    constexpr bool stage_d_x = pipelined && Shadowing::shadows;
+    constexpr bool stage_d_x = pipelined && shadowing_t::shadows;
     optional_output<matrix_view<T>> const d_x_staged =
         stage_d_x && d_x.wanted() ? optional_output<matrix_view<T>>(view(grow_rows(d_x_, tokens), tokens)) : d_x;
     std::int64_t const rows = dispatcher_.received_rows(), home = dispatcher_.home_rows();
@@ -205,7 +231,7 @@ class expert_parallel_layer {
     rows_t& d_home_out = grow_rows(d_home_out_, home);
     rows_t& d_home_in = grow_rows(d_home_in_, home);
     auto run_home = [&](Backend const& on) {
-      if constexpr (Shadowing::shadows)
+      if constexpr (shadowing_t::shadows)
         for_each_home_expert([&](std::int32_t e, std::int64_t begin, std::int64_t n) {
           detail::expert_backward<T>(experts, shadow_.parameters(experts, e), input_rows(home_in_, begin, n),
                                      input_rows(d_home_out, begin, n), rows_at(d_home_in, begin, n),
@@ -218,20 +244,20 @@ class expert_parallel_layer {
                                             view(d_expert_in, rows), on, group_offsets_);
     };
     if constexpr (pipelined) {
-      dispatcher_.template backward_pipelined<Weighting, T>(
+      dispatcher_.template backward_pipelined<weighting_t, T>(
           d_out, view(d_expert_out, rows), view(d_expert_in, rows), view(d_home_out, home), view(d_home_in, home),
           d_x_staged, d_weights_staged, run_home,
           [&](std::int32_t first, std::int32_t sources, Backend const& on) { for_each_source(first, sources, run_local, on); });
     } else {
       Backend const& be = dispatcher_.backend();
-      dispatcher_.template combine_backward<Weighting, T>(d_out, view(d_expert_out, rows), view(d_home_out, home),
+      dispatcher_.template combine_backward<weighting_t, T>(d_out, view(d_expert_out, rows), view(d_home_out, home),
                                                           d_weights_staged);
       run_local(dispatcher_.local_expert_offsets(), be);
       run_home(be);
-      if constexpr (Shadowing::shadows) shadow_.reduce(experts);
+      if constexpr (shadowing_t::shadows) shadow_.reduce(experts);
       dispatcher_.template dispatch_backward<T>(view(d_expert_in, rows), view(d_home_in, home), d_x_staged);
     }
-    if constexpr (pipelined && Shadowing::shadows) shadow_.reduce(experts);
+    if constexpr (pipelined && shadowing_t::shadows) shadow_.reduce(experts);
     // Nothing can fail from here on (dispatch_backward's last step writes d_x after its exchange).
     Backend const& be = dispatcher_.backend();
     if constexpr (stage_d_x)
@@ -250,11 +276,11 @@ class expert_parallel_layer {
     char const* op = "expert_parallel_layer::backward";
     if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
     routing_view const& routing = dispatcher_.plan().routing();
-    detail::check_layer_backward_arguments(op, routing.num_tokens, routing.top_k, detail::is_weighted<Weighting>(), d_out, d_x,
+    detail::check_layer_backward_arguments(op, routing.num_tokens, routing.top_k, detail::is_weighted<weighting_t>(), d_out, d_x,
                                            d_weights, hidden_);
   }
   //! The smart schedule runs dispatch, experts and combine as one pipelined call.
-  static constexpr bool pipelined = std::is_same_v<Algorithm, smart_schedule>;
+  static constexpr bool pipelined = std::is_same_v<algorithm_t, smart_schedule>;
 
   //! `b`, grown to `rows` rows: the layer's row buffers are kept from step to step.
   rows_t& grow_rows(rows_t& b, std::int64_t rows) const { return grow(dispatcher_.backend(), b, rows * hidden_); }
@@ -279,8 +305,8 @@ class expert_parallel_layer {
     for (std::size_t i = 0; i < home.size(); ++i) f(home[i], offsets[i], offsets[i + 1] - offsets[i]);
   }
 
-  dispatcher<Backend, Comm, Capacity, Algorithm> dispatcher_;
-  typename Shadowing::template state<Backend, Comm> shadow_;
+  dispatcher<Backend, Comm, capacity_t, algorithm_t> dispatcher_;
+  typename shadowing_t::template state<Backend, Comm> shadow_;
   std::int64_t hidden_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
   detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode

@@ -30,6 +30,7 @@
 #include <moecomm/patterns/finemoe.hpp>
 #include <moecomm/patterns/flexmoe.hpp>
 #include <moecomm/patterns/hybridep.hpp>
+#include <moecomm/patterns/policy_kinds.hpp>
 #include <moecomm/patterns/replicated_experts.hpp>
 
 #include <cstdint>
@@ -37,32 +38,6 @@
 #include <utility>
 
 MOECOMM_NAMESPACE_BEGIN
-
-//! Capacity policies: `dropless`, `capacity<rule>`, `receiver_budget`.
-template <class P>
-struct is_capacity_policy : std::bool_constant<detail::is_dropless_v<P> || detail::is_receiver_budget_v<P>> {};
-template <class Rule>
-struct is_capacity_policy<capacity<Rule>> : std::true_type {};
-
-//! All-to-all algorithms: `flat`, `hierarchical_2d`, `pairwise`, `smart_schedule`.
-template <class P>
-struct is_alltoall_algorithm : std::bool_constant<std::is_same_v<P, flat> || std::is_same_v<P, hierarchical_2d> ||
-                                                  std::is_same_v<P, pairwise> || std::is_same_v<P, smart_schedule>> {};
-
-//! Weighting policies: `weighted`, `unweighted`.
-template <class P>
-struct is_weighting_policy : std::bool_constant<std::is_same_v<P, weighted> || std::is_same_v<P, unweighted>> {};
-
-//! Shadowing policies: any type with a `static constexpr bool shadows` (`no_shadowing`,
-//! `fastermoe_shadowing<...>`).
-template <class P, class = void>
-struct is_shadowing_policy : std::false_type {};
-template <class P>
-struct is_shadowing_policy<P, std::void_t<decltype(P::shadows)>> : std::true_type {};
-
-//! The routing value scans.
-template <class P>
-struct is_routing_checks : std::is_same<P, routing_checks> {};
 
 //! HybridEP's expert domains (`hybridep`).
 template <class P>
