@@ -348,10 +348,10 @@ TEST_CASE("simulated layer: replicas move with their optimizer state on simulate
 }
 
 // Issue 23's recover-mode campaign (tests/fault/pattern_recovery.hpp) on simulated ranks (2 nodes of
-// 2): 70 runs (7 patterns x 5 faults x 2 seeds), each on a fresh world whose waits end after 1
-// simulated second; 0 silent wrong results and 0 lost parameters. Known defect, open: with more seeds
-// (MOECOMM_RECOVERY_RUNS=6) a HybridEP skip_backward run ends with SimGrid finding a deadlock (a rank
-// waits on its lane after an earlier timeout) instead of an error on that rank.
+// 2): 210 runs (7 patterns x 5 faults x 6 seeds), each on a fresh world whose waits end after 1
+// simulated second; 0 silent wrong results and 0 lost parameters. It caught HybridEP starting a
+// second background gather over one still running (after a refused forward): SimGrid found the rank
+// and its lane deadlocked; now the new gather first finishes the old one or reports its failure.
 TEST_CASE("simulated layer: after a fault, every rank's last step fails or equals a clean run, for every pattern") {
   auto const run_world = [](std::string const& what, auto&& per_rank, bool clean) {
     if (std::getenv("MOECOMM_RECOVERY_VERBOSE") != nullptr) std::printf("%s\n", what.c_str());
@@ -360,7 +360,7 @@ TEST_CASE("simulated layer: after a fault, every rank's last step fails or equal
     world.run([&](moecomm::simgrid_communicator comm) { per_rank(comm, moecomm::simulated_backend<>{}); });
     return simgrid::s4u::Engine::get_clock() - start >= timeout;
   };
-  std::int64_t const seeds = env_knob("MOECOMM_RECOVERY_RUNS", 2);
+  std::int64_t const seeds = env_knob("MOECOMM_RECOVERY_RUNS", 6);
   recovery::tally const total = recovery::run_campaign("simulated ranks", seeds, run_world);
   CHECK(total.runs == 7 * 5 * seeds);
 }

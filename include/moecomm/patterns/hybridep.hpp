@@ -275,6 +275,9 @@ class hybridep_layer {
 
   template <class Experts>
   void start_gather(Experts& experts) {
+    // A gather begun and never waited for (its step's forward was refused) finishes first, or
+    // reports its failure: the lane runs one job at a time, and this one rewrites its buffers.
+    finish_gather();
     using P = detail::parameter_t<Experts>;
     std::int64_t const count = experts.parameter_count(), mine = local_experts_ * count;
     P* const staged = reinterpret_cast<P*>(grow(be_, staged_params_, mine * std::int64_t(sizeof(P))).data());
