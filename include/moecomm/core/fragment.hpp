@@ -72,6 +72,14 @@ inline void store_fragment_streaming(T* p, fragment<T, N> const& f) {
   store_fragment(p, f);
 }
 
+//! Host only: `store_fragment_streaming` when `Streaming`, else `store_fragment` (the host row
+//! kernels' two paths).
+template <bool Streaming, class T, int N>
+inline void store_fragment_host(T* p, fragment<T, N> const& f) {
+  if constexpr (Streaming) store_fragment_streaming(p, f);
+  else store_fragment(p, f);
+}
+
 //! Host only: orders this thread's earlier non-temporal stores before its later stores.
 inline void streaming_store_fence() {
 #if !MOECOMM_DEVICE_PASS() && defined(__SSE2__)

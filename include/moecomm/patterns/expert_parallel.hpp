@@ -52,7 +52,7 @@ struct no_shadowing {
 //! is global expert `r * E / R + l`.
 template <class T, class Backend, class Comm, class Capacity = dropless, class Algorithm = flat,
           class Weighting = weighted, class Shadowing = no_shadowing>
-class expert_parallel_layer {
+class expert_parallel_layer : public detail::layer_mode {
   // The positional form checks each policy's kind (patterns/policy_kinds.hpp); the first one out of
   // place is the one error (the layer builds with the defaults there, so nothing else fails).
   static_assert(detail::is_kind<is_capacity_policy, Capacity>,
@@ -142,11 +142,6 @@ class expert_parallel_layer {
     shadow_.finish_lane();
   }
 
-  //! Training mode (the default): every forward needs its backward before the next forward, or the
-  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
-  //! each other, and a backward is an error. Local: set it alike on every rank.
-  void set_training(bool on) { steps_.set_training(on); }
-  [[nodiscard]] bool training() const { return steps_.training(); }
 
   //! The layer's shadowing policy (`no_shadowing` or `fastermoe_shadowing<...>`).
   using shadowing_policy = shadowing_t;
@@ -309,7 +304,6 @@ class expert_parallel_layer {
   typename shadowing_t::template state<Backend, Comm> shadow_;
   std::int64_t hidden_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
-  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   rows_t expert_in_;  //!< the experts' input rows, kept for their backward
   rows_t home_in_;    //!< the home (shadowed) experts' input rows, likewise
   rows_t expert_out_, home_out_, d_expert_out_, d_expert_in_, d_home_out_, d_home_in_;  //!< reused each step

@@ -153,7 +153,7 @@ inline void expert_labels_by_position(expert_domain_layout const& layout, std::i
 //! The experts must be parametric (patterns/experts.hpp): the layer moves their parameters. Local
 //! expert `l` of rank `r` is global expert `r · E / R + l`, as in plain expert parallelism.
 template <class T, class Backend, class Comm, class Capacity = dropless, class Weighting = weighted>
-class hybridep_layer {
+class hybridep_layer : public detail::layer_mode {
  public:
   //! Collective over the world of `groups`, whose topology names the domains.
   //! @throws error (invalid_argument) naming `policy.expert_domain` when it does not divide the ranks
@@ -243,11 +243,6 @@ class hybridep_layer {
     }
   }
 
-  //! Training mode (the default): every forward needs its backward before the next forward, or the
-  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
-  //! each other, and a backward is an error. Local: set it alike on every rank.
-  void set_training(bool on) { steps_.set_training(on); }
-  [[nodiscard]] bool training() const { return steps_.training(); }
 
   [[nodiscard]] hybridep_report const& report() const { return report_; }
   //! The dispatcher over the same-offset group (its report: capacity, drops, rows).
@@ -505,7 +500,6 @@ class hybridep_layer {
 
   Backend be_;
   Comm* world_;
-  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   detail::expert_domain_layout layout_;
   std::int32_t position_;
   Comm same_offset_, expert_domain_;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! `detail::layer_steps`: a layer's count of forwards begun, the step its calls' collectives are
-//! checked under (comm/detail/call_identity.hpp), and its mode. In training mode (the default)
-//! every forward must get its backward before the next forward: a forgotten backward would
-//! otherwise run on silently with stale gradients. In inference mode (`set_training(false)`)
+//! `detail::layer_steps`, held by `detail::layer_mode` (the layers' base): a layer's count of
+//! forwards begun, the step its calls' collectives are checked under (comm/detail/call_identity.hpp),
+//! and its mode. In training mode (the default) every forward must get its backward before the next
+//! forward: a forgotten backward would otherwise run on silently with stale gradients. In inference mode (`set_training(false)`)
 //! forwards follow each other and a backward is an error.
 
 #include <moecomm/config.hpp>
@@ -56,6 +56,19 @@ class layer_steps {
   std::int64_t step_ = 0, last_forward_ = 0;
   bool training_ = true;
   bool awaiting_backward_ = false;
+};
+
+//! The mode every layer offers, and the step count behind it: the layers derive from it.
+class layer_mode {
+ public:
+  //! Training mode (the default): every forward needs its backward before the next forward, or the
+  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
+  //! each other, and a backward is an error. Local: set it alike on every rank.
+  void set_training(bool on) { steps_.set_training(on); }
+  [[nodiscard]] bool training() const { return steps_.training(); }
+
+ protected:
+  layer_steps steps_;  //!< forwards begun (the step the layer's calls are checked under) and the mode
 };
 
 }  // namespace detail

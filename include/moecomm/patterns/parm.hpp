@@ -132,7 +132,7 @@ inline constexpr bool pipelines_v = std::is_same_v<Schedule, parm_s2> || std::is
 //! index; with ESP = 1 any experts do (parametric ones when MP > 1 under PauseMP, whose gradients
 //! the MP peers sum).
 template <class T, class Backend, class Comm, class Schedule = parm_s1, class Capacity = dropless, class Weighting = weighted>
-class parm_layer {
+class parm_layer : public detail::layer_mode {
   static_assert(!detail::is_receiver_budget_v<Capacity>,
                 "moecomm::parm_layer: receiver_budget is not supported (its drops depend on the MP split); use "
                 "dropless or capacity<rule>");
@@ -192,11 +192,6 @@ class parm_layer {
     }
   }
 
-  //! Training mode (the default): every forward needs its backward before the next forward, or the
-  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
-  //! each other, and a backward is an error. Local: set it alike on every rank.
-  void set_training(bool on) { steps_.set_training(on); }
-  [[nodiscard]] bool training() const { return steps_.training(); }
 
   [[nodiscard]] parm_report const& report() const { return report_; }
   [[nodiscard]] parallel_groups<Comm>& groups() const { return *groups_; }
@@ -619,7 +614,6 @@ class parm_layer {
   row_range slice_;  //!< this rank's tokens under PauseMP
   rows_t expert_in_, partial_out_, expert_out_, esp_slice_, out_slice_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
-  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   rows_t d_expert_out_, d_partial_in_, d_expert_in_, d_returned_, d_x_slice_, d_x_unwanted_;
   typename Backend::template buffer_type<float> d_weights_slice_, d_weights_unwanted_;
   parm_report report_;

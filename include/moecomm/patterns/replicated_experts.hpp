@@ -113,7 +113,7 @@ namespace detail {
 //! @tparam Placement `static_placement` or `dynamic_placement`.
 template <class T, class Backend, class Comm, class Split = finemoe_split, class Weighting = weighted,
           class Placement = static_placement>
-class replicated_expert_layer {
+class replicated_expert_layer : public detail::layer_mode {
  public:
   //! Collective over the world of `groups` (one communicator per slot row is split off).
   //! @throws error (invalid_argument) naming `placement` when its ranks are not the world's.
@@ -157,11 +157,6 @@ class replicated_expert_layer {
     }
   }
 
-  //! Training mode (the default): every forward needs its backward before the next forward, or the
-  //! next forward throws `invalid_usage` naming both steps. Inference mode (`false`): forwards follow
-  //! each other, and a backward is an error. Local: set it alike on every rank.
-  void set_training(bool on) { steps_.set_training(on); }
-  [[nodiscard]] bool training() const { return steps_.training(); }
 
   //! Moves the replicas to placement `to` (file comment): parameters and optimizer `state` into
   //! the slots that gain an expert, then new replica groups. Collective; between steps (a backward
@@ -397,7 +392,6 @@ class replicated_expert_layer {
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
-  detail::layer_steps steps_;  //!< forwards begun (the step its calls are checked under) and the mode
   bool routed_ = false;
 };
 

@@ -111,11 +111,7 @@ struct gather_rows_kernel {
       } else {
         v = load_fragment<T, N>(in + (f0 + i) * N);
       }
-      if constexpr (Streaming) {
-        store_fragment_streaming(out + (f0 + i) * N, v);
-      } else {
-        store_fragment(out + (f0 + i) * N, v);
-      }
+      store_fragment_host<Streaming>(out + (f0 + i) * N, v);
     }
   }
 };
@@ -192,11 +188,7 @@ struct scatter_rows_kernel {
       T* out = dst + static_cast<std::int64_t>(r) * hidden + f0 * N;
       for (int i = 0; i < Count; ++i) {
         fragment<T, N> const o = Weighted ? weighted_fragment(v[i], weights[t * top_k + k]) : v[i];
-        if constexpr (Streaming) {
-          store_fragment_streaming(out + i * N, o);
-        } else {
-          store_fragment(out + i * N, o);
-        }
+        store_fragment_host<Streaming>(out + i * N, o);
       }
     }
   }
@@ -359,11 +351,7 @@ struct combine_rows_kernel {
     for (int i = 0; i < Count; ++i)
       for (int j = 0; j < N; ++j) o[i].v[j] = dtype_traits<T>::from_float(acc[i * N + j]);
     for (int i = 0; i < Count; ++i) {
-      if constexpr (Streaming) {
-        store_fragment_streaming(out + (f0 + i) * N, o[i]);
-      } else {
-        store_fragment(out + (f0 + i) * N, o[i]);
-      }
+      store_fragment_host<Streaming>(out + (f0 + i) * N, o[i]);
     }
   }
 };
