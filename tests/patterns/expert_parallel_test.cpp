@@ -16,10 +16,12 @@ template <class T, class Algorithm>
 void check_all_capacities(layer_case const& c, Algorithm const& algorithm) {
   CAPTURE(c.ranks);
   CAPTURE(c.per_node);
-  CAPTURE(Algorithm::name);
+  std::string const algorithm_name = Algorithm::name;
+  CAPTURE(algorithm_name);
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
-    CAPTURE(std::decay_t<decltype(capacity)>::name);
-    auto const in = make_layer_inputs<T>(c, capacity, rule, drops);
+    std::string const policy = std::decay_t<decltype(capacity)>::name;
+    CAPTURE(policy);
+    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
     moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
     world.run([&](moecomm::inproc_communicator comm) { check_layer_on_rank(comm, c, in, capacity, algorithm); });
   });
@@ -36,6 +38,74 @@ TEST_CASE("the expert-parallel layer equals the single-process oracle") {
     check_all_capacities<float>(c, moecomm::pairwise{1});
     check_all_capacities<float>(c, moecomm::smart_schedule{c.per_node});
   }
+}
+
+// Deduplicated exchange (semantics §10a): the experts see plain dispatch's rows, and the combine and
+// the input gradient sum per expert rank first, as the oracle does.
+TEST_CASE("the layer with a deduplicated exchange equals the oracle's per-rank sums, for every capacity policy") {
+  for (layer_case const& c : {layer_case{1, 1, 4, 2, 16, {37}, 0.0},
+                              layer_case{2, 2, 4, 3, 16, {40, 0}, 1.2},
+                              layer_case{4, 2, 8, 4, 8, {30, 1, 0, 57}, 0.0},
+                              layer_case{8, 4, 16, 8, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 1.2}}) {
+    check_all_capacities<float>(c, moecomm::dedup_per_rank<moecomm::flat>{});
+    check_all_capacities<float>(c, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
+    check_all_capacities<float>(c, moecomm::dedup_per_rank<moecomm::pairwise>{{c.per_node}});
+  }
+  check_all_capacities<__nv_bfloat16>(layer_case{8, 4, 16, 6, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 2.0},
+                                      moecomm::dedup_per_rank<moecomm::flat>{});
+}
+
+// One row per (token, destination rank) crosses the network each way, with its slot list (8·K
+// bytes) once per routing: counted exactly. Where each token's experts share one rank, the per-rank
+// sum is the whole sum, and the deduplicated layer gives plain dispatch's bits (the plain oracle).
+TEST_CASE("a deduplicated exchange moves one row per token and rank, and gives plain bits when a token's experts share a rank") {
+  layer_case const c{4, 2, 16, 3, 16, {40, 25, 0, 33}, 0.0};
+  auto in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false, true);
+  auto const general = in.want;
+  for (int32_t r = 0; r < c.ranks; ++r) {  // token t: experts d*4 + {t, t+1, t+2} mod 4 of rank d = (t + r) mod 4
+    auto& routing = in.routing[static_cast<std::size_t>(r)];
+    for (int64_t t = 0; t < routing.tokens; ++t)
+      for (int32_t k = 0; k < c.top_k; ++k) {
+        auto const slot = static_cast<std::size_t>(t * c.top_k + k);
+        routing.idx[slot] = static_cast<int32_t>((t + r) % 4 * 4 + (t + k) % 4);
+        if (std::isnan(routing.w[slot])) routing.w[slot] = 0.3f;  // a slot that was masked
+      }
+    in.want[static_cast<std::size_t>(r)] = layer_oracle(routing, routing.tokens * c.top_k, in.x[static_cast<std::size_t>(r)],
+                                                        in.d_out[static_cast<std::size_t>(r)], c.hidden, c.experts);
+    CHECK(layer_oracle(routing, routing.tokens * c.top_k, in.x[static_cast<std::size_t>(r)], in.d_out[static_cast<std::size_t>(r)],
+                       c.hidden, c.experts, c.ranks).out == in.want[static_cast<std::size_t>(r)].out);
+  }
+  CHECK(general[0].out != make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false).want[0].out);
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    check_layer_on_rank(comm, c, in, moecomm::dropless{}, moecomm::dedup_per_rank<moecomm::flat>{});
+    // The bytes: token t of rank s goes to rank (t + s) mod 4 only; those not to s itself cross.
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless,
+                                   moecomm::dedup_per_rank<moecomm::flat>>
+        dedup(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator> plain(moecomm::host_backend{}, groups,
+                                                                                                   c.experts, c.hidden);
+    int32_t const me = comm.rank();
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
+    int64_t sent_rows = 0, returned_rows = 0;  // dispatch rows this rank sends; combine rows it sends back
+    for (int32_t s = 0; s < c.ranks; ++s)
+      for (int64_t t = 0; t < in.routing[static_cast<std::size_t>(s)].tokens; ++t) {
+        int64_t const d = (t + s) % 4;
+        sent_rows += s == me && d != me ? 1 : 0;
+        returned_rows += s != me && d == me ? 1 : 0;
+      }
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden));
+    moecomm::routing_view const view{r.idx.data(), r.w.data(), r.tokens, r.top_k};
+    moecomm::matrix_view<float const> const x{in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden};
+    scale_experts<float> const experts{me * 4};
+    dedup.forward(view, x, {out.data(), r.tokens, c.hidden}, experts);
+    plain.forward(view, x, {out.data(), r.tokens, c.hidden}, experts);
+    auto sent = [](moecomm::alltoall_stats const& s) { return s.intra_bytes + s.inter_bytes; };
+    int64_t const row = c.hidden * 4;
+    CHECK(sent(dedup.dispatch_state().report().exchange) == sent_rows * (8 * c.top_k + row) + returned_rows * row);
+    CHECK(sent(plain.dispatch_state().report().exchange) == (sent_rows + returned_rows) * c.top_k * row);
+  });
 }
 
 TEST_CASE("the layer handles bf16 rows, an expert nobody uses and all tokens on one expert") {

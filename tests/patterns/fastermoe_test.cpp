@@ -83,6 +83,27 @@ TEST_CASE("FasterMoE: any shadow set, over either replica path, gives plain expe
   }
 }
 
+// With dyadic payloads and weights every product and partial sum is exact, so the per-rank sums of a
+// deduplicated exchange (semantics §10a) give plain expert parallelism's bits: home slots, subsets
+// and capacity compose with dedup (subsets: in the next test). Padding with home experts is refused by name.
+TEST_CASE("FasterMoE: with a deduplicated exchange, shadowed equals plain on exact payloads; padding with home experts is refused") {
+  using dedup_flat = moecomm::dedup_per_rank<moecomm::flat>;
+  moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
+  for (shadow_case const& c : {skewed4, skewed8, extreme8}) {
+    CHECK(!run_equivalence<float>(c, shadowing, moecomm::dropless{}, dedup_flat{}, moecomm::flat{}).empty());
+    run_equivalence<float>(c, shadowing, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}},
+                           moecomm::dedup_per_rank<moecomm::hierarchical_2d>{}, moecomm::hierarchical_2d{});
+    run_equivalence<float>(c, shadowing, moecomm::receiver_budget{60}, dedup_flat{}, moecomm::pairwise{1});
+  }
+  std::vector<std::int32_t> odd;
+  for (std::int32_t e = 1; e < 16; e += 2) odd.push_back(e);
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_planner> const p2p{small_model(), {64}, {odd}};
+  CHECK(run_equivalence<float>(skewed8, p2p, moecomm::dropless{}, dedup_flat{}, moecomm::flat{}) == odd);
+  CHECK_THROWS_WITH(run_equivalence<float>(skewed8, p2p, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, true, {}},
+                                           dedup_flat{}, moecomm::flat{}),
+                    doctest::Contains("dedup_per_rank with pad_to_capacity and home experts is not supported"));
+}
+
 // Subsets (Pro-Prophet's replicas): an expert replicated on no rank but its owner, on one rank, on
 // every rank, or a mix; each rank computes its own tokens of an expert exactly where it holds it.
 TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert parallelism's result") {
@@ -101,7 +122,7 @@ TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert paralle
     using planner_t = fixed_subset_planner;
     moecomm::fastermoe_shadowing<moecomm::point_to_point_path, planner_t> const p2p{small_model(), {64}, sc.planner};
     auto const in = make_shadow_inputs<float>(skewed8);
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       CAPTURE(variant);
       std::vector<std::vector<std::int32_t>> home(8);
       moecomm::inproc_world const world(8, std::chrono::seconds(30));
@@ -112,8 +133,11 @@ TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert paralle
         else if (variant == 1)
           mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}},
                                              moecomm::hierarchical_2d{}, moecomm::hierarchical_2d{});
-        else
+        else if (variant == 2)
           mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::smart_schedule{4}, moecomm::flat{});
+        else  // exact payloads: the deduplicated exchange's per-rank sums are exact too
+          mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::dedup_per_rank<moecomm::flat>{},
+                                             moecomm::flat{});
       });
       // Each rank computes at home exactly the experts it owns or holds a replica of.
       for (std::int32_t r = 0; r < 8; ++r) {

@@ -62,10 +62,19 @@ struct expected_rank {
   int64_t dropped = 0;
 };
 
+// `dedup_ranks` > 0: the exchange is deduplicated over that many ranks (semantics §10a), so the
+// combine and the input gradient sum per expert rank first.
 template <class T>
 expected_rank<T> layer_oracle(oracle::routing const& kept, int64_t valid_slots, std::vector<T> const& x,
-                              std::vector<T> const& d_out, int64_t hidden, int32_t experts) {
+                              std::vector<T> const& d_out, int64_t hidden, int32_t experts, int32_t dedup_ranks = 0) {
   auto const m = oracle::permute_map(kept, experts);
+  std::vector<int32_t> group(kept.idx.size(), -1);
+  for (std::size_t i = 0; i < group.size(); ++i)
+    if (dedup_ranks > 0 && kept.idx[i] >= 0) group[i] = kept.idx[i] / (experts / dedup_ranks);
+  auto combine = [&](std::vector<T> const& rows, bool weighted) {
+    return dedup_ranks > 0 ? oracle::grouped_unpermute(rows, hidden, kept, m, weighted, group)
+                           : oracle::unpermute(rows, hidden, kept, m, weighted);
+  };
   std::vector<T> y;  // expert outputs in permuted order
   for (int64_t row = 0; row < m.rows(); ++row) {
     int32_t const t = m.token_of[static_cast<std::size_t>(row)];
@@ -73,13 +82,13 @@ expected_rank<T> layer_oracle(oracle::routing const& kept, int64_t valid_slots, 
     for (int64_t h = 0; h < hidden; ++h) y.push_back(scaled(x[static_cast<std::size_t>(t * hidden + h)], e));
   }
   expected_rank<T> want;
-  want.out = oracle::unpermute(y, hidden, kept, m, true);
+  want.out = combine(y, true);
   auto d_y = oracle::unpermute_backward(d_out, hidden, kept, m, true);
   for (int64_t row = 0; row < m.rows(); ++row) {
     int32_t const e = kept.at(m.token_of[static_cast<std::size_t>(row)], m.slot_of[static_cast<std::size_t>(row)]);
     for (int64_t h = 0; h < hidden; ++h) d_y[static_cast<std::size_t>(row * hidden + h)] = scaled(d_y[static_cast<std::size_t>(row * hidden + h)], e);
   }
-  want.d_x = oracle::unpermute(d_y, hidden, kept, m, false);
+  want.d_x = combine(d_y, false);
   want.d_w = oracle::weight_grad(y, d_out, hidden, kept, m);
   want.dropped = valid_slots - m.rows();
   return want;
@@ -115,7 +124,8 @@ struct layer_inputs {
 };
 
 template <class T, class Capacity>
-layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity, oracle::drop_rule rule, bool drops) {
+layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity, oracle::drop_rule rule, bool drops,
+                                  bool dedup = false) {
   layer_inputs<T> in;
   auto const ranks = static_cast<std::size_t>(c.ranks);
   in.routing.resize(ranks);
@@ -140,7 +150,7 @@ layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity,
   for (int32_t r = 0; r < c.ranks; ++r) {
     int64_t valid = 0;
     for (int32_t e : in.routing[r].idx) valid += e >= 0 ? 1 : 0;
-    in.want[r] = layer_oracle(kept[r], valid, in.x[r], in.d_out[r], c.hidden, c.experts);
+    in.want[r] = layer_oracle(kept[r], valid, in.x[r], in.d_out[r], c.hidden, c.experts, dedup ? c.ranks : 0);
   }
   return in;
 }

@@ -117,6 +117,45 @@ std::vector<T> unpermute(std::vector<T> const& y, int64_t hidden, routing const&
   return out;
 }
 
+// §10a: the combine of a deduplicated exchange. `group[t][k]` names where slot k's row is summed
+// (its expert's rank), or -1 for a slot summed directly at the source (a home slot). Each group is
+// summed in slot order from +0.0 and rounded to T, there; the source adds, in the order of their
+// first slots, each group's rounded sum (weight 1) and each direct slot (its own weight), once
+// rounded. With weighted = false this is also dispatch_backward's sum.
+template <class T>
+std::vector<T> grouped_unpermute(std::vector<T> const& y, int64_t hidden, routing const& r, row_map const& m, bool weighted,
+                                 std::vector<int32_t> const& group) {
+  std::vector<T> out(static_cast<std::size_t>(r.tokens * hidden));
+  auto term = [&](float acc, int64_t t, int32_t k, int64_t h) {
+    int32_t const row = m.row_of[static_cast<std::size_t>(t * r.top_k + k)];
+    float const v = f32(y[static_cast<std::size_t>(row * hidden + h)]);
+    return weighted ? std::fma(r.weight(t, k), v, acc) : acc + v;
+  };
+  for (int64_t t = 0; t < r.tokens; ++t)
+    for (int64_t h = 0; h < hidden; ++h) {
+      float acc = 0.0f;
+      for (int32_t k = 0; k < r.top_k; ++k) {
+        if (m.row_of[static_cast<std::size_t>(t * r.top_k + k)] < 0) continue;
+        int32_t const g = group[static_cast<std::size_t>(t * r.top_k + k)];
+        if (g < 0) {
+          acc = term(acc, t, k, h);
+          continue;
+        }
+        bool first = true;
+        for (int32_t j = 0; j < k; ++j)
+          first = first && !(m.row_of[static_cast<std::size_t>(t * r.top_k + j)] >= 0 && group[static_cast<std::size_t>(t * r.top_k + j)] == g);
+        if (!first) continue;
+        float partial = 0.0f;
+        for (int32_t j = k; j < r.top_k; ++j)
+          if (m.row_of[static_cast<std::size_t>(t * r.top_k + j)] >= 0 && group[static_cast<std::size_t>(t * r.top_k + j)] == g)
+            partial = term(partial, t, j, h);
+        acc = acc + f32(from32<T>(partial));
+      }
+      out[static_cast<std::size_t>(t * hidden + h)] = from32<T>(acc);
+    }
+  return out;
+}
+
 // §6: unpermute backward, d_y[r] = w[t][k] * d_out[t] (weighted) or d_out[t] (a bit copy).
 template <class T>
 std::vector<T> unpermute_backward(std::vector<T> const& d_out, int64_t hidden, routing const& r, row_map const& m,

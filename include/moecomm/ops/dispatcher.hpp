@@ -18,6 +18,7 @@
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/capacity.hpp>
+#include <moecomm/ops/dedup_plan.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
 #include <moecomm/ops/sort_chunks.hpp>
@@ -78,7 +79,9 @@ struct dispatch_report {
 //! @tparam Capacity `dropless`, `capacity<drop_by_position | drop_by_probability | drop_random>` or
 //!         `receiver_budget`.
 //! @tparam Algorithm `flat`, `hierarchical_2d`, `pairwise` or `smart_schedule` (which adds the
-//!         pipelined calls).
+//!         pipelined calls); or `dedup_per_rank<flat | hierarchical_2d | pairwise>`, which sends each
+//!         token once per destination rank and sums its expert outputs there (semantics §10a): the
+//!         experts see the same rows, the combine and `dispatch_backward` add per rank first.
 //! Home experts on subsets of the ranks, as `route`'s chooser may return them: `experts` ascending
 //! and distinct; expert `experts[i]` is home on its owner and on the ranks
 //! `ranks[offsets[i] .. offsets[i + 1])` (the owner excluded); `offsets` empty: on every rank.
@@ -150,7 +153,12 @@ class dispatcher {
     require_routed("dispatch");
     [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     bytes_t& sent = permuted_rows<T>(x, home, "dispatch");
-    exchange_forward<T>(sent.data(), expert_rows, "dispatch");
+    if constexpr (deduplicated) {
+      detail::check_rows(expert_rows, received_rows(), "dispatch", "expert_rows", "dispatcher.received_rows()");
+      permute(be_, dedup_.receive(), dedup_arrivals<T>(sent.data(), x.hidden), expert_rows);
+    } else {
+      exchange_forward<T>(sent.data(), expert_rows, "dispatch");
+    }
   }
 
   //! Returns the experts' output rows to their tokens and combines them (`Weighting`). Keeps the
@@ -164,11 +172,18 @@ class dispatcher {
   void combine(matrix_view<std::add_const_t<T>> expert_rows, matrix_view<std::add_const_t<T>> home, matrix_view<T> out) {
     require_routed("combine");
     [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
-    exchange_back<T>(expert_rows, returned_, "combine");
+    if constexpr (deduplicated) {
+      dedup_exchange_back<Weighting, T>(expert_rows, returned_, "combine", "expert_rows");
+      if constexpr (detail::is_weighted<Weighting>())  // the receiver's part of the weight gradient needs them
+        be_.copy(reinterpret_cast<T*>(rows_buffer<T>(expert_out_, received_rows(), out.hidden).data()), expert_rows.data,
+                 received_rows() * out.hidden);
+    } else {
+      exchange_back<T>(expert_rows, returned_, "combine");
+    }
     combined_ = true;
     be_.copy(home_tail<T>(returned_, home, out.hidden, "combine", "home_rows"), home.data, home_rows() * out.hidden);
     note_row_access<T>(out.hidden, out.data);
-    unpermute<Weighting>(be_, plan_, returned_view<T>(out.hidden), out);
+    unpermute<Weighting>(be_, source_plan(), returned_view<T>(out.hidden), out);
   }
 
   //! The backward of `combine`: the gradient of the experts' output rows (in `dispatch`'s layout)
@@ -186,7 +201,11 @@ class dispatcher {
     require_routed("combine_backward");
     [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     bytes_t& d_rows = combine_gradient_rows<Weighting, T>(d_out, d_home, d_weights, "combine_backward");
-    exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
+    if constexpr (deduplicated) {
+      dedup_combine_backward<Weighting, T>(d_rows.data(), d_expert_rows, d_weights);
+    } else {
+      exchange_forward<T>(d_rows.data(), d_expert_rows, "combine_backward");
+    }
   }
 
   //! The backward of `dispatch`: the gradient of the token rows from that of the expert input rows.
@@ -204,11 +223,13 @@ class dispatcher {
     [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     std::int64_t const hidden = d_expert_rows.hidden;
     check_token_rows(d_x, hidden, op, "d_x");
-    bytes_t& d_rows = exchange_back<T>(d_expert_rows, d_back_, op);
-    be_.copy(home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), d_home.data, home_rows() * hidden);
+    bytes_t* d_rows = nullptr;
+    if constexpr (deduplicated) d_rows = &dedup_exchange_back<unweighted, T>(d_expert_rows, d_back_, op, "d_expert_rows");
+    else d_rows = &exchange_back<T>(d_expert_rows, d_back_, op);
+    be_.copy(home_tail<T>(*d_rows, d_home, hidden, op, "d_home_rows"), d_home.data, home_rows() * hidden);
     if (d_x.wanted()) {
       note_row_access<T>(hidden, d_x.view().data);
-      permute_backward(be_, plan_, matrix_view<T const>(as_rows<T>(d_rows, plan_.num_rows(), hidden)), d_x.view());
+      permute_backward(be_, source_plan(), matrix_view<T const>(as_rows<T>(*d_rows, source_plan().num_rows(), hidden)), d_x.view());
     }
   }
 
@@ -224,6 +245,7 @@ class dispatcher {
   void forward_pipelined(matrix_view<std::add_const_t<T>> x, matrix_view<T> arrived, matrix_view<T> produced,
                          matrix_view<T> home, matrix_view<T> home_out, matrix_view<T> out, ComputeHome&& compute_home,
                          Compute&& compute) {
+    static_assert(!deduplicated, "moecomm::dispatcher: the pipelined calls move slot rows; they do not take dedup_per_rank");
     require_routed("forward_pipelined");
     [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     bytes_t& sent = permuted_rows<T>(x, home, "forward_pipelined");
@@ -262,6 +284,7 @@ class dispatcher {
   //! This rank's kept rows in plan order: `rows_to(0)` rows for rank 0, then rank 1's, ... No traffic.
   template <class T>
   [[nodiscard]] matrix_view<T const> permuted(matrix_view<std::add_const_t<T>> x) {
+    static_assert(!deduplicated, "moecomm::dispatcher: schedules that move the rows themselves take slot rows, not dedup_per_rank");
     require_routed("permuted");
     bytes_t& sent = permuted_rows<T>(x, no_home_rows<T>(x.hidden), "permuted");
     return as_rows<T>(sent, plan_.num_rows(), x.hidden);
@@ -333,6 +356,7 @@ class dispatcher {
 
  private:
   using bytes_t = typename Backend::template buffer_type<char>;
+  static constexpr bool deduplicated = detail::is_dedup_v<Algorithm>;
 
   void require_routed(char const* op) const {
     if (!routed_) detail::fail(status::invalid_usage, "dispatcher", op, " was called before route()");
@@ -358,16 +382,17 @@ class dispatcher {
   T* home_tail(bytes_t& permuted, matrix_view<T const> home, std::int64_t hidden, char const* op, char const* name) const {
     detail::check_rows(home, home_rows(), op, name, "dispatcher.home_rows()");
     detail::require(home.hidden == hidden, op, "argument '", name, "' has hidden = ", home.hidden, ", the token rows ", hidden);
-    return reinterpret_cast<T*>(permuted.data()) + (plan_.num_rows() - home_rows()) * home.hidden;
+    return reinterpret_cast<T*>(permuted.data()) + (source_plan().num_rows() - home_rows()) * home.hidden;
   }
 
   //! This rank's rows in plan order (the exchanged ones, then the home ones), the home ones also
   //! copied to `home`.
   template <class T>
   bytes_t& permuted_rows(matrix_view<std::add_const_t<T>> x, matrix_view<T> home, char const* op) {
-    bytes_t& sent = rows_buffer<T>(sent_, plan_.num_rows(), x.hidden);
+    permute_plan<Backend> const& plan = source_plan();
+    bytes_t& sent = rows_buffer<T>(sent_, plan.num_rows(), x.hidden);
     note_row_access<T>(x.hidden, x.data);
-    permute(be_, plan_, x, as_rows<T>(sent, plan_.num_rows(), x.hidden));
+    permute(be_, plan, x, as_rows<T>(sent, plan.num_rows(), x.hidden));
     be_.copy(home.data, home_tail<T>(sent, home, x.hidden, op, "home_rows"), home_rows() * x.hidden);
     return sent;
   }
@@ -381,17 +406,18 @@ class dispatcher {
                     ": argument 'd_weights' was given, but an unweighted combine has no weight gradient");
     detail::require(!d_weights.wanted() || combined_ || plan_.num_rows() == 0, "dispatcher::", op,
                     ": the weight gradient needs the rows of a previous combine");
-    std::int64_t const rows = plan_.num_rows(), hidden = d_out.hidden;
+    permute_plan<Backend> const& plan = source_plan();  // with dedup, its home slots' dots are the final ones
+    std::int64_t const rows = plan.num_rows(), hidden = d_out.hidden;
     bytes_t& d_rows = rows_buffer<T>(sent_, rows, hidden);  // dispatch is done with sent_
     note_row_access<T>(hidden, d_out.data);
     if constexpr (detail::is_weighted<Weighting>()) {
       if (d_weights.wanted()) {
-        unpermute_backward(be_, plan_, d_out, returned_view<T>(hidden), as_rows<T>(d_rows, rows, hidden), d_weights.view());
+        unpermute_backward(be_, plan, d_out, returned_view<T>(hidden), as_rows<T>(d_rows, rows, hidden), d_weights.view());
       } else {
-        unpermute_backward<Weighting>(be_, plan_, d_out, as_rows<T>(d_rows, rows, hidden));
+        unpermute_backward<Weighting>(be_, plan, d_out, as_rows<T>(d_rows, rows, hidden));
       }
     } else {
-      unpermute_backward<Weighting>(be_, plan_, d_out, as_rows<T>(d_rows, rows, hidden));
+      unpermute_backward<Weighting>(be_, plan, d_out, as_rows<T>(d_rows, rows, hidden));
     }
     be_.copy(d_home.data, home_tail<T>(d_rows, d_home, hidden, op, "d_home_rows"), home_rows() * hidden);
     return d_rows;
@@ -521,6 +547,7 @@ class dispatcher {
   template <class ChooseHome>
   void finish_route(ChooseHome&& choose_home) {
     apply_capacity();
+    routing_view const kept = plan_.routing();  // before keep_home relabels it
     exchange_counts(plan_);
     decltype(auto) chosen = choose_home(counts_);
     if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
@@ -529,6 +556,12 @@ class dispatcher {
       chosen_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
       std::sort(chosen_.begin(), chosen_.end());
       keep_home(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
+    }
+    if constexpr (deduplicated) {
+      dedup_.build(be_, *groups_, kept, home_, num_experts_, local_experts_, plan_.padded_capacity(), algorithm_, report_.exchange,
+                   exchange_scratch_, scratch_);
+      detail::require(dedup_.receive().num_rows() == received_rows(), "dispatcher::route", "the slot lists received give ",
+                      dedup_.receive().num_rows(), " rows for this rank's experts; the exchanged counts ", received_rows());
     }
     routed_ = true;
   }
@@ -606,7 +639,14 @@ class dispatcher {
 
   template <class T>
   matrix_view<T const> returned_view(std::int64_t hidden) const {
-    return {reinterpret_cast<T const*>(returned_.data()), plan_.num_rows(), hidden};
+    return {reinterpret_cast<T const*>(returned_.data()), source_plan().num_rows(), hidden};
+  }
+
+  //! The plan of this rank's own rows: the routing's (one row per kept slot), or with dedup the
+  //! source plan (one row per token and destination rank, then the home rows).
+  [[nodiscard]] permute_plan<Backend> const& source_plan() const {
+    if constexpr (deduplicated) return dedup_.source();
+    else return plan_;
   }
 
   //! Receiver budget: `allowance_[d]`, the rows this rank may send each rank d, after the ranks before it took theirs.
@@ -698,6 +738,60 @@ class dispatcher {
     return back;
   }
 
+  // ---- dedup_per_rank (semantics §10a): one row per (token, destination rank) on the wire
+  //! This rank's source rows (`sent`, in source-plan order) -> the rows it receives, by source rank.
+  template <class T>
+  matrix_view<T const> dedup_arrivals(char const* sent, std::int64_t hidden) {
+    std::int64_t const rows = dedup_.received_rows();
+    bytes_t& arrived = rows_buffer<T>(arrived_, rows, hidden);
+    byte_matrix const& m = dedup_.row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), forward_matrix_);
+    std::int32_t const me = groups_->world().rank();
+    alltoallv(be_, *groups_, m, array_view<char const>{sent, m.send_total(me)}, array_view<char>{arrived.data(), m.recv_total(me)},
+              report_.exchange, exchange_scratch_, algorithm_);
+    return as_rows<T>(arrived, rows, hidden);
+  }
+
+  //! The experts' rows -> each received row's sum over its local slots (`Sum`: weighted or not, in
+  //! slot order) -> back at the source, in `back` (source-plan order; the home rows are the caller's).
+  template <class Sum, class T>
+  bytes_t& dedup_exchange_back(matrix_view<std::add_const_t<T>> expert_rows, bytes_t& back, char const* op, char const* name) {
+    detail::check_rows(expert_rows, received_rows(), op, name, "dispatcher.received_rows()");
+    std::int64_t const hidden = expert_rows.hidden, rows = dedup_.received_rows();
+    bytes_t& sums = rows_buffer<T>(rank_major_, rows, hidden);
+    unpermute<Sum>(be_, dedup_.receive(), expert_rows, as_rows<T>(sums, rows, hidden));
+    rows_buffer<T>(back, source_plan().num_rows(), hidden);
+    back_matrix_.assign_transposed(dedup_.row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), forward_matrix_));
+    std::int32_t const me = groups_->world().rank();
+    alltoallv(be_, *groups_, back_matrix_, array_view<char const>{sums.data(), back_matrix_.send_total(me)},
+              array_view<char>{back.data(), back_matrix_.recv_total(me)}, report_.exchange, exchange_scratch_, algorithm_);
+    return back;
+  }
+
+  //! The combine's backward past the source: each token's gradient row once per destination, spread
+  //! there over its local slots (weighted), and the receivers' dots returned for the weight
+  //! gradient. The dots travel whenever the combine was weighted and ran, so every rank takes part
+  //! whether or not it wants `d_weights` (whose home slots `combine_gradient_rows` already holds).
+  template <class Weighting, class T>
+  void dedup_combine_backward(char const* d_rows, matrix_view<T> d_expert_rows, optional_output<array_view<float>> d_weights) {
+    char const* op = "combine_backward";
+    detail::check_rows(d_expert_rows, received_rows(), op, "d_expert_rows", "dispatcher.received_rows()");
+    std::int64_t const hidden = d_expert_rows.hidden;
+    matrix_view<T const> const arrived = dedup_arrivals<T>(d_rows, hidden);
+    permute_plan<Backend> const& receive = dedup_.receive();
+    if constexpr (detail::is_weighted<Weighting>()) {
+      if (combined_) {
+        matrix_view<T const> const y{reinterpret_cast<T const*>(expert_out_.data()), received_rows(), hidden};
+        std::int64_t const slots = receive.routing().num_tokens * receive.routing().top_k;
+        unpermute_backward(be_, receive, arrived, y, d_expert_rows, array_view<float>{dedup_.receiver_weight_grads(be_), slots});
+        float* const wanted = d_weights.wanted() ? d_weights.view().data : nullptr;
+        dedup_.return_weight_grads(be_, *groups_, algorithm_, report_.exchange, exchange_scratch_, wanted,
+                                   array_view<float>{wanted, wanted != nullptr ? d_weights.view().size : 0});
+        return;
+      }
+    }
+    unpermute_backward<Weighting>(be_, receive, arrived, d_expert_rows);
+  }
+
   Backend be_;
   exchange_groups<Comm>* groups_;
   Capacity capacity_;
@@ -727,6 +821,8 @@ class dispatcher {
   // gradient), arrivals and rank-major staging of the exchanges, the combine's returned rows (kept
   // for combine_backward's weight gradient), and the returned gradient rows.
   bytes_t sent_, arrived_, rank_major_, returned_, d_back_;
+  bytes_t expert_out_;  //!< dedup: the experts' output rows of the combine, for the weight gradient's dots
+  dedup_plan<Backend> dedup_;  //!< dedup: this routing's source and receive plans
   bool combined_ = false;  //!< returned_ holds this routing's combine
   dispatch_report report_;
 };

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `dedup_plan`: the two row maps of a deduplicated exchange (`dedup_per_rank`, semantics §10a).
+//! The source map sends each token row once to each destination rank that holds one of its sent
+//! slots (and lays out the home experts' rows after them, as the plain plan does); the receive map
+//! spreads each arrived row over its local slots, in the layout plain dispatch gives the experts.
+//! Both are ordinary `permute_plan`s, so permute, unpermute and their backward passes move the
+//! rows, each row read once.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/core/workspace.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/ops/permute_plan.hpp>
+#include <moecomm/ops/validate_routing.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! The rank slot id `e`'s row is sent to: its owner, or -1 when the row is not sent (a masked,
+//! dropped or invalid slot, or a home expert, computed where its token is).
+MOECOMM_HOST_DEVICE inline std::int32_t dedup_destination(std::int32_t e, std::int32_t const* home_index,
+                                                          std::int32_t num_experts, std::int32_t local_experts) {
+  return is_valid_expert(e, num_experts) && home_index[e] < 0 ? e / local_experts : -1;
+}
+
+//! The first slot of a token's `ids` sent to rank `d` (`d` is the destination of some slot).
+MOECOMM_HOST_DEVICE inline std::int32_t first_slot_to(std::int32_t d, std::int32_t const* ids, std::int32_t const* home_index,
+                                                      std::int32_t num_experts, std::int32_t local_experts) {
+  std::int32_t k = 0;
+  while (dedup_destination(ids[k], home_index, num_experts, local_experts) != d) ++k;
+  return k;
+}
+
+//! The source routing of token t: its first slot to each destination rank d names d (weight 1: the
+//! row returns summed), a home slot names `R + ` its home expert's index (its own weight), every
+//! other slot -1. Its plan's blocks are the rows for rank 0, 1, ..., then the home experts' rows.
+struct dedup_source_slots {
+  std::int32_t const* idx;
+  float const* weights;  //!< may be null (an unweighted combine)
+  std::int32_t const* home_index;
+  std::int32_t num_experts, local_experts, ranks, top_k;
+  std::int32_t* source_idx;
+  float* source_weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t t) const {
+    std::int32_t const* ids = idx + t * top_k;
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      std::int64_t const slot = t * top_k + k;
+      std::int32_t const e = ids[k], d = dedup_destination(e, home_index, num_experts, local_experts);
+      bool const home = is_valid_expert(e, num_experts) && home_index[e] >= 0;
+      source_idx[slot] = home ? ranks + home_index[e]
+                              : (d >= 0 && first_slot_to(d, ids, home_index, num_experts, local_experts) == k ? d : -1);
+      source_weights[slot] = home ? (weights != nullptr ? weights[slot] : 0.0f) : 1.0f;
+    }
+  }
+};
+
+//! The slot list that travels with source row r (token t to rank d): for each slot k of t, the
+//! receive id `l * R + s` (local expert l of d, source rank s) when slot k goes to d, else -1; and
+//! its weight (0 when it does not). Row r's list is `top_k` ids then `top_k` weights.
+struct dedup_slot_lists {
+  std::int32_t const* idx;
+  float const* weights;  //!< may be null
+  std::int32_t const* home_index;
+  std::int32_t const* token_of;
+  std::int32_t const* slot_of;
+  std::int32_t const* source_idx;
+  std::int32_t num_experts, local_experts, ranks, top_k, me;
+  char* lists;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    std::int64_t const t = token_of[r];
+    std::int32_t const d = source_idx[t * top_k + slot_of[r]];
+    auto* const ids = reinterpret_cast<std::int32_t*>(lists + r * 8 * top_k);
+    auto* const w = reinterpret_cast<float*>(ids + top_k);
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      std::int32_t const e = idx[t * top_k + k];
+      bool const here = dedup_destination(e, home_index, num_experts, local_experts) == d;
+      ids[k] = here ? (e - d * local_experts) * ranks + me : -1;
+      w[k] = here && weights != nullptr ? weights[t * top_k + k] : 0.0f;
+    }
+  }
+};
+
+//! The arrived slot lists as a routing: `idx[i][k]`, `weights[i][k]`.
+struct split_slot_lists {
+  char const* lists;
+  std::int32_t top_k;
+  std::int32_t* idx;
+  float* weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    auto const* ids = reinterpret_cast<std::int32_t const*>(lists + i * 8 * top_k);
+    auto const* w = reinterpret_cast<float const*>(ids + top_k);
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      idx[i * top_k + k] = ids[k];
+      weights[i * top_k + k] = w[k];
+    }
+  }
+};
+
+//! The weight gradient of slot (t, k): from the receiver's list of the row that carried it, from
+//! the source's own dot for a home slot, 0 for a slot without a row.
+struct gather_dedup_weight_grads {
+  std::int32_t const* idx;
+  std::int32_t const* home_index;
+  std::int32_t const* source_row_of;
+  float const* home_grads;      //!< [T][K] the source plan's dots (valid at home slots); may be null without home slots
+  float const* returned_grads;  //!< [sent rows][K] the receivers' dots
+  std::int32_t num_experts, local_experts, top_k;
+  float* d_weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t slot) const {
+    std::int64_t const t = slot / top_k;
+    std::int32_t const e = idx[slot];
+    std::int32_t const d = dedup_destination(e, home_index, num_experts, local_experts);
+    if (d < 0) {
+      d_weights[slot] = is_valid_expert(e, num_experts) && home_index[e] >= 0 ? home_grads[slot] : 0.0f;
+      return;
+    }
+    std::int32_t const first = first_slot_to(d, idx + t * top_k, home_index, num_experts, local_experts);
+    d_weights[slot] = returned_grads[static_cast<std::int64_t>(source_row_of[t * top_k + first]) * top_k + slot % top_k];
+  }
+};
+
+}  // namespace detail
+
+//! The row maps of one routing decision's deduplicated exchange, rebuilt in place each step (its
+//! buffers only grow). Built by the dispatcher's `route` when its exchange is `dedup_per_rank`.
+template <class Backend>
+class dedup_plan {
+ public:
+  //! Builds both maps for the kept routing `kept` (global expert ids) with `home` (this rank's home
+  //! experts, ascending) computed here. Collective: an all-gather of R counts and an all-to-all of
+  //! the slot lists (8·K bytes per row).
+  //! @param padded_capacity C when every (source, expert) chunk is padded to C rows, else 0.
+  template <class Comm, class Algorithm>
+  void build(Backend const& be, exchange_groups<Comm>& groups, routing_view const& kept, std::vector<std::int32_t> const& home,
+             std::int32_t num_experts, std::int32_t local_experts, std::int64_t padded_capacity, Algorithm const& algorithm,
+             alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch) {
+    char const* op = "dispatcher::route";
+    Comm& comm = groups.world();
+    std::int32_t const ranks = comm.size(), me = comm.rank(), top_k = kept.top_k;
+    std::int64_t const slots = kept.num_tokens * top_k;
+    detail::require(padded_capacity == 0 || home.empty(), op,
+                    "dedup_per_rank with pad_to_capacity and home experts is not supported (the home experts' padding "
+                    "rows have no destination)");
+    home_table_.assign(static_cast<std::size_t>(num_experts), -1);
+    for (std::size_t i = 0; i < home.size(); ++i) home_table_[static_cast<std::size_t>(home[i])] = static_cast<std::int32_t>(i);
+    std::int32_t* const home_index = grow(be, home_index_, num_experts).data();
+    be.copy(home_index, home_table_.data(), num_experts);
+    kept_ = kept;
+    // This rank's side: one row per (token, destination), then the home rows.
+    routing_view source{grow(be, source_idx_, slots).data(), grow(be, source_weights_, slots).data(), kept.num_tokens, top_k};
+    be.for_each_index(kept.num_tokens, detail::dedup_source_slots{kept.topk_idx, kept.topk_weights, home_index, num_experts,
+                                                                  local_experts, ranks, top_k, source_idx_.data(),
+                                                                  source_weights_.data()});
+    // Blocks past R + home are empty; a plan has at least K of them.
+    std::int32_t const source_blocks = std::max(ranks + static_cast<std::int32_t>(home.size()), top_k);
+    build_permute_plan(be, source, source_blocks, source_, scratch, unchecked_routing);
+    std::int32_t const* offsets = source_.host_expert_offsets().data;
+    sent_rows_ = offsets[ranks];
+    // Every rank's rows to every rank, then the slot lists.
+    my_counts_.resize(static_cast<std::size_t>(ranks));
+    for (std::int32_t d = 0; d < ranks; ++d) my_counts_[static_cast<std::size_t>(d)] = offsets[d + 1] - offsets[d];
+    counts_.assign(static_cast<std::size_t>(ranks) * ranks, 0);
+    allgather_host(comm, my_counts_.data(), counts_.data(), ranks * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    received_rows_ = 0;
+    for (std::int32_t s = 0; s < ranks; ++s) received_rows_ += counts_[static_cast<std::size_t>(s) * ranks + me];
+    std::int64_t const list_bytes = 8 * std::int64_t{top_k};
+    char* const lists = grow(be, sent_lists_, sent_rows_ * list_bytes).data();
+    be.for_each_index(sent_rows_, detail::dedup_slot_lists{kept.topk_idx, kept.topk_weights, home_index, source_.token_of(),
+                                                           source_.slot_of(), source_idx_.data(), num_experts, local_experts,
+                                                           ranks, top_k, me, lists});
+    char* const arrived = grow(be, received_lists_, received_rows_ * list_bytes).data();
+    byte_matrix const& m = row_matrix(list_bytes, matrix_);
+    alltoallv(be, groups, m, array_view<char const>{lists, m.send_total(me)}, array_view<char>{arrived, m.recv_total(me)},
+              stats, exchange_scratch, algorithm);
+    // The receiving side: arrived rows (by source rank, each source's in token order) to the local
+    // experts' rows; receive id l * R + s orders them by (expert, source, token, slot), padded per chunk.
+    std::int64_t const received_slots = received_rows_ * top_k;
+    routing_view received{grow(be, received_idx_, received_slots).data(), grow(be, received_weights_, received_slots).data(),
+                          received_rows_, top_k};
+    be.for_each_index(received_rows_, detail::split_slot_lists{arrived, top_k, received_idx_.data(), received_weights_.data()});
+    build_permute_plan(be, received, local_experts * ranks, receive_, scratch, routing_checks{}, padded_capacity);
+  }
+
+  //! This rank's tokens -> the rows it sends rank 0, rank 1, ..., then its home experts' rows.
+  [[nodiscard]] permute_plan<Backend> const& source() const { return source_; }
+  //! The rows this rank receives (by source rank) -> its local experts' rows, as plain dispatch lays them out.
+  [[nodiscard]] permute_plan<Backend> const& receive() const { return receive_; }
+  [[nodiscard]] std::int64_t sent_rows() const { return sent_rows_; }
+  [[nodiscard]] std::int64_t received_rows() const { return received_rows_; }
+  //! Bytes rank s sends rank d, for rows of `row_bytes`, in `m` (its memory kept between steps).
+  byte_matrix& row_matrix(std::int64_t row_bytes, byte_matrix& m) const {
+    auto const ranks = static_cast<std::int32_t>(my_counts_.size());
+    m.assign_zeros(ranks);
+    for (std::int32_t s = 0; s < ranks; ++s)
+      for (std::int32_t d = 0; d < ranks; ++d) m.add(s, d, counts_[static_cast<std::size_t>(s) * ranks + d] * row_bytes);
+    return m;
+  }
+
+  //! `[received_rows()][K]`: where the receiver puts its dots for the weight gradient.
+  float* receiver_weight_grads(Backend const& be) {
+    return grow(be, received_grads_, received_rows_ * kept_.top_k).data();
+  }
+  //! Returns the receivers' dots to their sources and, when `d_weights` is wanted, gathers every
+  //! slot's gradient into it (`home_grads`: the source plan's dots, read at home slots). Collective.
+  template <class Comm, class Algorithm>
+  void return_weight_grads(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, alltoall_stats& stats,
+                           alltoall_workspace<Backend>& exchange_scratch, float const* home_grads, array_view<float> d_weights) {
+    std::int32_t const me = groups.world().rank(), top_k = kept_.top_k;
+    float* const returned = grow(be, sent_grads_, sent_rows_ * top_k).data();
+    back_matrix_.assign_transposed(row_matrix(4 * std::int64_t{top_k}, matrix_));
+    alltoallv(be, groups, back_matrix_,
+              array_view<char const>{reinterpret_cast<char const*>(received_grads_.data()), back_matrix_.send_total(me)},
+              array_view<char>{reinterpret_cast<char*>(returned), back_matrix_.recv_total(me)}, stats, exchange_scratch, algorithm);
+    if (d_weights.data == nullptr) return;
+    be.for_each_index(kept_.num_tokens * top_k,
+                      detail::gather_dedup_weight_grads{kept_.topk_idx, home_index_.data(), source_.row_of(), home_grads, returned,
+                                                        static_cast<std::int32_t>(home_table_.size()), local_experts(), top_k,
+                                                        d_weights.data});
+  }
+
+ private:
+  [[nodiscard]] std::int32_t local_experts() const {
+    return static_cast<std::int32_t>(home_table_.size()) / static_cast<std::int32_t>(my_counts_.size());
+  }
+
+  template <class T>
+  using buffer_t = typename Backend::template buffer_type<T>;
+  routing_view kept_{};
+  std::vector<std::int32_t> home_table_;  //!< [E] home expert index, or -1
+  std::vector<std::int64_t> my_counts_;   //!< [R] rows this rank sends each rank
+  std::vector<std::int64_t> counts_;      //!< [R][R] rows each rank sends each rank
+  std::int64_t sent_rows_ = 0, received_rows_ = 0;
+  buffer_t<std::int32_t> home_index_, source_idx_, received_idx_;
+  buffer_t<float> source_weights_, received_weights_, received_grads_, sent_grads_;
+  buffer_t<char> sent_lists_, received_lists_;
+  byte_matrix matrix_, back_matrix_;
+  permute_plan<Backend> source_, receive_;
+};
+
+MOECOMM_NAMESPACE_END
