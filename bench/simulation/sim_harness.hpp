@@ -9,6 +9,7 @@
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
 #include <moecomm/core/matrix.hpp>
+#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/simulation/platform.hpp>
 
@@ -190,13 +191,13 @@ struct mlp_experts {
   }
 };
 
-//! The scale that makes rows of `real_hidden` elements of `real_bytes` stand for rows of
-//! `model_hidden` elements of `model_bytes`, and MLPs real_hidden -> real_ffn for model_hidden -> model_ffn.
+//! The scale under which `mlp_experts` real_hidden -> real_ffn -> real_hidden of `real_bytes`
+//! elements stand for the model's experts model_hidden -> model_ffn -> model_hidden of
+//! `model_bytes`, both without biases (`mlp_simulation_scale`).
 inline moecomm::simulation_scale model_scale(double model_hidden, double model_ffn, double model_bytes,
                                              std::int64_t real_hidden, std::int64_t real_ffn, double real_bytes) {
-  double const rows = model_hidden * model_bytes / (static_cast<double>(real_hidden) * real_bytes);
-  double const mlp = model_hidden * model_ffn / (static_cast<double>(real_hidden) * static_cast<double>(real_ffn));
-  return {rows, mlp * model_bytes / real_bytes, mlp};
+  return moecomm::mlp_simulation_scale({model_hidden, model_ffn, model_bytes, false},
+                                       {static_cast<double>(real_hidden), static_cast<double>(real_ffn), real_bytes, false});
 }
 
 //! The simulated span of a step run by every rank: from the earliest start to the latest end.

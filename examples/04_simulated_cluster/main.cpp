@@ -32,6 +32,7 @@
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
+#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/simulation/platform.hpp>
@@ -155,6 +156,7 @@ struct problem {
   moecomm::simulated_platform platform;
   int32_t ranks = 0, per_node = 0, local_experts = 0;
   int64_t inner = 0;  //!< the experts' real hidden width, alpha * H
+  moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> alpha * H_model -> H_model
   moecomm::simulation_scale scale;
   std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up, measured][rank]
   std::vector<std::vector<float>> parameters;   //!< [E][parameter count]: every expert's initial values
@@ -174,8 +176,8 @@ problem make_problem(options const& o) {
     usage_error(program, "--experts " + str(o.experts) + " is not a multiple of the " + str(p.ranks) + " ranks");
   p.local_experts = o.experts / p.ranks;
   p.inner = alpha * o.hidden;
-  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
-  p.scale = {k, k * k, k * k};  // rows grow with H, the experts' H x alpha*H matrices with H^2
+  p.model = {static_cast<double>(o.model_hidden), static_cast<double>(alpha * o.model_hidden), sizeof(float)};
+  p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   for (int s = 0; s < 2; ++s) {
     p.steps.emplace_back();
     for (int32_t r = 0; r < p.ranks; ++r) {
@@ -286,7 +288,6 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
 void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) {
   moecomm::cluster_spec const& s = p.platform.spec();
   options const& o = p.o;
-  int64_t const parameters = 2 * o.model_hidden * alpha * o.model_hidden;
   std::printf("moecomm %d.%d.%d - example 04: an MoE layer on a simulated cluster\n", MOECOMM_VERSION_MAJOR,
               MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
   std::printf("==============================================================================\n");
@@ -314,8 +315,7 @@ void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) 
               "\n     simulation_scale {payload %g, parameters %g, flops %g}\n",
               o.tokens, o.hidden, o.model_hidden, p.scale.payload, p.scale.parameters, p.scale.flops);
   std::printf("   experts: FasterMoE's MLP H -> %dH -> H; simulated: %s parameters, %s FLOP a row forward\n", alpha,
-              format_bytes(static_cast<double>(parameters) * sizeof(float)).c_str(),
-              format("%.3g", 2.0 * static_cast<double>(parameters)).c_str());
+              format_bytes(p.model.parameter_bytes()).c_str(), format("%.3g", p.model.flops_per_row()).c_str());
   std::printf(
       "   each variant: a fresh layer on a fresh world, dropless, weighted combine; one warm-up step, then one\n"
       "   measured step; each pass starts after a barrier and takes its slowest rank's time\n");

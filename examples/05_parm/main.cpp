@@ -28,6 +28,7 @@
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
+#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/parm.hpp>
 #include <moecomm/simulation/platform.hpp>
@@ -182,8 +183,11 @@ problem make_problem(options const& o) {
   p.local_experts = o.experts / p.sizes.expert;
   p.inner = o.ffn_ratio * o.hidden;
   if (p.inner % o.esp != 0) usage_error(program, "the experts' inner width " + str(p.inner) + " does not split into --esp slices");
-  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
-  p.scale = {k, k * k, k * k};  // rows grow with H, the experts' H x F matrices with H^2 (F/H fixed)
+  // A rank holds one ESP slice of each of its experts (inner I / ESP, and its own copy of b2): the
+  // model's experts sliced alike.
+  p.scale = moecomm::mlp_simulation_scale(
+      {static_cast<double>(o.model_hidden), static_cast<double>(o.ffn_ratio * o.model_hidden) / o.esp, sizeof(float)},
+      {static_cast<double>(o.hidden), static_cast<double>(p.inner / o.esp), sizeof(float)});
   for (int s = 0; s < 2; ++s) {
     p.steps.emplace_back();
     for (int32_t g = 0; g < p.sizes.expert; ++g) {

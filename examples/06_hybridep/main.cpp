@@ -23,6 +23,7 @@
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
+#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/plan/hybridep_planner.hpp>
@@ -136,6 +137,7 @@ struct problem {
   moecomm::simulated_platform platform;
   int32_t ranks = 0, per_node = 0, domains = 0, local_experts = 0;
   int64_t inner = 0;
+  moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> 4 H_model -> H_model, fp16
   moecomm::simulation_scale scale;
   std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up, measured][rank]
   std::vector<std::vector<float>> parameters;   //!< [E]: every expert's initial values
@@ -154,9 +156,8 @@ problem make_problem(options const& o) {
     usage_error(program, "--experts " + std::to_string(o.experts) + " is not a multiple of the " + std::to_string(p.ranks) + " ranks");
   p.local_experts = o.experts / p.ranks;
   p.inner = 4 * o.hidden;
-  // Rows grow with H (fp16 model rows, fp32 real ones); the experts' H x 4H matrices with H^2.
-  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
-  p.scale = {k * 2.0 / 4.0, k * k * 2.0 / 4.0, k * k};
+  p.model = {static_cast<double>(o.model_hidden), 4.0 * static_cast<double>(o.model_hidden), 2};
+  p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   for (int s = 0; s < 2; ++s) {
     p.steps.emplace_back();
     for (int32_t r = 0; r < p.ranks; ++r) {
@@ -179,12 +180,10 @@ moecomm::hybridep_layer_shape planner_shape(problem const& p) {
   s.ranks_per_domain = p.per_node;
   s.domains = p.domains;
   s.experts_per_rank = p.local_experts;
-  double const model_inner = 4.0 * static_cast<double>(p.o.model_hidden);
-  s.parameter_bytes_per_expert =
-      static_cast<int64_t>(2.0 * (2.0 * static_cast<double>(p.o.model_hidden) * model_inner + model_inner + static_cast<double>(p.o.model_hidden)));
-  s.token_bytes = p.o.tokens * topk * p.o.model_hidden * 2;
+  s.parameter_bytes_per_expert = static_cast<int64_t>(p.model.parameter_bytes());
+  s.token_bytes = p.o.tokens * topk * static_cast<int64_t>(p.model.row_bytes());
   s.pre_expert_seconds = p.o.pre_expert_ms * 1e-3;
-  s.expert_flops = 4.0 * static_cast<double>(p.o.tokens * topk) * static_cast<double>(p.o.model_hidden) * model_inner;
+  s.expert_flops = static_cast<double>(p.o.tokens * topk) * p.model.flops_per_row();
   return s;
 }
 

@@ -30,6 +30,7 @@
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
+#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
@@ -141,6 +142,7 @@ struct problem {
   options o;
   moecomm::simulated_platform platform;
   int64_t inner = 0;
+  moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> 4 H_model -> H_model, bf16
   moecomm::simulation_scale scale;
   std::vector<int32_t> popularity;             //!< the gate's i-th most popular expert
   std::vector<std::vector<float>> parameters;  //!< [E]: every expert's initial values
@@ -153,18 +155,16 @@ problem make_problem(options const& o) {
   if (p.platform.gpus_per_node() != ranks || p.platform.spec().num_gpus() < ranks)
     usage_error(program, "--platform " + o.platform + " must have nodes of " + std::to_string(ranks) + " GPUs");
   p.inner = 4 * o.hidden;
-  // Rows grow with H (bf16 model rows, fp32 real ones); the experts' H x 4H matrices with H^2.
-  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
-  p.scale = {k * 2.0 / 4.0, k * k * 2.0 / 4.0, k * k};
+  p.model = {static_cast<double>(o.model_hidden), 4.0 * static_cast<double>(o.model_hidden), 2};
+  p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   std::mt19937_64 order(o.seed);
   p.popularity.resize(experts);
   std::iota(p.popularity.begin(), p.popularity.end(), 0);
   std::shuffle(p.popularity.begin(), p.popularity.end(), order);  // hot experts anywhere, as a trained gate's
   for (int32_t e = 0; e < experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   auto const& spec = p.platform.spec();
-  double const hm = static_cast<double>(o.model_hidden);
-  p.seconds_per_row = 3 * 4.0 * hm * 4 * hm / spec.gpu_flops + 4 * hm * 2 / spec.intra_node.bytes_per_second;
-  p.expert_bytes = 2.0 * hm * 4 * hm * 2;
+  p.seconds_per_row = 3 * p.model.flops_per_row() / spec.gpu_flops + 4 * p.model.row_bytes() / spec.intra_node.bytes_per_second;
+  p.expert_bytes = p.model.parameter_bytes();
   return p;
 }
 

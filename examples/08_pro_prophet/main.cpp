@@ -25,6 +25,7 @@
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
+#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/block_schedule.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
@@ -139,8 +140,9 @@ problem make_problem(options const& o) {
   if (o.ranks > p.platform.spec().num_gpus())
     usage_error(program, "--ranks " + std::to_string(o.ranks) + " exceeds the platform's " + std::to_string(p.platform.spec().num_gpus()) + " GPUs");
   p.inner = 2 * o.hidden;
-  double const k = static_cast<double>(o.model_hidden) / static_cast<double>(o.hidden);
-  p.scale = {k, k * k, k * k};  // fp32 rows and parameters: bytes grow with H and H^2, FLOPs with H^2
+  double const model_hidden = static_cast<double>(o.model_hidden);
+  p.scale = moecomm::mlp_simulation_scale({model_hidden, 2 * model_hidden, sizeof(float)},
+                                          {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   p.costs.hidden = o.model_hidden;
   p.costs.sequences_per_device = std::max<int64_t>(1, o.tokens / 256);
   p.costs.seq_length = 256;

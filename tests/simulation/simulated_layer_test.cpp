@@ -11,6 +11,7 @@
 #include "../patterns/shadow_cases.hpp"
 #include "sim_support.hpp"
 
+#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 
 #include <algorithm>
@@ -311,6 +312,95 @@ TEST_CASE("simulated layer: HybridEP equals plain expert parallelism on simulate
 }  // namespace test
 
 namespace test {
+
+TEST_CASE("simulated layer: mlp_simulation_scale scales a whole expert's parameter bytes, biases included") {
+  // Example 06's expert, 150 -> 600 -> 150 in fp16, standing in as 4 -> 16 -> 4 in fp32.
+  moecomm::simulation_scale const s = moecomm::mlp_simulation_scale({150, 600, 2}, {4, 16, 4});
+  CHECK(s.payload == 150.0 * 2 / (4 * 4));
+  CHECK(s.parameters == (2.0 * 150 * 600 + 600 + 150) * 2 / ((2 * 4 * 16 + 16 + 4) * 4));
+  CHECK(s.flops == 150.0 * 600 / (4 * 16));
+  CHECK(moecomm::mlp_simulation_scale({150, 600, 2, false}, {4, 16, 4, false}).parameters == 150.0 * 600 * 2 / (4 * 16 * 4));
+  CHECK_THROWS_WITH_AS((void)moecomm::mlp_simulation_scale({150, 600, 2}, {4, 0, 4}),
+                       "moecomm::mlp_simulation_scale: stand_in {hidden = 4, inner = 0, bytes_per_element = 4} must be positive",
+                       moecomm::error);
+}
+
+// Experts of `shape`'s parameter count and declared FLOPs that compute x * p[0] with their first
+// parameter: a pattern moves and charges an MLP's sizes while the arithmetic stays trivial.
+struct mlp_sized_experts {
+  moecomm::mlp_shape shape;
+  std::vector<float> params, grads;
+
+  mlp_sized_experts(moecomm::mlp_shape const& s, std::int32_t local)
+      : shape(s), params(static_cast<std::size_t>(local * parameter_count()), 0.5f), grads(params.size(), 0.0f) {}
+  [[nodiscard]] std::int64_t parameter_count() const { return static_cast<std::int64_t>(shape.parameters()); }
+  float* parameters(std::int32_t l) { return params.data() + l * parameter_count(); }
+  float* gradients(std::int32_t l) { return grads.data() + l * parameter_count(); }
+  [[nodiscard]] double flops(std::int64_t rows) const { return static_cast<double>(rows) * shape.flops_per_row(); }
+
+  void forward(float const* p, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) const {
+    for (std::int64_t i = 0; i < in.rows * in.hidden; ++i) out.data[i] = in.data[i] * p[0];
+  }
+  void backward(float const* p, moecomm::matrix_view<float const> in, moecomm::matrix_view<float const> d_out,
+                moecomm::matrix_view<float> d_in, float* d_p) const {
+    for (std::int64_t i = 0; i < in.rows * in.hidden; ++i) {
+      d_in.data[i] = d_out.data[i] * p[0];
+      d_p[0] += in.data[i] * d_out.data[i];
+    }
+  }
+};
+
+// Simulated seconds of one HybridEP training step (forward and backward, expert domains of 4 ranks
+// inside each node of the test cluster, the first start to the last end) whose experts of shape
+// `stand_in` stand for `model`'s under `scale`.
+double simulated_hybridep_step(moecomm::mlp_shape const& stand_in, moecomm::simulation_scale const& scale) {
+  shadow_case const c{8, 4, 16, 2, static_cast<std::int64_t>(stand_in.hidden), {96, 40, 7, 130, 64, 0, 96, 51}, 1.2, false};
+  auto const in = make_shadow_inputs<float>(c);
+  std::vector<double> start(8), end(8);
+  moecomm::simgrid_world world = sim_world(8, 4);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    using comm_t = moecomm::simgrid_communicator;
+    moecomm::simulated_backend<> const be(moecomm::host_backend{}, scale);
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(8, 4, 1));
+    moecomm::hybridep_layer<float, moecomm::simulated_backend<>, comm_t> layer(
+        be, groups, c.experts, c.hidden, moecomm::hybridep{4, moecomm::expert_domain_spread::within_data_centres});
+    auto const me = static_cast<std::size_t>(comm.rank());
+    auto const& r = in.routing[me];
+    mlp_sized_experts experts(stand_in, c.experts / c.ranks);
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden)), d_x(out.size()),
+        d_w(static_cast<std::size_t>(r.tokens * r.top_k));
+    comm.barrier();
+    start[me] = moecomm::simulated_seconds{}();
+    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[me].data(), r.tokens, c.hidden}, {out.data(), r.tokens, c.hidden},
+                  experts);
+    layer.backward({in.d_out[me].data(), r.tokens, c.hidden}, {d_x.data(), r.tokens, c.hidden}, d_w, experts);
+    end[me] = moecomm::simulated_seconds{}();
+  });
+  return *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
+}
+
+TEST_CASE("simulated layer: the stand-in's hidden size does not change the simulated time of the model it stands for") {
+  // 256 -> 1024 -> 256 fp32 experts (2.1 MB each): HybridEP gathers 6 per rank and reduce-scatters
+  // their gradients, so parameter bytes weigh in the step. Under the former (H_model / H)^2 the
+  // stand-ins' biases grew k^2-fold (+7.6 % parameter bytes at H = 8, +3.7 % at H = 16), and the step
+  // took 2.1 % and 3.1 % less at H = 16 and 32 than at H = 8.
+  moecomm::mlp_shape const model{256, 1024, 4};
+  std::vector<double> seconds;
+  for (double hidden : {8.0, 16.0, 32.0}) {
+    moecomm::mlp_shape const stand_in{hidden, 4 * hidden, 4};
+    seconds.push_back(simulated_hybridep_step(stand_in, moecomm::mlp_simulation_scale(model, stand_in)));
+    CAPTURE(hidden);
+    CAPTURE(seconds.back());
+    CHECK(seconds.back() == relatively(seconds.front(), 0.005));
+  }
+  // The parameters' share of the step: moved at their real (unscaled) size, the step is much shorter.
+  moecomm::mlp_shape const stand_in{8, 32, 4};
+  moecomm::simulation_scale unscaled_parameters = moecomm::mlp_simulation_scale(model, stand_in);
+  unscaled_parameters.parameters = 1;
+  double const without = simulated_hybridep_step(stand_in, unscaled_parameters);
+  CAPTURE(without);
+  CHECK(without < 0.8 * seconds.front());
+}
 
 TEST_CASE("simulated layer: replicated experts equal plain expert parallelism on simulated ranks, both splits") {
   shadow_case const c{8, 4, 16, 2, 8, {80, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};

@@ -20,9 +20,10 @@
 MOECOMM_NAMESPACE_BEGIN
 
 //! How a small real problem stands for a large one under simulation (`simulated_backend`).
+//! For MLP experts, `mlp_simulation_scale` (`<moecomm/core/mlp_simulation_scale.hpp>`) computes it.
 struct simulation_scale {
   double payload = 1;     //!< simulated bytes per real byte of token rows (H_model / H, times the element sizes' ratio)
-  double parameters = 1;  //!< simulated bytes per real byte of expert parameters ((H_model · F_model) / (H · F), likewise)
+  double parameters = 1;  //!< simulated bytes per real byte of expert parameters (a model expert's bytes over a real one's)
   double flops = 1;       //!< simulated FLOPs per FLOP the experts declare ((H_model · F_model) / (H · F) for MLPs)
 };
 
