@@ -117,6 +117,45 @@ inline std::vector<rank_routing> skewed_routing(std::int32_t ranks, std::int64_t
   return all;
 }
 
+//! Node-limited routing (DeepSeek-V3): each token picks `max_nodes` distinct nodes of `nodes`
+//! uniformly, then `top_k` distinct experts uniformly among the experts those nodes hold (expert
+//! e on node e / (E / nodes)); weights sum to 1.
+inline std::vector<rank_routing> node_limited_routing(std::int32_t ranks, std::int64_t tokens, std::int32_t top_k,
+                                                      std::int32_t experts, std::int32_t nodes, std::int32_t max_nodes,
+                                                      std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::int32_t const per_node = experts / nodes;
+  std::uniform_int_distribution<std::int32_t> node(0, nodes - 1), expert(0, max_nodes * per_node - 1);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  std::vector<rank_routing> all(static_cast<std::size_t>(ranks));
+  for (rank_routing& r : all) {
+    r.tokens = tokens;
+    r.top_k = top_k;
+    r.idx.resize(static_cast<std::size_t>(tokens * top_k));
+    r.w.resize(r.idx.size());
+    std::vector<std::int32_t> chosen(static_cast<std::size_t>(max_nodes));
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (std::int32_t m = 0; m < max_nodes; ++m) {
+        do chosen[static_cast<std::size_t>(m)] = node(rng);
+        while (std::find(chosen.begin(), chosen.begin() + m, chosen[static_cast<std::size_t>(m)]) != chosen.begin() + m);
+      }
+      std::int32_t* const e = r.idx.data() + t * top_k;
+      float* const w = r.w.data() + t * top_k;
+      float sum = 0;
+      for (std::int32_t k = 0; k < top_k; ++k) {
+        do {
+          std::int32_t const i = expert(rng);
+          e[k] = chosen[static_cast<std::size_t>(i / per_node)] * per_node + i % per_node;
+        } while (std::find(e, e + k, e[k]) != e + k);
+        w[k] = weight(rng);
+        sum += w[k];
+      }
+      for (std::int32_t k = 0; k < top_k; ++k) w[k] /= sum;
+    }
+  }
+  return all;
+}
+
 //! Deterministic rows in [-1, 1).
 inline std::vector<float> random_rows(std::int64_t elements, std::uint64_t seed) {
   splitmix64 g{seed};

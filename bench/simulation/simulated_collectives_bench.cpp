@@ -11,12 +11,17 @@
 //!   gathered buffer);
 //!   both with algbw = S / time and busbw = algbw · (n − 1) / n (nccl-tests' factor for both), for
 //!   n = 8 (one node, NVLink) and 16, 32, 64 (2, 4, 8 nodes), S = 1 MiB … 256 MiB;
-//! - `deepep_dispatch/EP:<n>`: the dispatcher's `route` + `dispatch` (dropless, flat) of 4096
-//!   tokens per rank, H = 7168 bf16, top-8 of 256 experts routed uniformly; GBps = bytes a rank
-//!   receives (its own rows included, as DeepEP's tests count `num_recv_tokens`) / time.
+//! - `deepep/EP:<n>/routing:<uniform|node_limited>/exchange:<slots|dedup>`: the dispatcher's
+//!   `route` + `dispatch` (the time), then `combine` (`combine_us`), dropless, of 4096 tokens per
+//!   rank, H = 7168 bf16, top-8 of 256 experts routed uniformly or on at most 4 nodes per token
+//!   (DeepSeek-V3; only where there are more than 4 nodes), with one row per slot (`flat`) or per
+//!   (token, rank) (`dedup_per_rank<flat>`). Counters, means per rank: `nvlink_MB` / `rdma_MB`, the
+//!   dispatch's row bytes that leave the rank over each link class; `recv_MB`, rows received (own
+//!   included); `tokens_GBps` = distinct (token, rank) rows received × 7168 × 2 / time, DeepEP's
+//!   count (`num_recv_tokens`); `wire_GBps` = rows actually received (slots or tokens) / time.
 //! Real blocks are small; the payload scale makes each message its simulated size. Time = simulated
 //! span over all ranks (earliest start to latest end of the operation), one iteration (deterministic).
-//! Check: every rank receives exactly the bytes its peers sent it.
+//! Check (collectives): every rank receives exactly the bytes its peers sent it.
 
 #include <moecomm/moecomm.hpp>
 
@@ -104,42 +109,76 @@ constexpr std::int64_t deepep_tokens = 4096, deepep_hidden = 7168, real_hidden =
 constexpr std::int32_t deepep_top_k = 8, deepep_experts = 256;
 constexpr double bf16 = 2.0;
 
-void register_deepep_dispatch(moecomm::simulated_platform const& platform) {
+//! Rows each rank receives, mean over ranks: one per (token, destination rank) with a slot there,
+//! its own included (DeepEP's `num_recv_tokens`), or one per slot.
+double mean_received_rows(std::vector<moecomm_bench::rank_routing> const& routing, std::int32_t ranks, bool per_rank) {
+  std::int32_t const local = deepep_experts / ranks;
+  double rows = 0;
+  for (auto const& r : routing)
+    for (std::int64_t t = 0; t < r.tokens; ++t)
+      for (std::int32_t k = 0; k < r.top_k; ++k) {
+        std::int32_t const d = r.idx[static_cast<std::size_t>(t * r.top_k + k)] / local;
+        bool first = true;
+        for (std::int32_t j = 0; j < k && per_rank; ++j) first = first && r.idx[static_cast<std::size_t>(t * r.top_k + j)] / local != d;
+        rows += first ? 1 : 0;
+      }
+  return rows / ranks;
+}
+
+//! DeepEP's normal-kernel test on the simulated cluster: dispatch, then combine, of 4096 tokens per
+//! rank (H 7168 bf16, top-8 of 256), with one row per slot (`flat`) or per (token, rank) (`dedup`).
+template <class Algorithm>
+void register_deepep(moecomm::simulated_platform const& platform, char const* exchange, bool node_limited) {
   for (std::int32_t n : rank_counts) {
-    std::string const name = "deepep_dispatch/EP:" + std::to_string(n);
-    benchmark::RegisterBenchmark(name.c_str(), [&platform, n](benchmark::State& state) {
-      auto const routing = moecomm_bench::skewed_routing(n, deepep_tokens, deepep_top_k, deepep_experts, 0.0, 7);
+    std::int32_t const nodes = n / platform.gpus_per_node();
+    if (node_limited && nodes <= 4) continue;  // at most 4 nodes per token limits nothing
+    std::string const name = std::string("deepep/EP:") + std::to_string(n) + "/routing:" + (node_limited ? "node_limited" : "uniform") +
+                             "/exchange:" + exchange;
+    benchmark::RegisterBenchmark(name.c_str(), [&platform, n, nodes, node_limited](benchmark::State& state) {
+      auto const routing = node_limited ? moecomm_bench::node_limited_routing(n, deepep_tokens, deepep_top_k, deepep_experts, nodes, 4, 7)
+                                        : moecomm_bench::skewed_routing(n, deepep_tokens, deepep_top_k, deepep_experts, 0.0, 7);
       backend const be(moecomm::host_backend{}, moecomm_bench::model_scale(deepep_hidden, 1, bf16, real_hidden, 1, sizeof(float)));
-      double seconds = 0, received_rows = 0;
-      std::int64_t sent_rows = 0, arrived_rows = 0;
+      double const model_row = deepep_hidden * bf16, real_row = real_hidden * sizeof(float);
+      double dispatch_s = 0, combine_s = 0, intra = 0, inter = 0, slot_rows = 0;
       for (auto _ : state) {
-        moecomm_bench::step_span span(n);
+        moecomm_bench::step_span dispatch_span(n), combine_span(n);
         moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, n);
-        received_rows = 0;
-        sent_rows = arrived_rows = 0;
+        intra = inter = slot_rows = 0;
         world.run([&](comm_t comm) {
           auto const me = static_cast<std::size_t>(comm.rank());
           moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(n, platform.gpus_per_node()));
-          moecomm::dispatcher<backend, comm_t> d(be, groups, deepep_experts);
+          moecomm::dispatcher<backend, comm_t, moecomm::dropless, Algorithm> d(be, groups, deepep_experts);
           std::vector<float> const x = moecomm_bench::random_rows(deepep_tokens * real_hidden, 400 + me);
+          std::vector<float> out(x.size());
           comm.barrier();
-          span.start[me] = moecomm::simulated_seconds{}();
+          dispatch_span.start[me] = moecomm::simulated_seconds{}();
           d.route(routing[me].view());
           std::vector<float> rows(static_cast<std::size_t>(d.received_rows() * real_hidden));
           d.template dispatch<float>({x.data(), deepep_tokens, real_hidden}, {rows.data(), d.received_rows(), real_hidden});
-          span.end[me] = moecomm::simulated_seconds{}();
-          received_rows += double(d.received_rows()) / n;  // mean over ranks; actors run one at a time
-          sent_rows += d.report().kept_slots;
-          arrived_rows += d.received_rows();
+          dispatch_span.end[me] = moecomm::simulated_seconds{}();
+          slot_rows += double(d.received_rows()) / n;  // actors run one at a time
+          // The dispatch's row bytes at the model's size (the slot lists, 64 bytes a row, apart).
+          intra += double(d.report().exchange.intra_bytes) / real_row * model_row / n;
+          inter += double(d.report().exchange.inter_bytes) / real_row * model_row / n;
+          comm.barrier();
+          combine_span.start[me] = moecomm::simulated_seconds{}();
+          d.template combine<moecomm::weighted, float>({rows.data(), d.received_rows(), real_hidden}, {out.data(), deepep_tokens, real_hidden});
+          combine_span.end[me] = moecomm::simulated_seconds{}();
         });
-        seconds = span.seconds();
-        state.SetIterationTime(seconds);
+        dispatch_s = dispatch_span.seconds();
+        combine_s = combine_span.seconds();
+        state.SetIterationTime(dispatch_s);
       }
-      if (sent_rows != arrived_rows || sent_rows != n * deepep_tokens * deepep_top_k)
-        return moecomm_bench::fail(state, "rows sent and received differ from T * K per rank");
-      double const bytes = received_rows * deepep_hidden * bf16;
-      state.counters["recv_MB_per_rank"] = bytes / 1e6;
-      state.counters["GBps"] = bytes / seconds / 1e9;
+      if (slot_rows != mean_received_rows(routing, n, false))
+        return moecomm_bench::fail(state, "the experts received other rows than the routing's slots");
+      double const tokens = mean_received_rows(routing, n, true) * model_row;
+      double const wire = mean_received_rows(routing, n, moecomm::detail::is_dedup_v<Algorithm>) * model_row;
+      state.counters["combine_us"] = combine_s * 1e6;
+      state.counters["nvlink_MB"] = intra / 1e6;
+      state.counters["rdma_MB"] = inter / 1e6;
+      state.counters["recv_MB"] = wire / 1e6;
+      state.counters["tokens_GBps"] = tokens / dispatch_s / 1e9;
+      state.counters["wire_GBps"] = wire / dispatch_s / 1e9;
     })
         ->UseManualTime()
         ->Iterations(1)
@@ -155,6 +194,9 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   register_collectives(platform);
-  register_deepep_dispatch(platform);
+  for (bool node_limited : {false, true}) {
+    register_deepep<moecomm::flat>(platform, "slots", node_limited);
+    register_deepep<moecomm::dedup_per_rank<moecomm::flat>>(platform, "dedup", node_limited);
+  }
   return moecomm_bench::finish("bench_simulated_collectives");
 }

@@ -173,6 +173,13 @@ TEST_CASE("a layer step allocates nothing once warm: scheduled steps, FasterMoE'
   check_scheduled_warm_steps(prophet);
 }
 
+// The deduplicated exchange: the source and receive plans, the slot lists, the weight-gradient dots.
+TEST_CASE("a layer step allocates nothing once warm: dedup_per_rank, plain and with FasterMoE") {
+  check_no_allocation_after_warmup("dedup", moecomm::dedup_per_rank<moecomm::flat>{});
+  check_no_allocation_after_warmup("dedup fastermoe", moecomm::dedup_per_rank<moecomm::hierarchical_2d>{},
+                                   moecomm::fastermoe_shadowing<>{});
+}
+
 TEST_CASE("a layer step allocates nothing once warm: smart schedule") {
   check_no_allocation_after_warmup("smart_schedule", moecomm::smart_schedule{2});
 }

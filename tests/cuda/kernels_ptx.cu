@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The data-movement kernels, instantiated for every element type and both access widths, the
-// expert codec's element kernels and the router's, for the ptxas resource check (check_kernels.sh):
+// expert codec's element kernels, the deduplicated exchange's and the router's, for the ptxas resource check (check_kernels.sh):
 // no spills, and 16-byte vector accesses on aligned rows.
 
 #include <moecomm/moecomm.cuh>
@@ -29,6 +29,12 @@ template __global__ void for_each_index_kernel(std::int64_t, divide_by_count);
 template __global__ void for_each_index_kernel(std::int64_t, residual_order_key);
 template __global__ void for_each_index_kernel(std::int64_t, gather_kept_values);
 template __global__ void for_each_index_kernel(std::int64_t, scatter_kept_values);
+
+// The deduplicated exchange's plans.
+template __global__ void for_each_index_kernel(std::int64_t, dedup_source_slots);
+template __global__ void for_each_index_kernel(std::int64_t, dedup_slot_lists);
+template __global__ void for_each_index_kernel(std::int64_t, split_slot_lists);
+template __global__ void for_each_index_kernel(std::int64_t, gather_dedup_weight_grads);
 
 // The router: forward, the losses' block sums and values, backward.
 template __global__ void for_each_index_kernel(std::int64_t, router_forward_kernel);

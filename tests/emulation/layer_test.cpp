@@ -140,7 +140,7 @@ void check_emulated_layer(layer_case const& c, Algorithm const& algorithm) {
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
     using Capacity = std::decay_t<decltype(capacity)>;
     CAPTURE(Capacity::name);
-    auto const in = make_layer_inputs<T>(c, capacity, rule, drops);
+    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
     run_emulated_ranks(c.ranks, [&](emulated_rank& rank) {
       moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(c.ranks, c.per_node));
       moecomm::expert_parallel_layer<T, moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, Algorithm> layer(
@@ -162,6 +162,14 @@ TEST_CASE("the expert-parallel layer on emulated GPUs over NCCL equals the oracl
     check_emulated_layer<float>(c, moecomm::pairwise{1});
     check_emulated_layer<float>(c, moecomm::smart_schedule{c.per_node});
   }
+}
+
+TEST_CASE("the layer with a deduplicated exchange on emulated GPUs over NCCL equals the oracle's per-rank sums") {
+  for (layer_case const& c : {layer_case{2, 2, 4, 3, 16, {40, 0}, 1.2}, layer_case{8, 4, 16, 8, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 1.2}}) {
+    check_emulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::flat>{});
+    check_emulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
+  }
+  check_emulated_layer<__nv_bfloat16>(layer_case{4, 2, 8, 4, 16, {30, 1, 0, 57}, 2.0}, moecomm::dedup_per_rank<moecomm::pairwise>{});
 }
 
 TEST_CASE("grouped experts (one call for every local expert) on emulated GPUs equal the oracle") {

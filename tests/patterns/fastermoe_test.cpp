@@ -86,7 +86,7 @@ TEST_CASE("FasterMoE: any shadow set, over either replica path, gives plain expe
 // With dyadic payloads and weights every product and partial sum is exact, so the per-rank sums of a
 // deduplicated exchange (semantics §10a) give plain expert parallelism's bits: home slots, subsets
 // and capacity compose with dedup (subsets: in the next test). Padding with home experts is refused by name.
-TEST_CASE("FasterMoE: with a deduplicated exchange, shadowed equals plain on exact payloads; padding with home experts is refused") {
+TEST_CASE("FasterMoE: with a deduplicated exchange, shadowed equals plain on exact payloads, and padding with home experts is refused") {
   using dedup_flat = moecomm::dedup_per_rank<moecomm::flat>;
   moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
   for (shadow_case const& c : {skewed4, skewed8, extreme8}) {

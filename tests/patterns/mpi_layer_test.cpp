@@ -28,7 +28,7 @@ void check_mpi_layer(Algorithm const& algorithm) {
   CAPTURE(Algorithm::name);
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
     CAPTURE(std::decay_t<decltype(capacity)>::name);
-    auto const in = make_layer_inputs<float>(c, capacity, rule, drops);
+    auto const in = make_layer_inputs<float>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
     check_layer_on_rank(comm, c, in, capacity, algorithm);
   });
 }
@@ -36,6 +36,9 @@ void check_mpi_layer(Algorithm const& algorithm) {
 TEST_CASE("the expert-parallel layer over MPI equals the oracle: flat") { check_mpi_layer(moecomm::flat{}); }
 TEST_CASE("the expert-parallel layer over MPI equals the oracle: hierarchical_2d") { check_mpi_layer(moecomm::hierarchical_2d{}); }
 TEST_CASE("the expert-parallel layer over MPI equals the oracle: pairwise") { check_mpi_layer(moecomm::pairwise{1}); }
+TEST_CASE("the expert-parallel layer over MPI equals the oracle: dedup_per_rank") {
+  check_mpi_layer(moecomm::dedup_per_rank<moecomm::flat>{});
+}
 
 template <class Path>
 void check_mpi_shadowing(Path const& path, bool exact) {

@@ -27,7 +27,7 @@ void check_simulated_layer(layer_case const& c, Algorithm const& algorithm) {
   CAPTURE(Algorithm::name);
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
     CAPTURE(std::decay_t<decltype(capacity)>::name);
-    auto const in = make_layer_inputs<T>(c, capacity, rule, drops);
+    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
     moecomm::simgrid_world world = sim_world(c.ranks, c.per_node);
     world.run([&](moecomm::simgrid_communicator comm) {
       check_layer_on_rank(comm, c, in, capacity, algorithm, moecomm::simulated_backend<>{});
@@ -42,6 +42,8 @@ TEST_CASE("simulated layer: the expert-parallel layer on simulated ranks equals 
     check_simulated_layer<float>(c, moecomm::hierarchical_2d{});
     check_simulated_layer<float>(c, moecomm::pairwise{1});
     check_simulated_layer<float>(c, moecomm::smart_schedule{c.per_node});
+    check_simulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::flat>{});
+    check_simulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
   }
   check_simulated_layer<__nv_bfloat16>(layer_case{8, 4, 16, 1, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 8.0},
                                        moecomm::hierarchical_2d{});

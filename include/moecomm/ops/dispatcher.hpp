@@ -58,6 +58,9 @@ struct dispatch_report {
   std::int64_t received_rows = 0;  //!< rows this rank's experts get (padding included)
   std::int64_t home_rows = 0;      //!< rows of this rank's tokens computed here by home experts
   alltoall_stats exchange;         //!< messages and bytes sent, accumulated over the step's all-to-alls
+  //! `dedup_per_rank` only: the slot lists (`route`, 8·K bytes per row) and the weight-gradient dots
+  //! returned (`combine_backward`, 4·K bytes per row); `exchange` counts the rows alone.
+  alltoall_stats slot_metadata;
   //! The narrowest access, in bytes, the step's row kernels made on the caller's rows (x, out, d_out,
   //! d_x): 16 at full width; 8 or one element when a row (hidden · sizeof(T) bytes) or a pointer is
   //! not 16-byte aligned, which costs bandwidth on a GPU (pad hidden to a multiple of 16 bytes).
@@ -558,8 +561,8 @@ class dispatcher {
       keep_home(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
     }
     if constexpr (deduplicated) {
-      dedup_.build(be_, *groups_, kept, home_, num_experts_, local_experts_, plan_.padded_capacity(), algorithm_, report_.exchange,
-                   exchange_scratch_, scratch_);
+      dedup_.build(be_, *groups_, kept, home_, num_experts_, local_experts_, plan_.padded_capacity(), algorithm_,
+                   report_.slot_metadata, exchange_scratch_, scratch_);
       detail::require(dedup_.receive().num_rows() == received_rows(), "dispatcher::route", "the slot lists received give ",
                       dedup_.receive().num_rows(), " rows for this rank's experts; the exchanged counts ", received_rows());
     }
@@ -784,7 +787,8 @@ class dispatcher {
         std::int64_t const slots = receive.routing().num_tokens * receive.routing().top_k;
         unpermute_backward(be_, receive, arrived, y, d_expert_rows, array_view<float>{dedup_.receiver_weight_grads(be_), slots});
         float* const wanted = d_weights.wanted() ? d_weights.view().data : nullptr;
-        dedup_.return_weight_grads(be_, *groups_, algorithm_, report_.exchange, exchange_scratch_, wanted,
+        [[maybe_unused]] auto const control = detail::payload_scope(be_, detail::payload_kind::control);  // K floats a row, whatever H
+        dedup_.return_weight_grads(be_, *groups_, algorithm_, report_.slot_metadata, exchange_scratch_, wanted,
                                    array_view<float>{wanted, wanted != nullptr ? d_weights.view().size : 0});
         return;
       }
