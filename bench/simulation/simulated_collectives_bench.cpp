@@ -12,7 +12,7 @@
 //!   both with algbw = S / time and busbw = algbw · (n − 1) / n (nccl-tests' factor for both), for
 //!   n = 8 (one node, NVLink) and 16, 32, 64 (2, 4, 8 nodes), S = 1 MiB … 256 MiB;
 //! - `deepep/EP:<n>/routing:<uniform|node_limited>/exchange:<slots|dedup>`: the dispatcher's
-//!   `route` + `dispatch` (the time), then `combine` (`combine_us`), dropless, of 4096 tokens per
+//!   `route` + `dispatch` (the time; `route_us` its route), then `combine` (`combine_us`), dropless, of 4096 tokens per
 //!   rank, H = 7168 bf16, top-8 of 256 experts routed uniformly or on at most 4 nodes per token
 //!   (DeepSeek-V3; only where there are more than 4 nodes), with one row per slot (`flat`) or per
 //!   (token, rank) (`dedup_per_rank<flat>`). Counters, means per rank: `nvlink_MB` / `rdma_MB`, the
@@ -139,9 +139,9 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
                                         : moecomm_bench::skewed_routing(n, deepep_tokens, deepep_top_k, deepep_experts, 0.0, 7);
       backend const be(moecomm::host_backend{}, moecomm_bench::model_scale(deepep_hidden, 1, bf16, real_hidden, 1, sizeof(float)));
       double const model_row = deepep_hidden * bf16, real_row = real_hidden * sizeof(float);
-      double dispatch_s = 0, combine_s = 0, intra = 0, inter = 0, slot_rows = 0;
+      double dispatch_s = 0, route_s = 0, combine_s = 0, intra = 0, inter = 0, slot_rows = 0;
       for (auto _ : state) {
-        moecomm_bench::step_span dispatch_span(n), combine_span(n);
+        moecomm_bench::step_span dispatch_span(n), route_span(n), combine_span(n);
         moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, n);
         intra = inter = slot_rows = 0;
         world.run([&](comm_t comm) {
@@ -152,7 +152,9 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
           std::vector<float> out(x.size());
           comm.barrier();
           dispatch_span.start[me] = moecomm::simulated_seconds{}();
+          route_span.start[me] = dispatch_span.start[me];
           d.route(routing[me].view());
+          route_span.end[me] = moecomm::simulated_seconds{}();
           std::vector<float> rows(static_cast<std::size_t>(d.received_rows() * real_hidden));
           d.template dispatch<float>({x.data(), deepep_tokens, real_hidden}, {rows.data(), d.received_rows(), real_hidden});
           dispatch_span.end[me] = moecomm::simulated_seconds{}();
@@ -166,6 +168,7 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
           combine_span.end[me] = moecomm::simulated_seconds{}();
         });
         dispatch_s = dispatch_span.seconds();
+        route_s = route_span.seconds();
         combine_s = combine_span.seconds();
         state.SetIterationTime(dispatch_s);
       }
@@ -173,6 +176,7 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
         return moecomm_bench::fail(state, "the experts received other rows than the routing's slots");
       double const tokens = mean_received_rows(routing, n, true) * model_row;
       double const wire = mean_received_rows(routing, n, moecomm::detail::is_dedup_v<Algorithm>) * model_row;
+      state.counters["route_us"] = route_s * 1e6;
       state.counters["combine_us"] = combine_s * 1e6;
       state.counters["nvlink_MB"] = intra / 1e6;
       state.counters["rdma_MB"] = inter / 1e6;

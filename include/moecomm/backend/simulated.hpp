@@ -7,7 +7,7 @@
 //!
 //! | call | charged bytes (one kernel each) |
 //! |---|---|
-//! | `for_each_row(rows, k)` | `rows × k.bytes_per_row()` (rows of the hidden size: scaled) |
+//! | `for_each_row(rows, k)` | `Σ_r k.bytes_of_row(r)` (rows of the hidden size: scaled; a slot kernel counts the slots that map to a row) |
 //! | `for_each_index(n, f)` | `n × 8` (an index read and written); `n × f.bytes_per_index()`, scaled inside a payload scope, when `f` declares it (a kernel over row elements) |
 //! | `reduce(n, ...)` | `n × 8` |
 //! | `stable_sort_by_key(n, end_bit)` | `⌈end_bit / 8⌉` radix passes × `n × 16` (key and value, read and written) |
@@ -34,7 +34,7 @@ namespace detail {
 template <class Kernel, class = void>
 struct declares_row_bytes : std::false_type {};
 template <class Kernel>
-struct declares_row_bytes<Kernel, std::void_t<decltype(std::declval<Kernel const&>().bytes_per_row())>> : std::true_type {};
+struct declares_row_bytes<Kernel, std::void_t<decltype(std::declval<Kernel const&>().bytes_of_row(std::int64_t{}))>> : std::true_type {};
 template <class Kernel, class = void>
 struct declares_index_bytes : std::false_type {};
 template <class Kernel>
@@ -76,9 +76,11 @@ class simulated_backend {
 
   template <class F>
   void for_each_row(std::int64_t rows, F const& f) const {
-    static_assert(detail::declares_row_bytes<F>::value, "a row kernel declares bytes_per_row() for the simulated device");
+    static_assert(detail::declares_row_bytes<F>::value, "a row kernel declares bytes_of_row(r) for the simulated device");
     inner_.for_each_row(rows, f);
-    detail::charge_memory(scale_.payload * static_cast<double>(rows) * static_cast<double>(f.bytes_per_row()));
+    double bytes = 0;  // the host's memory: the kernel's indices are readable here
+    for (std::int64_t r = 0; r < rows; ++r) bytes += static_cast<double>(f.bytes_of_row(r));
+    detail::charge_memory(scale_.payload * bytes);
   }
 
   template <class T, class Map, class Op>

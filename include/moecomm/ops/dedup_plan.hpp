@@ -135,27 +135,20 @@ struct gather_dedup_weight_grads {
 template <class Backend>
 class dedup_plan {
  public:
-  //! Builds both maps for the kept routing `kept` (global expert ids) with `home` (this rank's home
-  //! experts, ascending) computed here. Collective: an all-gather of R counts and an all-to-all of
-  //! the slot lists (8·K bytes per row).
-  //! @param padded_capacity C when every (source, expert) chunk is padded to C rows, else 0.
-  template <class Comm, class Algorithm>
-  void build(Backend const& be, exchange_groups<Comm>& groups, routing_view const& kept, std::vector<std::int32_t> const& home,
-             std::int32_t num_experts, std::int32_t local_experts, std::int64_t padded_capacity, Algorithm const& algorithm,
-             alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch) {
-    char const* op = "dispatcher::route";
-    Comm& comm = groups.world();
-    std::int32_t const ranks = comm.size(), me = comm.rank(), top_k = kept.top_k;
+  //! This rank's side, for the kept routing `kept` (global expert ids) with `home` (this rank's home
+  //! experts, ascending) computed here: the source map and the rows it sends each rank
+  //! (`sent_counts()`, which every rank must then learn: `gather_counts` or `take_counts`). Local.
+  void build_source(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home, std::int32_t num_experts,
+                    std::int32_t ranks, workspace<Backend>& scratch) {
+    std::int32_t const top_k = kept.top_k, local_experts = num_experts / ranks;
     std::int64_t const slots = kept.num_tokens * top_k;
-    detail::require(padded_capacity == 0 || home.empty(), op,
-                    "dedup_per_rank with pad_to_capacity and home experts is not supported (the home experts' padding "
-                    "rows have no destination)");
     home_table_.assign(static_cast<std::size_t>(num_experts), -1);
     for (std::size_t i = 0; i < home.size(); ++i) home_table_[static_cast<std::size_t>(home[i])] = static_cast<std::int32_t>(i);
     std::int32_t* const home_index = grow(be, home_index_, num_experts).data();
     be.copy(home_index, home_table_.data(), num_experts);
     kept_ = kept;
-    // This rank's side: one row per (token, destination), then the home rows.
+    has_home_ = !home.empty();
+    // One row per (token, destination), then the home rows.
     routing_view source{grow(be, source_idx_, slots).data(), grow(be, source_weights_, slots).data(), kept.num_tokens, top_k};
     be.for_each_index(kept.num_tokens, detail::dedup_source_slots{kept.topk_idx, kept.topk_weights, home_index, num_experts,
                                                                   local_experts, ranks, top_k, source_idx_.data(),
@@ -165,24 +158,50 @@ class dedup_plan {
     build_permute_plan(be, source, source_blocks, source_, scratch, unchecked_routing);
     std::int32_t const* offsets = source_.host_expert_offsets().data;
     sent_rows_ = offsets[ranks];
-    // Every rank's rows to every rank, then the slot lists.
     my_counts_.resize(static_cast<std::size_t>(ranks));
     for (std::int32_t d = 0; d < ranks; ++d) my_counts_[static_cast<std::size_t>(d)] = offsets[d + 1] - offsets[d];
-    counts_.assign(static_cast<std::size_t>(ranks) * ranks, 0);
-    allgather_host(comm, my_counts_.data(), counts_.data(), ranks * static_cast<std::int64_t>(sizeof(std::int64_t)));
+  }
+
+  //! `[R]` rows this rank sends each rank (after `build_source`).
+  [[nodiscard]] std::vector<std::int64_t> const& sent_counts() const { return my_counts_; }
+  //! Every rank learns every rank's `sent_counts()`: one all-gather. Collective.
+  template <class Comm>
+  void gather_counts(Comm& comm) {
+    counts_.assign(my_counts_.size() * my_counts_.size(), 0);
+    allgather_host(comm, my_counts_.data(), counts_.data(), static_cast<std::int64_t>(my_counts_.size() * sizeof(std::int64_t)));
+  }
+  //! The same from a gather the caller made: rank s's counts at `all + s * stride`.
+  void take_counts(std::int64_t const* all, std::int64_t stride) {
+    std::size_t const ranks = my_counts_.size();
+    counts_.resize(ranks * ranks);
+    for (std::size_t s = 0; s < ranks; ++s) std::copy_n(all + s * stride, ranks, counts_.begin() + static_cast<std::ptrdiff_t>(s * ranks));
+  }
+
+  //! The receiving side, once every rank's counts are known: the slot lists travel (8·K bytes per
+  //! row) and the receive map spreads the rows this rank gets over its experts. Collective.
+  //! @param padded_capacity C when every (source, expert) chunk is padded to C rows, else 0.
+  template <class Comm, class Algorithm>
+  void build_receive(Backend const& be, exchange_groups<Comm>& groups, std::int64_t padded_capacity, Algorithm const& algorithm,
+                     alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch) {
+    char const* op = "dispatcher::route";
+    detail::require(padded_capacity == 0 || !has_home_, op,
+                    "dedup_per_rank with pad_to_capacity and home experts is not supported (the home experts' padding "
+                    "rows have no destination)");
+    std::int32_t const ranks = groups.world().size(), me = groups.world().rank(), top_k = kept_.top_k;
+    std::int32_t const num_experts = static_cast<std::int32_t>(home_table_.size()), local_experts = num_experts / ranks;
     received_rows_ = 0;
     for (std::int32_t s = 0; s < ranks; ++s) received_rows_ += counts_[static_cast<std::size_t>(s) * ranks + me];
     std::int64_t const list_bytes = 8 * std::int64_t{top_k};
     char* const lists = grow(be, sent_lists_, sent_rows_ * list_bytes).data();
-    be.for_each_index(sent_rows_, detail::dedup_slot_lists{kept.topk_idx, kept.topk_weights, home_index, source_.token_of(),
-                                                           source_.slot_of(), source_idx_.data(), num_experts, local_experts,
-                                                           ranks, top_k, me, lists});
+    be.for_each_index(sent_rows_, detail::dedup_slot_lists{kept_.topk_idx, kept_.topk_weights, home_index_.data(),
+                                                           source_.token_of(), source_.slot_of(), source_idx_.data(), num_experts,
+                                                           local_experts, ranks, top_k, me, lists});
     char* const arrived = grow(be, received_lists_, received_rows_ * list_bytes).data();
     byte_matrix const& m = row_matrix(list_bytes, matrix_);
     alltoallv(be, groups, m, array_view<char const>{lists, m.send_total(me)}, array_view<char>{arrived, m.recv_total(me)},
               stats, exchange_scratch, algorithm);
-    // The receiving side: arrived rows (by source rank, each source's in token order) to the local
-    // experts' rows; receive id l * R + s orders them by (expert, source, token, slot), padded per chunk.
+    // Arrived rows (by source rank, each source's in token order) to the local experts' rows; the
+    // receive id l * R + s orders them by (expert, source, token, slot), padded per chunk.
     std::int64_t const received_slots = received_rows_ * top_k;
     routing_view received{grow(be, received_idx_, received_slots).data(), grow(be, received_weights_, received_slots).data(),
                           received_rows_, top_k};
@@ -239,6 +258,7 @@ class dedup_plan {
   std::vector<std::int64_t> my_counts_;   //!< [R] rows this rank sends each rank
   std::vector<std::int64_t> counts_;      //!< [R][R] rows each rank sends each rank
   std::int64_t sent_rows_ = 0, received_rows_ = 0;
+  bool has_home_ = false;
   buffer_t<std::int32_t> home_index_, source_idx_, received_idx_;
   buffer_t<float> source_weights_, received_weights_, received_grads_, sent_grads_;
   buffer_t<char> sent_lists_, received_lists_;

@@ -165,7 +165,9 @@ class dispatcher {
   }
 
   //! Returns the experts' output rows to their tokens and combines them (`Weighting`). Keeps the
-  //! returned rows for `combine_backward`. Collective.
+  //! returned rows for `combine_backward`. With `dedup_per_rank` and `weighted`, `expert_rows` must
+  //! stay unchanged until `combine_backward`, whose weight gradient reads them there (as the layer's
+  //! do). Collective.
   template <class Weighting = weighted, class T>
   void combine(matrix_view<std::add_const_t<T>> expert_rows, matrix_view<T> out) {
     combine<Weighting, T>(expert_rows, no_home_rows<T const>(out.hidden), out);
@@ -177,9 +179,7 @@ class dispatcher {
     [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::rows);
     if constexpr (deduplicated) {
       dedup_exchange_back<Weighting, T>(expert_rows, returned_, "combine", "expert_rows");
-      if constexpr (detail::is_weighted<Weighting>())  // the receiver's part of the weight gradient needs them
-        be_.copy(reinterpret_cast<T*>(rows_buffer<T>(expert_out_, received_rows(), out.hidden).data()), expert_rows.data,
-                 received_rows() * out.hidden);
+      combined_rows_ = expert_rows.data;  // the receiver's part of the weight gradient reads them
     } else {
       exchange_back<T>(expert_rows, returned_, "combine");
     }
@@ -551,7 +551,11 @@ class dispatcher {
   void finish_route(ChooseHome&& choose_home) {
     apply_capacity();
     routing_view const kept = plan_.routing();  // before keep_home relabels it
-    exchange_counts(plan_);
+    // Without home experts the deduplicated rows' counts ride on the count exchange; with them they
+    // depend on the choice, made from the counts, and take an all-gather of their own.
+    constexpr bool counts_ride_along = deduplicated && std::is_same_v<std::decay_t<ChooseHome>, no_home_experts>;
+    if constexpr (counts_ride_along) dedup_.build_source(be_, kept, {}, num_experts_, ranks_, scratch_);
+    exchange_counts(plan_, counts_ride_along);
     decltype(auto) chosen = choose_home(counts_);
     if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
       keep_home(chosen);
@@ -561,8 +565,11 @@ class dispatcher {
       keep_home(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
     }
     if constexpr (deduplicated) {
-      dedup_.build(be_, *groups_, kept, home_, num_experts_, local_experts_, plan_.padded_capacity(), algorithm_,
-                   report_.slot_metadata, exchange_scratch_, scratch_);
+      if constexpr (!counts_ride_along) {
+        dedup_.build_source(be_, kept, home_, num_experts_, ranks_, scratch_);
+        dedup_.gather_counts(groups_->world());
+      }
+      dedup_.build_receive(be_, *groups_, plan_.padded_capacity(), algorithm_, report_.slot_metadata, exchange_scratch_, scratch_);
       detail::require(dedup_.receive().num_rows() == received_rows(), "dispatcher::route", "the slot lists received give ",
                       dedup_.receive().num_rows(), " rows for this rank's experts; the exchanged counts ", received_rows());
     }
@@ -667,16 +674,23 @@ class dispatcher {
     }
   }
 
-  //! Every rank learns the rows every rank sends every expert in `plan` (one all-gather of E counts).
-  void exchange_counts(permute_plan<Backend> const& plan) {
+  //! Every rank learns the rows every rank sends every expert in `plan` (one all-gather of E counts),
+  //! and with `with_dedup_counts` the rows of the deduplicated exchange it sends each rank (R more).
+  void exchange_counts(permute_plan<Backend> const& plan, bool with_dedup_counts = false) {
     detail::require(plan.host_expert_offsets().size == num_experts_ + 1, "dispatcher::route", "the plan holds ",
                     plan.host_expert_offsets().size, " host offsets for ", num_experts_, " experts (was it built?)");
     std::int32_t const* const offsets = plan.host_expert_offsets().data;
-    my_counts_.resize(static_cast<std::size_t>(num_experts_));
+    std::int64_t const width = num_experts_ + (with_dedup_counts ? ranks_ : 0);
+    my_counts_.resize(static_cast<std::size_t>(width));
     std::vector<std::int64_t>& mine = my_counts_;
     for (std::int32_t e = 0; e < num_experts_; ++e) mine[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
-    counts_.assign(static_cast<std::size_t>(ranks_) * num_experts_, 0);
-    allgather_host(groups_->world(), mine.data(), counts_.data(), num_experts_ * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    if (with_dedup_counts) std::copy(dedup_.sent_counts().begin(), dedup_.sent_counts().end(), mine.begin() + num_experts_);
+    gathered_.assign(static_cast<std::size_t>(ranks_ * width), 0);
+    allgather_host(groups_->world(), mine.data(), gathered_.data(), width * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    counts_.resize(static_cast<std::size_t>(ranks_) * num_experts_);
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      std::copy_n(gathered_.begin() + s * width, num_experts_, counts_.begin() + static_cast<std::ptrdiff_t>(s) * num_experts_);
+    if (with_dedup_counts) dedup_.take_counts(gathered_.data() + num_experts_, width);
     derive_local_counts();
   }
 
@@ -783,7 +797,7 @@ class dispatcher {
     permute_plan<Backend> const& receive = dedup_.receive();
     if constexpr (detail::is_weighted<Weighting>()) {
       if (combined_) {
-        matrix_view<T const> const y{reinterpret_cast<T const*>(expert_out_.data()), received_rows(), hidden};
+        matrix_view<T const> const y{static_cast<T const*>(combined_rows_), received_rows(), hidden};
         std::int64_t const slots = receive.routing().num_tokens * receive.routing().top_k;
         unpermute_backward(be_, receive, arrived, y, d_expert_rows, array_view<float>{dedup_.receiver_weight_grads(be_), slots});
         float* const wanted = d_weights.wanted() ? d_weights.view().data : nullptr;
@@ -814,7 +828,8 @@ class dispatcher {
   std::vector<std::int64_t> allowance_;  //!< receiver budget: rows this rank may send each rank
   bool routed_ = false;                  //!< `route` succeeded: plan_ is this step's
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
-  std::vector<std::int64_t> my_counts_;     //!< [E] this rank's row of counts_, before the all-gather
+  std::vector<std::int64_t> my_counts_;     //!< [E (+ R)] this rank's row of counts_ (and of the dedup counts), before the all-gather
+  std::vector<std::int64_t> gathered_;      //!< [R][E (+ R)] the all-gather of every rank's my_counts_
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
   std::vector<std::int64_t> local_offsets_;
   std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_
@@ -825,7 +840,7 @@ class dispatcher {
   // gradient), arrivals and rank-major staging of the exchanges, the combine's returned rows (kept
   // for combine_backward's weight gradient), and the returned gradient rows.
   bytes_t sent_, arrived_, rank_major_, returned_, d_back_;
-  bytes_t expert_out_;  //!< dedup: the experts' output rows of the combine, for the weight gradient's dots
+  void const* combined_rows_ = nullptr;  //!< dedup: the combine's `expert_rows`, for the weight gradient's dots
   dedup_plan<Backend> dedup_;  //!< dedup: this routing's source and receive plans
   bool combined_ = false;  //!< returned_ holds this routing's combine
   dispatch_report report_;

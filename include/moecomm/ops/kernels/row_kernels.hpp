@@ -61,7 +61,7 @@ struct gather_rows_kernel {
   bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
   //! Device memory one row reads and writes (a simulated device charges it).
-  [[nodiscard]] std::int64_t bytes_per_row() const { return 2 * hidden * std::int64_t{sizeof(T)} + 8; }
+  [[nodiscard]] std::int64_t bytes_of_row(std::int64_t) const { return 2 * hidden * std::int64_t{sizeof(T)} + 8; }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r, Team const& team) const {
@@ -125,6 +125,14 @@ MOECOMM_HOST_DEVICE fragment<T, N> weighted_fragment(fragment<T, N> v, float w) 
   return v;
 }
 
+//! The slots of a token's `rows` that map to a row (masked, dropped and unsent slots do not): the
+//! rows a slot kernel touches, which a simulated device charges.
+inline std::int64_t mapped_slots(std::int32_t const* rows, std::int32_t top_k) {
+  std::int64_t n = 0;
+  for (std::int32_t k = 0; k < top_k; ++k) n += rows[k] >= 0 ? 1 : 0;
+  return n;
+}
+
 //! `dst[row_of[t][k]] = src[t]` (times `weights[t][k]` when `Weighted`, in fp32, one rounding) for
 //! every valid slot k of token t (TransformerEngine's permute): the token's row is read once and
 //! written up to K times, where a gather by `token_of` reads it once per slot. Rows no slot maps
@@ -139,8 +147,10 @@ struct scatter_rows_kernel {
   float const* weights;    //!< `[T][K]`, read only when `Weighted`
   bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
-  //! Device memory one token reads (its row, its indices) and writes (up to K rows).
-  [[nodiscard]] std::int64_t bytes_per_row() const { return (top_k + 1) * hidden * std::int64_t{sizeof(T)} + 8 * top_k; }
+  //! Device memory token t reads (its row, its indices) and writes (its mapped slots' rows).
+  [[nodiscard]] std::int64_t bytes_of_row(std::int64_t t) const {
+    return (mapped_slots(row_of + t * top_k, top_k) + 1) * hidden * std::int64_t{sizeof(T)} + 8 * top_k;
+  }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
@@ -213,8 +223,11 @@ struct scatter_weighted_rows_with_dot_kernel {
   float const* weights;        //!< `[T][K]`
   std::int32_t top_k;
 
-  //! Device memory one token reads (its gradient row, K expert rows, indices, weights) and writes (K rows, K floats).
-  [[nodiscard]] std::int64_t bytes_per_row() const { return (2 * top_k + 1) * hidden * std::int64_t{sizeof(T)} + 12 * top_k; }
+  //! Device memory token t reads (its gradient row, its mapped slots' expert rows, indices, weights)
+  //! and writes (those slots' rows, K floats).
+  [[nodiscard]] std::int64_t bytes_of_row(std::int64_t t) const {
+    return (2 * mapped_slots(row_of + t * top_k, top_k) + 1) * hidden * std::int64_t{sizeof(T)} + 12 * top_k;
+  }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
@@ -248,7 +261,8 @@ struct zero_unmapped_rows_kernel {
   std::int64_t hidden;
   std::int32_t const* token_of;  //!< `[P]`
 
-  [[nodiscard]] std::int64_t bytes_per_row() const { return 4; }
+  //! Device memory row r reads (its token) and writes (the row, when it is zeroed).
+  [[nodiscard]] std::int64_t bytes_of_row(std::int64_t r) const { return 4 + (token_of[r] < 0 ? hidden * std::int64_t{sizeof(T)} : 0); }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r, Team const& team) const {
@@ -280,8 +294,10 @@ struct combine_rows_kernel {
   std::int32_t top_k;
   bool streaming = false;  //!< host only: non-temporal stores (large outputs)
 
-  //! Device memory one token reads (its k rows, indices, weights) and writes (its row).
-  [[nodiscard]] std::int64_t bytes_per_row() const { return (top_k + 1) * hidden * std::int64_t{sizeof(T)} + 8 * top_k; }
+  //! Device memory token t reads (its mapped slots' rows, indices, weights) and writes (its row).
+  [[nodiscard]] std::int64_t bytes_of_row(std::int64_t t) const {
+    return (mapped_slots(row_of + t * top_k, top_k) + 1) * hidden * std::int64_t{sizeof(T)} + 8 * top_k;
+  }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
@@ -369,8 +385,8 @@ struct slot_dot_kernel {
   std::int32_t const* row_of;
   std::int32_t top_k;
 
-  //! Device memory one slot reads (two rows, its index) and writes (its weight gradient).
-  [[nodiscard]] std::int64_t bytes_per_row() const { return 2 * hidden * std::int64_t{sizeof(T)} + 8; }
+  //! Device memory a slot reads (its index; two rows when it has one) and writes (its weight gradient).
+  [[nodiscard]] std::int64_t bytes_of_row(std::int64_t slot) const { return 8 + (row_of[slot] < 0 ? 0 : 2 * hidden * std::int64_t{sizeof(T)}); }
 
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t slot, Team const& team) const {
