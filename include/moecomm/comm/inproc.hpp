@@ -131,6 +131,10 @@ struct inproc_state {
     auto g = std::make_shared<inproc_group>();
     g->id = next_group_id++;
     g->calls.resize(members.size());
+    for (detail::posted_call& c : g->calls) {  // a block per peer: an exchange of any size copies its lists without allocating
+      c.sends.reserve(members.size());
+      c.recvs.reserve(members.size());
+    }
     g->arrived_for.assign(members.size(), 0);
     g->members = std::move(members);
     return g;

@@ -17,6 +17,8 @@
 #include <moecomm/ops/alltoall/stats.hpp>
 #include <moecomm/ops/matrix_checks.hpp>
 
+#include <type_traits>
+
 #include <cstdint>
 #include <vector>
 
@@ -59,5 +61,18 @@ template <class Comm>
   allgather_host(comm, my_row.data(), cells.data(), static_cast<std::int64_t>(my_row.size() * sizeof(std::int64_t)));
   return byte_matrix(comm.size(), std::move(cells));
 }
+
+namespace detail {
+
+//! Sizes what `algorithm` stages (`hierarchical_2d`'s blocks; the others stage nothing) for exchanges
+//! in which no rank sends more than `max_send` bytes or receives more than `max_recv`.
+template <class Algorithm, class Backend>
+void reserve_exchange(Algorithm const& algorithm, Backend const& be, topology const& topo, std::int64_t max_send,
+                      std::int64_t max_recv, alltoall_workspace<Backend>& scratch) {
+  if constexpr (std::is_same_v<Algorithm, hierarchical_2d>) algorithm.reserve(be, topo, max_send, max_recv, scratch);
+  else if constexpr (detail::is_dedup_v<Algorithm>) reserve_exchange(algorithm.inner, be, topo, max_send, max_recv, scratch);
+}
+
+}  // namespace detail
 
 MOECOMM_NAMESPACE_END

@@ -11,6 +11,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/functional.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
@@ -207,6 +208,33 @@ class dedup_plan {
                           received_rows_, top_k};
     be.for_each_index(received_rows_, detail::split_slot_lists{arrived, top_k, received_idx_.data(), received_weights_.data()});
     build_permute_plan(be, received, local_experts * ranks, receive_, scratch, routing_checks{}, padded_capacity);
+  }
+
+  //! Sizes both maps and the lists for steps of at most `largest`'s slots (a routing of the largest
+  //! step, every slot valid) and `received_rows` arriving rows, so that building them allocates
+  //! nothing. Local.
+  void reserve(Backend const& be, routing_view const& largest, std::int32_t num_experts, std::int32_t ranks,
+               std::int64_t received_rows, workspace<Backend>& scratch) {
+    std::int32_t const top_k = largest.top_k, local_experts = num_experts / ranks;
+    home_table_.reserve(static_cast<std::size_t>(num_experts));
+    std::vector<std::int32_t> every_expert(static_cast<std::size_t>(num_experts));
+    for (std::int32_t e = 0; e < num_experts; ++e) every_expert[static_cast<std::size_t>(e)] = e;
+    build_source(be, largest, every_expert, num_experts, ranks, scratch);  // the most source blocks a step can have
+    std::int64_t const sent = largest.num_tokens * std::min(top_k, ranks);
+    grow(be, sent_lists_, sent * 8 * top_k);
+    grow(be, sent_grads_, sent * top_k);
+    grow(be, received_lists_, received_rows * 8 * top_k);
+    grow(be, received_grads_, received_rows * top_k);
+    // The receive map of as many rows, every slot valid: at least the arrays and sort of any step's
+    // (a padded one has at most these rows).
+    std::int64_t const slots = received_rows * top_k;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(slots));
+    for (std::int64_t i = 0; i < slots; ++i) ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % (local_experts * ranks));
+    routing_view received{grow(be, received_idx_, slots).data(), grow(be, received_weights_, slots).data(), received_rows, top_k};
+    be.copy(received_idx_.data(), ids.data(), slots);
+    be.for_each_index(slots, detail::fill_value<float>{received_weights_.data(), 1.0f});
+    build_permute_plan(be, received, local_experts * ranks, receive_, scratch, unchecked_routing);
+    be.synchronize();  // `ids` goes
   }
 
   //! This rank's tokens -> the rows it sends rank 0, rank 1, ..., then its home experts' rows.

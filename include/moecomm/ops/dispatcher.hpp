@@ -8,12 +8,14 @@
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/lane.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/simulation_hooks.hpp>
+#include <moecomm/core/step_bounds.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall.hpp>
@@ -107,6 +109,50 @@ class dispatcher {
     detail::require(num_experts > 0 && num_experts % ranks_ == 0, "dispatcher", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", ranks_, " ranks");
     local_experts_ = num_experts / ranks_;
+  }
+
+  //! Sizes every buffer a step within `bounds` needs, with rows of `hidden` elements of T (plans,
+  //! scratch, rows, the exchange's staging and message lists, the count tables), so that such steps
+  //! allocate nothing (`grow` keeps them). Local: no traffic. Returns the received rows it sized for
+  //! (`bounds.max_received_rows` or the policy's bound).
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  template <class T>
+  std::int64_t reserve(step_bounds const& bounds, std::int64_t hidden) {
+    char const* op = "dispatcher::reserve";
+    detail::require(bounds.max_tokens >= 0, op, "step_bounds.max_tokens = ", bounds.max_tokens, " is negative");
+    detail::require(bounds.top_k > 0 && bounds.top_k <= num_experts_, op, "step_bounds.top_k = ", bounds.top_k,
+                    " must be in [1, num_experts = ", num_experts_, "]");
+    detail::require(bounds.max_received_rows >= 0, op, "step_bounds.max_received_rows = ", bounds.max_received_rows, " is negative");
+    detail::require(hidden > 0, op, "hidden = ", hidden, " must be positive");
+    std::int64_t const slots = detail::checked_mul(bounds.max_tokens, bounds.top_k, op, "max_tokens * top_k");
+    std::int64_t capacity = 0, received = std::int64_t{ranks_} * slots;  // dropless: every slot of every rank
+    if constexpr (detail::is_receiver_budget_v<Capacity>) {
+      received = capacity_.rows_per_rank;
+    } else if constexpr (!detail::is_dropless_v<Capacity>) {
+      capacity = expert_capacity(bounds.max_tokens, bounds.top_k, num_experts_, capacity_.factor, capacity_.min_capacity);
+      received = std::int64_t{ranks_} * local_experts_ * capacity;
+    }
+    if (bounds.max_received_rows > 0) received = bounds.max_received_rows;
+    // The plans and their scratch: built once, here, on a routing of the largest step.
+    typename Backend::template buffer_type<std::int32_t> idx = be_.template allocate<std::int32_t>(slots);
+    typename Backend::template buffer_type<float> weights = be_.template allocate<float>(slots);
+    std::vector<std::int32_t> host_idx(static_cast<std::size_t>(slots));
+    for (std::int64_t i = 0; i < slots; ++i) host_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % num_experts_);
+    be_.copy(idx.data(), host_idx.data(), slots);
+    be_.for_each_index(slots, detail::fill_value<float>{weights.data(), 1.0f / static_cast<float>(bounds.top_k)});
+    routing_view const largest{idx.data(), weights.data(), bounds.max_tokens, bounds.top_k};
+    reserve_plans(largest, capacity, received);
+    reserve_tables();
+    // The rows: this rank's (one per slot, or per padded row), and those its experts receive.
+    std::int64_t const padded = capacity_pads() ? std::int64_t{num_experts_} * capacity : 0;
+    std::int64_t const source_rows = std::max(slots, padded);
+    for (bytes_t* b : {&sent_, &returned_, &d_back_}) rows_buffer<T>(*b, source_rows, hidden);
+    for (bytes_t* b : {&arrived_, &rank_major_}) rows_buffer<T>(*b, received, hidden);
+    std::int64_t const row_bytes = hidden * static_cast<std::int64_t>(sizeof(T));
+    detail::reserve_exchange(algorithm_, be_, groups_->topo(), source_rows * row_bytes, received * row_bytes, exchange_scratch_);
+    be_.synchronize();  // the routing goes
+    begin_route();      // the plans hold that routing: nothing may use them before a route
+    return received;
   }
 
   //! Applies the capacity policy, builds the permute plan and exchanges the counts. Collective.
@@ -538,6 +584,50 @@ class dispatcher {
     combined_ = false;
     home_.clear();
     routed_ = false;
+  }
+
+  //! The host tables, at their largest: counts by rank and expert, home experts, and one message per
+  //! peer (a small step's exchange lists fewer).
+  void reserve_tables() {
+    auto const R = static_cast<std::size_t>(ranks_), E = static_cast<std::size_t>(num_experts_),
+               L = static_cast<std::size_t>(local_experts_);
+    counts_.reserve(R * E);
+    gathered_.reserve(R * (E + R));
+    my_counts_.reserve(E + R);
+    chunk_counts_.reserve(R * L);
+    local_offsets_.reserve(L + 1);
+    rank_major_offsets_.reserve(R * L + 1);
+    allowance_.reserve(R);
+    for (std::vector<std::int32_t>* v : {&home_, &chosen_, &label_}) v->reserve(E);
+    home_offsets_.reserve(E + 1);
+    exchange_scratch_.sends.reserve(R);
+    exchange_scratch_.recvs.reserve(R);
+  }
+
+  //! True when the capacity policy pads every expert's block to C rows.
+  [[nodiscard]] bool capacity_pads() const {
+    if constexpr (detail::is_dropless_v<Capacity> || detail::is_receiver_budget_v<Capacity>) return false;
+    else return capacity_.pad_to_capacity;
+  }
+
+  //! `reserve`'s plans: what `route` builds for `largest` (capacity C, `received` rows arriving), and
+  //! the relabeling of home experts, once, so that their arrays and scratch have the largest size.
+  void reserve_plans(routing_view const& largest, std::int64_t capacity, std::int64_t received) {
+    std::int64_t const slots = largest.num_tokens * largest.top_k;
+    build_permute_plan(be_, largest, num_experts_, dropless_plan(), scratch_, unchecked_routing);
+    if constexpr (!detail::is_dropless_v<Capacity>) {
+      array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
+      if constexpr (detail::is_receiver_budget_v<Capacity>) be_.copy(kept_idx.data, largest.topk_idx, slots);
+      else (void)drop_to_capacity(be_, dropless_plan_, capacity, kept_idx, scratch_, capacity_.rule, 0);
+      routing_view kept = largest;
+      kept.topk_idx = kept_idx.data;
+      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, unchecked_routing, capacity_pads() ? capacity : 0);
+    }
+    grow(be_, relabeled_idx_, slots);
+    label_.resize(static_cast<std::size_t>(num_experts_));
+    for (std::int32_t e = 0; e < num_experts_; ++e) label_[static_cast<std::size_t>(e)] = e;
+    relabel_permute_plan(be_, plan_, plan_.routing(), array_view<std::int32_t const>(label_), scratch_);
+    if constexpr (deduplicated) dedup_.reserve(be_, largest, num_experts_, ranks_, received, scratch_);
   }
 
   //! Where `route` puts the routing's dropless plan: the step's plan itself when nothing is dropped.

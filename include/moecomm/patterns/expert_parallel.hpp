@@ -13,6 +13,7 @@
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/core/step_bounds.hpp>
 #include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/dispatcher.hpp>
@@ -121,6 +122,23 @@ class expert_parallel_layer : public detail::layer_mode {
       detail::call_scope<Comm> const call(dispatcher_.groups().world(), op, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
+  }
+
+  //! Sizes every buffer whose size depends on the batch for steps within `bounds` (the dispatcher's
+  //! plans, exchanges and rows, and the experts' rows), so that such steps allocate nothing, as
+  //! DeepEP's `Buffer` is sized once. Local: no traffic; call it on every rank, before the first
+  //! step (a larger step still runs and grows what it needs). Not sized here: what the first call of
+  //! anything sets up whatever the batch (the communicator's bookkeeping, the smart schedule's lane),
+  //! and a shadowing policy's replica buffers (they grow with the shadow set).
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  void reserve(step_bounds const& bounds) {
+    std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
+    std::int64_t const slots = bounds.max_tokens * bounds.top_k;
+    for (rows_t* b : {&expert_in_, &expert_out_, &d_expert_out_, &d_expert_in_}) grow_rows(*b, received);
+    if constexpr (shadowing_t::shadows)
+      for (rows_t* b : {&home_in_, &home_out_, &d_home_out_, &d_home_in_}) grow_rows(*b, slots);
+    if constexpr (pipelined && shadowing_t::shadows) grow_rows(d_x_, bounds.max_tokens);
+    grow(dispatcher_.backend(), d_weights_, slots);
   }
 
   //! Begins a scheduled step (Pro-Prophet's scheduler; patterns/fastermoe.hpp): plans it from the

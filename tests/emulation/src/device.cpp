@@ -89,6 +89,7 @@ struct thread_state {
   int device = 0;
   clock_vector knows;
   std::int64_t waits = 0;
+  std::int64_t allocations = 0;  // device memory allocated from this thread (cudaMalloc, cudaMallocAsync)
   cudaError_t last_error = cudaSuccess;
   std::string message;  // the last violation's text
 };
@@ -421,6 +422,7 @@ cudaError_t allocate_device(void** out, std::size_t bytes, std::string origin, i
                             char const* call) {
   *out = nullptr;
   if (bytes == 0) return cudaSuccess;
+  ++this_thread.allocations;
   install_segv_handler();
   std::size_t const mapped = (bytes + page - 1) / page * page;
   std::size_t const reserved = mapped + page;  // a guard page: one past the end is never another allocation
@@ -567,6 +569,7 @@ void clear_violations() {
 }
 
 std::int64_t host_waits() { return this_thread.waits; }
+std::int64_t device_allocations() { return this_thread.allocations; }
 
 int device_count() { return emu().devices; }
 

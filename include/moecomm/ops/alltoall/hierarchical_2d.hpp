@@ -18,6 +18,7 @@
 #include <moecomm/ops/alltoall/flat.hpp>
 #include <moecomm/ops/alltoall/stats.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +27,17 @@ MOECOMM_NAMESPACE_BEGIN
 //! Two dependent rounds; falls back to `flat` with one node or one rank per node (as Tutel does).
 struct hierarchical_2d {
   static constexpr char const* name = "hierarchical_2d";
+
+  //! Sizes `scratch`'s staging for exchanges in which no rank sends more than `max_send` bytes or
+  //! receives more than `max_recv`: a rank's blocks, what its node sends its local index (twice),
+  //! and what it receives.
+  template <class Backend>
+  void reserve(Backend const& be, topology const& topo, std::int64_t max_send, std::int64_t max_recv,
+               alltoall_workspace<Backend>& scratch) const {
+    if (topo.num_nodes() == 1 || topo.ranks_per_node() == 1) return;
+    std::int64_t const to_my_index = std::min(topo.ranks_per_node() * max_send, topo.num_nodes() * max_recv);
+    (void)scratch.staging.template get<char>(be, max_send + 2 * to_my_index + max_recv);
+  }
 
   template <class Backend, class Comm>
   void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,

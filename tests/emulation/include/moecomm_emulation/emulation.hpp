@@ -101,6 +101,8 @@ void clear_violations();
 //! The host waits this thread has made: stream and event synchronisations, successful polls
 //! (`cudaStreamQuery`/`cudaEventQuery` returning cudaSuccess) and synchronous copies.
 std::int64_t host_waits();
+//! The device allocations (`cudaMalloc`, `cudaMallocAsync`) this thread has made.
+std::int64_t device_allocations();
 
 //! The number of emulated devices.
 int device_count();
