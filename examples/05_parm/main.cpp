@@ -184,9 +184,10 @@ problem make_problem(options const& o) {
   p.inner = o.ffn_ratio * o.hidden;
   if (p.inner % o.esp != 0) usage_error(program, "the experts' inner width " + str(p.inner) + " does not split into --esp slices");
   // A rank holds one ESP slice of each of its experts (inner I / ESP, and its own copy of b2): the
-  // model's experts sliced alike.
+  // model's experts sliced alike. The model is fp16, as the platform's rate is the 2080 Ti's fp16
+  // tensor rate (bench_parm_grid likewise); the stand-in computes in fp32.
   p.scale = moecomm::mlp_simulation_scale(
-      {static_cast<double>(o.model_hidden), static_cast<double>(o.ffn_ratio * o.model_hidden) / o.esp, sizeof(float)},
+      {static_cast<double>(o.model_hidden), static_cast<double>(o.ffn_ratio * o.model_hidden) / o.esp, 2},
       {static_cast<double>(o.hidden), static_cast<double>(p.inner / o.esp), sizeof(float)});
   for (int s = 0; s < 2; ++s) {
     p.steps.emplace_back();
@@ -313,7 +314,7 @@ void print_setup(problem const& p) {
   std::printf("   experts E = %d, %d per EP rank, each cut into %d slice%s; top-%d, gate Zipf(s = %.2f), dropless\n", o.experts,
               p.local_experts, p.sizes.expert_slicing, p.sizes.expert_slicing == 1 ? "" : "s", topk, o.zipf);
   std::printf("   tokens: %" PRId64 " per MP group (the same on its %d ranks); fp32 rows of H = %" PRId64
-              " real elements standing for H_model = %" PRId64 "\n     experts H -> %dH -> H; simulation_scale {payload %g, parameters %g, flops %g}\n",
+              " real elements standing for fp16 rows of H_model = %" PRId64 "\n     experts H -> %dH -> H; simulation_scale {payload %g, parameters %g, flops %g}\n",
               o.tokens, p.sizes.model, o.hidden, o.model_hidden, o.ffn_ratio, p.scale.payload, p.scale.parameters, p.scale.flops);
   std::printf("   each schedule: a fresh layer on a fresh world; one warm-up step, then one measured step; each pass\n"
               "   starts after a barrier and takes its slowest rank's time; S2 and parm_auto pipeline in %d pieces\n\n",
