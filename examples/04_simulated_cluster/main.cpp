@@ -164,6 +164,7 @@ struct problem {
   moecomm::simulation_scale scale;
   std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up, measured][rank]
   std::vector<std::vector<float>> parameters;   //!< [E][parameter count]: every expert's initial values
+  std::vector<int32_t> by_popularity;           //!< the experts from hottest to coldest (a seeded shuffle)
 };
 
 problem make_problem(options const& o) {
@@ -182,13 +183,14 @@ problem make_problem(options const& o) {
   p.inner = alpha * o.hidden;
   p.model = {static_cast<double>(o.model_hidden), static_cast<double>(alpha * o.model_hidden), sizeof(float)};
   p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
+  p.by_popularity = random_popularity(o.experts, o.seed);
   for (int s = 0; s < 2; ++s) {
     p.steps.emplace_back();
     for (int32_t r = 0; r < p.ranks; ++r) {
       std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(s)};
       std::mt19937_64 rng(seq);
       rank_inputs in;
-      in.gate = route_tokens(o.tokens, o.experts, topk, o.zipf, rng);
+      in.gate = route_tokens(o.tokens, p.by_popularity, topk, o.zipf, rng);
       in.x = random_rows(o.tokens * o.hidden, rng);
       in.d_out = random_rows(o.tokens * o.hidden, rng);
       p.steps.back().push_back(std::move(in));
@@ -317,6 +319,11 @@ void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) 
   std::printf("   ranks R = %d, one per GPU 0..%d (%d node%s x %d); experts E = %d, %d per rank; top-%d, gate Zipf(s = %.2f)\n",
               p.ranks, p.ranks - 1, p.ranks / p.per_node, p.ranks / p.per_node == 1 ? "" : "s", p.per_node, o.experts,
               p.local_experts, topk, o.zipf);
+  std::printf("   hottest experts (a random placement, from --seed): ");
+  for (int32_t i = 0; i < 4 && i < o.experts; ++i)
+    std::printf("%s%d on node %d", i > 0 ? ", " : "", p.by_popularity[static_cast<std::size_t>(i)],
+                p.by_popularity[static_cast<std::size_t>(i)] / p.local_experts / p.per_node);
+  std::printf("\n");
   std::printf("   tokens: %" PRId64 " per rank; fp32 rows of H = %" PRId64 " real elements standing for H_model = %" PRId64
               "\n     simulation_scale {payload %g, parameters %g, flops %g}\n",
               o.tokens, o.hidden, o.model_hidden, p.scale.payload, p.scale.parameters, p.scale.flops);

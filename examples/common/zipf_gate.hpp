@@ -20,13 +20,14 @@ struct routing_data {
   std::vector<float> weights;
 };
 
-//! Each token draws K distinct experts, without replacement, from P(e) ~ 1/(e+1)^s, and gets
-//! random positive gate scores normalised to sum to 1. Slots are ordered by weight, descending,
-//! as a top-k gate returns them.
-inline routing_data route_tokens(std::int64_t tokens, std::int32_t experts, std::int32_t topk, double s,
-                                 std::mt19937_64& rng) {
+//! Each token draws K distinct experts, without replacement, the i-th most popular expert
+//! (`by_popularity[i]`) with P ~ 1/(i+1)^s, and gets random positive gate scores normalised to sum
+//! to 1. Slots are ordered by weight, descending, as a top-k gate returns them.
+inline routing_data route_tokens(std::int64_t tokens, std::vector<std::int32_t> const& by_popularity, std::int32_t topk,
+                                 double s, std::mt19937_64& rng) {
+  auto const experts = static_cast<std::int32_t>(by_popularity.size());
   std::vector<double> p(static_cast<std::size_t>(experts));
-  for (std::int32_t e = 0; e < experts; ++e) p[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -s);
+  for (std::int32_t i = 0; i < experts; ++i) p[static_cast<std::size_t>(by_popularity[static_cast<std::size_t>(i)])] = std::pow(i + 1.0, -s);
   double const total = std::accumulate(p.begin(), p.end(), 0.0);
 
   routing_data r;
@@ -64,6 +65,24 @@ inline routing_data route_tokens(std::int64_t tokens, std::int32_t experts, std:
     }
   }
   return r;
+}
+
+//! The same with expert e the (e+1)-th most popular: the hot experts are the first ones, on the
+//! first ranks (a placement the example states).
+inline routing_data route_tokens(std::int64_t tokens, std::int32_t experts, std::int32_t topk, double s, std::mt19937_64& rng) {
+  std::vector<std::int32_t> by_popularity(static_cast<std::size_t>(experts));
+  std::iota(by_popularity.begin(), by_popularity.end(), 0);
+  return route_tokens(tokens, by_popularity, topk, s, rng);
+}
+
+//! A popularity order drawn at random from `seed`: the hot experts land on random ranks, as a
+//! trained gate's would, not on the first ones by construction.
+inline std::vector<std::int32_t> random_popularity(std::int32_t experts, std::uint64_t seed) {
+  std::vector<std::int32_t> by_popularity(static_cast<std::size_t>(experts));
+  std::iota(by_popularity.begin(), by_popularity.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(by_popularity.begin(), by_popularity.end(), rng);
+  return by_popularity;
 }
 
 }  // namespace example_support
