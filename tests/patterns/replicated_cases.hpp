@@ -37,10 +37,12 @@ layer_result<float> replicated_step(Layer& layer, std::int32_t me, shadow_case c
   return got;
 }
 
-// One rank of any world: plain EP, then the replicated layer with `Split` on `placement`.
-template <class Split, class Comm, class Backend = moecomm::host_backend>
+// One rank of any world: plain EP, then the replicated layer with `Split` on `placement` (its slots
+// exchanged with `Algorithm`; a deduplicated one regroups sums, exact on these dyadic payloads).
+template <class Split, class Comm, class Backend = moecomm::host_backend, class Algorithm = moecomm::flat>
 void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<float> const& in,
-                              moecomm::replica_placement const& placement, Backend const& be = Backend{}) {
+                              moecomm::replica_placement const& placement, Backend const& be = Backend{},
+                              Algorithm const& algorithm = {}) {
   std::int32_t const me = comm.rank(), E = c.experts, L = E / c.ranks, R = c.ranks;
   moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
   moecomm::expert_parallel_layer<float, Backend, Comm> plain(be, groups, E, c.hidden);
@@ -54,7 +56,8 @@ void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<fl
   comm.allgather(&rows, plain_rows.data(), sizeof rows);
   std::int64_t const plain_busiest = *std::max_element(plain_rows.begin(), plain_rows.end());
 
-  moecomm::replicated_expert_layer<float, Backend, Comm, Split> layer(be, groups, placement, c.hidden);
+  moecomm::replicated_expert_layer<float, Backend, Comm, Split, moecomm::weighted, moecomm::static_placement, Algorithm> layer(
+      be, groups, placement, c.hidden, {}, {}, {}, moecomm::replica_gradients::summed_here, algorithm);
   auto experts = slot_experts(placement, me, c.hidden);
   layer_result<float> const got = replicated_step(layer, me, c, in, experts);
   CAPTURE(me);

@@ -12,13 +12,15 @@
 
 namespace test {
 
-template <class Split>
-void check_replicated_equals_plain(shadow_case const& c, moecomm::replica_placement const& placement) {
+template <class Split, class Algorithm = moecomm::flat>
+void check_replicated_equals_plain(shadow_case const& c, moecomm::replica_placement const& placement, Algorithm const& algorithm = {}) {
   CAPTURE(Split::name);
   CAPTURE(c.zipf);
   auto const in = make_shadow_inputs<float>(c);
   moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](moecomm::inproc_communicator comm) { check_replicated_on_rank<Split>(comm, c, in, placement); });
+  world.run([&](moecomm::inproc_communicator comm) {
+    check_replicated_on_rank<Split>(comm, c, in, placement, moecomm::host_backend{}, algorithm);
+  });
 }
 
 shadow_case const uniform{8, 4, 16, 2, 8, {64, 64, 64, 64, 64, 64, 64, 64}, 0.0, true};
@@ -38,6 +40,16 @@ TEST_CASE("replicated experts: every placement and split equals plain expert par
       check_replicated_equals_plain<moecomm::finemoe_split>(c, p);
       check_replicated_equals_plain<moecomm::even_split>(c, p);
     }
+}
+
+// Several slots per rank: a token routed to two slots of one rank crosses once with dedup_per_rank
+// (semantics §10a); on dyadic payloads the regrouped sums are exact, so the bits stay plain EP's.
+TEST_CASE("replicated experts with a deduplicated exchange equal plain expert parallelism (8 ranks, 4 slots each)") {
+  moecomm::replica_placement const cyclic = moecomm::replica_placement::cyclic(8, 4, 2);
+  for (shadow_case const& c : {uniform, zipf}) {
+    check_replicated_equals_plain<moecomm::finemoe_split>(c, cyclic, moecomm::dedup_per_rank<moecomm::flat>{});
+    check_replicated_equals_plain<moecomm::even_split>(c, cyclic, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
+  }
 }
 
 }  // namespace test

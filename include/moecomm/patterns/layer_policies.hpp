@@ -111,10 +111,10 @@ constexpr bool check_layer_policies() {
   static_assert(count_of_kind<is_replication_policy, Policies...> <= 1,
                 "moecomm::make_expert_parallel_layer: replicated given twice");
   static_assert(count_of_kind<is_replication_policy, Policies...> == 0 ||
-                    (count_of_kind<is_alltoall_algorithm, Policies...> == 0 && count_of_kind<is_shadowing_policy, Policies...> == 0 &&
-                     count_of_kind<is_capacity_policy, Policies...> == 0 && count_of_kind<is_expert_domain_policy, Policies...> == 0),
+                    (count_of_kind<is_shadowing_policy, Policies...> == 0 && count_of_kind<is_capacity_policy, Policies...> == 0 &&
+                     count_of_kind<is_expert_domain_policy, Policies...> == 0),
                 "moecomm::make_expert_parallel_layer: replicated experts run their own dropless exchange over the replica "
-                "slots: drop the capacity policy, the all-to-all algorithm, the shadowing policy and hybridep");
+                "slots: drop the capacity policy, the shadowing policy and hybridep");
   return true;
 }
 
@@ -140,8 +140,8 @@ template <class Replicated>
 struct replicated_layer_of;
 template <class Split, class Placement>
 struct replicated_layer_of<replicated<Split, Placement>> {
-  template <class T, class Backend, class Comm, class Weighting>
-  using type = replicated_expert_layer<T, Backend, Comm, Split, Weighting, Placement>;
+  template <class T, class Backend, class Comm, class Weighting, class Algorithm>
+  using type = replicated_expert_layer<T, Backend, Comm, Split, Weighting, Placement, Algorithm>;
 };
 
 //! `policy.placement`, checked against the layer's expert count.
@@ -157,7 +157,8 @@ template <class T, class Backend, class Comm, class... Policies>
 using expert_parallel_layer_of = std::conditional_t<
     (detail::count_of_kind<is_replication_policy, Policies...> > 0),
     typename detail::replicated_layer_of<typename detail::replication_of<Policies...>::type>::template type<
-        T, Backend, Comm, detail::policy_of_t<is_weighting_policy, weighted, Policies...>>,
+        T, Backend, Comm, detail::policy_of_t<is_weighting_policy, weighted, Policies...>,
+        detail::policy_of_t<is_alltoall_algorithm, flat, Policies...>>,
     std::conditional_t<
     (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0),
     hybridep_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
@@ -176,7 +177,8 @@ template <class T, class Backend, class Comm, class... Policies>
   if constexpr (detail::count_of_kind<is_replication_policy, Policies...> > 0) {
     auto const& policy = detail::policy_value<is_replication_policy>(finemoe{replica_placement::contiguous(1, 1)}, policies...);
     return {std::move(be), groups, detail::placement_for(num_experts, policy), hidden, policy.split,
-            detail::policy_value<is_routing_checks>(routing_checks{}, policies...), policy.rebalancing, policy.gradients};
+            detail::policy_value<is_routing_checks>(routing_checks{}, policies...), policy.rebalancing, policy.gradients,
+            detail::policy_value<is_alltoall_algorithm>(flat{}, policies...)};
   } else if constexpr (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0)
     return {std::move(be),
             groups,

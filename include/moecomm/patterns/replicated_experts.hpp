@@ -110,19 +110,25 @@ namespace detail {
 
 //! One MoE layer over replicated experts (see the file comment).
 //! @tparam Split `finemoe_split` or `even_split`; @tparam Weighting `weighted` or `unweighted`;
-//! @tparam Placement `static_placement` or `dynamic_placement`.
+//! @tparam Placement `static_placement` or `dynamic_placement`; @tparam Algorithm the exchange over
+//! the slots: `flat`, `hierarchical_2d`, `pairwise` or `dedup_per_rank<…>` (with several slots per
+//! rank, a token routed to two slots of one rank crosses once; semantics §10a).
 template <class T, class Backend, class Comm, class Split = finemoe_split, class Weighting = weighted,
-          class Placement = static_placement>
+          class Placement = static_placement, class Algorithm = flat>
 class replicated_expert_layer : public detail::layer_mode {
+  static_assert(!std::is_same_v<Algorithm, smart_schedule>,
+                "moecomm::replicated_expert_layer: the smart schedule pipelines the experts per source rank; the "
+                "replicated layer runs them once over every slot: use flat, hierarchical_2d, pairwise or dedup_per_rank");
+
  public:
   //! Collective over the world of `groups` (one communicator per slot row is split off).
   //! @throws error (invalid_argument) naming `placement` when its ranks are not the world's.
   replicated_expert_layer(Backend be, exchange_groups<Comm>& groups, replica_placement placement, std::int64_t hidden,
                           Split = {}, routing_checks checks = {}, Placement rebalancing = {},
-                          replica_gradients gradients = replica_gradients::summed_here)
+                          replica_gradients gradients = replica_gradients::summed_here, Algorithm algorithm = {})
       : be_(be), world_(&groups.world()), placement_(checked(std::move(placement), groups.world().size())),
         sets_(replica_sets_of(placement_)),
-        dispatcher_(be, groups, placement_.num_ranks() * placement_.slots_per_rank(), dropless{}, flat{}, unchecked_routing),
+        dispatcher_(be, groups, placement_.num_ranks() * placement_.slots_per_rank(), dropless{}, algorithm, unchecked_routing),
         checks_(checks), rebalancing_(rebalancing), gradients_(gradients), hidden_(hidden) {
     detail::require(hidden > 0, "replicated_expert_layer", "hidden = ", hidden, " must be positive");
     // Ranks with different placements would route to different slots and combine wrong rows.
@@ -225,7 +231,7 @@ class replicated_expert_layer : public detail::layer_mode {
     return {loads_.data(), static_cast<std::int64_t>(loads_.size())};
   }
   //! The dispatcher over the slots (its report: rows received, messages).
-  [[nodiscard]] dispatcher<Backend, Comm, dropless, flat> const& dispatch_state() const { return dispatcher_; }
+  [[nodiscard]] dispatcher<Backend, Comm, dropless, Algorithm> const& dispatch_state() const { return dispatcher_; }
 
  private:
   [[nodiscard]] array_view<std::int64_t const> counts() const {
@@ -370,7 +376,7 @@ class replicated_expert_layer : public detail::layer_mode {
   Comm* world_;
   replica_placement placement_;
   replica_sets sets_;
-  dispatcher<Backend, Comm, dropless, flat> dispatcher_;
+  dispatcher<Backend, Comm, dropless, Algorithm> dispatcher_;
   routing_checks checks_;
   Placement rebalancing_;
   replica_gradients gradients_;
