@@ -71,6 +71,7 @@
 #else
 
 #include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/detail/call_fingerprint.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/error.hpp>
 
@@ -113,15 +114,6 @@ struct mpi_options {
 
 namespace detail {
 
-//! The operations that the checked mode's fingerprint compares.
-enum class mpi_op : std::int64_t { exchange = 1, allgather, allreduce, broadcast, barrier, split, reduce };
-
-//! Name of an operation code taken from a (possibly foreign) fingerprint.
-inline char const* mpi_op_name(std::int64_t code) {
-  static char const* const names[] = {"exchange", "allgather", "allreduce", "broadcast", "barrier", "split", "reduce"};
-  return code >= 1 && code <= 7 ? names[code - 1] : "an unknown operation";
-}
-
 //! The MPI datatype of an `allreduce` element type.
 template <class T>
 MPI_Datatype mpi_datatype() {
@@ -140,7 +132,7 @@ inline MPI_Op mpi_reduction(reduce_op op) {
 //! An `mpi_communicator`'s buffers for the checked mode's small collectives. They are allocated once
 //! and are never freed while MPI may still write to them (see the file comment).
 struct mpi_scratch {
-  static constexpr int words = 7;  //!< fingerprint: op, size, extra, world rank, bad argument, layer call, its step
+  static constexpr int words = call_fingerprint::words;
   std::vector<std::int64_t> mine;  //!< this rank's fingerprint or verdict
   std::vector<std::int64_t> all;   //!< every rank's fingerprint or verdict
   std::vector<std::int64_t> sent;  //!< exchange: bytes this rank sends to each rank
@@ -217,7 +209,7 @@ class mpi_communicator {
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     char const* const op = "exchange";
     auto const deadline = start(op);
-    agree(detail::mpi_op::exchange, 0, 0, local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }),
+    agree(detail::collective_op::exchange, 0, 0, local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }),
           deadline);
     send_block const* self_send = nullptr;
     recv_block const* self_recv = nullptr;
@@ -229,7 +221,7 @@ class mpi_communicator {
     std::int64_t const self_expected = self_recv != nullptr ? self_recv->bytes : 0;
     if (options_.check_collectives) check_exchange_sizes(sends, recvs, deadline);
     else if (self_sent != self_expected)
-      fail(status::invalid_usage, op, pair_mismatch(rank_, rank_, self_sent, self_expected));
+      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self_sent, self_expected));
     std::vector<MPI_Request> requests;
     for (recv_block const& r : recvs) {
       if (r.peer == rank_) continue;
@@ -255,7 +247,7 @@ class mpi_communicator {
   void allgather(void const* send, void* recv, std::int64_t bytes) {
     char const* const op = "allgather";
     auto const deadline = start(op);
-    agree(detail::mpi_op::allgather, bytes, 0,
+    agree(detail::collective_op::allgather, bytes, 0,
           local_check(op, [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size_); }), deadline);
     auto const chunks = detail::split_into_chunks(bytes, options_.max_message_bytes);
     std::vector<MPI_Request> requests;
@@ -299,7 +291,7 @@ class mpi_communicator {
   void broadcast(void* data, std::int64_t bytes, int root) {
     char const* const op = "broadcast";
     auto const deadline = start(op);
-    agree(detail::mpi_op::broadcast, bytes, root,
+    agree(detail::collective_op::broadcast, bytes, root,
           local_check(op, [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size_); }), deadline);
     std::vector<MPI_Request> requests;
     for (detail::byte_chunk const& chunk : detail::split_into_chunks(bytes, options_.max_message_bytes))
@@ -313,7 +305,7 @@ class mpi_communicator {
   void barrier() {
     char const* const op = "barrier";
     auto const deadline = start(op);
-    agree(detail::mpi_op::barrier, 0, 0, std::nullopt, deadline);
+    agree(detail::collective_op::barrier, 0, 0, std::nullopt, deadline);
     std::vector<MPI_Request> requests(1);
     check(MPI_Ibarrier(comm_, requests.data()), op, "MPI_Ibarrier");
     wait(requests, deadline, op, "waiting at the barrier");
@@ -325,7 +317,7 @@ class mpi_communicator {
   [[nodiscard]] mpi_communicator split(int color, int key) {
     char const* const op = "split";
     auto const deadline = start(op);
-    agree(detail::mpi_op::split, 0, 0, local_check(op, [&](char const* here) { detail::validate_split(here, color); }),
+    agree(detail::collective_op::split, 0, 0, local_check(op, [&](char const* here) { detail::validate_split(here, color); }),
           deadline);
     // A bounded rendezvous first: MPI_Comm_split itself blocks, so it is entered only once every
     // rank is known to be in split.
@@ -477,7 +469,7 @@ class mpi_communicator {
   void reduce_chunks(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root,
                      char const* op) {
     auto const deadline = start(op);
-    agree(all ? detail::mpi_op::allreduce : detail::mpi_op::reduce, count,
+    agree(all ? detail::collective_op::allreduce : detail::collective_op::reduce, count,
           detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + (all ? 0 : 64 * std::int64_t{root}),
           local_check(op, [&](char const* here) {
             detail::validate_reduction(here, send, recv, count, all, root, rank_, size_);
@@ -506,61 +498,24 @@ class mpi_communicator {
   //! The checked mode: all-gathers this rank's fingerprint, then throws on every rank if a rank passed
   //! a bad argument (`bad`, found by `local_check`) or if the ranks disagree. In the unchecked mode it
   //! only throws `bad`.
-  void agree(detail::mpi_op what, std::int64_t size, std::int64_t extra, std::optional<error> const& bad,
+  void agree(detail::collective_op what, std::int64_t size, std::int64_t extra, std::optional<error> const& bad,
              clock::time_point deadline) {
-    char const* const op = detail::mpi_op_name(static_cast<std::int64_t>(what));
+    char const* const op = detail::collective_op_name(static_cast<std::int64_t>(what));
     if (!options_.check_collectives) {
       if (bad) throw *bad;
       return;
     }
-    constexpr int words = detail::mpi_scratch::words;
     detail::mpi_scratch& s = *scratch_;
-    detail::call_identity const layer_call = call_.current();
-    std::int64_t const mine[words] = {static_cast<std::int64_t>(what), size,      extra,
-                                      world_rank_,                     bad ? 1 : 0, layer_call.code,
-                                      layer_call.step};
-    std::copy(mine, mine + words, s.mine.begin());
+    detail::call_fingerprint::write(s.mine.data(), what, size, extra, world_rank_, bad.has_value(), call_.current());
     std::vector<MPI_Request> requests(1);
-    check(MPI_Iallgather(s.mine.data(), words, MPI_INT64_T, s.all.data(), words, MPI_INT64_T, comm_, requests.data()),
+    check(MPI_Iallgather(s.mine.data(), detail::call_fingerprint::words, MPI_INT64_T, s.all.data(),
+                         detail::call_fingerprint::words, MPI_INT64_T, comm_, requests.data()),
           op, "MPI_Iallgather");
     wait(requests, deadline, op, "checking that every rank made the same call");
     if (bad) throw *bad;
-    auto const call = [&](int r) { return s.all.data() + static_cast<std::size_t>(r) * words; };
-    auto const group = [&] {  // " in group {1,3}" (its world ranks) for a sub-group, as in-process; only on failure
-      int world_size = 0;
-      if (MPI_Comm_size(MPI_COMM_WORLD, &world_size) != MPI_SUCCESS || world_size == size_) return std::string();
-      std::string list;
-      for (int r = 0; r < size_; ++r) list += (r == 0 ? "" : ",") + std::to_string(call(r)[3]);
-      return detail::concat(" in group {", list, "}");
-    };
-    for (int r = 0; r < size_; ++r)
-      if (call(r)[4] != 0)
-        fail(status::aborted, op,
-             detail::concat("world rank ", call(r)[3], " passed an invalid argument to ", detail::mpi_op_name(call(r)[0]),
-                            group(), " (see its error); no rank's call took effect"));
-    auto const describe = [&](int r) {
-      std::int64_t const* c = call(r);
-      return detail::concat("world rank ", c[3], " called ", detail::mpi_op_name(c[0]), "(size ", c[1], ", ", c[2], ")");
-    };
-    auto const in_call = [&](int r) {  // " in hybridep_layer::forward (step 12)", as in-process
-      std::int64_t const* c = call(r);
-      return c[5] == 0 ? std::string(" outside any layer call") : detail::concat(" in ", detail::call_names::name(c[5]), " (step ", c[6], ")");
-    };
-    for (int r = 1; r < size_; ++r)  // the layer calls first: two steps' collectives may happen to match
-      if (call(0)[5] != call(r)[5] || call(0)[6] != call(r)[6])
-        fail(status::invalid_usage, op,
-             detail::concat("ranks are in different calls: world rank ", call(0)[3], " is", in_call(0), ", but world rank ",
-                            call(r)[3], " is", in_call(r), group(), "; every rank must make the same calls in the same order"));
-    for (int r = 1; r < size_; ++r)
-      if (!std::equal(call(0), call(0) + 3, call(r)))
-        fail(status::invalid_usage, op, detail::concat("ranks disagree: ", describe(0), ", but ", describe(r), group()));
-  }
-
-  //! The message of a pair whose sizes disagree (group ranks), as `inproc_communicator` words it.
-  [[nodiscard]] static std::string pair_mismatch(std::int64_t i, std::int64_t j, std::int64_t sent,
-                                                 std::int64_t expected) {
-    return detail::concat("pair (", i, ", ", j, "): rank ", i, " sends ", sent, " bytes to rank ", j, ", but rank ", j,
-                          " expects ", expected, " bytes from rank ", i, " (group ranks)");
+    int world_size = 0;
+    check(MPI_Comm_size(MPI_COMM_WORLD, &world_size), op, "MPI_Comm_size");
+    detail::judge_fingerprints(s.all.data(), size_, world_size, where(op).c_str());
   }
 
   //! The checked mode's check of an exchange's sizes: an all-to-all of the byte counts, then an
@@ -577,29 +532,13 @@ class mpi_communicator {
     check(MPI_Ialltoall(s.sent.data(), 1, MPI_INT64_T, s.got.data(), 1, MPI_INT64_T, comm_, requests.data()), op,
           "MPI_Ialltoall");
     wait(requests, deadline, op, "comparing the message sizes");
-    // This rank's first mismatch as (sender * size + receiver, sent, expected); "none" sorts last.
-    std::int64_t const none = std::numeric_limits<std::int64_t>::max();
-    std::int64_t verdict[3] = {none, 0, 0};
-    for (int from = 0; from < size_; ++from)
-      if (s.got[static_cast<std::size_t>(from)] != expected[static_cast<std::size_t>(from)]) {
-        verdict[0] = static_cast<std::int64_t>(from) * size_ + rank_;
-        verdict[1] = s.got[static_cast<std::size_t>(from)];
-        verdict[2] = expected[static_cast<std::size_t>(from)];
-        break;
-      }
-    std::copy(verdict, verdict + 3, s.mine.begin());
+    detail::exchange_size_verdict::write(s.mine.data(), s.got.data(), expected.data(), rank_, size_);
     requests.assign(1, MPI_REQUEST_NULL);
-    check(MPI_Iallgather(s.mine.data(), 3, MPI_INT64_T, s.all.data(), 3, MPI_INT64_T, comm_, requests.data()), op,
+    constexpr int words = detail::exchange_size_verdict::words;
+    check(MPI_Iallgather(s.mine.data(), words, MPI_INT64_T, s.all.data(), words, MPI_INT64_T, comm_, requests.data()), op,
           "MPI_Iallgather");
     wait(requests, deadline, op, "comparing the message sizes");
-    int first = -1;
-    for (int r = 0; r < size_; ++r)
-      if (s.all[3 * static_cast<std::size_t>(r)] != none &&
-          (first < 0 || s.all[3 * static_cast<std::size_t>(r)] < s.all[3 * static_cast<std::size_t>(first)]))
-        first = r;
-    if (first < 0) return;
-    std::int64_t const* v = s.all.data() + 3 * static_cast<std::size_t>(first);
-    fail(status::invalid_usage, op, pair_mismatch(v[0] / size_, v[0] % size_, v[1], v[2]));
+    detail::exchange_size_verdict::judge(s.all.data(), size_, where(op).c_str());
   }
 
   //! The tag of chunk `c` of an exchange message. Chunks of one pair are matched in order, because MPI
