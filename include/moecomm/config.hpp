@@ -63,6 +63,13 @@
 #  define MOECOMM_HAS_MPI() 0
 #endif
 
+//! The torch integration (c10d communicator, tensor views, autograd functions) was enabled by the build.
+#if defined(MOECOMM_ENABLE_TORCH)
+#  define MOECOMM_HAS_TORCH() 1
+#else
+#  define MOECOMM_HAS_TORCH() 0
+#endif
+
 //! Simulated clusters (SimGrid) were enabled by the build.
 #if defined(MOECOMM_ENABLE_SIMGRID)
 #  define MOECOMM_HAS_SIMGRID() 1

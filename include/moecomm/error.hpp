@@ -22,6 +22,7 @@ enum class status : int {
   cuda_error,        //!< the CUDA runtime failed
   mpi_error,         //!< an MPI call failed
   nccl_error,        //!< an NCCL call failed
+  c10d_error,        //!< a torch.distributed (c10d) call failed
   out_of_memory,     //!< an allocation failed; the message names the memory and the bytes requested
   internal_error,    //!< a broken invariant inside moecomm: a bug, please report it
 };
@@ -37,6 +38,7 @@ enum class status : int {
     case status::cuda_error: return "cuda_error";
     case status::mpi_error: return "mpi_error";
     case status::nccl_error: return "nccl_error";
+    case status::c10d_error: return "c10d_error";
     case status::out_of_memory: return "out_of_memory";
     case status::internal_error: return "internal_error";
   }

@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `c10d_communicator`: the communicator concept over a torch.distributed process group
+//! (`c10d::ProcessGroup`), so that a trainer that already has its groups (Megatron's expert-parallel
+//! group, a device mesh's dimension) hands one to moecomm. Host buffers on Gloo; a group whose
+//! back-end takes device tensors (NCCL) needs the device variant, which is not in this version.
+//!
+//! Every operation wraps the caller's memory in tensors that alias it (`at::from_blob`, no copy),
+//! posts the group's own operations (`send`/`recv` for `exchange`, `allgather`, `allreduce`,
+//! `reduce`, `broadcast`, `barrier`) and waits on each `Work` until the call's deadline
+//! (`c10d_options::timeout` after the call began). Failures and guarantees follow
+//! `mpi_communicator`'s (moecomm/comm/mpi.hpp), with the same messages:
+//!
+//! - In the checked mode (`c10d_options::check_collectives`, on by default) the ranks first
+//!   all-gather a fingerprint of their call (comm/detail/call_fingerprint.hpp); an `exchange` also
+//!   all-gathers every rank's message sizes. A bad argument on one rank throws `invalid_argument`
+//!   there and `aborted` on the others; different calls or sizes throw `invalid_usage` on every rank
+//!   naming the ranks or the pair. Nothing has moved then, and the communicator stays usable.
+//! - A wait that reaches the deadline throws `status::timeout`, and a failing c10d call
+//!   `status::c10d_error` with torch's text. The communicator is then **unusable** (every later call
+//!   throws `aborted`): a c10d operation cannot be cancelled, and it may still write into the
+//!   receive buffers of the failed call.
+//!
+//! c10d has no split in torch 1.13 (`ProcessGroup::splitGroup` came in 2.x), so a `split` creates a
+//! new group through the `c10d_group_factory` the communicator was made with, named after the split
+//! so that its members rendezvous with each other only: `gloo_group_factory(store, options)` makes
+//! Gloo groups over a store every process shares. Ranks name world ranks (this group's ranks when it
+//! was not split from another) in error messages.
+//!
+//! Floating-point sums of `allreduce` follow the group's own reduction order; `ordered_allreduce`
+//! (ops/ordered_allreduce.hpp) gives the same bits as every other transport. One communicator is used
+//! by one thread at a time.
+
+#include <moecomm/config.hpp>
+
+#if !MOECOMM_HAS_TORCH()
+#  error "moecomm/comm/c10d.hpp needs libtorch: link the target moecomm::torch (moecomm built with MOECOMM_ENABLE_TORCH=ON)"
+#else
+
+#include <moecomm/comm/communicator.hpp>
+#include <moecomm/comm/detail/call_fingerprint.hpp>
+#include <moecomm/comm/detail/p2p_chunks.hpp>
+#include <moecomm/error.hpp>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! How a `c10d_communicator` waits and checks. Every rank must pass the same options.
+struct c10d_options {
+  //! The longest time one call waits for the other ranks; then it throws `error(status::timeout)`
+  //! and the communicator is unusable. Must be positive.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  //! The checked mode: before each collective the ranks agree that they made the same call with the
+  //! same sizes (and, for `exchange`, matching message sizes). Costs one or two small all-gathers.
+  bool check_collectives = true;
+  //! The name the groups of this communicator's splits start with. Every communicator made on one
+  //! store (directly, not by `split`) needs its own, as torch's own groups have.
+  std::string name = "moecomm";
+};
+
+//! Makes the process group of a split: `(name, rank, size)` → a group of `size` processes in which
+//! this one is `rank`; every member passes the same `name`, which no other group uses.
+using c10d_group_factory =
+    std::function<c10::intrusive_ptr<c10d::ProcessGroup>(std::string const& name, int rank, int size)>;
+
+//! Gloo groups over `store` (one every process can reach, the world group's): each split's group is
+//! a `ProcessGroupGloo` on a `PrefixStore` of its name, with `options` (devices and timeout).
+[[nodiscard]] inline c10d_group_factory gloo_group_factory(c10::intrusive_ptr<c10d::Store> store,
+                                                           c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> options) {
+  return [store = std::move(store), options = std::move(options)](std::string const& name, int rank, int size) {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store);
+    return c10::intrusive_ptr<c10d::ProcessGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options));
+  };
+}
+
+namespace detail {
+
+//! A byte tensor that aliases `bytes` bytes at `data` (no copy, no ownership).
+inline at::Tensor alias_bytes(void const* data, std::int64_t bytes) {
+  return at::from_blob(const_cast<void*>(data), {bytes}, at::TensorOptions().dtype(at::kByte));
+}
+
+//! A tensor of `count` elements of T that aliases `data`.
+template <class T>
+at::Tensor alias_elements(T const* data, std::int64_t count) {
+  static_cast<void>(reduce_type_code<T>());  // rejects unsupported types
+  at::ScalarType const type = std::is_same_v<T, std::int32_t>   ? at::kInt
+                              : std::is_same_v<T, std::int64_t> ? at::kLong
+                              : std::is_same_v<T, float>        ? at::kFloat
+                                                                : at::kDouble;
+  return at::from_blob(const_cast<T*>(data), {count}, at::TensorOptions().dtype(type));
+}
+
+inline c10d::ReduceOp c10d_reduction(reduce_op op) {
+  return op == reduce_op::sum ? c10d::ReduceOp::SUM : op == reduce_op::max ? c10d::ReduceOp::MAX : c10d::ReduceOp::MIN;
+}
+
+}  // namespace detail
+
+//! One rank's handle on a c10d process group: a model of the communicator concept
+//! (`<moecomm/comm/communicator.hpp>`) for host buffers. It is move-only, as `mpi_communicator`; a
+//! lane's copy (`split_for`) is a group of its own. See the file comment for the guarantees.
+class c10d_communicator {
+ public:
+  //! Wraps `group` (shared, not owned exclusively); `make_group` makes the groups of `split`.
+  //! @throws error (invalid_argument) for a null group or factory or a timeout that is not positive.
+  c10d_communicator(c10::intrusive_ptr<c10d::ProcessGroup> group, c10d_group_factory make_group, c10d_options options = {})
+      : group_(std::move(group)), make_group_(std::move(make_group)), options_(options) {
+    char const* const here = "c10d_communicator::c10d_communicator";
+    detail::require(group_.defined(), here, "group is null");
+    detail::require(static_cast<bool>(make_group_), here, "make_group is empty: splits need a c10d_group_factory");
+    detail::require(options_.timeout.count() > 0, here, "options.timeout = ", options_.timeout.count(),
+                    " ms must be positive");
+    rank_ = group_->getRank();
+    size_ = group_->getSize();
+    world_rank_ = rank_;
+    world_size_ = size_;
+  }
+
+  c10d_communicator(c10d_communicator&&) noexcept = default;
+  c10d_communicator& operator=(c10d_communicator&&) noexcept = default;
+  c10d_communicator(c10d_communicator const&) = delete;
+  c10d_communicator& operator=(c10d_communicator const&) = delete;
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+  //! This rank in the group the first communicator was made on, which error messages use to name ranks.
+  [[nodiscard]] int world_rank() const { return world_rank_; }
+  //! The process group this communicator runs on.
+  [[nodiscard]] c10::intrusive_ptr<c10d::ProcessGroup> const& native_handle() const { return group_; }
+  [[nodiscard]] c10d_options const& options() const { return options_; }
+  //! False after a timeout or a c10d error. Every call then throws.
+  [[nodiscard]] bool usable() const { return failure_.empty(); }
+  //! The checked mode (`c10d_options::check_collectives`): calls are compared across ranks, and
+  //! `detail::agree_across_world` (`<moecomm/comm/world_agreement.hpp>`) runs.
+  [[nodiscard]] bool checks_collectives() const { return options_.check_collectives; }
+
+  //! Grouped point-to-point: at most one send and one receive per peer (itself included: a `memcpy`);
+  //! rank i's send to j and j's receive from i must have equal sizes (a missing block counts as 0).
+  //! @throws error as `mpi_communicator::exchange` does.
+  void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+    char const* const op = "exchange";
+    auto const deadline = start(op);
+    agree(detail::collective_op::exchange, 0, 0,
+          local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }), deadline);
+    send_block const* self_send = nullptr;
+    recv_block const* self_recv = nullptr;
+    for (send_block const& s : sends)
+      if (s.peer == rank_) self_send = &s;
+    for (recv_block const& r : recvs)
+      if (r.peer == rank_) self_recv = &r;
+    std::int64_t const self_sent = self_send != nullptr ? self_send->bytes : 0;
+    std::int64_t const self_expected = self_recv != nullptr ? self_recv->bytes : 0;
+    if (options_.check_collectives) check_exchange_sizes(sends, recvs, deadline);
+    else if (self_sent != self_expected)
+      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self_sent, self_expected));
+    works_.clear();
+    run(op, [&] {
+      for (recv_block const& r : recvs)
+        if (r.peer != rank_ && r.bytes > 0) {
+          std::vector<at::Tensor> t{detail::alias_bytes(r.data, r.bytes)};
+          works_.push_back(group_->recv(t, r.peer, 0));
+        }
+      for (send_block const& s : sends)
+        if (s.peer != rank_ && s.bytes > 0) {
+          std::vector<at::Tensor> t{detail::alias_bytes(s.data, s.bytes)};
+          works_.push_back(group_->send(t, s.peer, 0));
+        }
+    });
+    if (self_sent > 0) std::memcpy(self_recv->data, self_send->data, static_cast<std::size_t>(self_sent));
+    wait(deadline, op, "transferring the messages");
+  }
+
+  //! `recv[r * bytes, (r + 1) * bytes)` = rank r's `send`. `recv` must not overlap `send`.
+  void allgather(void const* send, void* recv, std::int64_t bytes) {
+    char const* const op = "allgather";
+    auto const deadline = start(op);
+    agree(detail::collective_op::allgather, bytes, 0,
+          local_check(op, [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size_); }), deadline);
+    if (bytes == 0) return;
+    gather_bytes(send, recv, bytes, deadline, op, "transferring the data");
+  }
+
+  //! Elementwise reduction over the ranks; `send == recv` is allowed. T is int32, int64, float or
+  //! double. Floating-point sums follow the group's order.
+  template <class T>
+  void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
+    reduce_in_place(send, recv, count, reduction, true, 0, "allreduce");
+  }
+
+  //! As `allreduce`, into `root`'s `recv` only; `recv` may be null elsewhere.
+  template <class T>
+  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
+    reduce_in_place(send, recv, count, reduction, false, root, "reduce");
+  }
+
+  //! The root's `bytes` at `data` to every rank's `data`.
+  void broadcast(void* data, std::int64_t bytes, int root) {
+    char const* const op = "broadcast";
+    auto const deadline = start(op);
+    agree(detail::collective_op::broadcast, bytes, root,
+          local_check(op, [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size_); }), deadline);
+    if (bytes == 0) return;
+    works_.clear();
+    run(op, [&] {
+      std::vector<at::Tensor> t{detail::alias_bytes(data, bytes)};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      works_.push_back(group_->broadcast(t, o));
+    });
+    wait(deadline, op, "broadcasting");
+  }
+
+  //! Returns once every rank of the group has called `barrier`.
+  void barrier() {
+    char const* const op = "barrier";
+    auto const deadline = start(op);
+    agree(detail::collective_op::barrier, 0, 0, std::nullopt, deadline);
+    works_.clear();
+    run(op, [&] { works_.push_back(group_->barrier()); });
+    wait(deadline, op, "waiting at the barrier");
+  }
+
+  //! The sub-group of the ranks that pass the same `color` (>= 0), ordered by `(key, rank)`: a new
+  //! group from the factory, named after this group, the split's ordinal and the colour. It
+  //! inherits the options and the factory.
+  [[nodiscard]] c10d_communicator split(int color, int key) {
+    char const* const op = "split";
+    auto const deadline = start(op);
+    agree(detail::collective_op::split, 0, 0, local_check(op, [&](char const* here) { detail::validate_split(here, color); }),
+          deadline);
+    std::int64_t const mine[2] = {color, key};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size_));
+    gather_bytes(mine, all.data(), sizeof mine, deadline, op, "exchanging the colours");
+    std::vector<int> members;  // this colour's ranks, in (key, rank) order
+    for (int r = 0; r < size_; ++r)
+      if (all[2 * static_cast<std::size_t>(r)] == color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1]; });
+    int const new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    std::string const name = detail::concat(options_.name, "/split", splits_++, "/color", color);
+    c10::intrusive_ptr<c10d::ProcessGroup> sub;
+    run(op, [&] { sub = make_group_(name, new_rank, static_cast<int>(members.size())); });
+    c10d_communicator made(std::move(sub), make_group_, options_);
+    made.world_rank_ = world_rank_;
+    made.world_size_ = world_size_;
+    made.options_.name = name;
+    made.call_ = call_;  // a sub-group on this rank is in the same layer call
+    return made;
+  }
+
+  //! The layer call this rank's collectives belong to (comm/detail/call_identity.hpp): shared with
+  //! the communicators split from this one; compared across ranks in the checked mode.
+  [[nodiscard]] detail::call_identity current_call() const { return call_.current(); }
+  void set_call(detail::call_identity call) { call_.set(call); }
+  //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
+  void detach_call() { call_.detach(); }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  [[nodiscard]] static std::string where(char const* op) { return std::string("c10d_communicator::") + op; }
+
+  [[noreturn]] static void fail(status code, char const* op, std::string const& message) {
+    detail::fail(code, where(op).c_str(), message);
+  }
+
+  //! Throws if the communicator is unusable; otherwise returns the deadline of the call starting now.
+  [[nodiscard]] clock::time_point start(char const* op) const {
+    if (!failure_.empty())
+      fail(status::aborted, op, detail::concat("this communicator is unusable after an earlier failure: ", failure_));
+    return clock::now() + options_.timeout;
+  }
+
+  //! Runs `post` (c10d calls); an exception from torch makes the communicator unusable and is
+  //! rethrown as `error(status::c10d_error)` with torch's text.
+  template <class Post>
+  void run(char const* op, Post&& post) {
+    try {
+      post();
+    } catch (error const&) {
+      throw;
+    } catch (std::exception const& e) {
+      failure_ = detail::concat(op, ": ", e.what());
+      fail(status::c10d_error, op, detail::concat("a c10d call failed on world rank ", world_rank_, ": ", e.what()));
+    }
+  }
+
+  //! Waits for every posted `Work` until the deadline.
+  //! @throws error (timeout) at the deadline, (c10d_error) when a work failed; either leaves the
+  //! communicator unusable.
+  void wait(clock::time_point deadline, char const* op, char const* stage) {
+    for (auto const& work : works_) {
+      auto const left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+      bool timed_out = false;
+      run(op, [&] {
+        try {
+          timed_out = !work->wait(std::max(left, std::chrono::milliseconds(1)));  // false: not completed
+        } catch (std::exception const&) {
+          if (clock::now() < deadline) throw;
+          timed_out = true;  // torch words a timeout as an exception of its own
+        }
+      });
+      if (timed_out) {
+        failure_ = detail::concat("world rank ", world_rank_, " timed out after ", options_.timeout.count(), " ms in ", op,
+                                  " (", stage, ") waiting for the other ranks of this group of ", size_);
+        fail(status::timeout, op,
+             detail::concat(failure_, ". This communicator is unusable from now on (see moecomm/comm/c10d.hpp)"));
+      }
+    }
+    works_.clear();
+  }
+
+  //! `recv[r * bytes ...]` = rank r's `bytes` at `send`, with no agreement (the caller's).
+  void gather_bytes(void const* send, void* recv, std::int64_t bytes, clock::time_point deadline, char const* op,
+                    char const* stage) {
+    works_.clear();
+    run(op, [&] {
+      std::vector<at::Tensor> in{detail::alias_bytes(send, bytes)};
+      std::vector<std::vector<at::Tensor>> out(1);
+      for (int r = 0; r < size_; ++r) out[0].push_back(detail::alias_bytes(static_cast<char*>(recv) + r * bytes, bytes));
+      works_.push_back(group_->allgather(out, in));
+    });
+    wait(deadline, op, stage);
+  }
+
+  template <class Checks>
+  [[nodiscard]] static std::optional<error> local_check(char const* op, Checks&& checks) {
+    return detail::argument_error([&] { checks(where(op).c_str()); });
+  }
+
+  //! `allreduce` (`all`) or `reduce` to `root`. c10d reduces a tensor in place, so the result is
+  //! made in `recv` (a copy of `send` first) on a receiving rank, and in scratch elsewhere.
+  template <class T>
+  void reduce_in_place(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root, char const* op) {
+    auto const deadline = start(op);
+    agree(all ? detail::collective_op::allreduce : detail::collective_op::reduce, count,
+          detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + (all ? 0 : 64 * std::int64_t{root}),
+          local_check(op, [&](char const* here) { detail::validate_reduction(here, send, recv, count, all, root, rank_, size_); }),
+          deadline);
+    if (count == 0) return;
+    bool const receives = all || rank_ == root;
+    T* target = recv;
+    if (!receives) {
+      scratch_.resize(static_cast<std::size_t>(count) * sizeof(T));
+      target = reinterpret_cast<T*>(scratch_.data());
+    }
+    if (target != send) std::memcpy(target, send, static_cast<std::size_t>(count) * sizeof(T));
+    works_.clear();
+    run(op, [&] {
+      std::vector<at::Tensor> t{detail::alias_elements(target, count)};
+      if (all) {
+        c10d::AllreduceOptions o;
+        o.reduceOp = detail::c10d_reduction(reduction);
+        works_.push_back(group_->allreduce(t, o));
+      } else {
+        c10d::ReduceOptions o;
+        o.reduceOp = detail::c10d_reduction(reduction);
+        o.rootRank = root;
+        works_.push_back(group_->reduce(t, o));
+      }
+    });
+    wait(deadline, op, "reducing");
+  }
+
+  //! The checked mode: all-gathers this rank's fingerprint, then throws on every rank if one passed a
+  //! bad argument or the ranks disagree. In the unchecked mode it only throws `bad`.
+  void agree(detail::collective_op what, std::int64_t size, std::int64_t extra, std::optional<error> const& bad,
+             clock::time_point deadline) {
+    char const* const op = detail::collective_op_name(static_cast<std::int64_t>(what));
+    if (!options_.check_collectives) {
+      if (bad) throw *bad;
+      return;
+    }
+    constexpr int words = detail::call_fingerprint::words;
+    std::int64_t mine[words];
+    detail::call_fingerprint::write(mine, what, size, extra, world_rank_, bad.has_value(), call_.current());
+    std::vector<std::int64_t> all(static_cast<std::size_t>(size_) * words);
+    gather_bytes(mine, all.data(), sizeof mine, deadline, op, "checking that every rank made the same call");
+    if (bad) throw *bad;
+    detail::judge_fingerprints(all.data(), size_, world_size_, where(op).c_str());
+  }
+
+  //! The checked mode's check of an exchange's sizes: every rank's sent and expected bytes per peer
+  //! are all-gathered, and every rank judges each rank's verdict alike.
+  void check_exchange_sizes(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs,
+                            clock::time_point deadline) {
+    auto const n = static_cast<std::size_t>(size_);
+    std::vector<std::int64_t> mine(2 * n, 0);  // [sent to peer] then [expected from peer]
+    for (send_block const& b : sends) mine[static_cast<std::size_t>(b.peer)] = b.bytes;
+    for (recv_block const& b : recvs) mine[n + static_cast<std::size_t>(b.peer)] = b.bytes;
+    std::vector<std::int64_t> all(2 * n * n);
+    gather_bytes(mine.data(), all.data(), static_cast<std::int64_t>(2 * n * sizeof(std::int64_t)), deadline, "exchange",
+                 "comparing the message sizes");
+    constexpr int words = detail::exchange_size_verdict::words;
+    std::vector<std::int64_t> got(n), verdicts(words * n);
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t from = 0; from < n; ++from) got[from] = all[from * 2 * n + r];
+      detail::exchange_size_verdict::write(verdicts.data() + words * r, got.data(), all.data() + r * 2 * n + n,
+                                           static_cast<int>(r), size_);
+    }
+    detail::exchange_size_verdict::judge(verdicts.data(), size_, where("exchange").c_str());
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10d_group_factory make_group_;
+  c10d_options options_;
+  int rank_ = 0;
+  int size_ = 0;
+  int world_rank_ = 0;
+  int world_size_ = 0;
+  std::int64_t splits_ = 0;  //!< splits made so far: every rank counts alike
+  std::string failure_;      //!< why the communicator became unusable; empty while it is usable
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<char> scratch_;  //!< a non-root rank's copy for `reduce`
+  detail::call_identity_holder call_;  //!< shared with this rank's splits (call_identity.hpp)
+};
+
+MOECOMM_NAMESPACE_END
+
+#endif  // MOECOMM_HAS_TORCH()
