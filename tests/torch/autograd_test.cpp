@@ -10,9 +10,11 @@
 
 #include <moecomm/moecomm.hpp>
 #include <moecomm/torch/autograd.hpp>
+#include <moecomm/torch/launch.hpp>
 #include <moecomm/torch/moe_module.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -181,6 +183,28 @@ TEST_CASE("autograd a forward without gradients runs in inference mode; a forgot
     check_error([&] { (void)moecomm::libtorch::apply_layer(layer, experts, at::ones({3, 4}), idx, w); },
                 moecomm::status::invalid_usage, {"forward has had no backward"});
   });
+}
+
+}  // namespace test
+
+namespace test {
+
+TEST_CASE("launch_environment reads torchrun's variables and names the one that is missing or out of range") {
+  for (char const* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+  CHECK_FALSE(moecomm::libtorch::launch_environment::from_env().has_value());
+  setenv("RANK", "2", 1);
+  check_error([] { (void)moecomm::libtorch::launch_environment::from_env(); }, moecomm::status::invalid_argument,
+              {"RANK is set but WORLD_SIZE is not"});
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_PORT", "29501", 1);
+  setenv("MASTER_ADDR", "10.0.0.1", 1);
+  check_error([] { (void)moecomm::libtorch::launch_environment::from_env(); }, moecomm::status::invalid_argument,
+              {"RANK = '2' is not an integer in [0, 1]"});
+  setenv("RANK", "1", 1);
+  auto const e = moecomm::libtorch::launch_environment::from_env();
+  REQUIRE(e.has_value());
+  CHECK((e->rank == 1 && e->size == 2 && e->master_addr == "10.0.0.1" && e->master_port == 29501));
+  for (char const* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
 }
 
 }  // namespace test

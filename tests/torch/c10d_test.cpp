@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The c10d communicator over Gloo, as 4 processes this program starts itself
-// (`moecomm_torch_tests --processes 4 --test-case=c10d*`, tests/support/process_world.hpp), each
-// with a ProcessGroupGloo on a FileStore: every collective's result, splits, the failure contract
+// (`moecomm_torch_tests --processes 4 --test-case=c10d*`, moecomm/torch/launch.hpp), each with a
+// ProcessGroupGloo over rank 0's TCPStore: every collective's result, splits, the failure contract
 // (the same messages as MPI's), ordered_allreduce bitwise, and the expert-parallel layer, FasterMoE
 // and the deduplicated exchange equal to the single-process oracle, as over MPI
 // (tests/patterns/mpi_layer_test.cpp). "c10d timeout" leaves a collective pending: ctest runs it in
@@ -12,7 +12,6 @@
 #include "../comm/ordered_values.hpp"
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
-#include "../support/process_world.hpp"
 #include "../support/test_support.hpp"
 #include "torch_world.hpp"
 

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// moecomm_torch_tests: with `--processes N` it starts N copies of itself (a Gloo world, see
-// tests/support/process_world.hpp) and exits with the worst of their results; without, it runs the
-// test cases in this process.
+// moecomm_torch_tests: with `--processes N` it starts N copies of itself (a torch.distributed world
+// under torchrun's environment, moecomm/torch/launch.hpp) and exits with the worst of their results;
+// without, it runs the test cases in this process.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "torch_doctest.hpp"
 
-#include "../support/process_world.hpp"
+#include <moecomm/torch/launch.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--processes") == 0 && i + 1 < argc) processes = std::atoi(argv[++i]);
     else rest.emplace_back(argv[i]);
   }
-  if (processes > 0) return test::run_processes(processes, rest, std::chrono::seconds(240));
+  if (processes > 0) return moecomm::libtorch::spawn_local_processes(processes, rest, std::chrono::seconds(240));
   at::set_num_threads(1);  // the same bits whatever the machine: no intra-op split of a reduction
   doctest::Context context(argc, argv);
   return context.run();

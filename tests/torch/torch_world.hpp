@@ -1,15 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The torch tests' worlds: a Gloo process group over the processes of tests/support/process_world.hpp
-// (one FileStore file per world, in the launcher's directory), as a c10d_communicator.
-
-#include "../support/process_world.hpp"
+// The torch tests' worlds: every process `moecomm_torch_tests --processes N` started
+// (moecomm/torch/launch.hpp), one TCPStore per process, and a Gloo communicator per test case.
 
 #include <moecomm/comm/c10d.hpp>
 #include <moecomm/error.hpp>
-
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <moecomm/torch/launch.hpp>
 
 #include <chrono>
 #include <string>
@@ -17,19 +13,16 @@
 
 namespace test {
 
-// A world of every test process, named `name` (each world a test case makes needs its own name).
+// A world of every test process, named `name` (each world of a run needs its own name).
 inline moecomm::c10d_communicator gloo_world(std::string const& name, std::chrono::milliseconds timeout, bool checked) {
-  process_rank const me = this_process();
-  if (me.rank < 0) moecomm::detail::fail(moecomm::status::invalid_usage, "gloo_world", "run the test with --processes N");
-  auto store = c10::make_intrusive<c10d::FileStore>(me.store + "/" + name, me.size);
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, me.rank, me.size, options);
+  static auto const env = moecomm::libtorch::launch_environment::from_env();
+  if (!env) moecomm::detail::fail(moecomm::status::invalid_usage, "gloo_world", "run the test with --processes N");
+  static auto const store = moecomm::libtorch::connect_store(*env, std::chrono::seconds(60));
   moecomm::c10d_options o;
   o.timeout = timeout;
   o.check_collectives = checked;
   o.name = name;
-  return moecomm::c10d_communicator(group, moecomm::gloo_group_factory(store, options), o);
+  return moecomm::libtorch::gloo_communicator(store, env->rank, env->size, o);
 }
 
 // Runs `f` and returns the status and message of the moecomm::error it throws (success, "" if none).

@@ -296,10 +296,16 @@ class c10d_communicator {
       post();
     } catch (error const&) {
       throw;
+    } catch (c10::Error const& e) {  // its what() carries a backtrace
+      failed(op, e.what_without_backtrace());
     } catch (std::exception const& e) {
-      failure_ = detail::concat(op, ": ", e.what());
-      fail(status::c10d_error, op, detail::concat("a c10d call failed on world rank ", world_rank_, ": ", e.what()));
+      failed(op, e.what());
     }
+  }
+
+  [[noreturn]] void failed(char const* op, char const* why) {
+    failure_ = detail::concat(op, ": ", why);
+    fail(status::c10d_error, op, detail::concat("a c10d call failed on world rank ", world_rank_, ": ", why));
   }
 
   //! Waits for every posted `Work` until the deadline.
@@ -307,7 +313,8 @@ class c10d_communicator {
   //! communicator unusable.
   void wait(clock::time_point deadline, char const* op, char const* stage) {
     for (auto const& work : works_) {
-      auto const left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+      // Rounded up, so that a wait that runs out ends at or after the deadline.
+      auto const left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
       bool timed_out = false;
       run(op, [&] {
         try {
