@@ -38,12 +38,15 @@ class moe_module : public ::torch::nn::Module {
   at::Tensor forward(at::Tensor const& x, at::Tensor const& logits) {
     auto const routed = route(router_, logits);
     losses_ = routed[2];
+    topk_idx_ = routed[1];
     return apply_layer(layer_, experts_, x, routed[1], routed[0]);
   }
 
   //! `[2]` the last forward's router losses (aux, z), for logging; their gradients are in the
   //! backward already (router_config's coefficients).
   [[nodiscard]] at::Tensor const& losses() const { return losses_; }
+  //! `[T][K]` int32 the experts the last forward routed each token to.
+  [[nodiscard]] at::Tensor const& topk_idx() const { return topk_idx_; }
   [[nodiscard]] Layer& layer() { return layer_; }
   [[nodiscard]] torch_experts<Fn>& experts() { return experts_; }
 
@@ -51,7 +54,7 @@ class moe_module : public ::torch::nn::Module {
   Layer layer_;
   torch_experts<Fn> experts_;
   router router_;
-  at::Tensor losses_;
+  at::Tensor losses_, topk_idx_;
 };
 
 }  // namespace libtorch
