@@ -46,10 +46,10 @@ TEST_CASE("autograd tensor views name the tensor and what is wrong with it") {
 TEST_CASE("autograd route equals router_forward and router_backward bit for bit, aux and z losses included") {
   at::manual_seed(3);
   std::int64_t const T = 37, E = 7;
-  moecomm::libtorch::router r;
-  r.config.top_k = 3;
-  r.config.aux_loss_coeff = 0.01f;
-  r.config.z_loss_coeff = 0.001f;
+  auto const r = c10::make_intrusive<moecomm::libtorch::router>();
+  r->config.top_k = 3;
+  r->config.aux_loss_coeff = 0.01f;
+  r->config.z_loss_coeff = 0.001f;
   at::Tensor const logits = at::randn({T, E}).requires_grad_(true);
   auto const out = moecomm::libtorch::route(r, logits);
   at::Tensor const g = at::randn({T, 3});
@@ -62,7 +62,7 @@ TEST_CASE("autograd route equals router_forward and router_backward bit for bit,
   moecomm::router_losses losses;
   at::Tensor const l = logits.detach().contiguous();
   moecomm::router_forward(be, {l.data_ptr<float>(), T, E}, {idx.data(), T, 3}, {w.data(), T, 3}, moecomm::not_needed,
-                          moecomm::array_view<moecomm::router_losses>{&losses, 1}, state, r.config);
+                          moecomm::array_view<moecomm::router_losses>{&losses, 1}, state, r->config);
   at::Tensor const gc = g.contiguous();
   moecomm::router_backward(be, state, {gc.data_ptr<float>(), T, 3}, {d_logits.data(), T, E});
   CHECK(std::vector<std::int32_t>(out[1].data_ptr<std::int32_t>(), out[1].data_ptr<std::int32_t>() + T * 3) == idx);
@@ -164,7 +164,7 @@ TEST_CASE("autograd FasterMoE shadowing with the smart schedule equals the dense
   check_layer_against_dense(shadowed_expert_0, moecomm::fastermoe_shadowing<>{model}, moecomm::smart_schedule{2});
 }
 
-TEST_CASE("autograd a forward without gradients runs in inference mode; a forgotten backward is named") {
+TEST_CASE("autograd a forward without gradients runs in inference mode; a dropped graph is forgotten, a stale one named") {
   moecomm::inproc_world const world(2);
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::exchange_groups groups(comm, moecomm::topology(2, 2));
@@ -180,8 +180,19 @@ TEST_CASE("autograd a forward without gradients runs in inference mode; a forgot
     CHECK_FALSE(layer.training());
     (void)moecomm::libtorch::apply_layer(layer, experts, at::ones({3, 4}), idx, w);  // experts need gradients: training
     CHECK(layer.training());
-    check_error([&] { (void)moecomm::libtorch::apply_layer(layer, experts, at::ones({3, 4}), idx, w); },
-                moecomm::status::invalid_usage, {"forward has had no backward"});
+    at::Tensor const stale = moecomm::libtorch::apply_layer(layer, experts, at::ones({3, 4}), idx, w);  // the last graph dropped
+    at::Tensor const y = moecomm::libtorch::apply_layer(layer, experts, at::ones({3, 4}), idx, w);
+    y.sum().backward({}, /*retain_graph=*/true);
+    at::Tensor const once = experts.weights().grad().clone();
+    y.sum().backward();  // twice: the same gradient again
+    CHECK(at::equal(experts.weights().grad(), 2 * once));
+    try {
+      stale.sum().backward();
+      FAIL_CHECK("backpropagating a stale step did not throw");
+    } catch (std::exception const& e) {
+      CHECK_MESSAGE(std::string(e.what()).find("the graph of step 4 is backpropagated after step 5's forward") != std::string::npos,
+                    e.what());
+    }
   });
 }
 

@@ -66,6 +66,8 @@ class layer_mode {
   //! each other, and a backward is an error. Local: set it alike on every rank.
   void set_training(bool on) { steps_.set_training(on); }
   [[nodiscard]] bool training() const { return steps_.training(); }
+  //! Forwards begun so far (the step of the last forward, when it succeeded).
+  [[nodiscard]] std::int64_t step() const { return steps_.step(); }
 
  protected:
   layer_steps steps_;  //!< forwards begun (the step the layer's calls are checked under) and the mode

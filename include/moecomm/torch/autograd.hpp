@@ -17,7 +17,9 @@
 //! Both are collective, forward and backward: every rank calls them in the same order, so every
 //! rank's loss must depend on the layer's output (or call backward with a zero gradient).
 //! A forward under `torch::NoGradGuard`, or on inputs that need no gradient, runs the layer in
-//! inference mode (no backward expected).
+//! inference mode. As in torch, a forward's graph may be dropped without a backward; the layer keeps
+//! the state of its last forward only, so backpropagating an older step's graph is an error naming
+//! both steps. A graph may be backpropagated more than once (`retain_graph`).
 
 #include <moecomm/backend/host.hpp>
 #include <moecomm/config.hpp>
@@ -33,8 +35,9 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace libtorch {
 
-//! A router's configuration and the state its backward reads: one per MoE layer.
-struct router {
+//! A router's configuration and the state its backward reads. Held by `c10::intrusive_ptr`: the
+//! autograd graph of a `route` keeps it alive until the backward has run.
+struct router : ::torch::CustomClassHolder {
   router_config config;
   router_state<host_backend> state;
   host_backend backend;
@@ -42,7 +45,8 @@ struct router {
 
 namespace detail {
 
-//! A pointer handed to an autograd function's backward through `saved_data` (an integer IValue).
+//! A pointer handed to the layer function's backward through `saved_data` (an integer IValue): the
+//! layer is the caller's and must outlive the backward.
 template <class T>
 std::int64_t handle_of(T* p) {
   return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(p));
@@ -53,7 +57,8 @@ T& from_handle(at::IValue const& v) {
 }
 
 struct router_function : ::torch::autograd::Function<router_function> {
-  static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::Tensor logits, router* r) {
+  static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::Tensor logits,
+                                                  c10::intrusive_ptr<router> const& r) {
     char const* const op = "moecomm::libtorch::route";
     logits = logits.contiguous();
     auto const l = matrix_of<float const>(logits, "logits", op);
@@ -67,13 +72,13 @@ struct router_function : ::torch::autograd::Function<router_function> {
     losses[0] = values.aux;
     losses[1] = values.z;
     ctx->mark_non_differentiable({idx, losses});
-    ctx->saved_data["router"] = handle_of(r);
+    ctx->saved_data["router"] = at::IValue::make_capsule(r);
     return {weights, idx, losses};
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    router& r = from_handle<router>(ctx->saved_data["router"]);
+    router& r = *c10::static_intrusive_pointer_cast<router>(ctx->saved_data["router"].toCapsule());
     std::int64_t const tokens = r.state.num_tokens(), experts = r.state.num_experts();
     at::Tensor d_weights = grads[0].defined() ? grads[0].contiguous() : at::zeros({tokens, r.config.top_k}, at::kFloat);
     at::Tensor d_logits = at::empty({tokens, experts}, at::kFloat);
@@ -103,6 +108,7 @@ struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
     b->layer->forward(routing, in, matrix_of<float>(out, "out", op), *b->experts);
     ctx->save_for_backward({x, topk_weights, topk_idx});  // the layer reads them until its backward
     ctx->saved_data["layer"] = handle_of(b->layer);
+    ctx->saved_data["step"] = b->layer->step();
     ctx->saved_data["experts"] = handle_of(b->experts);
     return out;
   }
@@ -113,7 +119,10 @@ struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
     Layer& layer = from_handle<Layer>(ctx->saved_data["layer"]);
     torch_experts<Fn>& experts = from_handle<torch_experts<Fn>>(ctx->saved_data["experts"]);
     auto const saved = ctx->get_saved_variables();
-    at::Tensor const d_out = grads[0].contiguous();
+    moecomm::detail::require(layer.step() == ctx->saved_data["step"].toInt(), op, "the graph of step ",
+                             ctx->saved_data["step"].toInt(), " is backpropagated after step ", layer.step(),
+                             "'s forward: a layer keeps the state of its last forward only");
+    at::Tensor const d_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(saved[0]);
     at::Tensor d_x = ctx->needs_input_grad(0) ? at::empty_like(saved[0]) : at::Tensor();
     at::Tensor d_w = ctx->needs_input_grad(1) ? at::empty_like(saved[1]) : at::Tensor();
     experts.zero_gradients();
@@ -131,8 +140,8 @@ struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
 }  // namespace detail
 
 //! `{topk_weights, topk_idx, losses}` of `logits` ([T][E] float), differentiable in the logits.
-[[nodiscard]] inline std::vector<at::Tensor> route(router& r, at::Tensor const& logits) {
-  return detail::router_function::apply(logits, &r);
+[[nodiscard]] inline std::vector<at::Tensor> route(c10::intrusive_ptr<router> const& r, at::Tensor const& logits) {
+  return detail::router_function::apply(logits, r);
 }
 
 //! The layer's output for `x` ([T][H] float) routed by `topk_idx`/`topk_weights` ([T][K]),
@@ -143,7 +152,7 @@ template <class Layer, class Fn>
                                      at::Tensor const& topk_weights) {
   bool const training = at::GradMode::is_enabled() &&
                         (x.requires_grad() || topk_weights.requires_grad() || experts.weights().requires_grad());
-  if (layer.training() != training) layer.set_training(training);  // (setting it would forget a missing backward)
+  layer.set_training(training);  // also forgets a forward whose graph was dropped without a backward
   detail::layer_binding<Layer, Fn> binding{&layer, &experts};
   return detail::layer_function<Layer, Fn>::apply(x.contiguous(), topk_weights.contiguous(), experts.weights(),
                                                   topk_idx.contiguous(), &binding);

@@ -30,8 +30,9 @@ class moe_module : public ::torch::nn::Module {
   //! `initial_weights`: `[L][P]` float, this rank's local experts' flat parameters (copied).
   moe_module(Layer layer, Fn fn, at::Tensor const& initial_weights, router_config config)
       : layer_(std::move(layer)),
-        experts_(std::move(fn), register_parameter("experts", initial_weights.detach().clone().contiguous())) {
-    router_.config = config;
+        experts_(std::move(fn), register_parameter("experts", initial_weights.detach().clone().contiguous())),
+        router_(c10::make_intrusive<router>()) {
+    router_->config = config;
   }
 
   //! The layer's output for tokens `x` ([T][H]) routed by `logits` ([T][E]).
@@ -53,7 +54,7 @@ class moe_module : public ::torch::nn::Module {
  private:
   Layer layer_;
   torch_experts<Fn> experts_;
-  router router_;
+  c10::intrusive_ptr<router> router_;
   at::Tensor losses_, topk_idx_;
 };
 

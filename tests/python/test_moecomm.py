@@ -1,0 +1,204 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Python package over 4 Gloo processes (torch.multiprocessing.spawn): every pattern against a
+dense single-process reference of the same MoE, the two all-to-alls bit for bit, the gradients
+against torch.autograd.gradcheck, the router against its own rule, and a training run.
+
+Run by scripts/test (ctest: python.moecomm) as `pytest tests/python` with PYTHONPATH=build/python.
+"""
+
+import os
+import tempfile
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import moecomm
+
+RANKS = 4
+
+
+def spawn(fn, *args):
+    """Runs fn(rank, *args) in RANKS processes of one Gloo world; a failure in any fails the test."""
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_worker, args=(fn, os.path.join(d, "store"), args), nprocs=RANKS, join=True)
+
+
+def _worker(rank, fn, store, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def mlp(p, x, hidden, inner):
+    w1 = p[: hidden * inner].view(hidden, inner)
+    b1 = p[hidden * inner: hidden * inner + inner]
+    w2 = p[hidden * inner + inner: 2 * hidden * inner + inner].view(inner, hidden)
+    b2 = p[2 * hidden * inner + inner:]
+    return torch.addmm(b2, torch.relu(torch.addmm(b1, x, w1)), w2)
+
+
+def dense_moe(params, x, idx, w, hidden, inner):
+    """y[t] = sum_k w[t][k] * expert_{idx[t][k]}(x[t]): every token through its experts, one process."""
+    y = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for k in range(idx.shape[1]):
+            e = int(idx[t, k])
+            if e >= 0:
+                y[t] = y[t] + w[t, k] * mlp(params[e], x[t:t + 1], hidden, inner)[0]
+    return y
+
+
+def problem(seed, tokens, hidden, inner, experts, top_k):
+    """Every rank's inputs, the same on every process: x, routing (expert 0 hot, one masked slot), g."""
+    g = torch.Generator().manual_seed(seed)
+    n = RANKS * tokens
+    x = torch.randn(n, hidden, generator=g)
+    idx = torch.randint(1, experts, (n, top_k), generator=g, dtype=torch.int32)
+    idx[:, 0] = 0
+    idx[1, top_k - 1] = -1
+    w = torch.rand(n, top_k, generator=g)
+    grad = torch.randn(n, hidden, generator=g)
+    params = torch.randn(experts, moecomm.mlp_parameter_count(hidden, inner), generator=g) * 0.3
+    return x, idx, w, grad, params
+
+
+def gathered(t):
+    parts = [torch.empty_like(t) for _ in range(RANKS)]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
+
+
+def _check_against_dense(rank, pattern):
+    T, H, F, E, K = 7, 5, 6, 8, 3
+    x, idx, w, grad, params = problem(1, T, H, F, E, K)
+    layer = moecomm.MoELayer(H, F, E, top_k=K, pattern=pattern, ranks_per_node=2, expert_init=params)
+    mine = slice(rank * T, (rank + 1) * T)
+    xr = x[mine].clone().requires_grad_(True)
+    wr = w[mine].clone().requires_grad_(True)
+    y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
+    (y * grad[mine]).sum().backward()
+
+    p = params.clone().requires_grad_(True)
+    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ref = dense_moe(p, xs, idx, ws, H, F)
+    (ref * grad).sum().backward()
+    torch.testing.assert_close(gathered(y.detach()), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gathered(xr.grad), xs.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gathered(wr.grad), ws.grad, rtol=1e-5, atol=1e-5)
+    # Each slot's gradient is its expert's whole gradient (replicas' summed for finemoe).
+    torch.testing.assert_close(layer.experts.grad, p.grad[layer.slot_experts], rtol=1e-5, atol=1e-5)
+    if pattern == "fastermoe":
+        assert 0 in layer.shadowed(), layer.shadowed()  # the hot expert
+
+
+@pytest.mark.parametrize("pattern", ["plain", "hierarchical", "dedup", "fastermoe", "finemoe"])
+def test_every_pattern_equals_the_dense_reference(pattern):
+    spawn(_check_against_dense, pattern)
+
+
+def _check_bitwise(rank):
+    T, H, F, E, K = 9, 4, 8, 8, 2
+    x, idx, w, _, params = problem(2, T, H, F, E, K)
+    mine = slice(rank * T, (rank + 1) * T)
+    outs = []
+    for pattern in ["plain", "hierarchical"]:
+        layer = moecomm.MoELayer(H, F, E, top_k=K, pattern=pattern, ranks_per_node=2, expert_init=params)
+        with torch.no_grad():
+            outs.append(layer.expert_forward(x[mine], idx[mine].contiguous(), w[mine]))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_flat_and_hierarchical_exchanges_give_the_same_bits():
+    spawn(_check_bitwise)
+
+
+class _Recomputed(torch.autograd.Function):
+    """The layer with its forward run again in the backward. gradcheck backpropagates its first output
+    after its finite differences have run many forwards, and a layer keeps its last forward's state
+    only; so each backward here is a forward and the layer's backward, on the inputs saved."""
+
+    @staticmethod
+    def forward(ctx, x, w, layer, idx):
+        ctx.save_for_backward(x, w)
+        ctx.layer, ctx.idx = layer, idx
+        with torch.no_grad():
+            return layer.expert_forward(x, idx, w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        with torch.enable_grad():
+            x, w = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+            d_x, d_w = torch.autograd.grad(ctx.layer.expert_forward(x, ctx.idx, w), (x, w), grad)
+        return d_x, d_w, None, None
+
+
+def _check_gradcheck(rank):
+    T, H, F, E, K = 3, 3, 4, 4, 2
+    x, idx, w, _, params = problem(3, T, H, F, E, K)
+    layer = moecomm.MoELayer(H, F, E, top_k=K, expert_init=params)
+    mine = slice(rank * T, (rank + 1) * T)
+    xr = x[mine].clone().requires_grad_(True)
+    wr = w[mine].clone().requires_grad_(True)
+    ir = idx[mine].contiguous()
+    # float32 layers: finite differences with eps 1e-2; every rank runs the same sequence of calls.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not of double precision.*")
+        assert torch.autograd.gradcheck(lambda a, b: _Recomputed.apply(a, b, layer, ir), (xr, wr), eps=1e-2, atol=2e-2,
+                                        rtol=2e-2)
+
+
+def test_gradients_pass_gradcheck():
+    spawn(_check_gradcheck)
+
+
+def test_router_follows_its_rule_and_its_losses_reach_the_logits():
+    torch.manual_seed(0)
+    logits = torch.randn(11, 6, requires_grad=True)
+    weights, idx, losses = moecomm.router(logits, top_k=2, aux_loss_coeff=0.1)
+    values, expected = logits.detach().topk(2, dim=1)
+    assert torch.equal(idx.long(), expected)
+    torch.testing.assert_close(weights.detach(), values.softmax(1))
+    assert not idx.requires_grad and not losses.requires_grad
+    weights.sum().backward()  # softmax weights sum to 1: only the aux loss moves the logits
+    assert logits.grad.abs().max() > 0
+
+
+def _check_training(rank, pattern, curves):
+    torch.manual_seed(5)  # the dense parameters: the same on every rank
+    H, F, E, V, T = 16, 32, 8, 32, 64
+    embed, gate, head = torch.nn.Embedding(V, H), torch.nn.Linear(H, E, bias=False), torch.nn.Linear(H, V)
+    moe = moecomm.MoELayer(H, F, E, top_k=2, pattern=pattern, aux_loss_coeff=1e-2, seed=7)
+    dense = [*embed.parameters(), *gate.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(dense + list(moe.parameters()), lr=3e-3)
+    successor = torch.randperm(V, generator=torch.Generator().manual_seed(1))
+    losses = []
+    for step in range(40):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        tokens = torch.randint(0, V, (T,), generator=g)
+        x = embed(tokens)
+        loss = torch.nn.functional.cross_entropy(head(x + moe(x, gate(x))), successor[tokens]) / RANKS
+        opt.zero_grad()
+        loss.backward()
+        for p in dense:  # data parallel: the replicated parameters' gradients summed over the ranks
+            dist.all_reduce(p.grad)
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(total.item())
+    if rank == 0:
+        curves.put(losses)
+
+
+@pytest.mark.parametrize("pattern", ["plain", "fastermoe"])
+def test_a_small_model_trains(pattern):
+    curves = mp.get_context("spawn").SimpleQueue()
+    spawn(_check_training, pattern, curves)
+    losses = curves.get()
+    assert losses[-1] < 0.5 * losses[0], losses
