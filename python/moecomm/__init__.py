@@ -24,7 +24,7 @@ from . import _C
 
 Error = _C.Error
 
-__all__ = ["MoELayer", "Router", "router", "Error", "mlp_parameter_count"]
+__all__ = ["MoELayer", "Dispatcher", "Router", "router", "Error", "mlp_parameter_count"]
 
 
 def mlp_parameter_count(hidden, ffn_hidden):
@@ -59,6 +59,40 @@ def router(logits, top_k, aux_loss_coeff=0.0, z_loss_coeff=0.0):
 _layer_names = itertools.count()
 
 
+def _group_and_store(group):
+    group = group if group is not None else dist.group.WORLD
+    return group, dist.distributed_c10d._get_default_store()
+
+
+class Dispatcher:
+    """Expert parallelism's two exchanges as autograd functions, with the experts in between yours
+    (as DeepEP's Buffer or Megatron-LM's token dispatchers):
+
+        rows, counts = d.dispatch(x, topk_idx, topk_weights)   # rows grouped by local expert
+        out = torch.cat([expert[l](r) for l, r in enumerate(rows.split(counts.tolist()))])
+        y = d.combine(out, topk_weights)                       # the same weights tensor
+
+    Local expert l of rank r is global expert r * num_experts / size + l; each expert's rows come
+    in (source rank, source token) order. `exchange` is "flat", "hierarchical" or "dedup" (each token
+    sent once per destination rank). Both calls are collective, forward and backward.
+    """
+
+    def __init__(self, num_experts, group=None, exchange="flat", ranks_per_node=None, timeout=60.0):
+        group, store = _group_and_store(group)
+        size = dist.get_world_size(group)
+        self._d = _C.make_dispatcher(exchange, group, store, f"moecomm/layer{next(_layer_names)}", num_experts,
+                                     ranks_per_node or size, timeout)
+
+    def dispatch(self, x, topk_idx, topk_weights):
+        """(rows [received][H], counts [local experts] int64) for tokens x [T][H] routed by topk_idx
+        [T][K] int32 (-1 masks a slot) and topk_weights [T][K]; differentiable in x."""
+        return self._d.dispatch(x, topk_idx, topk_weights)
+
+    def combine(self, rows, topk_weights):
+        """y [T][H]: the experts' output rows (dispatch's layout) back to their tokens, weighted."""
+        return self._d.combine(rows, topk_weights)
+
+
 class MoELayer(torch.nn.Module):
     """One MoE layer, expert parallel over a torch.distributed process group (Gloo, CPU tensors).
 
@@ -72,7 +106,7 @@ class MoELayer(torch.nn.Module):
     def __init__(self, hidden, ffn_hidden, num_experts, top_k=2, pattern="plain", group=None, ranks_per_node=None,
                  aux_loss_coeff=0.0, z_loss_coeff=0.0, expert_init=None, seed=0, timeout=60.0):
         super().__init__()
-        group = group if group is not None else dist.group.WORLD
+        group, store = _group_and_store(group)
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         count = mlp_parameter_count(hidden, ffn_hidden)
         if expert_init is None:
@@ -84,7 +118,6 @@ class MoELayer(torch.nn.Module):
         self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
         self.experts = torch.nn.Parameter(expert_init[self.slot_experts].detach().clone().float().contiguous())
         self.router = Router(top_k, aux_loss_coeff, z_loss_coeff)
-        store = dist.distributed_c10d._get_default_store()
         self._layer = _C.make_layer(pattern, group, store, f"moecomm/layer{next(_layer_names)}", num_experts, hidden,
                                     ffn_hidden, self.experts, ranks_per_node or size, timeout)
         self.last_losses = None

@@ -9,12 +9,14 @@
 #include <moecomm/comm/c10d.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/torch/autograd.hpp>
+#include <moecomm/torch/token_dispatcher.hpp>
 #include <moecomm/torch/torch_experts.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -64,6 +66,35 @@ class layer_of final : public layer_handle {
   moecomm::exchange_groups<comm_t> groups_;
   layer_t layer_;
   experts_t experts_;
+};
+
+// The token dispatcher of one exchange behind one interface, for Python.
+class dispatcher_handle {
+ public:
+  virtual ~dispatcher_handle() = default;
+  virtual std::vector<at::Tensor> dispatch(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) = 0;
+  virtual at::Tensor combine(at::Tensor const& rows, at::Tensor const& topk_weights) = 0;
+};
+
+template <class Algorithm>
+class dispatcher_of final : public dispatcher_handle {
+ public:
+  dispatcher_of(comm_t comm, std::int32_t ranks_per_node, std::int32_t num_experts)
+      : comm_(std::move(comm)),
+        groups_(comm_, moecomm::topology(comm_.size(), ranks_per_node)),
+        dispatcher_(moecomm::host_backend{}, groups_, num_experts) {}
+
+  std::vector<at::Tensor> dispatch(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) override {
+    return dispatcher_.dispatch(x, topk_idx, topk_weights);
+  }
+  at::Tensor combine(at::Tensor const& rows, at::Tensor const& topk_weights) override {
+    return dispatcher_.combine(rows, topk_weights);
+  }
+
+ private:
+  comm_t comm_;
+  moecomm::exchange_groups<comm_t> groups_;
+  moecomm::libtorch::token_dispatcher<moecomm::host_backend, comm_t, moecomm::dropless, Algorithm> dispatcher_;
 };
 
 // The communicator on a Python process group; its splits are Gloo groups on `store` named `name`.
@@ -149,6 +180,19 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
                         "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
 }
 
+std::unique_ptr<dispatcher_handle> make_dispatcher(std::string const& exchange, py::object const& group, py::object const& store,
+                                                   std::string const& name, std::int32_t num_experts,
+                                                   std::int32_t ranks_per_node, double timeout) {
+  comm_t comm = communicator_of(group, store, name, timeout);
+  if (exchange == "flat") return std::make_unique<dispatcher_of<moecomm::flat>>(std::move(comm), ranks_per_node, num_experts);
+  if (exchange == "hierarchical")
+    return std::make_unique<dispatcher_of<moecomm::hierarchical_2d>>(std::move(comm), ranks_per_node, num_experts);
+  if (exchange == "dedup")
+    return std::make_unique<dispatcher_of<moecomm::dedup_per_rank<moecomm::flat>>>(std::move(comm), ranks_per_node, num_experts);
+  moecomm::detail::fail(moecomm::status::invalid_argument, "moecomm.Dispatcher", "exchange = '", exchange,
+                        "' is not one of flat, hierarchical, dedup");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -180,6 +224,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("make_layer", &make_layer, py::arg("pattern"), py::arg("group"), py::arg("store"), py::arg("name"),
         py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("experts"), py::arg("ranks_per_node"),
         py::arg("timeout"));
+  py::class_<dispatcher_handle>(m, "Dispatcher")
+      .def(
+          "dispatch",
+          [](dispatcher_handle& d, at::Tensor const& x, at::Tensor const& idx, at::Tensor const& w) {
+            auto out = d.dispatch(x, idx, w);
+            return std::make_tuple(out[0], out[1]);  // made into Python objects once the GIL is back
+          },
+          py::arg("x"), py::arg("topk_idx"), py::arg("topk_weights"), py::call_guard<py::gil_scoped_release>())
+      .def("combine", &dispatcher_handle::combine, py::arg("rows"), py::arg("topk_weights"),
+           py::call_guard<py::gil_scoped_release>());
+
+  m.def("make_dispatcher", &make_dispatcher, py::arg("exchange"), py::arg("group"), py::arg("store"), py::arg("name"),
+        py::arg("num_experts"), py::arg("ranks_per_node"), py::arg("timeout"));
   m.def("slot_experts", &slot_experts, py::arg("pattern"), py::arg("rank"), py::arg("ranks"), py::arg("num_experts"),
         "the global expert each local slot of `rank` holds");
 }

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # cmake -P script behind host.docs.readme_snippet_in_sync.
 #   -DSOURCE=<file>    a source file holding one region between `// example-begin <REGION>` and
-#                      `// example-end <REGION>` lines
+#                      `// example-end <REGION>` lines (`#` for `//` in a Python file)
 #   -DREGION=<name>    the region's name
 #   -DDOCUMENT=<file>  a document that must show the region's lines verbatim
 # The region's common leading indentation is removed first, and the document may indent the whole
@@ -67,12 +67,12 @@ set(_begin -1)
 set(_end -1)
 set(_index 0)
 foreach(_line IN LISTS _source)
-  if(_line MATCHES "^[ \t]*//[ \t]*example-begin[ \t]+${REGION}$")
+  if(_line MATCHES "^[ \t]*(//|#)[ \t]*example-begin[ \t]+${REGION}$")
     if(NOT _begin EQUAL -1)
       message(FATAL_ERROR "${SOURCE}: more than one `// example-begin ${REGION}` marker")
     endif()
     set(_begin ${_index})
-  elseif(_line MATCHES "^[ \t]*//[ \t]*example-end[ \t]+${REGION}$")
+  elseif(_line MATCHES "^[ \t]*(//|#)[ \t]*example-end[ \t]+${REGION}$")
     if(NOT _end EQUAL -1)
       message(FATAL_ERROR "${SOURCE}: more than one `// example-end ${REGION}` marker")
     endif()

@@ -202,3 +202,62 @@ def test_a_small_model_trains(pattern):
     spawn(_check_training, pattern, curves)
     losses = curves.get()
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def _readme_snippet(rank, results):
+    # example-begin readme-python
+    torch.manual_seed(0)  # the gate and the experts' initial values: the same on every rank
+    moe = moecomm.MoELayer(hidden=8, ffn_hidden=16, num_experts=4, top_k=2, pattern="fastermoe", aux_loss_coeff=1e-2)
+    gate = torch.nn.Linear(8, 4, bias=False)
+    opt = torch.optim.Adam([*moe.parameters(), *gate.parameters()], lr=1e-2)
+    x, target = torch.randn(16, 8) + rank, torch.randn(16, 8)  # this rank's tokens
+    for step in range(20):
+        opt.zero_grad()
+        loss = (moe(x, gate(x)) - target).pow(2).mean()
+        loss.backward()  # collective: every rank backpropagates the layer's output
+        for p in gate.parameters():
+            dist.all_reduce(p.grad)  # the gate is replicated: its gradient is summed over the ranks
+        opt.step()
+    # example-end readme-python
+        if step in (0, 19):
+            results.put((rank, step, loss.item()))
+
+
+def test_the_readme_snippet_trains():
+    results = mp.get_context("spawn").SimpleQueue()
+    spawn(_readme_snippet, results)
+    losses = {}
+    for _ in range(2 * RANKS):
+        rank, step, loss = results.get()
+        losses[(rank, step)] = loss
+    for rank in range(RANKS):
+        assert losses[(rank, 19)] < 0.8 * losses[(rank, 0)], losses
+
+
+def _check_dispatcher(rank, exchange):
+    T, H, F, E, K = 7, 5, 6, 8, 3
+    x, idx, w, grad, params = problem(4, T, H, F, E, K)
+    d = moecomm.Dispatcher(E, exchange=exchange, ranks_per_node=2)
+    L = E // RANKS
+    mine = slice(rank * T, (rank + 1) * T)
+    xr = x[mine].clone().requires_grad_(True)
+    wr = w[mine].clone().requires_grad_(True)
+    p = params[rank * L:(rank + 1) * L].clone().requires_grad_(True)
+    rows, counts = d.dispatch(xr, idx[mine].contiguous(), wr)
+    out = torch.cat([mlp(p[l], r, H, F) for l, r in enumerate(rows.split(counts.tolist()))])
+    y = d.combine(out, wr)
+    (y * grad[mine]).sum().backward()
+
+    q = params.clone().requires_grad_(True)
+    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ref = dense_moe(q, xs, idx, ws, H, F)
+    (ref * grad).sum().backward()
+    torch.testing.assert_close(gathered(y.detach()), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gathered(xr.grad), xs.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gathered(wr.grad), ws.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(p.grad, q.grad[rank * L:(rank + 1) * L], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("exchange", ["flat", "hierarchical", "dedup"])
+def test_dispatch_and_combine_around_python_experts_equal_the_dense_reference(exchange):
+    spawn(_check_dispatcher, exchange)

@@ -12,6 +12,7 @@
 #include <moecomm/torch/autograd.hpp>
 #include <moecomm/torch/launch.hpp>
 #include <moecomm/torch/moe_module.hpp>
+#include <moecomm/torch/token_dispatcher.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -102,13 +103,22 @@ void check_close(at::Tensor const& a, at::Tensor const& b, std::string const& wh
   CHECK_MESSAGE(err <= 2e-5 * (1.0 + scale), what, ": max |difference| ", err, " (scale ", scale, ")");
 }
 
-// `inspect(layer)` runs on every rank after the step.
-template <class Inspect, class... Policies>
-void check_layer_against_dense(Inspect const& inspect, Policies... policies) {
-  int const R = 4;
-  std::int32_t const E = 8, K = 3, L = E / R;
-  std::int64_t const T = 29, H = 6, F = 10;
-  moecomm::libtorch::mlp_expert const mlp{H, F};
+// One rank's part of the comparison: its tokens, routing, weights and output gradient, and its
+// experts' initial parameters (global experts r * L ...).
+struct rank_inputs {
+  moecomm::inproc_communicator comm;
+  at::Tensor x, idx, w, g, params;
+};
+
+constexpr int R = 4;
+constexpr std::int32_t E = 8, K = 3, L = E / R;
+constexpr std::int64_t T = 29, H = 6, F = 10;
+moecomm::libtorch::mlp_expert const mlp{H, F};
+
+// `run(inputs)` is one rank's step (forward and backward), returning its output and gradients; the
+// ranks' results together must equal the dense reference's.
+template <class Run>
+void check_against_dense(Run const& run) {
   at::manual_seed(11);
   at::Tensor const params = at::randn({E, mlp.parameter_count()}) * 0.3;
   at::Tensor const x = at::randn({R * T, H});
@@ -124,16 +134,10 @@ void check_layer_against_dense(Inspect const& inspect, Policies... policies) {
   moecomm::inproc_world const world(R);
   world.run([&](moecomm::inproc_communicator comm) {
     int const r = comm.rank();
-    moecomm::exchange_groups groups(comm, moecomm::topology(R, 2));
-    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, E, H, policies...);
-    moecomm::libtorch::torch_experts<moecomm::libtorch::mlp_expert> experts(
-        mlp, params.narrow(0, r * L, L).clone().requires_grad_(true));
-    at::Tensor const xr = x.narrow(0, r * T, T).clone().requires_grad_(true);
-    at::Tensor const wr = w.narrow(0, r * T, T).clone().requires_grad_(true);
-    at::Tensor const y = moecomm::libtorch::apply_layer(layer, experts, xr, idx.narrow(0, r * T, T).contiguous(), wr);
-    (y * g.narrow(0, r * T, T)).sum().backward();
-    got[r] = {y.detach(), xr.grad(), wr.grad(), experts.weights().grad()};
-    inspect(layer);
+    rank_inputs const in{comm, x.narrow(0, r * T, T).clone().requires_grad_(true), idx.narrow(0, r * T, T).contiguous(),
+                         w.narrow(0, r * T, T).clone().requires_grad_(true), g.narrow(0, r * T, T),
+                         params.narrow(0, r * L, L).clone().requires_grad_(true)};
+    got[r] = run(in);
   });
   auto const cat = [&](auto field) {
     std::vector<at::Tensor> parts;
@@ -144,6 +148,40 @@ void check_layer_against_dense(Inspect const& inspect, Policies... policies) {
   check_close(cat(&dense_result::d_x), ref.d_x, "grad of x");
   check_close(cat(&dense_result::d_w), ref.d_w, "grad of topk_weights");
   check_close(cat(&dense_result::d_params), ref.d_params, "grad of the experts' parameters");
+}
+
+// A layer with `policies` and torch experts; `inspect(layer)` runs on every rank after the step.
+template <class Inspect, class... Policies>
+void check_layer_against_dense(Inspect const& inspect, Policies... policies) {
+  check_against_dense([&](rank_inputs in) {
+    moecomm::exchange_groups groups(in.comm, moecomm::topology(R, 2));
+    auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, E, H, policies...);
+    moecomm::libtorch::torch_experts<moecomm::libtorch::mlp_expert> experts(mlp, in.params);
+    at::Tensor const y = moecomm::libtorch::apply_layer(layer, experts, in.x, in.idx, in.w);
+    (y * in.g).sum().backward();
+    inspect(layer);
+    return dense_result{y.detach(), in.x.grad(), in.w.grad(), experts.weights().grad()};
+  });
+}
+
+// The token dispatcher with `algorithm`, and the experts in torch between dispatch and combine.
+template <class Algorithm>
+void check_token_dispatcher_against_dense(Algorithm algorithm) {
+  check_against_dense([&](rank_inputs in) {
+    moecomm::exchange_groups groups(in.comm, moecomm::topology(R, 2));
+    moecomm::libtorch::token_dispatcher<moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, Algorithm> td(
+        moecomm::host_backend{}, groups, E, {}, algorithm);
+    auto const dispatched = td.dispatch(in.x, in.idx, in.w);
+    std::vector<at::Tensor> outs;
+    for (std::int64_t l = 0, first = 0; l < L; ++l) {
+      std::int64_t const n = dispatched[1][l].template item<std::int64_t>();
+      outs.push_back(mlp(in.params[l], dispatched[0].narrow(0, first, n)));
+      first += n;
+    }
+    at::Tensor const y = td.combine(at::cat(outs), in.w);
+    (y * in.g).sum().backward();
+    return dense_result{y.detach(), in.x.grad(), in.w.grad(), in.params.grad()};
+  });
 }
 
 auto const nothing_to_inspect = [](auto const&) {};
@@ -162,6 +200,11 @@ TEST_CASE("autograd FasterMoE shadowing with the smart schedule equals the dense
     CHECK(layer.shadow_state().decision().shadowed == std::vector<std::int32_t>{0});
   };
   check_layer_against_dense(shadowed_expert_0, moecomm::fastermoe_shadowing<>{model}, moecomm::smart_schedule{2});
+}
+
+TEST_CASE("autograd token_dispatcher: dispatch, experts in torch, combine equal the dense reference (flat, dedup)") {
+  check_token_dispatcher_against_dense(moecomm::flat{});
+  check_token_dispatcher_against_dense(moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
 }
 
 TEST_CASE("autograd a forward without gradients runs in inference mode; a dropped graph is forgotten, a stale one named") {
