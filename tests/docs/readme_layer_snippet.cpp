@@ -10,26 +10,10 @@ namespace test {
 
 TEST_CASE("README layer snippet runs") {
   std::int64_t const H = 32;
-  layer_case const c{8, 4, 16, 2, H, {64, 64, 0, 17, 64, 3, 64, 40}, 1.2};
-  using drop = moecomm::capacity<moecomm::drop_by_probability>;
-  auto const in = make_layer_inputs<float>(c, drop{1.25}, oracle::drop_rule::probability, true);
-  struct rank_data {
-    moecomm::routing_view routing;
-    moecomm::matrix_view<float const> x, d_out;
-    moecomm::matrix_view<float> out, d_x;
-    moecomm::array_view<float> d_w;
+  struct rank_results {
+    std::vector<float> out, d_x, d_w;
   };
-  std::vector<std::vector<float>> out(8), d_x(8), d_w(8);
-  std::vector<rank_data> data;
-  for (int r = 0; r < 8; ++r) {
-    auto const& rt = in.routing[r];
-    out[r].resize(static_cast<std::size_t>(rt.tokens * H));
-    d_x[r].resize(out[r].size());
-    d_w[r].resize(static_cast<std::size_t>(rt.tokens * 2));
-    data.push_back({{rt.idx.data(), rt.w.data(), rt.tokens, 2}, {in.x[r].data(), rt.tokens, H},
-                    {in.d_out[r].data(), rt.tokens, H}, {out[r].data(), rt.tokens, H}, {d_x[r].data(), rt.tokens, H},
-                    d_w[r]});
-  }
+  std::vector<rank_results> results(8);
   // example-begin readme-layer
   struct scale_by_expert {  // global expert e multiplies its rows by e + 1; its backward does the same
     std::int32_t first;     // the global id of this rank's local expert 0
@@ -45,17 +29,47 @@ TEST_CASE("README layer snippet runs") {
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::exchange_groups groups(comm, moecomm::topology(8, /*ranks_per_node=*/4));
     auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, /*num_experts=*/16, H,
-                                                            drop{/*factor=*/1.25}, moecomm::hierarchical_2d{});
+                                                            moecomm::capacity<moecomm::drop_by_probability>{1.25},
+                                                            moecomm::hierarchical_2d{});
     scale_by_expert const experts{comm.rank() * 2};  // 16 experts over 8 ranks: 2 local experts each
-    rank_data const& d = data[comm.rank()];           // this rank's routing, x, out and gradients
-    layer.forward(d.routing, d.x, d.out, experts);    // dispatch -> experts -> combine
-    layer.backward(d.d_out, d.d_x, d.d_w, experts);   // sized views; moecomm::not_needed declines one
+    // This rank's 40 tokens, each routed to 2 of the 16 experts (expert 0 is hot: some of its slots drop)
+    std::int64_t const T = 40;
+    std::vector<std::int32_t> topk_idx(T * 2);
+    std::vector<float> topk_weights(T * 2), x(T * H), out(T * H), d_out(T * H), d_x(T * H), d_w(T * 2);
+    for (std::int64_t i = 0; i < T * 2; ++i) {
+      topk_idx[i] = i % 2 == 0 && i % 6 != 0 ? 0 : std::int32_t((i * 5 + comm.rank()) % 15 + 1);
+      topk_weights[i] = i % 2 == 0 ? 0.75f : 0.25f;
+    }
+    for (std::int64_t i = 0; i < T * H; ++i) x[i] = d_out[i] = float(i % 17) * 0.25f - 2.0f;
+    moecomm::routing_view const routing{topk_idx.data(), topk_weights.data(), T, /*top_k=*/2};
+    layer.forward(routing, moecomm::matrix_view<float const>{x.data(), T, H}, moecomm::matrix_view<float>{out.data(), T, H},
+                  experts);  // dispatch -> experts -> combine
+    layer.backward(moecomm::matrix_view<float const>{d_out.data(), T, H}, moecomm::matrix_view<float>{d_x.data(), T, H},
+                   moecomm::array_view<float>(d_w), experts);  // sized views; moecomm::not_needed declines one
+    results[comm.rank()] = {out, d_x, d_w};
   });
   // example-end readme-layer
+  // The oracle on the same inputs: the capacity of 40 tokens x 2 slots over 16 experts at 1.25, the
+  // same drop rule, then the combine in its fixed order (tests/patterns/layer_cases.hpp).
+  std::int64_t const T = 40;
+  std::int64_t const cap = oracle::capacity(T, 2, 16, 1.25);
   for (int r = 0; r < 8; ++r) {
     CAPTURE(r);
-    check_bitwise(out[r], in.want[r].out, H, "output");
-    check_bitwise(d_x[r], in.want[r].d_x, H, "input gradient");
+    oracle::routing routing;
+    routing.tokens = T;
+    routing.top_k = 2;
+    for (std::int64_t i = 0; i < T * 2; ++i) {
+      routing.idx.push_back(i % 2 == 0 && i % 6 != 0 ? 0 : std::int32_t((i * 5 + r) % 15 + 1));
+      routing.w.push_back(i % 2 == 0 ? 0.75f : 0.25f);
+    }
+    std::vector<float> x(static_cast<std::size_t>(T * H));
+    for (std::int64_t i = 0; i < T * H; ++i) x[static_cast<std::size_t>(i)] = float(i % 17) * 0.25f - 2.0f;
+    auto const kept = oracle::drop_to_capacity(routing, 16, cap, oracle::drop_rule::probability, 0, 0, r * T);
+    auto const want = layer_oracle(kept, T * 2, x, x, H, 16);
+    CHECK(want.dropped > 0);
+    check_bitwise(results[r].out, want.out, H, "output");
+    check_bitwise(results[r].d_x, want.d_x, H, "input gradient");
+    check_bitwise(results[r].d_w, want.d_w, 2, "weight gradient");
   }
 }
 
