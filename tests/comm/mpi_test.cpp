@@ -60,17 +60,6 @@ mpi_options options(bool checked = true, std::int64_t max_message_bytes = INT_MA
   INFO("world rank ", world_rank());      \
   REQUIRE_MESSAGE((comm).size() == ranks, "run with mpiexec -n 4")
 
-// Runs `f`, which must throw, and returns the error's status and message.
-template <class F>
-std::pair<moecomm::status, std::string> error_of(F&& f) {
-  try {
-    f();
-  } catch (moecomm::error const& e) {
-    return {e.code(), e.what()};
-  }
-  return {moecomm::status::success, ""};
-}
-
 TEST_CASE("mpi collectives compute what they promise, checked and unchecked, whole and in 7-byte chunks") {
   for (bool checked : {true, false})
     for (std::int64_t max_bytes : {std::int64_t{INT_MAX}, std::int64_t{7}}) {
@@ -229,7 +218,7 @@ TEST_CASE("mpi split makes intra-node and inter-node groups of a 2 x 2 world") {
 TEST_CASE("mpi ranks calling different collectives all get an error naming the operation and the ranks") {
   mpi_communicator comm(test_comm, options());
   MOECOMM_REQUIRE_FOUR_RANKS(comm);
-  auto const [code, message] = error_of([&] {
+  auto const [code, message] = thrown_error([&] {
     std::int64_t v = 1;
     if (comm.rank() == 2) comm.broadcast(&v, sizeof(v), 0);
     else comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
@@ -250,7 +239,7 @@ TEST_CASE("mpi messages from a sub-group name its world ranks") {
   mpi_communicator comm(test_comm, options());
   MOECOMM_REQUIRE_FOUR_RANKS(comm);
   mpi_communicator odd_even = comm.split(comm.rank() % 2, comm.rank());
-  auto const [code, message] = error_of([&] {
+  auto const [code, message] = thrown_error([&] {
     std::int64_t v = 1;
     if (comm.rank() == 3) odd_even.barrier();
     else odd_even.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
@@ -263,7 +252,7 @@ TEST_CASE("mpi messages from a sub-group name its world ranks") {
                                "barrier(size 0, 0) in group {1,3}") != std::string::npos,
                   message);
   }
-  auto const [bad_code, bad_message] = error_of([&] {
+  auto const [bad_code, bad_message] = thrown_error([&] {
     std::int64_t v = 1;
     odd_even.allreduce(comm.rank() == 2 ? nullptr : &v, &v, 1, moecomm::reduce_op::sum);
   });
@@ -321,7 +310,7 @@ TEST_CASE("mpi a bad argument on one rank fails that rank and aborts the call on
   MOECOMM_REQUIRE_FOUR_RANKS(comm);
   int const me = comm.rank();
   std::int64_t v = 0;
-  auto const [code, message] = error_of([&] { comm.broadcast(&v, sizeof(v), me == 2 ? 9 : 0); });
+  auto const [code, message] = thrown_error([&] { comm.broadcast(&v, sizeof(v), me == 2 ? 9 : 0); });
   if (me == 2) {
     CHECK(code == moecomm::status::invalid_argument);
     CHECK_MESSAGE(message == "moecomm::mpi_communicator::broadcast: root = 9 is not a rank of this group of 4", message);
@@ -331,14 +320,14 @@ TEST_CASE("mpi a bad argument on one rank fails that rank and aborts the call on
   }
   // Exchange: rank 0 names a peer outside the group, then rank 1 posts two receives from one peer.
   char byte = 0;
-  auto const [code2, message2] = error_of([&] { comm.exchange({{me == 0 ? 4 : me, &byte, 1}}, {{me, &byte, 1}}); });
+  auto const [code2, message2] = thrown_error([&] { comm.exchange({{me == 0 ? 4 : me, &byte, 1}}, {{me, &byte, 1}}); });
   CHECK(code2 == (me == 0 ? moecomm::status::invalid_argument : moecomm::status::aborted));
   CHECK_MESSAGE(message2.find(me == 0 ? "mpi_communicator::exchange: sends[0].peer = 4 is not a rank of this group of 4"
                                       : "world rank 0 passed an invalid argument to exchange") != std::string::npos,
                 message2);
   std::vector<moecomm::recv_block> twice{{me, &byte, 1}};
   if (me == 1) twice.push_back({me, &byte, 1});
-  auto const [code3, message3] = error_of([&] { comm.exchange({{me, &byte, 1}}, twice); });
+  auto const [code3, message3] = thrown_error([&] { comm.exchange({{me, &byte, 1}}, twice); });
   CHECK(code3 == (me == 1 ? moecomm::status::invalid_argument : moecomm::status::aborted));
   CHECK_MESSAGE(message3.find(me == 1 ? "recvs[0] and recvs[1] both name peer 1; post one block per peer"
                               : "world rank 1 passed an invalid argument to exchange") != std::string::npos,
@@ -372,7 +361,7 @@ TEST_CASE("mpi negative and overflowing sizes and reduce to root -1 are invalid_
                     {"mpi_communicator::reduce: root = -1 is not a rank of this group of 4"});
   CHECK(v == std::vector<double>(8, 1.0));
   // A negative size on one rank is its invalid_argument (not "ranks disagree"); the others are aborted.
-  auto const [code, message] = error_of([&] { comm.allgather(v.data(), v.data() + 4, comm.rank() == 1 ? -8 : 8); });
+  auto const [code, message] = thrown_error([&] { comm.allgather(v.data(), v.data() + 4, comm.rank() == 1 ? -8 : 8); });
   CHECK(code == (comm.rank() == 1 ? moecomm::status::invalid_argument : moecomm::status::aborted));
   CHECK_MESSAGE(message.find(comm.rank() == 1 ? "allgather: bytes = -8 must be >= 0" : "world rank 1 passed an invalid argument to allgather") !=
                     std::string::npos,
@@ -401,7 +390,7 @@ TEST_CASE("mpi ordered_allreduce equals the sequential sum in ascending rank, bi
       }
     // A bad argument on rank 2: it throws invalid_argument, the others aborted; nothing is written.
     std::vector<float> f(4, 2.5f);
-    auto const [code, message] = error_of([&] {
+    auto const [code, message] = thrown_error([&] {
       moecomm::ordered_allreduce(be, comm, moecomm::array_view<float>(comm.rank() == 2 ? nullptr : f.data(), 4), scratch, 2);
     });
     CHECK(code == (comm.rank() == 2 ? moecomm::status::invalid_argument : moecomm::status::aborted));
@@ -447,7 +436,7 @@ TEST_CASE("timeout - a rank that skips a collective makes the others time out, a
     comm.barrier();  // everyone is here: the timeout below measures only the missing rank
     if (comm.rank() == 1) continue;  // skips the collective
     auto const start = std::chrono::steady_clock::now();
-    auto const [code, message] = error_of([&] {
+    auto const [code, message] = thrown_error([&] {
       std::int64_t v = 1;
       comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
     });

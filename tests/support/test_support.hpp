@@ -19,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace test {
@@ -202,6 +203,18 @@ void check_untouched(std::vector<T> const& got, std::size_t from, char const* wh
       FAIL_CHECK(what, ": element ", i, " past the written range was modified");
       return;
     }
+}
+
+// Runs `f` and returns the status and message of the moecomm::error it throws (success and "" when
+// it throws nothing), for a test that judges them per rank.
+template <class F>
+std::pair<moecomm::status, std::string> thrown_error(F&& f) {
+  try {
+    f();
+  } catch (moecomm::error const& e) {
+    return {e.code(), e.what()};
+  }
+  return {moecomm::status::success, ""};
 }
 
 // Runs `f` and checks that it throws moecomm::error with `code` and a message containing every

@@ -84,7 +84,7 @@ TEST_CASE("c10d split makes the groups of a 2 x 2 world, named by world rank in 
   std::int64_t v = me;
   odd_even.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
   CHECK(v == (me % 2 == 0 ? 2 : 4));
-  auto const [code, message] = error_of([&] {
+  auto const [code, message] = thrown_error([&] {
     std::int64_t u = 1;
     if (me == 3) odd_even.barrier();
     else odd_even.allreduce(&u, &u, 1, moecomm::reduce_op::sum);
@@ -106,7 +106,7 @@ TEST_CASE("c10d split makes the groups of a 2 x 2 world, named by world rank in 
 TEST_CASE("c10d mismatched calls, sizes and exchange pairs throw on every rank, and the group stays usable") {
   c10d_communicator comm = gloo_world("mismatch", milliseconds(30000), true);
   int const me = comm.rank();
-  auto const [code, message] = error_of([&] {
+  auto const [code, message] = thrown_error([&] {
     std::int64_t v = 1;
     if (me == 2) comm.broadcast(&v, sizeof v, 0);
     else comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
@@ -125,7 +125,7 @@ TEST_CASE("c10d mismatched calls, sizes and exchange pairs throw on every rank, 
               {"moecomm::c10d_communicator::exchange: pair (1, 3): rank 1 sends 12 bytes to rank 3, but rank 3 expects 8 "
                "bytes from rank 1"});
   std::int64_t v = 0;
-  auto const [bad_code, bad_message] = error_of([&] { comm.broadcast(&v, sizeof v, me == 2 ? 9 : 0); });
+  auto const [bad_code, bad_message] = thrown_error([&] { comm.broadcast(&v, sizeof v, me == 2 ? 9 : 0); });
   if (me == 2) {
     CHECK(bad_code == moecomm::status::invalid_argument);
     CHECK(bad_message == "moecomm::c10d_communicator::broadcast: root = 9 is not a rank of this group of 4");
@@ -185,7 +185,7 @@ TEST_CASE("c10d timeout - a rank that skips a collective makes the others time o
     return;
   }
   auto const start = std::chrono::steady_clock::now();
-  auto const [code, message] = error_of([&] {
+  auto const [code, message] = thrown_error([&] {
     std::int64_t v = 1;
     comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
   });

@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <string>
-#include <utility>
 
 namespace test {
 
@@ -23,17 +22,6 @@ inline moecomm::c10d_communicator gloo_world(std::string const& name, std::chron
   o.check_collectives = checked;
   o.name = name;
   return moecomm::libtorch::gloo_communicator(store, env->rank, env->size, o);
-}
-
-// Runs `f` and returns the status and message of the moecomm::error it throws (success, "" if none).
-template <class F>
-std::pair<moecomm::status, std::string> error_of(F&& f) {
-  try {
-    f();
-  } catch (moecomm::error const& e) {
-    return {e.code(), e.what()};
-  }
-  return {moecomm::status::success, ""};
 }
 
 }  // namespace test
