@@ -207,6 +207,21 @@ TEST_CASE("autograd token_dispatcher: dispatch, experts in torch, combine equal 
   check_token_dispatcher_against_dense(moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
 }
 
+TEST_CASE("autograd token_dispatcher names non-contiguous routing and weights other than the step's") {
+  moecomm::inproc_world const world(2);
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups groups(comm, moecomm::topology(2, 2));
+    moecomm::libtorch::token_dispatcher<moecomm::host_backend, moecomm::inproc_communicator> td(moecomm::host_backend{}, groups, 2);
+    at::Tensor const x = at::ones({3, 4}), idx = at::zeros({3, 2}, at::kInt), w = at::ones({2, 3}).t();
+    check_error([&] { (void)td.dispatch(x, idx, w); }, moecomm::status::invalid_argument,
+                {"tensor 'topk_weights' is not contiguous"});
+    at::Tensor const wc = w.contiguous();
+    auto const rows = td.dispatch(x, idx, wc);
+    check_error([&] { (void)td.combine(rows[0], wc.clone()); }, moecomm::status::invalid_argument,
+                {"tensor 'topk_weights' is not the one this step's dispatch was given"});
+  });
+}
+
 TEST_CASE("autograd a forward without gradients runs in inference mode; a dropped graph is forgotten, a stale one named") {
   moecomm::inproc_world const world(2);
   world.run([&](moecomm::inproc_communicator comm) {

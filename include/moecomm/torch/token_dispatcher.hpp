@@ -47,7 +47,9 @@ class token_dispatcher {
   //! `{rows [received][H], counts [local experts] int64}` for tokens `x` `[T][H]` routed by
   //! `topk_idx` (int32) and `topk_weights` (float), `[T][K]`; differentiable in `x`.
   [[nodiscard]] std::vector<at::Tensor> dispatch(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) {
-    return dispatch_function::apply(x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous(), this);
+    // The routing tensors as they are (a non-contiguous one is refused by name): `combine` must be
+    // given the very tensor this step routed with.
+    return dispatch_function::apply(x.contiguous(), topk_idx, topk_weights, this);
   }
 
   //! `y [T][H]`: the output rows `rows` (`dispatch`'s layout) back to their tokens, weighted by
