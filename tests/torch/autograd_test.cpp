@@ -73,6 +73,17 @@ TEST_CASE("autograd route equals router_forward and router_backward bit for bit,
   CHECK_FALSE(out[1].requires_grad());
   at::Tensor const grad = logits.grad().contiguous();
   CHECK(std::vector<float>(grad.data_ptr<float>(), grad.data_ptr<float>() + T * E) == d_logits);
+  // A second forward on the same router: the first graph's backward would read the second's state.
+  auto const first = moecomm::libtorch::route(r, logits);
+  auto const second = moecomm::libtorch::route(r, logits * 2);
+  try {
+    first[0].sum().backward();
+    FAIL_CHECK("backpropagating the router's older forward did not throw");
+  } catch (std::exception const& e) {
+    CHECK_MESSAGE(std::string(e.what()).find("the graph of the router's forward 2 is backpropagated after its forward 3") !=
+                      std::string::npos,
+                  e.what());
+  }
 }
 
 // The dense reference: every token of every rank, y[t] = sum_k w[t][k] * mlp(params[e], x[t]), and

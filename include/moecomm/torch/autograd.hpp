@@ -36,11 +36,14 @@ MOECOMM_NAMESPACE_BEGIN
 namespace libtorch {
 
 //! A router's configuration and the state its backward reads. Held by `c10::intrusive_ptr`: the
-//! autograd graph of a `route` keeps it alive until the backward has run.
+//! autograd graph of a `route` keeps it alive until the backward has run. It keeps its last forward's
+//! state only: backpropagating an older forward's graph is an error naming both (a router per
+//! forward, as `moecomm.Router` in Python makes, allows any order).
 struct router : ::torch::CustomClassHolder {
   router_config config;
   router_state<host_backend> state;
   host_backend backend;
+  std::int64_t forwards = 0;  //!< forwards so far: the one `state` holds
 };
 
 namespace detail {
@@ -73,12 +76,16 @@ struct router_function : ::torch::autograd::Function<router_function> {
     losses[1] = values.z;
     ctx->mark_non_differentiable({idx, losses});
     ctx->saved_data["router"] = at::IValue::make_capsule(r);
+    ctx->saved_data["forward"] = ++r->forwards;
     return {weights, idx, losses};
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
     router& r = *c10::static_intrusive_pointer_cast<router>(ctx->saved_data["router"].toCapsule());
+    moecomm::detail::require(r.forwards == ctx->saved_data["forward"].toInt(), "moecomm::libtorch::route (backward)",
+                             "the graph of the router's forward ", ctx->saved_data["forward"].toInt(),
+                             " is backpropagated after its forward ", r.forwards, ": a router keeps its last forward's state only");
     std::int64_t const tokens = r.state.num_tokens(), experts = r.state.num_experts();
     at::Tensor d_weights = grads[0].defined() ? grads[0].contiguous() : at::zeros({tokens, r.config.top_k}, at::kFloat);
     at::Tensor d_logits = at::empty({tokens, experts}, at::kFloat);
