@@ -44,7 +44,8 @@ TEST_CASE("README router snippet runs and equals the router oracle") {
   CHECK(topk_weights == want.w);
   CHECK(losses.aux == want.aux);
   CHECK(losses.z == want.z);
-  CHECK(routing.num_tokens == T);
+  // The routing is a valid input of the permute plan: every id in range, no slot masked.
+  CHECK(moecomm::make_permute_plan(be, routing, static_cast<std::int32_t>(E)).num_rows() == T * 2);
   CHECK(d_logits == oracle::router_backward(logits, T, static_cast<std::int32_t>(E), o, d_weights));
   bool moved = false;  // weights summing to 1 have no gradient: only the aux loss moves the logits
   for (float g : d_logits) moved = moved || g != 0.0f;

@@ -28,6 +28,12 @@
 //! Gloo groups over a store every process shares. Ranks name world ranks (this group's ranks when it
 //! was not split from another) in error messages.
 //!
+//! Memory: the communicator's own host scratch is kept between calls, but each call still makes
+//! torch objects (the aliasing tensors, Gloo's `Work`s), so unlike the in-process and MPI
+//! communicators a step over it allocates. Buffers are host memory: with the CUDA back-end, wrap it
+//! in `staged_communicator` (comm/staged.cuh) as an MPI communicator is wrapped (not built here:
+//! Debian's libtorch is CPU-only).
+//!
 //! Floating-point sums of `allreduce` follow the group's own reduction order; `ordered_allreduce`
 //! (ops/ordered_allreduce.hpp) gives the same bits as every other transport. One communicator is used
 //! by one thread at a time.
@@ -159,17 +165,10 @@ class c10d_communicator {
     auto const deadline = start(op);
     agree(detail::collective_op::exchange, 0, 0,
           local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }), deadline);
-    send_block const* self_send = nullptr;
-    recv_block const* self_recv = nullptr;
-    for (send_block const& s : sends)
-      if (s.peer == rank_) self_send = &s;
-    for (recv_block const& r : recvs)
-      if (r.peer == rank_) self_recv = &r;
-    std::int64_t const self_sent = self_send != nullptr ? self_send->bytes : 0;
-    std::int64_t const self_expected = self_recv != nullptr ? self_recv->bytes : 0;
+    detail::self_message const self = detail::find_self_message(sends, recvs, rank_);
     if (options_.check_collectives) check_exchange_sizes(sends, recvs, deadline);
-    else if (self_sent != self_expected)
-      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self_sent, self_expected));
+    else if (self.sent != self.expected)
+      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self.sent, self.expected));
     works_.clear();
     run(op, [&] {
       for (recv_block const& r : recvs)
@@ -183,7 +182,7 @@ class c10d_communicator {
           works_.push_back(group_->send(t, s.peer, 0));
         }
     });
-    if (self_sent > 0) std::memcpy(self_recv->data, self_send->data, static_cast<std::size_t>(self_sent));
+    self.copy();
     wait(deadline, op, "transferring the messages");
   }
 
@@ -365,8 +364,8 @@ class c10d_communicator {
     bool const receives = all || rank_ == root;
     T* target = recv;
     if (!receives) {
-      scratch_.resize(static_cast<std::size_t>(count) * sizeof(T));
-      target = reinterpret_cast<T*>(scratch_.data());
+      scratch_.reduced.resize(static_cast<std::size_t>(count) * sizeof(T));
+      target = reinterpret_cast<T*>(scratch_.reduced.data());
     }
     if (target != send) std::memcpy(target, send, static_cast<std::size_t>(count) * sizeof(T));
     works_.clear();
@@ -398,7 +397,8 @@ class c10d_communicator {
     constexpr int words = detail::call_fingerprint::words;
     std::int64_t mine[words];
     detail::call_fingerprint::write(mine, what, size, extra, world_rank_, bad.has_value(), call_.current());
-    std::vector<std::int64_t> all(static_cast<std::size_t>(size_) * words);
+    std::vector<std::int64_t>& all = scratch_.all;
+    all.resize(static_cast<std::size_t>(size_) * words);
     gather_bytes(mine, all.data(), sizeof mine, deadline, op, "checking that every rank made the same call");
     if (bad) throw *bad;
     detail::judge_fingerprints(all.data(), size_, world_size_, where(op).c_str());
@@ -409,14 +409,19 @@ class c10d_communicator {
   void check_exchange_sizes(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs,
                             clock::time_point deadline) {
     auto const n = static_cast<std::size_t>(size_);
-    std::vector<std::int64_t> mine(2 * n, 0);  // [sent to peer] then [expected from peer]
+    std::vector<std::int64_t>& mine = scratch_.mine;  // [sent to peer] then [expected from peer]
+    mine.assign(2 * n, 0);
     for (send_block const& b : sends) mine[static_cast<std::size_t>(b.peer)] = b.bytes;
     for (recv_block const& b : recvs) mine[n + static_cast<std::size_t>(b.peer)] = b.bytes;
-    std::vector<std::int64_t> all(2 * n * n);
+    std::vector<std::int64_t>& all = scratch_.all;
+    all.resize(2 * n * n);
     gather_bytes(mine.data(), all.data(), static_cast<std::int64_t>(2 * n * sizeof(std::int64_t)), deadline, "exchange",
                  "comparing the message sizes");
     constexpr int words = detail::exchange_size_verdict::words;
-    std::vector<std::int64_t> got(n), verdicts(words * n);
+    std::vector<std::int64_t>& got = scratch_.got;
+    std::vector<std::int64_t>& verdicts = scratch_.verdicts;
+    got.resize(n);
+    verdicts.resize(words * n);
     for (std::size_t r = 0; r < n; ++r) {
       for (std::size_t from = 0; from < n; ++from) got[from] = all[from * 2 * n + r];
       detail::exchange_size_verdict::write(verdicts.data() + words * r, got.data(), all.data() + r * 2 * n + n,
@@ -435,7 +440,12 @@ class c10d_communicator {
   std::int64_t splits_ = 0;  //!< splits made so far: every rank counts alike
   std::string failure_;      //!< why the communicator became unusable; empty while it is usable
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
-  std::vector<char> scratch_;  //!< a non-root rank's copy for `reduce`
+  //! Host scratch kept between calls (capacity stays): the checked mode's gathered words and a
+  //! non-root rank's copy for `reduce`.
+  struct {
+    std::vector<std::int64_t> mine, all, got, verdicts;
+    std::vector<char> reduced;
+  } scratch_;
   detail::call_identity_holder call_;  //!< shared with this rank's splits (call_identity.hpp)
 };
 

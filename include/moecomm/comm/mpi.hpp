@@ -211,17 +211,10 @@ class mpi_communicator {
     auto const deadline = start(op);
     agree(detail::collective_op::exchange, 0, 0, local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }),
           deadline);
-    send_block const* self_send = nullptr;
-    recv_block const* self_recv = nullptr;
-    for (send_block const& s : sends)
-      if (s.peer == rank_) self_send = &s;
-    for (recv_block const& r : recvs)
-      if (r.peer == rank_) self_recv = &r;
-    std::int64_t const self_sent = self_send != nullptr ? self_send->bytes : 0;
-    std::int64_t const self_expected = self_recv != nullptr ? self_recv->bytes : 0;
+    detail::self_message const self = detail::find_self_message(sends, recvs, rank_);
     if (options_.check_collectives) check_exchange_sizes(sends, recvs, deadline);
-    else if (self_sent != self_expected)
-      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self_sent, self_expected));
+    else if (self.sent != self.expected)
+      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self.sent, self.expected));
     std::vector<MPI_Request> requests;
     for (recv_block const& r : recvs) {
       if (r.peer == rank_) continue;
@@ -239,7 +232,7 @@ class mpi_communicator {
                         tag(c++), comm_, &requests.emplace_back()),
               op, "MPI_Isend");
     }
-    if (self_sent > 0) std::memcpy(self_recv->data, self_send->data, static_cast<std::size_t>(self_sent));
+    self.copy();
     wait(requests, deadline, op, "transferring the messages");
   }
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -171,6 +172,32 @@ inline void validate_exchange(char const* op, std::vector<send_block> const& sen
                               std::vector<recv_block> const& recvs, int group_size) {
   p2p_detail::validate_blocks(op, "sends", sends, group_size);
   p2p_detail::validate_blocks(op, "recvs", recvs, group_size);
+}
+
+//! An exchange's message from this rank to itself, which host communicators copy rather than send:
+//! its two blocks (null when absent) and their sizes (0 for an absent block).
+struct self_message {
+  send_block const* send = nullptr;
+  recv_block const* recv = nullptr;
+  std::int64_t sent = 0, expected = 0;
+
+  //! Copies the message (host memory), when there is one. The sizes must agree.
+  void copy() const {
+    if (sent > 0) std::memcpy(recv->data, send->data, static_cast<std::size_t>(sent));
+  }
+};
+
+//! The blocks of `sends` and `recvs` whose peer is `rank` (validated lists: at most one each).
+[[nodiscard]] inline self_message find_self_message(std::vector<send_block> const& sends,
+                                                    std::vector<recv_block> const& recvs, int rank) {
+  self_message m;
+  for (send_block const& s : sends)
+    if (s.peer == rank) m.send = &s;
+  for (recv_block const& r : recvs)
+    if (r.peer == rank) m.recv = &r;
+  m.sent = m.send != nullptr ? m.send->bytes : 0;
+  m.expected = m.recv != nullptr ? m.recv->bytes : 0;
+  return m;
 }
 
 }  // namespace detail
