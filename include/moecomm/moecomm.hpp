@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! Everything a host compiler can build: vocabulary, the host back-end and the ops.
+//! Everything a host compiler can build without another library: vocabulary, the host back-end, the
+//! in-process communicator, the ops, every pattern and its planners. The other back-ends and
+//! communicators (CUDA, NCCL, MPI, SimGrid, c10d) and the torch component have their own headers.
 
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
@@ -13,7 +15,9 @@
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/placement.hpp>
+#include <moecomm/core/replica_placement.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/core/step_bounds.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/core/workspace.hpp>
 
@@ -21,6 +25,7 @@
 
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/inproc.hpp>
+#include <moecomm/comm/parallel_groups.hpp>
 
 #include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/capacity.hpp>
@@ -33,6 +38,7 @@
 #include <moecomm/ops/permute_plan.hpp>
 #include <moecomm/ops/replica/replica_set.hpp>
 #include <moecomm/ops/replica_broadcast.hpp>
+#include <moecomm/ops/replica_migration.hpp>
 #include <moecomm/ops/router/router.hpp>
 #include <moecomm/ops/sort_chunks.hpp>
 #include <moecomm/ops/unpermute.hpp>
@@ -41,11 +47,20 @@
 #include <moecomm/patterns/expert_parallel.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/patterns/finemoe.hpp>
+#include <moecomm/patterns/flexmoe.hpp>
+#include <moecomm/patterns/hybridep.hpp>
+#include <moecomm/patterns/parm.hpp>
+#include <moecomm/patterns/replicated_experts.hpp>
 #include <moecomm/patterns/block_schedule.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/measure/calibration.hpp>
 #include <moecomm/plan/cost_model.hpp>
+#include <moecomm/plan/flexmoe_planner.hpp>
+#include <moecomm/plan/hybridep_planner.hpp>
 #include <moecomm/plan/parm_cost_model.hpp>
 #include <moecomm/plan/proprophet_cost_model.hpp>
 #include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/plan/replica_assignment.hpp>
+#include <moecomm/plan/replica_schedule.hpp>
 #include <moecomm/plan/shadow_selection.hpp>

@@ -96,7 +96,7 @@ foreach(_line IN LISTS _region)
   if(_line STREQUAL "")
     continue()
   endif()
-  string(REGEX MATCH "^[ \t]*" _lead "${_line}")
+  string(REGEX MATCH "^[ \t]+" _lead "${_line}")  # no match (not an empty one, which CMake refuses): ""
   string(LENGTH "${_lead}" _width)
   if(_indent EQUAL -1 OR _width LESS _indent)
     set(_indent ${_width})
