@@ -83,65 +83,26 @@ struct options {
 
 constexpr char const* program = "example_04_simulated_cluster";
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n"
-      "\n"
-      "Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:\n"
-      "plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart\n"
-      "schedule, both, and the deduplicated exchange (dedup_per_rank). Reports simulated forward and\n"
-      "backward times, speed-ups over plain flat, the all-to-all traffic per link class, FasterMoE's cost\n"
-      "model beside the simulated time, checks that every variant's output equals plain flat's (bit for\n"
-      "bit; dedup within 1e-6), and draws one step as a per-rank timeline.\n"
-      "\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --platform NAME      a platform of platforms/ (default %s)\n"
-      "  --ranks R            ranks on GPUs 0..R-1, whole nodes; 0 = every GPU (default %d)\n"
-      "  --experts E          experts; a multiple of R (default %d)\n"
-      "  --tokens T           tokens per rank and step, top-%d Zipf routing (default %" PRId64
-      ")\n"
-      "  --hidden H           real elements per token row (default %" PRId64
-      ")\n"
-      "  --model-hidden HM    the hidden size H stands for: bytes are scaled by HM/H, parameters and\n"
-      "                       FLOPs by (HM/H)^2 (default %" PRId64
-      ")\n"
-      "  --zipf s             gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
-      "  --timeline PATH.csv  where the last variant's step is written, per rank (default %s)\n"
-      "  --no-plot            do not run scripts/plot-timeline on it\n"
-      "  --help               this text\n",
-      program, d.platform.c_str(), d.ranks, d.experts, topk, d.tokens, d.hidden, d.model_hidden, d.zipf,
-      d.timeline.c_str());
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--platform") {
-      o.platform = next();
-    } else if (arg == "--ranks") {
-      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 0, 1 << 14));
-    } else if (arg == "--experts") {
-      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 1, 1 << 16);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, 1024);
-    } else if (arg == "--model-hidden") {
-      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
-    } else if (arg == "--zipf") {
-      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
-    } else if (arg == "--timeline") {
-      o.timeline = next();
-    } else if (arg == "--no-plot") {
-      o.plot = false;
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:\n"
+                 "plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart\n"
+                 "schedule, both, and the deduplicated exchange (dedup_per_rank). Reports simulated forward and\n"
+                 "backward times, speed-ups over plain flat, the all-to-all traffic per link class, FasterMoE's cost\n"
+                 "model beside the simulated time, checks that every variant's output equals plain flat's (bit for\n"
+                 "bit; dedup within 1e-6), and draws one step as a per-rank timeline.");
+  flags.add("--platform", "NAME", "a platform of platforms/", o.platform)
+      .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes; 0 = every GPU", o.ranks, 0, 1 << 14)
+      .add("--experts", "E", "experts; a multiple of R", o.experts, 1, 1 << 14)
+      .add("--tokens", "T", "tokens per rank and step, top-2 Zipf routing", o.tokens, 1, 1 << 16)
+      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
+      .add("--model-hidden", "HM", "the hidden size H stands for: bytes are scaled by HM/H, parameters and\nFLOPs by (HM/H)^2",
+           o.model_hidden, 1, 1 << 16)
+      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+      .add("--timeline", "PATH.csv", "where the last variant's step is written, per rank", o.timeline)
+      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
+  flags.parse(argc, argv);
   return o;
 }
 
