@@ -42,7 +42,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -81,88 +80,36 @@ struct options {
 
 constexpr char const* program = "example_00_train";
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]            R ranks as threads of this process\n"
-      "       mpiexec -n R %s --mpi [flags]   one rank per MPI process\n"
-      "\n"
-      "Trains a small MoE model (a softmax top-K gate and E expert MLPs, expert parallel over R ranks)\n"
-      "with SGD on a clustered regression task, three times from the same initial parameters: plain\n"
-      "expert parallelism (flat all-to-all), FasterMoE shadowing and the hierarchical_2d all-to-all;\n"
-      "prints the loss curves side by side, tokens per expert, the time per step, and whether each\n"
-      "curve equals plain's bit for bit. Exit code 1 if the loss does not decrease or a curve differs\n"
-      "from plain's by more than --tolerance.\n"
-      "\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --ranks R      ranks (default %d); with --mpi, the number of processes\n"
-      "  --nodes N      nodes; must divide R, each holds R / N ranks (default %d)\n"
-      "  --experts E    experts; a multiple of R (default %d)\n"
-      "  --topk K       experts per token, 2 <= K <= E (default %d)\n"
-      "  --clusters C   clusters of the task, cluster c drawn with probability ~ 1/(c+1) (default %d)\n"
-      "  --tokens T     tokens per rank and step (default %" PRId64 ")\n"
-      "  --hidden H     token width (default %" PRId64 ")\n"
-      "  --inner F      the experts' hidden width, H -> F -> H (default %" PRId64 ")\n"
-      "  --steps S      SGD steps (default %d)\n"
-      "  --every N      print the losses every N steps (default %d)\n"
-      "  --lr X         SGD learning rate (default %g)\n"
-      "  --aux X        weight of the load-balancing loss (default %g)\n"
-      "  --tolerance X  largest |loss - plain's loss| / plain's loss allowed for the other patterns\n"
-      "                 (default %g)\n"
-      "  --seed N       seed of the task, the batches and the initial parameters (default %" PRId64 ")\n"
-      "  --csv FILE     write step,plain,fastermoe,hierarchical_2d losses to FILE (%%.17g: every bit)\n"
-      "  --mpi          ranks are the processes of mpiexec (needs a build with MPI)\n"
-      "  --timeout S    seconds a rank may wait in a collective before the run aborts (default %d)\n"
-      "  --help         this text\n",
-      program, program, d.ranks, d.nodes, d.experts, d.topk, d.clusters, d.tokens, d.hidden, d.inner, d.steps,
-      d.every, d.lr, d.aux, d.tolerance, d.seed, d.timeout);
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& flag, auto const& value) {
-    auto const integer = [&](int64_t lo, int64_t hi) { return parse_int(program, flag, value(), lo, hi); };
-    if (flag == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (flag == "--ranks") {
-      o.ranks = static_cast<int32_t>(integer(1, 64));
-    } else if (flag == "--nodes") {
-      o.nodes = static_cast<int32_t>(integer(1, 64));
-    } else if (flag == "--experts") {
-      o.experts = static_cast<int32_t>(integer(1, 1 << 12));
-    } else if (flag == "--topk") {
-      o.topk = static_cast<int32_t>(integer(2, 1 << 12));
-    } else if (flag == "--clusters") {
-      o.clusters = static_cast<int32_t>(integer(1, 1 << 10));
-    } else if (flag == "--tokens") {
-      o.tokens = integer(1, 1 << 16);
-    } else if (flag == "--hidden") {
-      o.hidden = integer(1, 1024);
-    } else if (flag == "--inner") {
-      o.inner = integer(1, 4096);
-    } else if (flag == "--steps") {
-      o.steps = static_cast<int>(integer(1, 100000));
-    } else if (flag == "--every") {
-      o.every = static_cast<int>(integer(1, 100000));
-    } else if (flag == "--lr") {
-      o.lr = parse_real(program, flag, value(), 0.0, 100.0);
-    } else if (flag == "--aux") {
-      o.aux = parse_real(program, flag, value(), 0.0, 100.0);
-    } else if (flag == "--tolerance") {
-      o.tolerance = parse_real(program, flag, value(), 0.0, 1e6);
-    } else if (flag == "--seed") {
-      o.seed = integer(0, INT64_MAX);
-    } else if (flag == "--csv") {
-      o.csv = value();
-    } else if (flag == "--mpi") {
-      o.mpi = true;
-    } else if (flag == "--timeout") {
-      o.timeout = static_cast<int>(integer(1, 3600));
-    } else {
-      usage_error(program, "unknown flag '" + flag + "'");
-    }
-  });
+  flag_set flags(program,
+                 "%s [flags]            R ranks as threads of this process\n"
+                 "       mpiexec -n R %s --mpi [flags]   one rank per MPI process",
+                 "Trains a small MoE model (a softmax top-K gate and E expert MLPs, expert parallel over R ranks)\n"
+                 "with SGD on a clustered regression task, three times from the same initial parameters: plain\n"
+                 "expert parallelism (flat all-to-all), FasterMoE shadowing and the hierarchical_2d all-to-all;\n"
+                 "prints the loss curves side by side, tokens per expert, the time per step, and whether each\n"
+                 "curve equals plain's bit for bit. Exit code 1 if the loss does not decrease or a curve differs\n"
+                 "from plain's by more than --tolerance.");
+  flags.add("--ranks", "R", "ranks; with --mpi, the number of processes", o.ranks, 1, 64)
+      .add("--nodes", "N", "nodes; must divide R, each holds R / N ranks", o.nodes, 1, 64)
+      .add("--experts", "E", "experts; a multiple of R", o.experts, 1, 1 << 12)
+      .add("--topk", "K", "experts per token, 2 <= K <= E", o.topk, 2, 1 << 12)
+      .add("--clusters", "C", "clusters of the task, cluster c drawn with probability ~ 1/(c+1)", o.clusters, 1, 1 << 10)
+      .add("--tokens", "T", "tokens per rank and step", o.tokens, 1, 1 << 16)
+      .add("--hidden", "H", "token width", o.hidden, 1, 1024)
+      .add("--inner", "F", "the experts' hidden width, H -> F -> H", o.inner, 1, 4096)
+      .add("--steps", "S", "SGD steps", o.steps, 1, 100000)
+      .add("--every", "N", "print the losses every N steps", o.every, 1, 100000)
+      .add("--lr", "X", "SGD learning rate", o.lr, 0.0, 100.0)
+      .add("--aux", "X", "weight of the load-balancing loss", o.aux, 0.0, 100.0)
+      .add("--tolerance", "X", "largest |loss - plain's loss| / plain's loss allowed for the other\npatterns",
+           o.tolerance, 0.0, 1e6)
+      .add("--seed", "N", "seed of the task, the batches and the initial parameters", o.seed, 0, INT64_MAX)
+      .add("--csv", "FILE", "write step,plain,fastermoe,hierarchical_2d losses to FILE (%.17g: every bit)", o.csv)
+      .add_switch("--mpi", "ranks are the processes of mpiexec (needs a build with MPI)", o.mpi)
+      .add("--timeout", "S", "seconds a rank may wait in a collective before the run aborts", o.timeout, 1, 3600);
+  flags.parse(argc, argv);
   return o;
 }
 

@@ -19,12 +19,10 @@
 #include <moecomm/moecomm.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -61,67 +59,23 @@ struct options {
 
 constexpr char const* program = "example_01_permute";
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n"
-      "\n"
-      "Routes tokens with a skewed (Zipf) gate, permutes them into expert-major order, combines\n"
-      "them back with the routing weights, checks both results bit for bit and times them\n"
-      "against memcpy. Host back-end, one thread.\n"
-      "\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --tokens T   tokens on this rank (default %" PRId64 ")\n"
-      "  --hidden H   elements per token row (default %" PRId64 ")\n"
-      "  --experts E  number of experts (default %d)\n"
-      "  --topk K     distinct experts per token, K <= E (default %d)\n"
-      "  --zipf s     gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
-      "  --seed N     seed of the std::mt19937_64 generator (default %" PRIu64 ")\n"
-      "  --dtype D    element type: %s (default %s)\n"
-      "  --iters N    timing repetitions; the median and min-max are shown (default %d)\n"
-      "  --help       this text\n",
-      program, d.tokens, d.hidden, d.experts, d.topk, d.zipf, d.seed, dtype_choices, d.dtype.c_str(), d.iters);
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 0, int32_max);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, std::int64_t{1} << 24);
-    } else if (arg == "--experts") {
-      o.experts = static_cast<std::int32_t>(parse_int(program, arg, next(), 1, 1 << 16));
-    } else if (arg == "--topk") {
-      o.topk = static_cast<std::int32_t>(parse_int(program, arg, next(), 1, 1 << 16));
-    } else if (arg == "--zipf") {
-      std::string const& text = next();
-      char* end = nullptr;
-      o.zipf = std::strtod(text.c_str(), &end);
-      if (text.empty() || *end != '\0' || !std::isfinite(o.zipf) || o.zipf < 0 || o.zipf > 16)
-        usage_error(program, "--zipf expects an exponent in [0, 16], got '" + text + "'");
-    } else if (arg == "--seed") {
-      std::string const& text = next();
-      char* end = nullptr;
-      errno = 0;
-      unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
-      if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
-        usage_error(program, "--seed expects a non-negative integer, got '" + text + "'");
-      o.seed = v;
-    } else if (arg == "--dtype") {
-      o.dtype = next();
-      bool const known = o.dtype == "float" || (MOECOMM_HAS_CUDA_FP16() && o.dtype == "bf16");
-      if (!known) usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
-    } else if (arg == "--iters") {
-      o.iters = static_cast<int>(parse_int(program, arg, next(), 1, 100000));
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Routes tokens with a skewed (Zipf) gate, permutes them into expert-major order, combines\n"
+                 "them back with the routing weights, checks both results bit for bit and times them\n"
+                 "against memcpy. Host back-end, one thread.");
+  flags.add("--tokens", "T", "tokens on this rank", o.tokens, 0, std::numeric_limits<std::int32_t>::max())
+      .add("--hidden", "H", "elements per token row", o.hidden, 1, std::int64_t{1} << 24)
+      .add("--experts", "E", "number of experts", o.experts, 1, 1 << 16)
+      .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
+      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+      .add("--seed", "N", "seed of the std::mt19937_64 generator", o.seed)
+      .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
+      .add("--iters", "N", "timing repetitions; the median and min-max are shown", o.iters, 1, 100000);
+  flags.parse(argc, argv);
+  if (o.dtype == "bf16" && !MOECOMM_HAS_CUDA_FP16())
+    usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
   if (o.topk > o.experts)
     usage_error(program, "--topk " + std::to_string(o.topk) + " exceeds --experts " + std::to_string(o.experts) +
                 ": every token picks K distinct experts");

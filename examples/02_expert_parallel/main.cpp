@@ -23,13 +23,11 @@
 #include <moecomm/moecomm.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -113,94 +111,39 @@ struct options {
 
 constexpr char const* program = "example_02_expert_parallel";
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n"
-      "\n"
-      "Runs one MoE layer, expert parallel, forward and backward, over R in-process ranks (threads)\n"
-      "arranged as N nodes: Zipf routing, capacity policies, the flat / hierarchical_2d / pairwise\n"
-      "all-to-alls. Reports the load per rank, drops, messages and bytes per link class, the time of\n"
-      "a step beside an alpha-beta model, and checks outputs and gradients against a plain-loop oracle.\n"
-      "\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --ranks R            in-process ranks, one thread each (default %d)\n"
-      "  --nodes N            nodes; must divide R, each holds R / N ranks (default %d)\n"
-      "  --experts E          experts; a multiple of R, E / R per rank (default %d)\n"
-      "  --topk K             distinct experts per token, K <= E (default %d)\n"
-      "  --tokens T           tokens per rank; rank r holds T - floor(r*T / (16*R)) (default %" PRId64 ")\n"
-      "  --hidden H           elements per token row (default %" PRId64 ")\n"
-      "  --capacity-factor f  C = ceil(T*K/E * f) rows per (source rank, expert), max over ranks;\n"
-      "                       0 = dropless (default %.1f)\n"
-      "  --algorithm A        flat|hierarchical_2d|pairwise|all (default %s)\n"
-      "  --policy P           position|probability|random|dropless|all; all = dropless and the three\n"
-      "                       drop rules when f > 0, dropless when f = 0 (default %s)\n"
-      "  --zipf s             gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
-      "  --seed N             seed of the gate, the rows and drop_random (default %" PRIu64 ")\n"
-      "  --dtype D            element type: %s (default %s)\n"
-      "  --iters N            timed steps per configuration, the first one checked; the median and\n"
-      "                       min-max are shown (default %d: the default run has 12 configurations)\n"
-      "  --timeout S          seconds a rank may wait in a collective before the run aborts (default %d)\n"
-      "  --help               this text\n",
-      program, d.ranks, d.nodes, d.experts, d.topk, d.tokens, d.hidden, d.capacity_factor, d.algorithm.c_str(),
-      d.policy.c_str(), d.zipf, d.seed, dtype_choices, d.dtype.c_str(), d.iters, d.timeout);
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  bool policy_given = false;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    constexpr int64_t int32_max = std::numeric_limits<int32_t>::max();
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--ranks") {
-      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
-    } else if (arg == "--nodes") {
-      o.nodes = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
-    } else if (arg == "--experts") {
-      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 16));
-    } else if (arg == "--topk") {
-      o.topk = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 16));
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 1, int32_max);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, int64_t{1} << 20);
-    } else if (arg == "--capacity-factor") {
-      o.capacity_factor = parse_real(program, arg, next(), 0.0, 1000.0);
-    } else if (arg == "--algorithm") {
-      o.algorithm = next();
-      if (o.algorithm != "flat" && o.algorithm != "hierarchical_2d" && o.algorithm != "pairwise" &&
-          o.algorithm != "all")
-        usage_error(program, "--algorithm '" + o.algorithm + "' is not one of flat|hierarchical_2d|pairwise|all");
-    } else if (arg == "--policy") {
-      o.policy = next();
-      policy_given = true;
-      if (o.policy != "position" && o.policy != "probability" && o.policy != "random" && o.policy != "dropless" &&
-          o.policy != "all")
-        usage_error(program, "--policy '" + o.policy + "' is not one of position|probability|random|dropless|all");
-    } else if (arg == "--zipf") {
-      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
-    } else if (arg == "--seed") {
-      std::string const& text = next();
-      char* end = nullptr;
-      errno = 0;
-      unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
-      if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
-        usage_error(program, "--seed expects a non-negative integer, got '" + text + "'");
-      o.seed = v;
-    } else if (arg == "--dtype") {
-      o.dtype = next();
-      bool const known = o.dtype == "float" || (MOECOMM_HAS_CUDA_FP16() && o.dtype == "bf16");
-      if (!known) usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
-    } else if (arg == "--iters") {
-      o.iters = static_cast<int>(parse_int(program, arg, next(), 1, 1000));
-    } else if (arg == "--timeout") {
-      o.timeout = static_cast<int>(parse_int(program, arg, next(), 1, 3600));
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Runs one MoE layer, expert parallel, forward and backward, over R in-process ranks (threads)\n"
+                 "arranged as N nodes: Zipf routing, capacity policies, the flat / hierarchical_2d / pairwise\n"
+                 "all-to-alls. Reports the load per rank, drops, messages and bytes per link class, the time of\n"
+                 "a step beside an alpha-beta model, and checks outputs and gradients against a plain-loop oracle.");
+  flags.add("--ranks", "R", "in-process ranks, one thread each", o.ranks, 1, 64)
+      .add("--nodes", "N", "nodes; must divide R, each holds R / N ranks", o.nodes, 1, 64)
+      .add("--experts", "E", "experts; a multiple of R, E / R per rank", o.experts, 1, 1 << 16)
+      .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
+      .add("--tokens", "T", "tokens per rank; rank r holds T - floor(r*T / (16*R))", o.tokens, 1,
+           std::numeric_limits<int32_t>::max())
+      .add("--hidden", "H", "elements per token row", o.hidden, 1, int64_t{1} << 20)
+      .add("--capacity-factor", "f", "C = ceil(T*K/E * f) rows per (source rank, expert), max over ranks;\n0 = dropless",
+           o.capacity_factor, 0.0, 1000.0)
+      .add("--algorithm", "A", "flat|hierarchical_2d|pairwise|all", o.algorithm,
+           {"flat", "hierarchical_2d", "pairwise", "all"})
+      .add("--policy", "P",
+           "position|probability|random|dropless|all; all = dropless and the three\n"
+           "drop rules when f > 0, dropless when f = 0",
+           o.policy, {"position", "probability", "random", "dropless", "all"})
+      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+      .add("--seed", "N", "seed of the gate, the rows and drop_random", o.seed)
+      .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
+      .add("--iters", "N",
+           "timed steps per configuration, the first one checked; the median and\n"
+           "min-max are shown; the default run has 12 configurations",
+           o.iters, 1, 1000)
+      .add("--timeout", "S", "seconds a rank may wait in a collective before the run aborts", o.timeout, 1, 3600);
+  flags.parse(argc, argv);
+  if (o.dtype == "bf16" && !MOECOMM_HAS_CUDA_FP16())
+    usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
   auto const str = [](auto v) { return std::to_string(v); };
   if (o.ranks % o.nodes != 0)
     usage_error(program, "--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +
@@ -215,7 +158,7 @@ options parse_options(int argc, char** argv) {
   if (o.tokens * o.topk * o.ranks > std::numeric_limits<int32_t>::max())
     usage_error(program, "--tokens x --topk x --ranks = " + str(o.tokens * o.topk * o.ranks) +
                 " rows could land on one rank, beyond moecomm's int32 row ids (2^31 - 1)");
-  if (o.capacity_factor == 0.0 && policy_given && o.policy != "dropless" && o.policy != "all")
+  if (o.capacity_factor == 0.0 && o.policy != "dropless" && o.policy != "all")
     usage_error(program, "--policy " + o.policy +
                 " drops slots beyond a capacity, but --capacity-factor 0 means dropless; "
                 "give a factor > 0");

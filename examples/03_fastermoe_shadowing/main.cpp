@@ -24,13 +24,11 @@
 //! Run with --help for the flags.
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include "../common/flags.hpp"
@@ -80,79 +78,28 @@ struct options {
 
 constexpr char const* program = "example_03_fastermoe_shadowing";
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n"
-      "\n"
-      "Runs an MoE layer of 2-layer MLP experts, expert parallel over R in-process ranks (threads),\n"
-      "with and without FasterMoE's shadowing of hot experts, on the same inputs: reports the shadow\n"
-      "set of each step, the rows each rank computes, parameter bytes moved against token bytes saved,\n"
-      "the cost model's predicted time beside the measured one, and checks that outputs and gradients\n"
-      "agree with plain expert parallelism.\n"
-      "\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --ranks R     in-process ranks, one thread each (default %d)\n"
-      "  --nodes N     nodes; must divide R, each holds R / N ranks (default %d)\n"
-      "  --experts E   experts; a multiple of R, E / R per rank (default %d)\n"
-      "  --topk K      distinct experts per token, K <= E (default %d)\n"
-      "  --tokens T    tokens per rank and step (default %" PRId64
-      ")\n"
-      "  --hidden H    elements per token row (default %" PRId64
-      ")\n"
-      "  --alpha A     expert MLP H -> A*H -> H (default %d)\n"
-      "  --zipf s      gate skew: P(expert e) ~ 1/(e+1)^s, the same on every rank; 0 is uniform (default %.1f)\n"
-      "  --seed N      seed of the gate, the rows and the parameters (default %" PRIu64
-      ")\n"
-      "  --steps N     steps, each with fresh tokens; one untimed warm-up step comes first (default %d)\n"
-      "  --iters N     timed runs of each step's layers, the first one checked; the median and\n"
-      "                min-max are shown (default %d)\n"
-      "  --timeout S   seconds a rank may wait in a collective before the run aborts (default %d)\n"
-      "  --help        this text\n",
-      program, d.ranks, d.nodes, d.experts, d.topk, d.tokens, d.hidden, d.alpha, d.zipf, d.seed, d.steps, d.iters,
-      d.timeout);
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--ranks") {
-      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
-    } else if (arg == "--nodes") {
-      o.nodes = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
-    } else if (arg == "--experts") {
-      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 12));
-    } else if (arg == "--topk") {
-      o.topk = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 12));
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 1, 1 << 20);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, 4096);
-    } else if (arg == "--alpha") {
-      o.alpha = static_cast<int32_t>(parse_int(program, arg, next(), 1, 16));
-    } else if (arg == "--zipf") {
-      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
-    } else if (arg == "--seed") {
-      std::string const& text = next();
-      char* end = nullptr;
-      errno = 0;
-      unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
-      if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
-        usage_error(program, "--seed expects a non-negative integer, got '" + text + "'");
-      o.seed = v;
-    } else if (arg == "--steps") {
-      o.steps = static_cast<int>(parse_int(program, arg, next(), 1, 1000));
-    } else if (arg == "--iters") {
-      o.iters = static_cast<int>(parse_int(program, arg, next(), 1, 1000));
-    } else if (arg == "--timeout") {
-      o.timeout = static_cast<int>(parse_int(program, arg, next(), 1, 3600));
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Runs an MoE layer of 2-layer MLP experts, expert parallel over R in-process ranks (threads),\n"
+                 "with and without FasterMoE's shadowing of hot experts, on the same inputs: reports the shadow\n"
+                 "set of each step, the rows each rank computes, parameter bytes moved against token bytes saved,\n"
+                 "the cost model's predicted time beside the measured one, and checks that outputs and gradients\n"
+                 "agree with plain expert parallelism.");
+  flags.add("--ranks", "R", "in-process ranks, one thread each", o.ranks, 1, 64)
+      .add("--nodes", "N", "nodes; must divide R, each holds R / N ranks", o.nodes, 1, 64)
+      .add("--experts", "E", "experts; a multiple of R, E / R per rank", o.experts, 1, 1 << 12)
+      .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 12)
+      .add("--tokens", "T", "tokens per rank and step", o.tokens, 1, 1 << 20)
+      .add("--hidden", "H", "elements per token row", o.hidden, 1, 4096)
+      .add("--alpha", "A", "expert MLP H -> A*H -> H", o.alpha, 1, 16)
+      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s, the same on every rank; 0 is uniform", o.zipf, 0.0, 16.0)
+      .add("--seed", "N", "seed of the gate, the rows and the parameters", o.seed)
+      .add("--steps", "N", "steps, each with fresh tokens; one untimed warm-up step comes first", o.steps, 1, 1000)
+      .add("--iters", "N", "timed runs of each step's layers, the first one checked; the median and\nmin-max are shown",
+           o.iters, 1, 1000)
+      .add("--timeout", "S", "seconds a rank may wait in a collective before the run aborts", o.timeout, 1, 3600);
+  flags.parse(argc, argv);
   auto const str = [](auto v) { return std::to_string(v); };
   if (o.ranks % o.nodes != 0)
     usage_error(program, "--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +

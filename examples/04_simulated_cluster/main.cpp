@@ -45,7 +45,6 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <new>
 #include <optional>
@@ -108,12 +107,6 @@ options parse_options(int argc, char** argv) {
 
 // ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
 
-//! One rank's inputs of one step.
-struct rank_inputs {
-  routing_data gate;
-  std::vector<float> x, d_out;  //!< [T][H]: the tokens, and the gradient of the layer's output
-};
-
 struct problem {
   explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
 
@@ -123,7 +116,7 @@ struct problem {
   int64_t inner = 0;  //!< the experts' real hidden width, alpha * H
   moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> alpha * H_model -> H_model
   moecomm::simulation_scale scale;
-  std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up, measured][rank]
+  std::vector<std::vector<step_inputs>> steps;  //!< [warm-up, measured][rank]
   std::vector<std::vector<float>> parameters;   //!< [E][parameter count]: every expert's initial values
   std::vector<int32_t> by_popularity;           //!< the experts from hottest to coldest (a seeded shuffle)
 };
@@ -145,18 +138,8 @@ problem make_problem(options const& o) {
   p.model = {static_cast<double>(o.model_hidden), static_cast<double>(alpha * o.model_hidden), sizeof(float)};
   p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   p.by_popularity = random_popularity(o.experts, o.seed);
-  for (int s = 0; s < 2; ++s) {
-    p.steps.emplace_back();
-    for (int32_t r = 0; r < p.ranks; ++r) {
-      std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(s)};
-      std::mt19937_64 rng(seq);
-      rank_inputs in;
-      in.gate = route_tokens(o.tokens, p.by_popularity, topk, o.zipf, rng);
-      in.x = random_rows(o.tokens * o.hidden, rng);
-      in.d_out = random_rows(o.tokens * o.hidden, rng);
-      p.steps.back().push_back(std::move(in));
-    }
-  }
+  p.steps = make_step_inputs(o.seed, 2, p.ranks, o.tokens, o.hidden,
+                             [&](std::mt19937_64& rng) { return route_tokens(o.tokens, p.by_popularity, topk, o.zipf, rng); });
   for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   return p;
 }
@@ -207,8 +190,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
   std::vector<int32_t> gpus(R);
   for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
   moecomm::simgrid_world world(p.platform, gpus);
-  std::optional<moecomm::timeline_recording> recording;
-  if (recorded != nullptr) recording.emplace(*recorded);
+  optional_recording recording(recorded);
   world.run([&](simgrid_communicator comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
     moecomm::simulated_backend<> const be(moecomm::host_backend{}, p.scale);
@@ -216,7 +198,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
     layer_type layer(be, groups, p.o.experts, H, {}, algorithm, {}, shadowing);
     auto const clock = moecomm::simulated_seconds{};
     for (std::size_t s = 0; s < 2; ++s) {
-      rank_inputs const& in = p.steps[s][me];
+      step_inputs const& in = p.steps[s][me];
       mlp_experts experts = mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
       std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
       comm.barrier();  // every rank starts each pass together: a pass's time is its slowest rank's
@@ -239,8 +221,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
         if (me == 0) res.decision = layer.shadow_state().decision();
     }
   });
-  recording.reset();
-  if (recorded != nullptr) keep_events_from(*recorded, measured_from);
+  recording.keep_from(measured_from);
   res.forward_s = *std::max_element(forward.begin(), forward.end());
   res.backward_s = *std::max_element(backward.begin(), backward.end());
   for (auto const& s : stats) {
@@ -257,13 +238,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
 void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) {
   moecomm::cluster_spec const& s = p.platform.spec();
   options const& o = p.o;
-  std::printf("moecomm %d.%d.%d - example 04: an MoE layer on a simulated cluster\n", MOECOMM_VERSION_MAJOR,
-              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
-  std::printf("==============================================================================\n");
-  std::printf(
-      "All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
-      "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
-      "platform's links, expert FLOPs by the GPU's rate, memory kernels by its HBM.\n\n");
+  print_simulated_heading("example 04: an MoE layer on a simulated cluster");
   std::printf("1. Configuration\n");
   std::printf("   platform %s (%s)\n     source: %s\n", p.platform.name().c_str(),
               moecomm::platform_file(p.platform.name()).c_str(), s.source.c_str());

@@ -38,10 +38,8 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <new>
-#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -77,82 +75,32 @@ struct options {
 
 constexpr char const* program = "example_05_parm";
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n"
-      "\n"
-      "Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:\n"
-      "deepspeed_mp (the baseline), parm_s1, parm_s2 and parm_auto. Reports the rows each rank dispatches\n"
-      "and computes, messages and bytes inside and between nodes, simulated times beside the cost model's\n"
-      "predictions, which schedule parm_auto picked and why, checks every schedule against the baseline\n"
-      "bit for bit, and draws parm_s2's step as a per-rank timeline.\n"
-      "\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --platform NAME      a platform of platforms/ (default %s)\n"
-      "  --ranks R            ranks on GPUs 0..R-1, whole nodes (default %d)\n"
-      "  --mp M               model-parallel group size, dividing a node's GPUs (default %d)\n"
-      "  --esp G              expert-slicing group size, dividing M (default %d)\n"
-      "  --experts E          experts, a multiple of EP = R / M (default %d)\n"
-      "  --tokens T           tokens per MP group and step, top-%d routing (default %" PRId64 ")\n"
-      "  --hidden H           real elements per token row (default %" PRId64 ")\n"
-      "  --model-hidden HM    the hidden size H stands for (default %" PRId64 ")\n"
-      "  --ffn-ratio F        experts H -> F*H -> H (default %d)\n"
-      "  --pieces W           pipeline depth of parm_s2 and parm_auto (default %d)\n"
-      "  --zipf s             gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
-      "  --timeline PATH.csv  where parm_s2's measured step is written, per rank (default %s)\n"
-      "  --no-plot            do not run scripts/plot-timeline on it\n"
-      "  --help               this text\n",
-      program, d.platform.c_str(), d.ranks, d.mp, d.esp, d.experts, topk, d.tokens, d.hidden, d.model_hidden, d.ffn_ratio,
-      d.pieces, d.zipf, d.timeline.c_str());
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--platform") {
-      o.platform = next();
-    } else if (arg == "--ranks") {
-      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
-    } else if (arg == "--mp") {
-      o.mp = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 10));
-    } else if (arg == "--esp") {
-      o.esp = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 10));
-    } else if (arg == "--experts") {
-      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 1, 1 << 20);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, 1024);
-    } else if (arg == "--model-hidden") {
-      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
-    } else if (arg == "--ffn-ratio") {
-      o.ffn_ratio = static_cast<int32_t>(parse_int(program, arg, next(), 1, 64));
-    } else if (arg == "--pieces") {
-      o.pieces = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1024));
-    } else if (arg == "--zipf") {
-      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
-    } else if (arg == "--timeline") {
-      o.timeline = next();
-    } else if (arg == "--no-plot") {
-      o.plot = false;
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:\n"
+                 "deepspeed_mp (the baseline), parm_s1, parm_s2 and parm_auto. Reports the rows each rank dispatches\n"
+                 "and computes, messages and bytes inside and between nodes, simulated times beside the cost model's\n"
+                 "predictions, which schedule parm_auto picked and why, checks every schedule against the baseline\n"
+                 "bit for bit, and draws parm_s2's step as a per-rank timeline.");
+  flags.add("--platform", "NAME", "a platform of platforms/", o.platform)
+      .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes", o.ranks, 1, 1 << 14)
+      .add("--mp", "M", "model-parallel group size, dividing a node's GPUs", o.mp, 1, 1 << 10)
+      .add("--esp", "G", "expert-slicing group size, dividing M", o.esp, 1, 1 << 10)
+      .add("--experts", "E", "experts, a multiple of EP = R / M", o.experts, 1, 1 << 14)
+      .add("--tokens", "T", "tokens per MP group and step, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 20)
+      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
+      .add("--model-hidden", "HM", "the hidden size H stands for", o.model_hidden, 1, 1 << 16)
+      .add("--ffn-ratio", "F", "experts H -> F*H -> H", o.ffn_ratio, 1, 64)
+      .add("--pieces", "W", "pipeline depth of parm_s2 and parm_auto", o.pieces, 1, 1024)
+      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+      .add("--timeline", "PATH.csv", "where parm_s2's measured step is written, per rank", o.timeline)
+      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
+  flags.parse(argc, argv);
   return o;
 }
 
 // ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
-
-//! One MP group's inputs of one step (every rank of the group holds the same).
-struct group_inputs {
-  routing_data gate;
-  std::vector<float> x, d_out;  //!< [T][H]
-};
 
 struct problem {
   explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
@@ -163,7 +111,7 @@ struct problem {
   int32_t per_node = 0, local_experts = 0;
   int64_t inner = 0;  //!< the experts' real inner width
   moecomm::simulation_scale scale;
-  std::vector<std::vector<group_inputs>> steps;  //!< [warm-up, measured][MP group]
+  std::vector<std::vector<step_inputs>> steps;  //!< [warm-up, measured][MP group]: every rank of a group holds the same
   std::vector<std::vector<float>> parameters;    //!< [E][...]: every whole expert's initial values
 };
 
@@ -189,18 +137,8 @@ problem make_problem(options const& o) {
   p.scale = moecomm::mlp_simulation_scale(
       {static_cast<double>(o.model_hidden), static_cast<double>(o.ffn_ratio * o.model_hidden) / o.esp, 2},
       {static_cast<double>(o.hidden), static_cast<double>(p.inner / o.esp), sizeof(float)});
-  for (int s = 0; s < 2; ++s) {
-    p.steps.emplace_back();
-    for (int32_t g = 0; g < p.sizes.expert; ++g) {
-      std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(s)};
-      std::mt19937_64 rng(seq);
-      group_inputs in;
-      in.gate = route_tokens(o.tokens, o.experts, topk, o.zipf, rng);
-      in.x = random_rows(o.tokens * o.hidden, rng);
-      in.d_out = random_rows(o.tokens * o.hidden, rng);
-      p.steps.back().push_back(std::move(in));
-    }
-  }
+  p.steps = make_step_inputs(o.seed, 2, p.sizes.expert, o.tokens, o.hidden,
+                             [&](std::mt19937_64& rng) { return route_tokens(o.tokens, o.experts, topk, o.zipf, rng); });
   for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   return p;
 }
@@ -241,8 +179,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
   std::vector<int32_t> gpus(R);
   for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
   moecomm::simgrid_world world(p.platform, gpus);
-  std::optional<moecomm::timeline_recording> recording;
-  if (recorded != nullptr) recording.emplace(*recorded);
+  optional_recording recording(recorded);
   world.run([&](simgrid_communicator comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
     backend const be(moecomm::host_backend{}, p.scale);
@@ -251,7 +188,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
     layer_type layer(be, groups, p.o.experts, H, schedule);
     auto const clock = moecomm::simulated_seconds{};
     for (std::size_t s = 0; s < 2; ++s) {
-      group_inputs const& in = p.steps[s][static_cast<std::size_t>(at.ep)];  // the MP group's tokens
+      step_inputs const& in = p.steps[s][static_cast<std::size_t>(at.ep)];  // the MP group's tokens
       sliced_mlp_experts experts = sliced_mlp_experts_of(H, p.inner, p.parameters, at.ep * p.local_experts,
                                                          p.local_experts, at.esp, p.sizes.expert_slicing);
       std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
@@ -274,8 +211,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
       res.d_w[me] = std::move(d_w);
     }
   });
-  recording.reset();
-  if (recorded != nullptr) keep_events_from(*recorded, measured_from);
+  recording.keep_from(measured_from);
   res.forward_s = *std::max_element(forward.begin(), forward.end());
   res.backward_s = *std::max_element(backward.begin(), backward.end());
   for (auto const& r : reports) {
@@ -294,13 +230,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
 void print_setup(problem const& p) {
   moecomm::cluster_spec const& s = p.platform.spec();
   options const& o = p.o;
-  std::printf("moecomm %d.%d.%d - example 05: Parm's schedules (MP + EP + ESP) on a simulated cluster\n", MOECOMM_VERSION_MAJOR,
-              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
-  std::printf("==============================================================================\n");
-  std::printf(
-      "All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
-      "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
-      "platform's links, expert FLOPs by the GPU's rate, memory kernels by its HBM.\n\n");
+  print_simulated_heading("example 05: Parm's schedules (MP + EP + ESP) on a simulated cluster");
   std::printf("1. Configuration\n");
   std::printf("   platform %s (%s)\n     source: %s\n", p.platform.name().c_str(), moecomm::platform_file(p.platform.name()).c_str(),
               s.source.c_str());

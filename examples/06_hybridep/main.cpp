@@ -34,8 +34,6 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -67,69 +65,28 @@ struct options {
   bool plot = true;
 };
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n\n"
-      "Runs one MoE layer on a SIMULATED cross-data-centre cluster (SimGrid) as plain expert parallelism and as\n"
-      "HybridEP with expert domains of every size S across the data centres (and the planner's S with the top-k\n"
-      "codec): simulated step times beside the planner's predictions, bytes per link class, a bitwise check\n"
-      "against plain EP, and the planner's S drawn as a per-rank timeline.\n\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --platform NAME       a platform of platforms/ with one node per data centre (default %s)\n"
-      "  --experts E           experts, a multiple of the ranks (default %d)\n"
-      "  --tokens T            tokens per rank and step, top-%d routing (default %" PRId64 ")\n"
-      "  --hidden H            real elements per token row (default %" PRId64 ")\n"
-      "  --model-hidden HM     the hidden size H stands for; experts HM -> 4 HM -> HM (default %" PRId64 ")\n"
-      "  --pre-expert-ms MS    pre-expert compute per step, simulated (default %.1f)\n"
-      "  --compression C       the codec's ratio at the planner's S (default %.0f)\n"
-      "  --zipf s              gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform (default %.1f)\n"
-      "  --timeline PATH.csv   where the planner's S's step is written, per rank (default %s)\n"
-      "  --no-plot             do not run scripts/plot-timeline on it\n"
-      "  --help                this text\n",
-      program, d.platform.c_str(), d.experts, topk, d.tokens, d.hidden, d.model_hidden, d.pre_expert_ms, d.compression, d.zipf,
-      d.timeline.c_str());
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--platform") {
-      o.platform = next();
-    } else if (arg == "--experts") {
-      o.experts = static_cast<int32_t>(parse_int(program, arg, next(), 1, 1 << 14));
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 1, 1 << 22);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, 1024);
-    } else if (arg == "--model-hidden") {
-      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
-    } else if (arg == "--pre-expert-ms") {
-      o.pre_expert_ms = parse_real(program, arg, next(), 0.0, 1e6);
-    } else if (arg == "--compression") {
-      o.compression = parse_real(program, arg, next(), 1.0, 1e6);
-    } else if (arg == "--zipf") {
-      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
-    } else if (arg == "--timeline") {
-      o.timeline = next();
-    } else if (arg == "--no-plot") {
-      o.plot = false;
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Runs one MoE layer on a SIMULATED cross-data-centre cluster (SimGrid) as plain expert parallelism and as\n"
+                 "HybridEP with expert domains of every size S across the data centres (and the planner's S with the top-k\n"
+                 "codec): simulated step times beside the planner's predictions, bytes per link class, a bitwise check\n"
+                 "against plain EP, and the planner's S drawn as a per-rank timeline.");
+  flags.add("--platform", "NAME", "a platform of platforms/ with one node per data centre", o.platform)
+      .add("--experts", "E", "experts, a multiple of the ranks", o.experts, 1, 1 << 14)
+      .add("--tokens", "T", "tokens per rank and step, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 22)
+      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
+      .add("--model-hidden", "HM", "the hidden size H stands for; experts HM -> 4 HM -> HM", o.model_hidden, 1, 1 << 16)
+      .add("--pre-expert-ms", "MS", "pre-expert compute per step, simulated", o.pre_expert_ms, 0.0, 1e6)
+      .add("--compression", "C", "the codec's ratio at the planner's S", o.compression, 1.0, 1e6)
+      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+      .add("--timeline", "PATH.csv", "where the planner's S's step is written, per rank", o.timeline)
+      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
+  flags.parse(argc, argv);
   return o;
 }
 
 // ---- the problem ------------------------------------------------------------------------------
-
-struct rank_inputs {
-  routing_data gate;
-  std::vector<float> x, d_out;
-};
 
 struct problem {
   explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
@@ -139,7 +96,7 @@ struct problem {
   int64_t inner = 0;
   moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> 4 H_model -> H_model, fp16
   moecomm::simulation_scale scale;
-  std::vector<std::vector<rank_inputs>> steps;  //!< [warm-up, measured][rank]
+  std::vector<std::vector<step_inputs>> steps;  //!< [warm-up, measured][rank]
   std::vector<std::vector<float>> parameters;   //!< [E]: every expert's initial values
 };
 
@@ -158,18 +115,8 @@ problem make_problem(options const& o) {
   p.inner = 4 * o.hidden;
   p.model = {static_cast<double>(o.model_hidden), 4.0 * static_cast<double>(o.model_hidden), 2};
   p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
-  for (int s = 0; s < 2; ++s) {
-    p.steps.emplace_back();
-    for (int32_t r = 0; r < p.ranks; ++r) {
-      std::seed_seq seq{static_cast<std::uint32_t>(o.seed), static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(s)};
-      std::mt19937_64 rng(seq);
-      rank_inputs in;
-      in.gate = route_tokens(o.tokens, o.experts, topk, o.zipf, rng);
-      in.x = random_rows(o.tokens * o.hidden, rng);
-      in.d_out = random_rows(o.tokens * o.hidden, rng);
-      p.steps.back().push_back(std::move(in));
-    }
-  }
+  p.steps = make_step_inputs(o.seed, 2, p.ranks, o.tokens, o.hidden,
+                             [&](std::mt19937_64& rng) { return route_tokens(o.tokens, o.experts, topk, o.zipf, rng); });
   for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   return p;
 }
@@ -220,8 +167,7 @@ run_result run(problem const& p, std::string name, std::optional<moecomm::hybrid
   std::vector<int32_t> gpus(R);
   for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
   moecomm::simgrid_world world(p.platform, gpus);
-  std::optional<moecomm::timeline_recording> recording;
-  if (recorded != nullptr) recording.emplace(*recorded);
+  optional_recording recording(recorded);
   world.run([&](comm_t comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
     backend const be(moecomm::host_backend{}, p.scale);
@@ -232,7 +178,7 @@ run_result run(problem const& p, std::string name, std::optional<moecomm::hybrid
     else plain.emplace(be, groups, p.o.experts, H);
     mlp_experts mlp = mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
     for (std::size_t s = 0; s < 2; ++s) {
-      rank_inputs const& in = p.steps[s][me];
+      step_inputs const& in = p.steps[s][me];
       std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
       moecomm::routing_view const routing{in.gate.idx.data(), in.gate.weights.data(), T, topk};
       comm.barrier();
@@ -269,8 +215,7 @@ run_result run(problem const& p, std::string name, std::optional<moecomm::hybrid
     }
   });
   double const first = *std::min_element(start.begin(), start.end());
-  recording.reset();
-  if (recorded != nullptr) keep_events_from(*recorded, first);
+  recording.keep_from(first);
   res.step_s = *std::max_element(end.begin(), end.end()) - first;
   for (std::size_t r = 0; r < R; ++r) {
     add(res.tokens, tokens[r]);
@@ -296,12 +241,7 @@ int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
   problem const p = make_problem(o);
   moecomm::cluster_spec const& spec = p.platform.spec();
-  std::printf("moecomm %d.%d.%d - example 06: HybridEP on a simulated cross-data-centre cluster\n", MOECOMM_VERSION_MAJOR,
-              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
-  std::printf("==============================================================================\n");
-  std::printf("All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
-              "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
-              "platform's links, expert FLOPs by the GPU's rate, memory kernels by its HBM.\n\n");
+  print_simulated_heading("example 06: HybridEP on a simulated cross-data-centre cluster");
   std::printf("1. Configuration\n");
   std::printf("   platform %s: %d data centres x %d GPUs (%s)\n     source: %s\n", p.platform.name().c_str(), p.domains,
               p.per_node, moecomm::platform_file(p.platform.name()).c_str(), spec.source.c_str());

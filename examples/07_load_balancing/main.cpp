@@ -79,59 +79,24 @@ struct options {
   bool plot = true;
 };
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n\n"
-      "Trains one MoE layer for a few steps on a SIMULATED node (SimGrid) of %d GPUs under four patterns: plain expert\n"
-      "parallelism, FasterMoE shadowing, FlexMoE (dynamic replicas, even split) and FineMoE (replicas, exact min-max\n"
-      "split): rows per rank, bytes moved, simulated steps beside a model, solver times, and a bitwise check.\n\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --platform NAME       a platform of platforms/ with %d GPUs per node (default %s)\n"
-      "  --tokens T            tokens per rank and step, top-%d routing (default %" PRId64 ")\n"
-      "  --hidden H            real elements per token row (default %" PRId64 ")\n"
-      "  --model-hidden HM     the hidden size H stands for; experts HM -> 4 HM -> HM in bf16 (default %" PRId64 ")\n"
-      "  --steps N             training steps (default %d)\n"
-      "  --interval N          FlexMoE rebalances every N steps (default %d)\n"
-      "  --replace-after N     FineMoE re-places from the loads of its first N steps (default %d)\n"
-      "  --zipf s              gate skew: P(expert) ~ 1/(i+1)^s over a shuffled order (default %.1f)\n"
-      "  --csv PATH.csv        where the per-step results are written (default %s)\n"
-      "  --no-plot             do not run scripts/plot-load-balancing on it\n"
-      "  --help                this text\n",
-      program, ranks, ranks, d.platform.c_str(), topk, d.tokens, d.hidden, d.model_hidden, d.steps, d.interval, d.replace_after,
-      d.zipf, d.csv.c_str());
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--platform") {
-      o.platform = next();
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 1, 1 << 20);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, 1024);
-    } else if (arg == "--model-hidden") {
-      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
-    } else if (arg == "--steps") {
-      o.steps = static_cast<int32_t>(parse_int(program, arg, next(), 1, 100000));
-    } else if (arg == "--interval") {
-      o.interval = static_cast<int32_t>(parse_int(program, arg, next(), 1, 100000));
-    } else if (arg == "--replace-after") {
-      o.replace_after = static_cast<int32_t>(parse_int(program, arg, next(), 1, 100000));
-    } else if (arg == "--zipf") {
-      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
-    } else if (arg == "--csv") {
-      o.csv = next();
-    } else if (arg == "--no-plot") {
-      o.plot = false;
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Trains one MoE layer for a few steps on a SIMULATED node (SimGrid) of " + std::to_string(ranks) +
+                     " GPUs under four patterns: plain expert\n"
+                     "parallelism, FasterMoE shadowing, FlexMoE (dynamic replicas, even split) and FineMoE (replicas, exact min-max\n"
+                     "split): rows per rank, bytes moved, simulated steps beside a model, solver times, and a bitwise check.");
+  flags.add("--platform", "NAME", "a platform of platforms/ with " + std::to_string(ranks) + " GPUs per node", o.platform)
+      .add("--tokens", "T", "tokens per rank and step, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 20)
+      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
+      .add("--model-hidden", "HM", "the hidden size H stands for; experts HM -> 4 HM -> HM in bf16", o.model_hidden, 1, 1 << 16)
+      .add("--steps", "N", "training steps", o.steps, 1, 100000)
+      .add("--interval", "N", "FlexMoE rebalances every N steps", o.interval, 1, 100000)
+      .add("--replace-after", "N", "FineMoE re-places from the loads of its first N steps", o.replace_after, 1, 100000)
+      .add("--zipf", "s", "gate skew: P(expert) ~ 1/(i+1)^s over a shuffled order", o.zipf, 0.0, 16.0)
+      .add("--csv", "PATH.csv", "where the per-step results are written", o.csv)
+      .add_switch("--no-plot", "do not run scripts/plot-load-balancing on it", o.plot, false);
+  flags.parse(argc, argv);
   return o;
 }
 
@@ -394,12 +359,7 @@ void write_csv(problem const& p, std::vector<run_result> const& runs) {
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
   problem const p = make_problem(o);
-  std::printf("moecomm %d.%d.%d - example 07: load balancing by replicated experts on a simulated node\n", MOECOMM_VERSION_MAJOR,
-              MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH);
-  std::printf("==============================================================================\n");
-  std::printf("All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
-              "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
-              "platform's links, expert FLOPs by the GPU's rate, memory kernels by its HBM.\n\n");
+  print_simulated_heading("example 07: load balancing by replicated experts on a simulated node");
   std::printf("1. Configuration\n");
   std::printf("   platform %s, its first node: %d GPUs (%s)\n     source: %s\n", p.platform.name().c_str(), ranks,
               moecomm::platform_file(p.platform.name()).c_str(), p.platform.spec().source.c_str());
@@ -441,9 +401,7 @@ int main(int argc, char** argv) {
               "   rank at every step (before and after every move): %s\n\n", equal ? "yes" : "NO");
 
   write_csv(p, runs);
-  std::string const png = o.csv.size() > 4 && o.csv.compare(o.csv.size() - 4, 4, ".csv") == 0 ? o.csv.substr(0, o.csv.size() - 4) + ".png"
-                                                                                                 : o.csv + ".png";
-  std::string const draw = shell_quoted(MOECOMM_PLOT_LOAD_BALANCING) + " " + shell_quoted(o.csv) + " " + shell_quoted(png);
+  std::string const draw = draw_command(MOECOMM_PLOT_LOAD_BALANCING, o.csv, png_path_of(o.csv));
   std::printf("5. The steps, per pattern: %s\n", o.csv.c_str());
   if (o.plot) {
     std::fflush(stdout);

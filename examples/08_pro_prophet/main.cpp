@@ -37,7 +37,6 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -70,55 +69,23 @@ struct options {
   bool plot = true;
 };
 
-void print_usage() {
-  options const d;
-  std::printf(
-      "usage: %s [flags]\n\n"
-      "Trains a stack of %d MoE blocks on a SIMULATED cluster (SimGrid) as plain expert parallelism, with Pro-Prophet's\n"
-      "planner, and with its planner and block-wise scheduler: per block the replicated experts and their subsets, bytes\n"
-      "moved against bytes saved, predicted and simulated times, the hidden transfers, a bitwise check and a timeline.\n\n"
-      "flags (--flag value or --flag=value):\n"
-      "  --platform NAME       a platform of platforms/ (default %s)\n"
-      "  --ranks R             GPUs, one expert each (default %d)\n"
-      "  --tokens T            tokens per GPU and iteration, top-%d routing (default %" PRId64 ")\n"
-      "  --hidden H            real elements per token row (default %" PRId64 ")\n"
-      "  --model-hidden HM     the hidden size H stands for; experts HM -> 2 HM -> HM in fp32 (default %" PRId64 ")\n"
-      "  --iterations N        iterations, the first a warm-up (default %d)\n"
-      "  --zipf s              gate skew (default %.1f)\n"
-      "  --timeline PATH.csv   where the scheduled run's last iteration is written, per rank (default %s)\n"
-      "  --no-plot             do not run scripts/plot-timeline on it\n"
-      "  --help                this text\n",
-      program, blocks, d.platform.c_str(), d.ranks, topk, d.tokens, d.hidden, d.model_hidden, d.iterations, d.zipf, d.timeline.c_str());
-}
-
 options parse_options(int argc, char** argv) {
   options o;
-  for_each_flag(program, argc, argv, [&](std::string const& arg, auto const& next) {
-    if (arg == "--help") {
-      print_usage();
-      std::exit(0);
-    } else if (arg == "--platform") {
-      o.platform = next();
-    } else if (arg == "--ranks") {
-      o.ranks = static_cast<int32_t>(parse_int(program, arg, next(), 2, 1024));
-    } else if (arg == "--tokens") {
-      o.tokens = parse_int(program, arg, next(), 1, 1 << 20);
-    } else if (arg == "--hidden") {
-      o.hidden = parse_int(program, arg, next(), 1, 1024);
-    } else if (arg == "--model-hidden") {
-      o.model_hidden = parse_int(program, arg, next(), 1, 1 << 16);
-    } else if (arg == "--iterations") {
-      o.iterations = static_cast<int32_t>(parse_int(program, arg, next(), 2, 1000));
-    } else if (arg == "--zipf") {
-      o.zipf = parse_real(program, arg, next(), 0.0, 16.0);
-    } else if (arg == "--timeline") {
-      o.timeline = next();
-    } else if (arg == "--no-plot") {
-      o.plot = false;
-    } else {
-      usage_error(program, "unknown flag '" + arg + "'");
-    }
-  });
+  flag_set flags(program, "%s [flags]",
+                 "Trains a stack of " + std::to_string(blocks) +
+                     " MoE blocks on a SIMULATED cluster (SimGrid) as plain expert parallelism, with Pro-Prophet's\n"
+                     "planner, and with its planner and block-wise scheduler: per block the replicated experts and their subsets, bytes\n"
+                     "moved against bytes saved, predicted and simulated times, the hidden transfers, a bitwise check and a timeline.");
+  flags.add("--platform", "NAME", "a platform of platforms/", o.platform)
+      .add("--ranks", "R", "GPUs, one expert each", o.ranks, 2, 1024)
+      .add("--tokens", "T", "tokens per GPU and iteration, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 20)
+      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
+      .add("--model-hidden", "HM", "the hidden size H stands for; experts HM -> 2 HM -> HM in fp32", o.model_hidden, 1, 1 << 16)
+      .add("--iterations", "N", "iterations, the first a warm-up", o.iterations, 2, 1000)
+      .add("--zipf", "s", "gate skew", o.zipf, 0.0, 16.0)
+      .add("--timeline", "PATH.csv", "where the scheduled run's last iteration is written, per rank", o.timeline)
+      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
+  flags.parse(argc, argv);
   return o;
 }
 
@@ -190,8 +157,7 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
   std::vector<int32_t> gpus(R);
   std::iota(gpus.begin(), gpus.end(), 0);
   moecomm::simgrid_world world(p.platform, gpus);
-  std::optional<moecomm::timeline_recording> recording;
-  if (recorded != nullptr) recording.emplace(*recorded);
+  optional_recording recording(recorded);
   double last_start = 0;
   world.run([&](comm_t comm) {
     int32_t const me = comm.rank();
@@ -274,8 +240,7 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
     }
     if (me == 0) res.iteration_s = total / (o.iterations - 1);
   });
-  recording.reset();
-  if (recorded != nullptr) keep_events_from(*recorded, last_start);
+  recording.keep_from(last_start);
   return res;
 }
 
@@ -287,12 +252,7 @@ int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
   problem const p = make_problem(o);
   moecomm::proprophet_cost_model const model(p.costs);
-  std::printf("moecomm %d.%d.%d - example 08: Pro-Prophet on a simulated RTX 3090 cluster\n", MOECOMM_VERSION_MAJOR, MOECOMM_VERSION_MINOR,
-              MOECOMM_VERSION_PATCH);
-  std::printf("==============================================================================\n");
-  std::printf("All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
-              "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
-              "platform's links, expert FLOPs by the GPU's rate.\n\n");
+  print_simulated_heading("example 08: Pro-Prophet on a simulated RTX 3090 cluster", "expert FLOPs by the GPU's rate");
   std::printf("1. Configuration\n   platform %s, first %d GPUs (%d per node)\n     source: %s\n", p.platform.name().c_str(), o.ranks,
               p.platform.gpus_per_node(), p.platform.spec().source.c_str());
   std::printf("   %d MoE blocks, E = %d (one expert per GPU), MLP %" PRId64 " -> %" PRId64 " -> %" PRId64 " fp32 (%s each), top-%d, Zipf(%.1f)\n",

@@ -72,49 +72,35 @@ struct options {
 options parse(int argc, char** argv) {
   options o;
   char const* program = "example_09_torch";
-  for_each_flag(program, argc, argv, [&](std::string const& flag, auto&& value) {
-    if (flag == "--help") {
-      std::printf(
-          "example_09_torch: a libtorch model (embedding, blocks of MLP + MoE, head) trained with Adam, the MoE layer\n"
-          "being moecomm's, expert parallel over in-process ranks or processes; checked against a dense model.\n\n"
-          "  --pattern P    plain, fastermoe, finemoe or all (default all)\n"
-          "  --processes N  one rank per process: start N copies of this program (torchrun's environment);\n"
-          "                 under torchrun (RANK set) the world is the launcher's\n"
-          "  --ranks R      in-process ranks (default 4)\n"
-          "  --experts E    experts per MoE layer (default 8; a multiple of R)\n"
-          "  --topk K       experts per token (default 2)\n"
-          "  --blocks N     blocks (default 2)\n"
-          "  --tokens T     tokens per rank and step (default 128)\n"
-          "  --hidden H, --inner F, --vocab V   sizes (default 32, 64, 64)\n"
-          "  --steps S, --every N               steps, and print every N (default 60, 10)\n"
-          "  --lr X, --aux X, --z X             Adam's rate, aux and z loss coefficients (1e-3, 1e-2, 1e-3)\n"
-          "  --tolerance X  largest |loss - dense loss| / dense loss allowed (default 1e-4)\n"
-          "  --unchecked    with processes: the c10d communicator without its checked mode (no agreement per call)\n"
-          "  --seed N\n");
-      std::exit(0);
-    }
-    if (flag == "--pattern") o.pattern = value();
-    else if (flag == "--processes") o.processes = static_cast<int>(parse_int(program, flag, value(), 1, 64));
-    else if (flag == "--ranks") o.ranks = static_cast<int32_t>(parse_int(program, flag, value(), 1, 64));
-    else if (flag == "--experts") o.experts = static_cast<int32_t>(parse_int(program, flag, value(), 1, 1024));
-    else if (flag == "--topk") o.topk = static_cast<int32_t>(parse_int(program, flag, value(), 1, 8));
-    else if (flag == "--blocks") o.blocks = static_cast<int32_t>(parse_int(program, flag, value(), 1, 16));
-    else if (flag == "--tokens") o.tokens = parse_int(program, flag, value(), 1, 1 << 20);
-    else if (flag == "--hidden") o.hidden = parse_int(program, flag, value(), 1, 4096);
-    else if (flag == "--inner") o.inner = parse_int(program, flag, value(), 1, 16384);
-    else if (flag == "--vocab") o.vocab = parse_int(program, flag, value(), 2, 1 << 20);
-    else if (flag == "--steps") o.steps = static_cast<int>(parse_int(program, flag, value(), 1, 100000));
-    else if (flag == "--every") o.every = static_cast<int>(parse_int(program, flag, value(), 1, 100000));
-    else if (flag == "--lr") o.lr = parse_real(program, flag, value(), 0.0, 10.0);
-    else if (flag == "--aux") o.aux = parse_real(program, flag, value(), 0.0, 10.0);
-    else if (flag == "--z") o.z = parse_real(program, flag, value(), 0.0, 10.0);
-    else if (flag == "--tolerance") o.tolerance = parse_real(program, flag, value(), 0.0, 1.0);
-    else if (flag == "--unchecked") o.unchecked = true;
-    else if (flag == "--seed") o.seed = parse_int(program, flag, value(), 0, INT64_MAX);
-    else usage_error(program, "unknown flag " + flag);
-  });
-  if (o.pattern != "plain" && o.pattern != "fastermoe" && o.pattern != "finemoe" && o.pattern != "all")
-    usage_error(program, "--pattern must be plain, fastermoe, finemoe or all, got '" + o.pattern + "'");
+  flag_set flags(program,
+                 "%s [flags]\n"
+                 "       torchrun --no-python --nproc-per-node N %s [flags]",
+                 "A libtorch model (embedding, blocks of MLP + MoE, head) trained with Adam, the MoE layer being\n"
+                 "moecomm's, expert parallel over in-process ranks or processes; checked against a dense model.");
+  flags.add("--pattern", "P", "plain, fastermoe, finemoe or all", o.pattern, {"plain", "fastermoe", "finemoe", "all"})
+      .add("--processes", "N",
+           "one rank per process: start N copies of this program (torchrun's environment);\n"
+           "under torchrun (RANK set) the world is the launcher's; without either, the\n"
+           "ranks are threads",
+           o.processes, 1, 64)
+      .add("--ranks", "R", "in-process ranks", o.ranks, 1, 64)
+      .add("--experts", "E", "experts per MoE layer; a multiple of R", o.experts, 1, 1024)
+      .add("--topk", "K", "experts per token", o.topk, 1, 8)
+      .add("--blocks", "N", "blocks", o.blocks, 1, 16)
+      .add("--tokens", "T", "tokens per rank and step", o.tokens, 1, 1 << 20)
+      .add("--hidden", "H", "model width", o.hidden, 1, 4096)
+      .add("--inner", "F", "hidden width of the MLPs and the experts, H -> F -> H", o.inner, 1, 16384)
+      .add("--vocab", "V", "vocabulary size", o.vocab, 2, 1 << 20)
+      .add("--steps", "S", "Adam steps", o.steps, 1, 100000)
+      .add("--every", "N", "print the losses every N steps", o.every, 1, 100000)
+      .add("--lr", "X", "Adam's learning rate", o.lr, 0.0, 10.0)
+      .add("--aux", "X", "the router's aux loss coefficient", o.aux, 0.0, 10.0)
+      .add("--z", "X", "the router's z loss coefficient", o.z, 0.0, 10.0)
+      .add("--tolerance", "X", "largest |loss - dense loss| / dense loss allowed", o.tolerance, 0.0, 1.0)
+      .add_switch("--unchecked", "with processes: the c10d communicator without its checked mode (no agreement per call)",
+                  o.unchecked)
+      .add("--seed", "N", "seed of the data and the initial parameters", o.seed, 0, INT64_MAX);
+  flags.parse(argc, argv);
   if (o.topk > o.experts) usage_error(program, "--topk must not exceed --experts");
   return o;
 }

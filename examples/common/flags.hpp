@@ -47,6 +47,16 @@ inline double parse_real(char const* program, std::string const& flag, std::stri
   return v;
 }
 
+//! `text` as an unsigned 64-bit integer, any value in [0, 2^64 - 1] (a seed, say).
+inline std::uint64_t parse_uint64(char const* program, std::string const& flag, std::string const& text) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long const v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
+    usage_error(program, flag + " expects a non-negative integer, got '" + text + "'");
+  return v;
+}
+
 //! The examples' argument loop: `--flag value`, `--flag=value`, and `-h` for `--help`. Calls
 //! `on_flag(flag, value)` for each flag; `value()` returns the flag's value (the next argument, unless
 //! given after '='), and is not called for a flag that takes none. An argument that is not a flag,
@@ -92,6 +102,11 @@ class flag_set {
     return add_flag(std::move(name), std::move(value), std::move(help), shown, [this, &target, lo, hi](std::string const& f, std::string const& v) {
       target = static_cast<Int>(parse_int(program_, f, v, lo, hi));
     });
+  }
+  //! An unsigned 64-bit flag, any value in [0, 2^64 - 1] (a seed, say).
+  flag_set& add(std::string name, std::string value, std::string help, std::uint64_t& target) {
+    return add_flag(std::move(name), std::move(value), std::move(help), std::to_string(target),
+                    [this, &target](std::string const& f, std::string const& v) { target = parse_uint64(program_, f, v); });
   }
   //! A real flag in [lo, hi].
   flag_set& add(std::string name, std::string value, std::string help, double& target, double lo, double hi) {

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! What the examples print with: numbers, times and byte counts for people, and text bars.
+//! What the examples print with: numbers, times and byte counts for people, text bars, and the
+//! heading of an example on a simulated cluster.
+
+#include <moecomm/version.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -45,6 +48,18 @@ inline std::string format_bytes(double bytes) {
 inline std::string bar(double value, double max_value, int width) {
   int const n = max_value > 0 ? static_cast<int>(std::lround(width * value / max_value)) : 0;
   return std::string(static_cast<std::size_t>(std::max(n, value > 0 ? 1 : 0)), '#');
+}
+
+//! The heading of an example on a simulated cluster: "moecomm X.Y.Z - `title`", a rule, and what its
+//! times are; `priced`: what the simulation prices besides the messages.
+inline void print_simulated_heading(char const* title,
+                                    char const* priced = "expert FLOPs by the GPU's rate, memory kernels by its HBM") {
+  std::printf("moecomm %d.%d.%d - %s\n", MOECOMM_VERSION_MAJOR, MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH, title);
+  std::printf("==============================================================================\n");
+  std::printf("All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
+              "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
+              "platform's links, %s.\n\n",
+              priced);
 }
 
 }  // namespace example_support

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! The examples' token rows, and how they compare what two layers produced.
+//! The examples' token rows, a rank's inputs of each step, and how they compare what two layers produced.
+
+#include "zipf_gate.hpp"
 
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace example_support {
@@ -15,6 +18,31 @@ inline std::vector<float> random_rows(std::int64_t n, std::mt19937_64& rng) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (float& f : v) f = static_cast<float>(static_cast<std::int16_t>(rng() >> 48)) * 0x1p-15f;
   return v;
+}
+
+//! One rank's inputs of one step.
+struct step_inputs {
+  routing_data gate;            //!< [T][K]
+  std::vector<float> x, d_out;  //!< [T][H]: the tokens, and the gradient of the layer's output
+};
+
+//! The inputs of `steps` steps for `count` ranks (or groups), [step][rank]: each drawn from a
+//! generator of its own, seeded {seed, rank, step}: first the gate, `route(rng)`, then x, then d_out.
+template <class Route>
+std::vector<std::vector<step_inputs>> make_step_inputs(std::uint64_t seed, int steps, std::int32_t count, std::int64_t tokens,
+                                                       std::int64_t hidden, Route&& route) {
+  std::vector<std::vector<step_inputs>> all(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s)
+    for (std::int32_t r = 0; r < count; ++r) {
+      std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(r), static_cast<std::uint32_t>(s)};
+      std::mt19937_64 rng(seq);
+      step_inputs in;
+      in.gate = route(rng);
+      in.x = random_rows(tokens * hidden, rng);
+      in.d_out = random_rows(tokens * hidden, rng);
+      all[static_cast<std::size_t>(s)].push_back(std::move(in));
+    }
+  return all;
 }
 
 //! Equal bit for bit (a plain == would take -0 for +0 and fail on NaN).

@@ -407,18 +407,18 @@ std::vector<int> drifting_steps_that_allocate(Layer& layer, std::int32_t me, Exp
   return allocating;
 }
 
-// Every rank's allocating steps among 1000 drifting steps of a fresh layer: with `reserved`, after
-// `reserve` for the largest step (64 tokens, top-2) and a first step of one token; else after 10
-// warm-up steps.
+// Every rank's allocating steps among 1000 drifting steps of a fresh layer (4 ranks, 8 experts, each
+// rank `local` of them or expert slots): with `reserved`, after `reserve` for the largest step (64
+// tokens, top-2) and a first step of one token; else after 10 warm-up steps.
 template <class... Policies>
-std::vector<std::vector<int>> drifting_allocations(bool reserved, Policies const&... policies) {
+std::vector<std::vector<int>> drifting_allocations(bool reserved, std::int32_t local, Policies const&... policies) {
   std::vector<std::vector<int>> allocating(4);
   moecomm::inproc_world const world(4, std::chrono::seconds(60));
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
     auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, 8, 16, policies...);
     if (reserved) layer.reserve({64, 2, 0});
-    scale_bias_experts<float> experts(comm.rank(), 2, 16, false);
+    scale_bias_experts<float> experts(comm.rank(), local, 16, false);
     allocating[comm.rank()] = drifting_steps_that_allocate(layer, comm.rank(), experts, 1000, reserved ? 1 : 10, reserved);
   });
   return allocating;
@@ -435,7 +435,7 @@ std::string step_list(std::vector<int> const& steps) {
 // up to 12 of these steps, the last at step 935.)
 template <class... Policies>
 void check_drifting_steps(char const* name, Policies const&... policies) {
-  auto const allocating = drifting_allocations(false, policies...);
+  auto const allocating = drifting_allocations(false, 2, policies...);
   for (std::size_t r = 0; r < allocating.size(); ++r) {
     MESSAGE(std::string(name), ": rank ", r, " allocated on ", allocating[r].size(), " of 990 warm drifting steps: ",
             step_list(allocating[r]));
@@ -449,22 +449,30 @@ void check_drifting_steps(char const* name, Policies const&... policies) {
 // lane, R x L chunk tables); being tiny, it sizes nothing for the batch, so a buffer `reserve`
 // missed grows on a later step and fails here.
 template <class... Policies>
-void check_reserved_steps(char const* name, Policies const&... policies) {
-  auto const allocating = drifting_allocations(true, policies...);
+void check_reserved_steps(char const* name, std::int32_t local, Policies const&... policies) {
+  auto const allocating = drifting_allocations(true, local, policies...);
   for (std::size_t r = 0; r < allocating.size(); ++r)
-    CHECK_MESSAGE(allocating[r].empty(), name, ": rank ", r, " allocated after reserve on steps ", step_list(allocating[r]));
+    CHECK_MESSAGE(allocating[r].empty(), std::string(name), ": rank ", r, " allocated after reserve on steps ", step_list(allocating[r]));
 }
 
 TEST_CASE("1000 drifting steps after reserve allocate nothing, for every capacity policy and exchange") {
-  check_reserved_steps("plain");
-  check_reserved_steps("hierarchical_2d, padded capacity", moecomm::hierarchical_2d{},
+  check_reserved_steps("plain", 2);
+  check_reserved_steps("hierarchical_2d, padded capacity", 2, moecomm::hierarchical_2d{},
                        moecomm::capacity<moecomm::drop_by_probability>{1.25, 0, true, {}});
-  check_reserved_steps("drop_random", moecomm::capacity<moecomm::drop_random>{0.75, 0, false, {42, 0}});
-  check_reserved_steps("receiver_budget", moecomm::receiver_budget{100});
-  check_reserved_steps("dedup", moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
-  check_reserved_steps("dedup, capacity", moecomm::dedup_per_rank<moecomm::flat>{},
+  check_reserved_steps("drop_random", 2, moecomm::capacity<moecomm::drop_random>{0.75, 0, false, {42, 0}});
+  check_reserved_steps("receiver_budget", 2, moecomm::receiver_budget{100});
+  check_reserved_steps("dedup", 2, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
+  check_reserved_steps("dedup, capacity", 2, moecomm::dedup_per_rank<moecomm::flat>{},
                        moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}});
-  check_reserved_steps("smart schedule", moecomm::smart_schedule{2});
+  check_reserved_steps("smart schedule", 2, moecomm::smart_schedule{2});
+}
+
+TEST_CASE("1000 drifting steps after reserve allocate nothing: FineMoE and FlexMoE's replicated layer") {
+  auto const placement = moecomm::replica_placement::cyclic(4, 4, 2);  // 8 experts in 16 slots
+  check_reserved_steps("finemoe", 4, moecomm::finemoe{placement});
+  check_reserved_steps("flexmoe (even split)", 4, moecomm::flexmoe{placement});
+  check_reserved_steps("finemoe, dedup_per_rank<hierarchical_2d>", 4, moecomm::finemoe{placement},
+                       moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
 }
 
 TEST_CASE("reserve names the field of step_bounds that is out of range") {

@@ -50,6 +50,30 @@ struct relabel_experts {
   }
 };
 
+//! A routing of `tokens` x `top_k` slots over every expert in turn, weights 1/K, in the back-end's
+//! memory: what a `reserve` builds its plans on once, so that their arrays and scratch have the size
+//! of the largest step.
+template <class Backend>
+class largest_routing {
+ public:
+  largest_routing(Backend const& be, std::int64_t tokens, std::int32_t top_k, std::int32_t num_experts)
+      : idx_(be.template allocate<std::int32_t>(tokens * top_k)), weights_(be.template allocate<float>(tokens * top_k)),
+        view_{idx_.data(), weights_.data(), tokens, top_k} {
+    std::int64_t const slots = tokens * top_k;
+    std::vector<std::int32_t> host_idx(static_cast<std::size_t>(slots));
+    for (std::int64_t i = 0; i < slots; ++i) host_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % num_experts);
+    be.copy(idx_.data(), host_idx.data(), slots);
+    be.for_each_index(slots, fill_value<float>{weights_.data(), 1.0f / static_cast<float>(top_k)});
+    be.synchronize();  // host_idx goes
+  }
+  [[nodiscard]] routing_view const& view() const { return view_; }
+
+ private:
+  typename Backend::template buffer_type<std::int32_t> idx_;
+  typename Backend::template buffer_type<float> weights_;
+  routing_view view_;
+};
+
 }  // namespace detail
 
 //! What one routing decision did on this rank (host values, valid after `route`).
@@ -134,14 +158,8 @@ class dispatcher {
     }
     if (bounds.max_received_rows > 0) received = bounds.max_received_rows;
     // The plans and their scratch: built once, here, on a routing of the largest step.
-    typename Backend::template buffer_type<std::int32_t> idx = be_.template allocate<std::int32_t>(slots);
-    typename Backend::template buffer_type<float> weights = be_.template allocate<float>(slots);
-    std::vector<std::int32_t> host_idx(static_cast<std::size_t>(slots));
-    for (std::int64_t i = 0; i < slots; ++i) host_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % num_experts_);
-    be_.copy(idx.data(), host_idx.data(), slots);
-    be_.for_each_index(slots, detail::fill_value<float>{weights.data(), 1.0f / static_cast<float>(bounds.top_k)});
-    routing_view const largest{idx.data(), weights.data(), bounds.max_tokens, bounds.top_k};
-    reserve_plans(largest, capacity, received);
+    detail::largest_routing<Backend> const largest(be_, bounds.max_tokens, bounds.top_k, num_experts_);
+    reserve_plans(largest.view(), capacity, received);
     reserve_tables();
     // The rows: this rank's (one per slot, or per padded row), and those its experts receive.
     std::int64_t const padded = capacity_pads() ? std::int64_t{num_experts_} * capacity : 0;
@@ -150,7 +168,7 @@ class dispatcher {
     for (bytes_t* b : {&arrived_, &rank_major_}) rows_buffer<T>(*b, received, hidden);
     std::int64_t const row_bytes = hidden * static_cast<std::int64_t>(sizeof(T));
     detail::reserve_exchange(algorithm_, be_, groups_->topo(), source_rows * row_bytes, received * row_bytes, exchange_scratch_);
-    be_.synchronize();  // the routing goes
+    be_.synchronize();  // the largest routing goes
     begin_route();      // the plans hold that routing: nothing may use them before a route
     return received;
   }

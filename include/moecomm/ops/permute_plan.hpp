@@ -216,6 +216,15 @@ template <class Backend>
 class permute_plan;
 
 namespace detail {
+
+//! `move_plan_blocks`' scratch, in int32 elements, for a plan of `rows` rows in `blocks` blocks
+//! over `num_experts` new ids: host tables (the blocks' bounds, the new offsets, each id's block)
+//! and device tables (the old row maps, and the host tables' copies).
+constexpr std::int64_t relabel_host_ints(std::int64_t blocks, std::int64_t num_experts) { return blocks + 1 + 2 * (num_experts + 1); }
+constexpr std::int64_t relabel_device_ints(std::int64_t rows, std::int64_t blocks, std::int64_t num_experts) {
+  return 2 * rows + (blocks + 1 + num_experts + 1) + blocks;
+}
+
 //! `relabel_permute_plan`'s work: `tables` is host memory of `(B + 1) + (E' + 1) + E'` entries whose
 //! first `B + 1` are the block bounds (the rest is its own scratch).
 template <class Backend>
@@ -396,7 +405,7 @@ void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_vi
   new_offsets[num_experts] = next;
   // Device scratch: the old row maps, the bounds, the new offsets and the labels.
   std::int64_t const tables_size = std::int64_t{num_blocks} + 1 + num_experts + 1;
-  std::int32_t* const old_token_of = scratch.template get<std::int32_t>(be, 2 * rows + tables_size + num_blocks);
+  std::int32_t* const old_token_of = scratch.template get<std::int32_t>(be, relabel_device_ints(rows, num_blocks, num_experts));
   std::int32_t* const old_slot_of = old_token_of + rows;
   std::int32_t* const device_tables = old_slot_of + rows;
   std::int32_t* const device_labels = device_tables + tables_size;
@@ -431,7 +440,7 @@ void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routin
   char const* op = "relabel_permute_plan";
   std::int32_t const experts = plan.num_experts();
   detail::check_elements(label, experts, op, "label", "one new id per expert of the plan");
-  std::int32_t* const tables = scratch.template host<std::int32_t>(3 * (std::int64_t{experts} + 1));
+  std::int32_t* const tables = scratch.template host<std::int32_t>(detail::relabel_host_ints(experts, experts));
   detail::read_back(be, tables, plan.expert_offsets(), experts + 1);  // the blocks are the experts' blocks
   detail::move_plan_blocks(be, plan, relabeled, tables, experts, label.data, experts, scratch, op);
 }
@@ -463,7 +472,7 @@ void relabel_permute_plan(Backend const& be, permute_plan<Backend>& plan, routin
                   " blocks, more than rows + num_experts (each non-empty block takes a row, each empty one an id)");
   detail::check_elements(blocks.ends, B, op, "blocks.ends", "one end per block");
   detail::check_elements(blocks.labels, B, op, "blocks.labels", "one label per block");
-  std::int32_t* const tables = scratch.template host<std::int32_t>(B + 1 + 2 * (std::int64_t{num_experts} + 1));
+  std::int32_t* const tables = scratch.template host<std::int32_t>(detail::relabel_host_ints(B, num_experts));
   tables[0] = 0;
   for (std::int64_t b = 0; b < B; ++b) {
     std::int32_t const end = blocks.ends.data[b];

@@ -163,6 +163,36 @@ class replicated_expert_layer : public detail::layer_mode {
     }
   }
 
+  //! Sizes every buffer whose size depends on the batch for steps within `bounds` (as
+  //! `expert_parallel_layer::reserve`: the plans over the experts and over the slots, the exchange,
+  //! the rows, the replica runs), so that such steps allocate nothing. Local: no traffic; call it on
+  //! every rank before the first step. `bounds.max_received_rows` bounds the rows one rank's slots
+  //! receive (0: every slot of every rank). A placement move keeps the sizes.
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  void reserve(step_bounds const& bounds) {
+    std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
+    for (rows_t* b : {&expert_in_, &expert_out_, &d_expert_out_, &d_expert_in_}) grow_rows(*b, received);
+    std::size_t const R = static_cast<std::size_t>(placement_.num_ranks());
+    block_ends_.reserve(R * static_cast<std::size_t>(placement_.slots_per_rank()));  // one run per replica at most
+    block_slots_.reserve(block_ends_.capacity());
+    // A forward's steps 1 to 3 on the largest routing, as if every rank routed it (every expert
+    // loaded from every rank): the plan, the split's and assignment's tables and the relabeling's
+    // scratch take their largest sizes.
+    detail::largest_routing<Backend> const largest(be_, bounds.max_tokens, bounds.top_k, placement_.num_experts());
+    build_permute_plan(be_, largest.view(), placement_.num_experts(), real_plan_, scratch_, unchecked_routing);
+    count_rows();
+    counts_.clear();
+    for (std::size_t r = 0; r < R; ++r) counts_.insert(counts_.end(), mine_.begin(), mine_.end());
+    sum_loads();
+    split_and_assign();
+    move_rows_to_slots(largest.view());
+    // The relabeling's scratch for a step whose rows are cut into the most runs (one per replica).
+    std::int64_t const runs = static_cast<std::int64_t>(block_ends_.capacity()), ids = placement_.num_ranks() * placement_.slots_per_rank();
+    (void)scratch_.template host<std::int32_t>(detail::relabel_host_ints(runs, ids));
+    (void)scratch_.template get<std::int32_t>(be_, detail::relabel_device_ints(bounds.max_tokens * bounds.top_k, runs, ids));
+    be_.synchronize();  // the largest routing goes
+    routed_ = false;    // the plan holds it: a backward needs a new forward
+  }
 
   //! Moves the replicas to placement `to` (file comment): parameters and optimizer `state` into
   //! the slots that gain an expert, then new replica groups. Collective; between steps (a backward
@@ -260,42 +290,22 @@ class replicated_expert_layer : public detail::layer_mode {
     char const* op = "replicated_expert_layer::forward";
     detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
     routed_ = false;
-    std::int32_t const R = placement_.num_ranks(), E = placement_.num_experts(), me = world_->rank();
+    std::int32_t const E = placement_.num_experts();
     // 1. This rank's rows per expert, then every rank's.
     build_permute_plan(be_, routing, E, real_plan_, scratch_, checks_);
-    std::int32_t const* const offsets = real_plan_.host_expert_offsets().data;
-    counts_.resize(static_cast<std::size_t>(R) * E);
-    mine_.resize(static_cast<std::size_t>(E));
-    for (std::int32_t e = 0; e < E; ++e) mine_[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
+    count_rows();
+    counts_.resize(mine_.size() * static_cast<std::size_t>(placement_.num_ranks()));
     allgather_host(*world_, mine_.data(), counts_.data(), E * std::int64_t(sizeof(std::int64_t)));
-    // 2. The split and the assignment.
-    loads_.assign(static_cast<std::size_t>(E), 0);
-    for (std::int32_t s = 0; s < R; ++s)
-      for (std::int32_t e = 0; e < E; ++e) loads_[static_cast<std::size_t>(e)] += counts_[static_cast<std::size_t>(s) * E + e];
+    sum_loads();
     if constexpr (Placement::plans_moves) {
       window_loads_.resize(static_cast<std::size_t>(E), 0);
       for (std::int32_t e = 0; e < E; ++e) window_loads_[static_cast<std::size_t>(e)] += loads_[static_cast<std::size_t>(e)];
       ++window_steps_;
     }
-    if constexpr (std::is_same_v<Split, finemoe_split>) {
-      schedule_replicas(sets_, loads_, schedule_, schedule_workspace_);
-      assign_tokens_finemoe(sets_, counts(), schedule_.split, assignment_);
-    } else {
-      assign_tokens_evenly(sets_, counts(), assignment_);
-    }
+    // 2. The split and the assignment; 3. the plan's rows moved to the replicas' slots.
+    split_and_assign();
     record_loads();
-    // 3. Each replica's run of this rank's rows of an expert moves to the replica's slot id (no
-    // second sort); the slots' ids follow from the moved plan.
-    build_replica_blocks(me);
-    std::int64_t const slots = routing.num_tokens * routing.top_k;
-    std::int32_t const slot_ids = R * placement_.slots_per_rank();
-    routing_view by_slot = routing;
-    by_slot.topk_idx = grow(be_, relabeled_idx_, slots).data();
-    relabel_permute_plan(be_, real_plan_, by_slot,
-                         row_blocks{array_view<std::int32_t const>(block_ends_), array_view<std::int32_t const>(block_slots_)},
-                         slot_ids, scratch_);
-    be_.for_each_index(slots, detail::slot_experts_from_plan{real_plan_.row_of(), real_plan_.expert_offsets(), slot_ids,
-                                                             relabeled_idx_.data()});
+    move_rows_to_slots(routing);
     // 4. Plain expert parallelism over the slots.
     dispatcher_.route(real_plan_);
     std::int64_t const rows = dispatcher_.received_rows();
@@ -332,6 +342,46 @@ class replicated_expert_layer : public detail::layer_mode {
     }
     dispatcher_.template dispatch_backward<T>(matrix_view<T const>(d_expert_in), d_x);
     report_.exchange = dispatcher_.report().exchange;
+  }
+
+  //! `mine_`: this rank's rows per expert in `real_plan_`.
+  void count_rows() {
+    std::int32_t const E = placement_.num_experts();
+    std::int32_t const* const offsets = real_plan_.host_expert_offsets().data;
+    mine_.resize(static_cast<std::size_t>(E));
+    for (std::int32_t e = 0; e < E; ++e) mine_[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
+  }
+
+  //! `loads_`: every expert's rows over every rank (`counts_`).
+  void sum_loads() {
+    std::size_t const E = static_cast<std::size_t>(placement_.num_experts());
+    loads_.assign(E, 0);
+    for (std::size_t i = 0; i < counts_.size(); ++i) loads_[i % E] += counts_[i];
+  }
+
+  //! Each replica's run of this rank's rows of an expert moves to the replica's slot id (no second
+  //! sort); the slots' ids follow from the moved plan.
+  void move_rows_to_slots(routing_view const& routing) {
+    build_replica_blocks(world_->rank());
+    std::int64_t const slots = routing.num_tokens * routing.top_k;
+    std::int32_t const slot_ids = placement_.num_ranks() * placement_.slots_per_rank();
+    routing_view by_slot = routing;
+    by_slot.topk_idx = grow(be_, relabeled_idx_, slots).data();
+    relabel_permute_plan(be_, real_plan_, by_slot,
+                         row_blocks{array_view<std::int32_t const>(block_ends_), array_view<std::int32_t const>(block_slots_)},
+                         slot_ids, scratch_);
+    be_.for_each_index(slots, detail::slot_experts_from_plan{real_plan_.row_of(), real_plan_.expert_offsets(), slot_ids,
+                                                             relabeled_idx_.data()});
+  }
+
+  //! Each expert's tokens split over its replicas (`loads_`) and assigned from each rank (`counts_`).
+  void split_and_assign() {
+    if constexpr (std::is_same_v<Split, finemoe_split>) {
+      schedule_replicas(sets_, loads_, schedule_, schedule_workspace_);
+      assign_tokens_finemoe(sets_, counts(), schedule_.split, assignment_);
+    } else {
+      assign_tokens_evenly(sets_, counts(), assignment_);
+    }
   }
 
   //! This rank's rows of each expert cut into its replicas' runs (own replica first, then ascending
