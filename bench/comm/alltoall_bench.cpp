@@ -40,7 +40,6 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +49,7 @@ namespace {
 using namespace moecomm_bench;
 
 using comm_t = moecomm::inproc_communicator;
+using world_t = moecomm::inproc_world;
 
 moecomm::host_backend const be{1};
 moecomm_bench::memcpy_reference g_memcpy;
@@ -117,12 +117,6 @@ std::int64_t first_wrong_byte(unsigned char const* p, std::int32_t s, std::int32
 constexpr unsigned char kPoison = 0xA5;
 constexpr std::int64_t kTail = 64;  //!< bytes past the receive total that must stay poisoned
 
-double mean(std::vector<double> const& v) {
-  double s = 0.0;
-  for (double x : v) s += x;
-  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
-}
-
 // ---- benchmarks --------------------------------------------------------------------------------
 
 template <class Algorithm>
@@ -135,42 +129,36 @@ void bm_alltoall(benchmark::State& state, Algorithm algorithm, layout lay, traff
   std::vector<double> seconds;
   std::atomic<bool> stop{false};
 
-  try {
-    moecomm::inproc_world const world(ranks, std::chrono::seconds(120));
-    world.run([&](comm_t comm) {
-      std::int32_t const me = comm.rank();
-      moecomm::exchange_groups<comm_t> groups(comm, topo);
-      auto send = be.allocate<unsigned char>(std::max<std::int64_t>(m.send_total(me), 1));
-      auto recv = be.allocate<unsigned char>(m.recv_total(me) + kTail);
-      for (std::int32_t d = 0; d < ranks; ++d) fill_block(send.data() + m.send_offset(me, d), me, d, m.bytes(me, d));
-      std::memset(recv.data(), 0, static_cast<std::size_t>(recv.size()));
-      moecomm::array_view<char const> const send_view{reinterpret_cast<char const*>(send.data()), m.send_total(me)};
-      moecomm::array_view<char> const recv_view{reinterpret_cast<char*>(recv.data()), recv.size()};
-      moecomm::alltoall_workspace<moecomm::host_backend> scratch;  // kept across calls, as the dispatcher keeps it
+  bool const ran = run_ranks<world_t>(state, ranks, std::chrono::seconds(120), errors, [&](comm_t comm) {
+    std::int32_t const me = comm.rank();
+    moecomm::exchange_groups<comm_t> groups(comm, topo);
+    auto send = be.allocate<unsigned char>(std::max<std::int64_t>(m.send_total(me), 1));
+    auto recv = be.allocate<unsigned char>(m.recv_total(me) + kTail);
+    for (std::int32_t d = 0; d < ranks; ++d) fill_block(send.data() + m.send_offset(me, d), me, d, m.bytes(me, d));
+    std::memset(recv.data(), 0, static_cast<std::size_t>(recv.size()));
+    moecomm::array_view<char const> const send_view{reinterpret_cast<char const*>(send.data()), m.send_total(me)};
+    moecomm::array_view<char> const recv_view{reinterpret_cast<char*>(recv.data()), recv.size()};
+    moecomm::alltoall_workspace<moecomm::host_backend> scratch;  // kept across calls, as the dispatcher keeps it
 
-      moecomm::alltoallv(be, groups, m, send_view, recv_view, stats[static_cast<std::size_t>(me)], scratch, algorithm);
-      std::memset(recv.data(), kPoison, static_cast<std::size_t>(recv.size()));
+    moecomm::alltoallv(be, groups, m, send_view, recv_view, stats[static_cast<std::size_t>(me)], scratch, algorithm);
+    std::memset(recv.data(), kPoison, static_cast<std::size_t>(recv.size()));
 
-      moecomm::alltoall_stats timed;  // accumulates over the timed calls; not reported
-      timed_loop(state, comm, stop, seconds,
-                 [&] { moecomm::alltoallv(be, groups, m, send_view, recv_view, timed, scratch, algorithm); });
+    moecomm::alltoall_stats timed;  // accumulates over the timed calls; not reported
+    timed_loop(state, comm, stop, seconds,
+               [&] { moecomm::alltoallv(be, groups, m, send_view, recv_view, timed, scratch, algorithm); });
 
-      std::string& error = errors[static_cast<std::size_t>(me)];
-      for (std::int32_t s = 0; s < ranks && error.empty(); ++s) {
-        std::int64_t const bad = first_wrong_byte(recv.data() + m.recv_offset(s, me), s, me, m.bytes(s, me));
-        if (bad >= 0)
-          error = std::string(Algorithm::name) + ": rank " + std::to_string(me) + " got a wrong byte " +
-                  std::to_string(bad) + " in the block from rank " + std::to_string(s);
-      }
-      for (std::int64_t i = m.recv_total(me); i < recv.size() && error.empty(); ++i)
-        if (recv.data()[i] != kPoison)
-          error = std::string(Algorithm::name) + ": rank " + std::to_string(me) + " wrote past its receive buffer";
-    });
-  } catch (std::exception const& e) {
-    return fail(state, std::string("exception: ") + e.what());
-  }
-  for (std::string const& e : errors)
-    if (!e.empty()) return fail(state, e);
+    std::string& error = errors[static_cast<std::size_t>(me)];
+    for (std::int32_t s = 0; s < ranks && error.empty(); ++s) {
+      std::int64_t const bad = first_wrong_byte(recv.data() + m.recv_offset(s, me), s, me, m.bytes(s, me));
+      if (bad >= 0)
+        error = std::string(Algorithm::name) + ": rank " + std::to_string(me) + " got a wrong byte " +
+                std::to_string(bad) + " in the block from rank " + std::to_string(s);
+    }
+    for (std::int64_t i = m.recv_total(me); i < recv.size() && error.empty(); ++i)
+      if (recv.data()[i] != kPoison)
+        error = std::string(Algorithm::name) + ": rank " + std::to_string(me) + " wrote past its receive buffer";
+  });
+  if (!ran) return;
 
   double const t = mean(seconds);
   double total = 0.0, messages = 0.0, inter_messages = 0.0, link_bytes = 0.0, rounds = 0.0;
@@ -204,18 +192,6 @@ void bm_alltoall(benchmark::State& state, Algorithm algorithm, layout lay, traff
   state.counters["link_bytes_x"] = needed > 0 ? link_bytes / needed : 0.0;
 }
 
-//! The synchronisation floor: an iteration with both barriers and no all-to-all.
-void bm_barrier(benchmark::State& state, std::int32_t ranks) {
-  std::vector<double> seconds;
-  std::atomic<bool> stop{false};
-  try {
-    moecomm::inproc_world const world(ranks, std::chrono::seconds(120));
-    world.run([&](comm_t comm) { timed_loop(state, comm, stop, seconds, [] {}); });
-  } catch (std::exception const& e) {
-    return fail(state, std::string("exception: ") + e.what());
-  }
-}
-
 // ---- registration ------------------------------------------------------------------------------
 
 template <class Algorithm>
@@ -229,10 +205,7 @@ void register_algorithm(Algorithm const& algorithm, std::string const& name) {
 }
 
 void register_all() {
-  for (layout const& lay : kLayouts)
-    benchmark::RegisterBenchmark(("barrier/R:" + std::to_string(lay.ranks())).c_str(), bm_barrier, lay.ranks())
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+  register_barriers<world_t>(kLayouts);  // the floor: an iteration without the all-to-all
   register_algorithm(moecomm::flat{}, "flat");
   register_algorithm(moecomm::hierarchical_2d{}, "hierarchical_2d");
   register_algorithm(moecomm::pairwise{1}, "pairwise1");
@@ -241,13 +214,10 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-
-  g_memcpy = moecomm_bench::measure_memcpy_reference();
-  moecomm_bench::add_memcpy_context(g_memcpy);
-  benchmark::AddCustomContext("ranks", "in-process (inproc_world): one thread per rank");
-  benchmark::AddCustomContext("pairwise1", "moecomm::pairwise{1} (groups of one rank)");
+  if (!moecomm_bench::start(argc, argv,
+                            {moecomm_bench::in_process_ranks, {"pairwise1", "moecomm::pairwise{1} (groups of one rank)"}}))
+    return 1;
+  g_memcpy = moecomm_bench::use_memcpy_reference();
 
   register_all();
   return moecomm_bench::finish("bench_alltoall");

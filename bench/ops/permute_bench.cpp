@@ -21,7 +21,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -80,23 +79,8 @@ routing_data make_routing(std::int64_t tokens, std::int32_t top_k) {
   d.tokens = tokens;
   d.top_k = top_k;
   std::int64_t const slots = tokens * top_k;
-  d.idx.resize(static_cast<std::size_t>(slots));
-  d.weights.resize(static_cast<std::size_t>(slots));
   splitmix64 rng{kSeed ^ static_cast<std::uint64_t>(tokens * 131 + top_k)};
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    std::array<std::int32_t, kNumExperts> experts{};
-    for (std::int32_t e = 0; e < kNumExperts; ++e) experts[static_cast<std::size_t>(e)] = e;
-    float sum = 0.0f;
-    for (std::int32_t k = 0; k < top_k; ++k) {  // partial Fisher-Yates: K distinct experts
-      std::uint32_t const j = static_cast<std::uint32_t>(k) + rng.below(static_cast<std::uint32_t>(kNumExperts - k));
-      std::swap(experts[static_cast<std::size_t>(k)], experts[j]);
-      d.idx[static_cast<std::size_t>(t * top_k + k)] = experts[static_cast<std::size_t>(k)];
-      float const w = rng.unit();
-      d.weights[static_cast<std::size_t>(t * top_k + k)] = w;
-      sum += w;
-    }
-    for (std::int32_t k = 0; k < top_k; ++k) d.weights[static_cast<std::size_t>(t * top_k + k)] /= sum;
-  }
+  uniform_routing(rng, tokens, top_k, kNumExperts, d.idx, d.weights);
   // Counting sort by expert, stable in (token, slot): the plan's documented order.
   d.offsets.assign(kNumExperts + 1, 0);
   for (std::int32_t e : d.idx) ++d.offsets[static_cast<std::size_t>(e) + 1];
@@ -425,13 +409,8 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-
-  moecomm_bench::memcpy_reference const memcpy_ref = moecomm_bench::measure_memcpy_reference();
-  g_memcpy_bytes_per_s = memcpy_ref.rw_bytes_per_s;
-  moecomm_bench::add_memcpy_context(memcpy_ref);
-  benchmark::AddCustomContext("host_threads", std::to_string(be.num_threads()));
+  if (!moecomm_bench::start(argc, argv, {{"host_threads", std::to_string(be.num_threads())}})) return 1;
+  g_memcpy_bytes_per_s = moecomm_bench::use_memcpy_reference().rw_bytes_per_s;
 #if !MOECOMM_HAS_CUDA_FP16()
   benchmark::AddCustomContext("bf16", "not built (CUDA headers not found)");
 #endif

@@ -71,7 +71,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -80,6 +79,7 @@ namespace {
 using namespace moecomm_bench;
 
 using comm_t = moecomm::inproc_communicator;
+using world_t = moecomm::inproc_world;
 
 moecomm::host_backend const be{1};
 moecomm_bench::memcpy_reference g_memcpy;
@@ -122,12 +122,6 @@ float value_of(std::int32_t rank, std::int64_t i) {
 
 constexpr float kPoison = 1.0e6f;  //!< no value_of and no sum of at most 8 of them
 
-double mean(std::vector<double> const& v) {
-  double s = 0.0;
-  for (double x : v) s += x;
-  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
-}
-
 // ---- benchmark ---------------------------------------------------------------------------------
 
 template <class Path>
@@ -140,68 +134,62 @@ void bm_replica(benchmark::State& state, op_kind op, Path path, layout lay, set_
   std::vector<double> seconds;
   std::atomic<bool> stop{false};
 
-  try {
-    moecomm::inproc_world const world(ranks, std::chrono::seconds(120));
-    world.run([&](comm_t comm) {
-      std::int32_t const me = comm.rank();
-      bool const member = set.holds(me);
-      auto buf = be.allocate<float>(member ? count : 0);
-      float* const data = member ? buf.data() : nullptr;  // outside the set: empty, as documented
-      moecomm::array_view<float> const view{data, member ? count : 0};
-      moecomm::workspace<moecomm::host_backend> workspace;  // reused across calls, as a layer does
+  bool const ran = run_ranks<world_t>(state, ranks, std::chrono::seconds(120), errors, [&](comm_t comm) {
+    std::int32_t const me = comm.rank();
+    bool const member = set.holds(me);
+    auto buf = be.allocate<float>(member ? count : 0);
+    float* const data = member ? buf.data() : nullptr;  // outside the set: empty, as documented
+    moecomm::array_view<float> const view{data, member ? count : 0};
+    moecomm::workspace<moecomm::host_backend> workspace;  // reused across calls, as a layer does
 
-      auto const initialise = [&] {
-        if (!member) return;
-        bool const poison = op == op_kind::broadcast && me != set.owner;
-        for (std::int64_t i = 0; i < count; ++i) data[i] = poison ? kPoison : value_of(me, i);
-      };
-      auto const call = [&] {
-        if (op == op_kind::broadcast)
-          moecomm::replica_broadcast(comm, set, count, view, path);
-        else if (op == op_kind::reduce)
-          moecomm::gradient_reduce(be, comm, set, count, view, workspace, path);
-        else
-          moecomm::replica_allreduce(be, comm, set, count, view, workspace, path);
-      };
-      //! The expected value of element i on this rank after one call on initialised buffers.
-      auto const expected = [&](std::int64_t i) {
-        if (op == op_kind::broadcast) return value_of(set.owner, i);
-        if (op == op_kind::reduce && me != set.owner) return value_of(me, i);
-        float sum = 0.0f;
-        for (std::int32_t m : members) sum += value_of(m, i);
-        return sum;
-      };
-      auto const check = [&](char const* when) {
-        std::string& error = errors[static_cast<std::size_t>(me)];
-        if (!member || !error.empty()) return;
-        for (std::int64_t i = 0; i < count; ++i) {
-          float const want = expected(i);
-          if (data[i] != want) {
-            error = std::string(op_name(op)) + "<" + Path::name + "> " + when + ": rank " + std::to_string(me) +
-                    " element " + std::to_string(i) + " = " + std::to_string(data[i]) + ", expected " +
-                    std::to_string(want);
-            return;
-          }
+    auto const initialise = [&] {
+      if (!member) return;
+      bool const poison = op == op_kind::broadcast && me != set.owner;
+      for (std::int64_t i = 0; i < count; ++i) data[i] = poison ? kPoison : value_of(me, i);
+    };
+    auto const call = [&] {
+      if (op == op_kind::broadcast)
+        moecomm::replica_broadcast(comm, set, count, view, path);
+      else if (op == op_kind::reduce)
+        moecomm::gradient_reduce(be, comm, set, count, view, workspace, path);
+      else
+        moecomm::replica_allreduce(be, comm, set, count, view, workspace, path);
+    };
+    //! The expected value of element i on this rank after one call on initialised buffers.
+    auto const expected = [&](std::int64_t i) {
+      if (op == op_kind::broadcast) return value_of(set.owner, i);
+      if (op == op_kind::reduce && me != set.owner) return value_of(me, i);
+      float sum = 0.0f;
+      for (std::int32_t m : members) sum += value_of(m, i);
+      return sum;
+    };
+    auto const check = [&](char const* when) {
+      std::string& error = errors[static_cast<std::size_t>(me)];
+      if (!member || !error.empty()) return;
+      for (std::int64_t i = 0; i < count; ++i) {
+        float const want = expected(i);
+        if (data[i] != want) {
+          error = std::string(op_name(op)) + "<" + Path::name + "> " + when + ": rank " + std::to_string(me) +
+                  " element " + std::to_string(i) + " = " + std::to_string(data[i]) + ", expected " +
+                  std::to_string(want);
+          return;
         }
-      };
+      }
+    };
 
-      initialise();
-      comm.barrier();  // every buffer is initialised before anyone reads a peer's
-      call();
-      check("first call");
+    initialise();
+    comm.barrier();  // every buffer is initialised before anyone reads a peer's
+    call();
+    check("first call");
 
-      timed_loop(state, comm, stop, seconds, call);
+    timed_loop(state, comm, stop, seconds, call);
 
-      initialise();
-      comm.barrier();
-      call();
-      check("call after the timed loop");
-    });
-  } catch (std::exception const& e) {
-    return fail(state, std::string("exception: ") + e.what());
-  }
-  for (std::string const& e : errors)
-    if (!e.empty()) return fail(state, e);
+    initialise();
+    comm.barrier();
+    call();
+    check("call after the timed loop");
+  });
+  if (!ran) return;
 
   double const t = mean(seconds);
   double const n = static_cast<double>(members.size());
@@ -220,18 +208,6 @@ void bm_replica(benchmark::State& state, op_kind op, Path path, layout lay, set_
   state.counters["moved_of_memcpy"] = copy > 0 && t > 0 ? moved / t / copy : 0.0;
 }
 
-//! The synchronisation floor: an iteration with both barriers and no operation (as bench_alltoall's).
-void bm_barrier(benchmark::State& state, std::int32_t ranks) {
-  std::vector<double> seconds;
-  std::atomic<bool> stop{false};
-  try {
-    moecomm::inproc_world const world(ranks, std::chrono::seconds(120));
-    world.run([&](comm_t comm) { timed_loop(state, comm, stop, seconds, [] {}); });
-  } catch (std::exception const& e) {
-    return fail(state, std::string("exception: ") + e.what());
-  }
-}
-
 // ---- registration ------------------------------------------------------------------------------
 
 template <class Path>
@@ -246,10 +222,7 @@ void register_case(op_kind op, Path path, layout lay, set_kind which, std::int64
 void register_all() {
   constexpr std::int64_t kSizes[] = {std::int64_t{64} << 10, std::int64_t{1} << 20, std::int64_t{16} << 20};
   constexpr std::int64_t kSmallChunk = std::int64_t{1} << 20;
-  for (layout const& lay : kLayouts)
-    benchmark::RegisterBenchmark(("barrier/R:" + std::to_string(lay.ranks())).c_str(), bm_barrier, lay.ranks())
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+  register_barriers<world_t>(kLayouts);  // the floor: an iteration without the operation
   for (op_kind op : {op_kind::broadcast, op_kind::reduce, op_kind::allreduce})
     for (layout const& lay : kLayouts) {
       for (std::int64_t bytes : kSizes) {
@@ -265,13 +238,11 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-
-  g_memcpy = moecomm_bench::measure_memcpy_reference();
-  moecomm_bench::add_memcpy_context(g_memcpy);
-  benchmark::AddCustomContext("ranks", "in-process (inproc_world): one thread per rank");
-  benchmark::AddCustomContext("bus_of_memcpy", "busbw / (memcpy_GBps / 2): bytes delivered, each counted once");
+  if (!moecomm_bench::start(argc, argv,
+                            {moecomm_bench::in_process_ranks,
+                             {"bus_of_memcpy", "busbw / (memcpy_GBps / 2): bytes delivered, each counted once"}}))
+    return 1;
+  g_memcpy = moecomm_bench::use_memcpy_reference();
 
   register_all();
   return moecomm_bench::finish(argv[0]);

@@ -41,7 +41,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -50,7 +49,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -160,6 +158,7 @@ namespace {
 using namespace moecomm_bench;
 
 using comm_t = moecomm::inproc_communicator;
+using world_t = moecomm::inproc_world;
 
 constexpr std::int64_t kTokens = 4096;  // per rank
 constexpr std::int64_t kHidden = 4096;
@@ -201,22 +200,7 @@ struct rank_data {
 void make_rank(rank_data& d, std::int32_t rank, std::int64_t capacity) {
   splitmix64 rng{kSeed ^ (static_cast<std::uint64_t>(rank + 1) * 0x100000001b3ULL)};
   std::int64_t const slots = kTokens * kTopK;
-  d.idx.resize(static_cast<std::size_t>(slots));
-  d.weights.resize(static_cast<std::size_t>(slots));
-  for (std::int64_t t = 0; t < kTokens; ++t) {
-    std::array<std::int32_t, kNumExperts> experts{};
-    for (std::int32_t e = 0; e < kNumExperts; ++e) experts[static_cast<std::size_t>(e)] = e;
-    float sum = 0.0f;
-    for (std::int32_t k = 0; k < kTopK; ++k) {  // partial Fisher-Yates: K distinct experts
-      std::uint32_t const j = static_cast<std::uint32_t>(k) + rng.below(static_cast<std::uint32_t>(kNumExperts - k));
-      std::swap(experts[static_cast<std::size_t>(k)], experts[j]);
-      d.idx[static_cast<std::size_t>(t * kTopK + k)] = experts[static_cast<std::size_t>(k)];
-      float const w = rng.unit();
-      d.weights[static_cast<std::size_t>(t * kTopK + k)] = w;
-      sum += w;
-    }
-    for (std::int32_t k = 0; k < kTopK; ++k) d.weights[static_cast<std::size_t>(t * kTopK + k)] /= sum;
-  }
+  uniform_routing(rng, kTokens, kTopK, kNumExperts, d.idx, d.weights);
   // drop_by_position: the first C slots of each expert, in (t, k) order, survive.
   std::vector<std::int64_t> seen(kNumExperts, 0);
   d.kept_at_capacity.resize(static_cast<std::size_t>(slots));
@@ -319,57 +303,49 @@ void bm_layer(benchmark::State& state, layout lay, Capacity capacity, Algorithm 
   std::vector<double> seconds;
   std::atomic<bool> stop{false};
 
-  try {
-    moecomm::inproc_world const world(ranks, std::chrono::seconds(600));
-    world.run([&](comm_t comm) {
-      std::int32_t const me = comm.rank();
-      rank_data& d = *data[static_cast<std::size_t>(me)];
-      moecomm::exchange_groups<comm_t> groups(comm, topo);
-      moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t, Capacity, Algorithm> layer(
-          be, groups, kNumExperts, kHidden, capacity, algorithm);
-      layer.set_training(backward);  // forward-only runs are inference: no backward expected
-      moecomm::routing_view const routing{d.idx.data(), d.weights.data(), kTokens, kTopK};
-      auto const identity = [](std::int32_t, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) {
-        if (in.rows > 0) std::memcpy(out.data, in.data, static_cast<std::size_t>(in.rows * in.row_bytes()));
-      };
-      auto const identity_backward = [](std::int32_t, moecomm::matrix_view<float const>,
-                                        moecomm::matrix_view<float const> d_out, moecomm::matrix_view<float> d_in) {
-        if (d_out.rows > 0) std::memcpy(d_in.data, d_out.data, static_cast<std::size_t>(d_out.rows * d_out.row_bytes()));
-      };
-      auto const step = [&] {
-        layer.forward(routing, {d.x.data(), kTokens, kHidden}, {d.out.data(), kTokens, kHidden}, identity);
-        if (backward)
-          layer.backward({d.d_out.data(), kTokens, kHidden}, {d.d_x.data(), kTokens, kHidden}, d.d_w,
-                         identity_backward);
-      };
-      // Untimed steps first: with the cache on, two of them leave it holding every block a step
-      // needs (`expert_in_` and the combine's returned rows are replaced while the previous step's
-      // are still alive). Then the outputs are poisoned.
-      for (int warm_up = 0; warm_up < (cached ? 2 : 1); ++warm_up) step();
-      std::memset(static_cast<void*>(d.out.data()), 0xFF, d.out.bytes());
-      std::memset(static_cast<void*>(d.d_x.data()), 0xFF, d.d_x.bytes());
-      std::fill(d.d_w.begin(), d.d_w.end(), -1.0f);
-      timed_loop(state, comm, stop, seconds, step);
+  bool const ran = run_ranks<world_t>(state, ranks, std::chrono::seconds(600), errors, [&](comm_t comm) {
+    std::int32_t const me = comm.rank();
+    rank_data& d = *data[static_cast<std::size_t>(me)];
+    moecomm::exchange_groups<comm_t> groups(comm, topo);
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t, Capacity, Algorithm> layer(
+        be, groups, kNumExperts, kHidden, capacity, algorithm);
+    layer.set_training(backward);  // forward-only runs are inference: no backward expected
+    moecomm::routing_view const routing{d.idx.data(), d.weights.data(), kTokens, kTopK};
+    auto const identity = [](std::int32_t, moecomm::matrix_view<float const> in, moecomm::matrix_view<float> out) {
+      if (in.rows > 0) std::memcpy(out.data, in.data, static_cast<std::size_t>(in.rows * in.row_bytes()));
+    };
+    auto const identity_backward = [](std::int32_t, moecomm::matrix_view<float const>,
+                                      moecomm::matrix_view<float const> d_out, moecomm::matrix_view<float> d_in) {
+      if (d_out.rows > 0) std::memcpy(d_in.data, d_out.data, static_cast<std::size_t>(d_out.rows * d_out.row_bytes()));
+    };
+    auto const step = [&] {
+      layer.forward(routing, {d.x.data(), kTokens, kHidden}, {d.out.data(), kTokens, kHidden}, identity);
+      if (backward)
+        layer.backward({d.d_out.data(), kTokens, kHidden}, {d.d_x.data(), kTokens, kHidden}, d.d_w,
+                       identity_backward);
+    };
+    // Untimed steps first: with the cache on, two of them leave it holding every block a step
+    // needs (`expert_in_` and the combine's returned rows are replaced while the previous step's
+    // are still alive). Then the outputs are poisoned.
+    for (int warm_up = 0; warm_up < (cached ? 2 : 1); ++warm_up) step();
+    std::memset(static_cast<void*>(d.out.data()), 0xFF, d.out.bytes());
+    std::memset(static_cast<void*>(d.d_x.data()), 0xFF, d.d_x.bytes());
+    std::fill(d.d_w.begin(), d.d_w.end(), -1.0f);
+    timed_loop(state, comm, stop, seconds, step);
 
-      auto const& report = layer.dispatch_state().report();  // of the last step
-      reports[static_cast<std::size_t>(me)] = {report.kept_slots, report.received_rows, report.dropped_slots,
-                                               report.exchange.messages(), report.exchange.rounds};
-      std::string& error = errors[static_cast<std::size_t>(me)];
-      std::int64_t const want_dropped = drops ? d.dropped_at_capacity : 0;
-      if (report.dropped_slots != want_dropped)
-        error = "rank " + std::to_string(me) + " dropped " + std::to_string(report.dropped_slots) + " slots, expected " +
-                std::to_string(want_dropped);
-      if (error.empty()) error = check_rank(d, me, drops, backward);
-    });
-  } catch (std::exception const& e) {
-    return fail(state, std::string("exception: ") + e.what());
-  }
-  for (std::string const& e : errors)
-    if (!e.empty()) return fail(state, e);
+    auto const& report = layer.dispatch_state().report();  // of the last step
+    reports[static_cast<std::size_t>(me)] = {report.kept_slots, report.received_rows, report.dropped_slots,
+                                             report.exchange.messages(), report.exchange.rounds};
+    std::string& error = errors[static_cast<std::size_t>(me)];
+    std::int64_t const want_dropped = drops ? d.dropped_at_capacity : 0;
+    if (report.dropped_slots != want_dropped)
+      error = "rank " + std::to_string(me) + " dropped " + std::to_string(report.dropped_slots) + " slots, expected " +
+              std::to_string(want_dropped);
+    if (error.empty()) error = check_rank(d, me, drops, backward);
+  });
+  if (!ran) return;
 
-  double t = 0.0;
-  for (double s : seconds) t += s;
-  t /= static_cast<double>(std::max<std::size_t>(seconds.size(), 1));
+  double const t = mean(seconds);
   double rows = 0.0, dropped = 0.0, messages = 0.0, rounds = 0.0;
   for (rank_report const& r : reports) {
     rows += static_cast<double>(r.kept + r.received);
@@ -423,16 +399,14 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-
-  g_memcpy = moecomm_bench::measure_memcpy_reference();
-  moecomm_bench::add_memcpy_context(g_memcpy);
-  benchmark::AddCustomContext("ranks", "in-process (inproc_world): one thread per rank");
-  benchmark::AddCustomContext("shape", "T = 4096 tokens per rank, H = 4096, K = 2, E = 16, float, identity experts");
-  benchmark::AddCustomContext("capacity1.0", "moecomm::capacity<drop_by_position>{1.0}");
-  benchmark::AddCustomContext("pairwise1", "moecomm::pairwise{1}");
-  benchmark::AddCustomContext("smart_schedule1", "moecomm::smart_schedule{1}: pairwise1, experts on a worker thread");
+  if (!moecomm_bench::start(argc, argv,
+                            {moecomm_bench::in_process_ranks,
+                             {"shape", "T = 4096 tokens per rank, H = 4096, K = 2, E = 16, float, identity experts"},
+                             {"capacity1.0", "moecomm::capacity<drop_by_position>{1.0}"},
+                             {"pairwise1", "moecomm::pairwise{1}"},
+                             {"smart_schedule1", "moecomm::smart_schedule{1}: pairwise1, experts on a worker thread"}}))
+    return 1;
+  g_memcpy = moecomm_bench::use_memcpy_reference();
 
   register_all();
   return moecomm_bench::finish("bench_layer");

@@ -86,10 +86,10 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("model", "hybridep_params::from_cluster of the hybridep-a800 figures, G GPUs per node");
-  benchmark::AddCustomContext("shape", "n 2, P_E 0.36 MB, D 64 MB, Lat_PE 20 ms, 2 TFLOP of expert GEMMs per rank");
+  if (!moecomm_bench::start(argc, argv,
+                            {{"model", "hybridep_params::from_cluster of the hybridep-a800 figures, G GPUs per node"},
+                             {"shape", "n 2, P_E 0.36 MB, D 64 MB, Lat_PE 20 ms, 2 TFLOP of expert GEMMs per rank"}}))
+    return 1;
   register_all();
   return moecomm_bench::finish("bench_hybridep_planner");
 }

@@ -24,7 +24,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -49,36 +48,6 @@ struct planner_case {
   }
 };
 
-//! `[R][E]` token counts: each rank's tokens pick 2 distinct experts from Zipf(kZipf).
-std::vector<std::int64_t> zipf_counts(planner_case c) {
-  splitmix64 rng{kSeed};
-  auto const E = static_cast<std::size_t>(c.experts);
-  std::vector<std::int32_t> expert_at_rank(E);  // the popularity order
-  std::iota(expert_at_rank.begin(), expert_at_rank.end(), 0);
-  for (std::size_t i = E - 1; i > 0; --i) std::swap(expert_at_rank[i], expert_at_rank[rng.below(static_cast<std::uint32_t>(i + 1))]);
-  std::vector<double> cdf(E);
-  double total = 0;
-  for (std::size_t i = 0; i < E; ++i) cdf[i] = total += 1.0 / std::pow(static_cast<double>(i + 1), kZipf);
-  for (double& p : cdf) p /= total;
-  auto const draw = [&] {
-    auto const i = static_cast<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), rng.unit()) - cdf.begin());
-    return expert_at_rank[std::min(i, E - 1)];  // unit() may round above the last cdf entry
-  };
-
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(c.ranks) * E, 0);
-  for (std::int32_t s = 0; s < c.ranks; ++s) {
-    std::int64_t* row = counts.data() + static_cast<std::size_t>(s) * E;
-    for (std::int32_t t = 0; t < kTokensPerRank; ++t) {
-      std::int32_t const first = draw();
-      std::int32_t second = draw();
-      while (second == first) second = draw();
-      ++row[first];
-      ++row[second];
-    }
-  }
-  return counts;
-}
-
 //! max H / mean H.
 double imbalance(std::vector<std::int64_t> const& tokens) {
   double const total = static_cast<double>(std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0}));
@@ -90,7 +59,8 @@ void bm_proprophet_planner(benchmark::State& state, planner_case c) {
   moecomm::topology const topo(c.ranks, std::min(c.ranks, 4));  // 4 GPUs per node, as the paper's
   std::vector<std::int32_t> owner(static_cast<std::size_t>(c.experts));
   for (std::int32_t e = 0; e < c.experts; ++e) owner[static_cast<std::size_t>(e)] = e / (c.experts / c.ranks);
-  std::vector<std::int64_t> const counts = zipf_counts(c);
+  splitmix64 rng{kSeed};
+  std::vector<std::int64_t> const counts = zipf_top2_counts(c.ranks, c.experts, kTokensPerRank, kZipf, rng);
   moecomm::proprophet_planner_options options;
   options.schedule = c.schedule;
 
@@ -125,11 +95,10 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("counts", "1024 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order");
-  benchmark::AddCustomContext("model",
-                              "proprophet_cost_params{} (h 1024, fp32, 35.7 TFLOP/s, Trans/Agg 15 Gb/s, alpha 3), n = 1");
+  if (!moecomm_bench::start(argc, argv,
+                            {{"counts", "1024 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
+                             {"model", "proprophet_cost_params{} (h 1024, fp32, 35.7 TFLOP/s, Trans/Agg 15 Gb/s, alpha 3), n = 1"}}))
+    return 1;
   register_all();
   return moecomm_bench::finish("bench_proprophet_planner");
 }

@@ -22,7 +22,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -62,34 +61,6 @@ moecomm::replica_sets random_replicas(schedule_case c, splitmix64& rng) {
   return sets;
 }
 
-//! `[R][E]` token counts: each rank's tokens pick 2 distinct experts from Zipf(kZipf).
-std::vector<std::int64_t> zipf_counts(schedule_case c, splitmix64& rng) {
-  auto const E = static_cast<std::size_t>(c.experts);
-  std::vector<std::int32_t> expert_at_rank(E);
-  std::iota(expert_at_rank.begin(), expert_at_rank.end(), 0);
-  for (std::size_t i = E - 1; i > 0; --i) std::swap(expert_at_rank[i], expert_at_rank[rng.below(static_cast<std::uint32_t>(i + 1))]);
-  std::vector<double> cdf(E);
-  double total = 0;
-  for (std::size_t i = 0; i < E; ++i) cdf[i] = total += 1.0 / std::pow(static_cast<double>(i + 1), kZipf);
-  for (double& p : cdf) p /= total;
-  auto const draw = [&] {
-    auto const i = static_cast<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), rng.unit()) - cdf.begin());
-    return expert_at_rank[std::min(i, E - 1)];
-  };
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(c.ranks) * E, 0);
-  for (std::int32_t s = 0; s < c.ranks; ++s) {
-    std::int64_t* row = counts.data() + static_cast<std::size_t>(s) * E;
-    for (std::int32_t t = 0; t < kTokensPerRank; ++t) {
-      std::int32_t const first = draw();
-      std::int32_t second = draw();
-      while (second == first) second = draw();
-      ++row[first];
-      ++row[second];
-    }
-  }
-  return counts;
-}
-
 //! Empty when the split is a schedule of `load` within `bound`, else what is wrong.
 std::string check(moecomm::replica_sets const& sets, std::vector<std::int64_t> const& load, std::vector<std::int64_t> const& split,
                   std::int64_t bound) {
@@ -110,7 +81,7 @@ std::string check(moecomm::replica_sets const& sets, std::vector<std::int64_t> c
 void bm_minmax(benchmark::State& state, schedule_case c) {
   splitmix64 rng{kSeed};
   moecomm::replica_sets const sets = random_replicas(c, rng);
-  std::vector<std::int64_t> const counts = zipf_counts(c, rng);
+  std::vector<std::int64_t> const counts = zipf_top2_counts(c.ranks, c.experts, kTokensPerRank, kZipf, rng);
   std::vector<std::int64_t> load;
   moecomm::replica_schedule out;
   moecomm::replica_schedule_workspace workspace;
@@ -128,7 +99,7 @@ void bm_minmax(benchmark::State& state, schedule_case c) {
 void bm_comm_aware(benchmark::State& state, schedule_case c) {
   splitmix64 rng{kSeed};
   moecomm::replica_sets const sets = random_replicas(c, rng);
-  std::vector<std::int64_t> const counts = zipf_counts(c, rng);
+  std::vector<std::int64_t> const counts = zipf_top2_counts(c.ranks, c.experts, kTokensPerRank, kZipf, rng);
   moecomm::topology const topo(c.ranks, std::min(c.ranks, kRanksPerNode));
   moecomm::comm_aware_schedule out;
   moecomm::replica_schedule_workspace workspace;
@@ -156,11 +127,11 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order");
-  benchmark::AddCustomContext("replicas", "2-4 per expert on distinct random ranks; 8 ranks per node");
-  benchmark::AddCustomContext("link_weights", "intra-node 0.1, inter-node 1.0 (FineMoE App. A.1)");
+  if (!moecomm_bench::start(argc, argv,
+                            {{"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
+                             {"replicas", "2-4 per expert on distinct random ranks; 8 ranks per node"},
+                             {"link_weights", "intra-node 0.1, inter-node 1.0 (FineMoE App. A.1)"}}))
+    return 1;
   register_all();
   return moecomm_bench::finish("bench_replica_schedule");
 }

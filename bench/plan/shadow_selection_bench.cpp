@@ -22,10 +22,8 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -53,41 +51,12 @@ std::vector<std::int32_t> spread_owners(shadow_case c) {
   return owner;
 }
 
-//! `[R][E]` token counts: each rank's tokens pick 2 distinct experts from Zipf(kZipf).
-std::vector<std::int64_t> zipf_counts(shadow_case c) {
-  splitmix64 rng{kSeed};
-  auto const E = static_cast<std::size_t>(c.experts);
-  std::vector<std::int32_t> expert_at_rank(E);  // the popularity order
-  for (std::size_t i = 0; i < E; ++i) expert_at_rank[i] = static_cast<std::int32_t>(i);
-  for (std::size_t i = E - 1; i > 0; --i) std::swap(expert_at_rank[i], expert_at_rank[rng.below(static_cast<std::uint32_t>(i + 1))]);
-  std::vector<double> cdf(E);
-  double total = 0;
-  for (std::size_t i = 0; i < E; ++i) cdf[i] = total += 1.0 / std::pow(static_cast<double>(i + 1), kZipf);
-  for (double& p : cdf) p /= total;
-  auto const draw = [&] {
-    auto const i = static_cast<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), rng.unit()) - cdf.begin());
-    return expert_at_rank[std::min(i, E - 1)];  // unit() may round above the last cdf entry
-  };
-
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(c.ranks) * E, 0);
-  for (std::int32_t s = 0; s < c.ranks; ++s) {
-    std::int64_t* row = counts.data() + static_cast<std::size_t>(s) * E;
-    for (std::int32_t t = 0; t < kTokensPerRank; ++t) {
-      std::int32_t const first = draw();
-      std::int32_t second = draw();
-      while (second == first) second = draw();
-      ++row[first];
-      ++row[second];
-    }
-  }
-  return counts;
-}
-
 void bm_shadow_selection(benchmark::State& state, shadow_case c) {
   moecomm::fastermoe_cost_model const model;
   moecomm::topology const topo(c.ranks, std::min(c.ranks, kRanksPerNode));
   std::vector<std::int32_t> const owner = spread_owners(c);
-  std::vector<std::int64_t> const counts = zipf_counts(c);
+  splitmix64 rng{kSeed};
+  std::vector<std::int64_t> const counts = zipf_top2_counts(c.ranks, c.experts, kTokensPerRank, kZipf, rng);
 
   moecomm::shadow_decision decision;
   for (auto _ : state) {
@@ -114,10 +83,10 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order");
-  benchmark::AddCustomContext("model", "fastermoe_cost_params{} (alpha 2, H 2048, fp32, 11.5 TFLOP/s, 50 Gb/s)");
+  if (!moecomm_bench::start(argc, argv,
+                            {{"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
+                             {"model", "fastermoe_cost_params{} (alpha 2, H 2048, fp32, 11.5 TFLOP/s, 50 Gb/s)"}}))
+    return 1;
   register_all();
   return moecomm_bench::finish("bench_shadow_selection");
 }

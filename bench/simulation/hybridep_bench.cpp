@@ -120,9 +120,7 @@ outcome run(moecomm::simulated_platform const& platform, double mb, MakeLayer&& 
                       moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, mlp);
       span.end[me] = moecomm::simulated_seconds{}();
     }
-    double sum = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) sum += double(out[i]) + double(d_x[i]);
-    sums[me] = sum;
+    sums[me] = moecomm_bench::checksum(out, d_x);
     if (me == 0) o.inter_domain_bytes = layer->inter_domain_bytes();
   });
   o.seconds = span.seconds();
@@ -203,7 +201,7 @@ void register_variant(moecomm::simulated_platform const& platform, double mb, st
   char label[32];
   std::snprintf(label, sizeof label, "%gMB", mb);
   std::string const name = std::string("hybridep/") + label + "/" + variant;
-  benchmark::RegisterBenchmark(name.c_str(), [&platform, mb, variant, planned, make](benchmark::State& state) {
+  moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, mb, variant, planned, make](benchmark::State& state) {
     outcome o;
     for (auto _ : state) {
       o = run(platform, mb, make);
@@ -219,10 +217,7 @@ void register_variant(moecomm::simulated_platform const& platform, double mb, st
     state.counters["vs_flat"] = flat->second.seconds / o.seconds;
     state.counters["planned"] = planned ? 1 : 0;
     g_rows.push_back({mb, variant, o, planned});
-  })
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMillisecond);
+  });
 }
 
 void print_summary(char const* platform) {
@@ -277,8 +272,7 @@ int main(int argc, char** argv) {
   std::string const traffic = moecomm_bench::take_flag(argc, argv, "--traffic=", "");
   bool const only_planned = moecomm_bench::take_flag(argc, argv, "--only-planned", "no") != "no";
   bool const model_only = moecomm_bench::take_flag(argc, argv, "--model-only", "no") != "no";
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name, [&](moecomm::cluster_spec& spec) {
     if (data_centres <= 0 && gpus_per_dc <= 0) return;
     if (data_centres > 0) spec.domains = data_centres;

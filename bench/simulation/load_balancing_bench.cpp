@@ -264,9 +264,7 @@ void run(moecomm::simulated_platform const& platform, char const* trace, char co
           std::fill(seen.begin(), seen.end(), 0.0);
         }
       }
-      double sum = 0;
-      for (std::size_t i = 0; i < out.size(); ++i) sum += double(out[i]) + double(d_x[i]);
-      sums[at] = sum;
+      sums[at] = moecomm_bench::checksum(out, d_x);
       comm.barrier();
       if (me == 0) {
         step_result& s = steps[static_cast<std::size_t>(step)];
@@ -292,7 +290,7 @@ double mean_of(std::vector<step_result> const& steps, double step_result::*field
 
 void register_run(moecomm::simulated_platform const& platform, char const* trace, char const* pattern) {
   std::string const name = std::string("load_balancing/") + trace + "/" + pattern;
-  benchmark::RegisterBenchmark(name.c_str(), [&platform, trace, pattern](benchmark::State& state) {
+  moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, trace, pattern](benchmark::State& state) {
     std::vector<step_result>& steps = g_runs[key(trace, pattern)];
     for (auto _ : state) {
       run(platform, trace, pattern, steps);
@@ -307,10 +305,7 @@ void register_run(moecomm::simulated_platform const& platform, char const* trace
     state.counters["step_ms"] = mean_of(steps, &step_result::seconds) * 1e3;
     state.counters["imbalance"] = mean_of(steps, &step_result::imbalance);
     state.counters["vs_megatron"] = mean_of(base->second, &step_result::seconds) / mean_of(steps, &step_result::seconds);
-  })
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMillisecond);
+  });
 }
 
 void print_summary(moecomm::simulated_platform const& platform) {
@@ -362,8 +357,7 @@ int main(int argc, char** argv) {
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
   g_steps = std::stoi(moecomm_bench::take_flag(argc, argv, "--steps=", "200"));
   g_interval = std::stoi(moecomm_bench::take_flag(argc, argv, "--interval=", "10"));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!moecomm_bench::start(argc, argv)) return 1;
   if (g_steps < 1 || g_interval < 1) {
     std::fprintf(stderr, "bench_load_balancing: --steps and --interval must be positive\n");
     return 1;

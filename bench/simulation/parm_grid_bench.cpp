@@ -122,9 +122,7 @@ step_result run_schedule(moecomm::simulated_platform const& platform, layer_shap
     layer.backward({d_out.data(), s.tokens(), real_hidden}, moecomm::matrix_view<float>{d_x.data(), s.tokens(), real_hidden},
                    moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, mlp);
     span.end[me] = moecomm::simulated_seconds{}();
-    double sum = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) sum += double(out[i]) + double(d_x[i]);
-    sums[me] = sum;
+    sums[me] = moecomm_bench::checksum(out, d_x);
     if (me == 0) {  // actors run one at a time
       result.ran = layer.report().schedule;
       result.predicted_s1 = layer.report().choice.s1.step_total;
@@ -164,7 +162,7 @@ double median(std::vector<double> v) {
 void register_split(moecomm::simulated_platform const& platform, moecomm::parallel_sizes sizes, std::int32_t batch) {
   std::string const name = "parm_grid/MP:" + std::to_string(sizes.model) + "/ESP:" + std::to_string(sizes.expert_slicing) +
                            "/B:" + std::to_string(batch);
-  benchmark::RegisterBenchmark(name.c_str(), [&platform, sizes, batch](benchmark::State& state) {
+  moecomm_bench::register_simulated(name, benchmark::kSecond, [&platform, sizes, batch](benchmark::State& state) {
     std::vector<double> s1, s2, au;
     double simulated = 0;
     for (auto _ : state) {
@@ -191,10 +189,7 @@ void register_split(moecomm::simulated_platform const& platform, moecomm::parall
     state.counters["speedup_s1"] = median(s1);
     state.counters["speedup_s2"] = median(s2);
     state.counters["speedup_auto"] = median(au);
-  })
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kSecond);
+  });
 }
 
 //! min / median / max of `v` as text.
@@ -254,8 +249,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (gradients == "layer") g_gradients = moecomm::replica_gradients::summed_here;
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   benchmark::AddCustomContext("workload", "FSMoE's grid: B {1,2,4} x L {512,1024,2048} x H {1024,2048,4096} x F/H {2,3,4} x "
                                           "f {1.2,2.4,dropless}; E = ranks, top-2, uniform routing, fp16 rows, 4 pieces");

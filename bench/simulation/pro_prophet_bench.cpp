@@ -153,9 +153,7 @@ outcome run(moecomm::simulated_platform const& platform, config const& c, char c
         if (schedule) schedule->finish_backward();
       end[at] = moecomm::simulated_seconds{}();
       for (auto& e : experts) std::fill(e->grads.begin(), e->grads.end(), 0.0f);
-      double sum = 0;
-      for (std::size_t i = 0; i < x[blocks].size(); ++i) sum += double(x[blocks][i]) + double(d[0][i]);
-      sums[at] = sum;
+      sums[at] = moecomm_bench::checksum(x[blocks], d[0]);
       rows[at] = rows_sum / blocks;
       comm.barrier();
       if (me == 0 && it > 0) {  // the first iteration warms up (and has nothing to predict from)
@@ -202,7 +200,7 @@ prophet_policy prophet_for(config const& c, moecomm::proprophet_schedule schedul
 
 void register_run(moecomm::simulated_platform const& platform, config const& c, char const* variant) {
   std::string const name = "pro_prophet/R:" + std::to_string(g_ranks) + "/" + key(c, variant);
-  benchmark::RegisterBenchmark(name.c_str(), [&platform, c, variant](benchmark::State& state) {
+  moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, c, variant](benchmark::State& state) {
     outcome o;
     std::string const v = variant;
     for (auto _ : state) {
@@ -229,10 +227,7 @@ void register_run(moecomm::simulated_platform const& platform, config const& c, 
     state.counters["iter_ms"] = o.seconds * 1e3;
     state.counters["balance"] = o.balance;
     state.counters["vs_deepspeed"] = base->second.seconds / o.seconds;
-  })
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMillisecond);
+  });
 }
 
 void print_summary(moecomm::simulated_platform const& platform) {
@@ -272,8 +267,7 @@ void write_csv(std::string const& path) {
 int main(int argc, char** argv) {
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
   g_ranks = std::stoi(moecomm_bench::take_flag(argc, argv, "--ranks=", "16"));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform("proprophet-3090");
   if (g_ranks < 2 || g_ranks > platform.spec().num_gpus()) {
     std::fprintf(stderr, "bench_pro_prophet: --ranks must be in [2, %d]\n", platform.spec().num_gpus());

@@ -2,9 +2,10 @@
 #pragma once
 //! @file
 //! What the simulated-cluster benchmarks share: the platform flag (SimGrid builds one platform per
-//! process, so one run of a binary is one platform), skewed routing, MLP experts that declare their
-//! FLOPs, the scale that lets a few real elements stand for a model's hidden size, and the
-//! simulated span of a step over all ranks.
+//! process, so one run of a binary is one platform), their registration (one iteration of simulated
+//! time), skewed routing, MLP experts that declare their FLOPs, the scale that lets a few real
+//! elements stand for a model's hidden size, the simulated span of a step over all ranks, and the
+//! checksum by which variants' results are compared.
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
@@ -21,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moecomm_bench {
@@ -57,6 +59,14 @@ moecomm::simulated_platform const& use_platform(std::string const& name, Adjust&
 //! The named platform as shipped.
 inline moecomm::simulated_platform const& use_platform(std::string const& name) {
   return use_platform(name, [](moecomm::cluster_spec&) {});
+}
+
+//! Registers `fn(state)` as the benchmark `name` timed in simulated seconds, which `fn` gives
+//! Google Benchmark with `state.SetIterationTime`, reported in `unit`: one iteration, since
+//! simulated time is deterministic.
+template <class Fn>
+benchmark::internal::Benchmark* register_simulated(std::string const& name, benchmark::TimeUnit unit, Fn&& fn) {
+  return benchmark::RegisterBenchmark(name.c_str(), std::forward<Fn>(fn))->UseManualTime()->Iterations(1)->Unit(unit);
 }
 
 //! One rank's routing: `[T][K]` distinct experts and weights summing to 1 per token.
@@ -247,6 +257,14 @@ struct step_span {
     return *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
   }
 };
+
+//! What a rank's results are compared by across variants: the sum, in double, of its output and its
+//! input gradient, element by element in order (so equal results give equal sums, bit for bit).
+inline double checksum(std::vector<float> const& out, std::vector<float> const& d_x) {
+  double sum = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) sum += double(out[i]) + double(d_x[i]);
+  return sum;
+}
 
 //! Ranks 0..n-1 on the platform's first n GPUs.
 inline moecomm::simgrid_world first_gpus(moecomm::simulated_platform const& platform, std::int32_t n) {

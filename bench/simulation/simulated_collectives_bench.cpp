@@ -88,7 +88,7 @@ void register_collectives(moecomm::simulated_platform const& platform) {
       for (std::int64_t mib = 1; mib <= 256; mib *= 4) {
         std::string const name = std::string(op == collective::alltoall ? "alltoall" : "allgather") + "/n:" +
                                  std::to_string(n) + "/MiB:" + std::to_string(mib);
-        benchmark::RegisterBenchmark(name.c_str(), [&platform, op, n, mib](benchmark::State& state) {
+        moecomm_bench::register_simulated(name, benchmark::kMicrosecond, [&platform, op, n, mib](benchmark::State& state) {
           double seconds = 0;
           bool correct = true;
           for (auto _ : state) {
@@ -97,10 +97,7 @@ void register_collectives(moecomm::simulated_platform const& platform) {
           }
           if (!correct) return moecomm_bench::fail(state, "a rank received bytes its peer did not send it");
           report_bandwidth(state, double(mib * MiB), n, seconds);
-        })
-            ->UseManualTime()
-            ->Iterations(1)
-            ->Unit(benchmark::kMicrosecond);
+        });
       }
 }
 
@@ -134,7 +131,7 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
     if (node_limited && nodes <= 4) continue;  // at most 4 nodes per token limits nothing
     std::string const name = std::string("deepep/EP:") + std::to_string(n) + "/routing:" + (node_limited ? "node_limited" : "uniform") +
                              "/exchange:" + exchange;
-    benchmark::RegisterBenchmark(name.c_str(), [&platform, n, nodes, node_limited](benchmark::State& state) {
+    moecomm_bench::register_simulated(name, benchmark::kMicrosecond, [&platform, n, nodes, node_limited](benchmark::State& state) {
       auto const routing = node_limited ? moecomm_bench::node_limited_routing(n, deepep_tokens, deepep_top_k, deepep_experts, nodes, 4, 7)
                                         : moecomm_bench::skewed_routing(n, deepep_tokens, deepep_top_k, deepep_experts, 0.0, 7);
       backend const be(moecomm::host_backend{}, moecomm_bench::model_scale(deepep_hidden, 1, bf16, real_hidden, 1, sizeof(float)));
@@ -183,10 +180,7 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
       state.counters["recv_MB"] = wire / 1e6;
       state.counters["tokens_GBps"] = tokens / dispatch_s / 1e9;
       state.counters["wire_GBps"] = wire / dispatch_s / 1e9;
-    })
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Unit(benchmark::kMicrosecond);
+    });
   }
 }
 
@@ -194,8 +188,7 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
 
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "deepep-h800");
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   register_collectives(platform);
   for (bool node_limited : {false, true}) {

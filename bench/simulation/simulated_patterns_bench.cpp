@@ -112,9 +112,7 @@ outcome run_layer(moecomm::simulated_platform const& platform, config const& c, 
                      moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, mlp);
       span.end[me] = moecomm::simulated_seconds{}();
     }
-    double sum = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) sum += double(out[i]) + double(d_x[i]);
-    sums[me] = sum;
+    sums[me] = moecomm_bench::checksum(out, d_x);
     auto const& report = layer.dispatch_state().report();
     o.inter_bytes += report.exchange.inter_bytes;  // actors run one at a time
     o.busiest_rows = std::max(o.busiest_rows, report.received_rows + report.home_rows);
@@ -130,7 +128,7 @@ template <class Algorithm, class Shadowing>
 void register_variant(moecomm::simulated_platform const& platform, config const& c, model_size const& m,
                       char const* variant, Algorithm algorithm, Shadowing shadow) {
   std::string const name = std::string("fastermoe/") + m.name + "/R:" + std::to_string(c.ranks) + "/" + variant;
-  benchmark::RegisterBenchmark(name.c_str(), [&platform, c, m, variant, algorithm, shadow](benchmark::State& state) {
+  moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, c, m, variant, algorithm, shadow](benchmark::State& state) {
     outcome o;
     for (auto _ : state) {
       o = run_layer(platform, c, m, algorithm, shadow);
@@ -147,18 +145,14 @@ void register_variant(moecomm::simulated_platform const& platform, config const&
     state.counters["shadowed"] = double(o.shadowed);
     state.counters["busiest_rows"] = double(o.busiest_rows);
     state.counters["inter_GB"] = double(o.inter_bytes) * row_scale(m) / 1e9;
-  })
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMillisecond);
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "fastermoe-v100-ib");
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   config c;
   c.ranks = platform.spec().num_gpus();

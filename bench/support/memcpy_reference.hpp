@@ -65,4 +65,12 @@ inline void add_memcpy_context(memcpy_reference const& ref) {
   benchmark::AddCustomContext("memcpy_method", "std::memcpy 512 MiB, best of 5, 2 x size bytes (read + write)");
 }
 
+//! Measures the reference and records it in the context block: what `main` does before it
+//! registers the benchmarks that compare with it.
+inline memcpy_reference use_memcpy_reference() {
+  memcpy_reference const ref = measure_memcpy_reference();
+  add_memcpy_context(ref);
+  return ref;
+}
+
 }  // namespace moecomm_bench

@@ -417,8 +417,8 @@ std::vector<std::vector<int>> drifting_allocations(bool reserved, std::int32_t l
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(4, 2));
     auto layer = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, 8, 16, policies...);
-    if (reserved) layer.reserve({64, 2, 0});
     scale_bias_experts<float> experts(comm.rank(), local, 16, false);
+    if (reserved) reserve_layer(layer, {64, 2, 0, 0}, experts);
     allocating[comm.rank()] = drifting_steps_that_allocate(layer, comm.rank(), experts, 1000, reserved ? 1 : 10, reserved);
   });
   return allocating;
@@ -448,11 +448,29 @@ void check_drifting_steps(char const* name, Policies const&... policies) {
 // call of anything does whatever the batch (the communicator's bookkeeping, the smart schedule's
 // lane, R x L chunk tables); being tiny, it sizes nothing for the batch, so a buffer `reserve`
 // missed grows on a later step and fails here.
-template <class... Policies>
-void check_reserved_steps(char const* name, std::int32_t local, Policies const&... policies) {
-  auto const allocating = drifting_allocations(true, local, policies...);
+void check_none_allocated(char const* name, std::vector<std::vector<int>> const& allocating) {
   for (std::size_t r = 0; r < allocating.size(); ++r)
     CHECK_MESSAGE(allocating[r].empty(), std::string(name), ": rank ", r, " allocated after reserve on steps ", step_list(allocating[r]));
+}
+template <class... Policies>
+void check_reserved_steps(char const* name, std::int32_t local, Policies const&... policies) {
+  check_none_allocated(name, drifting_allocations(true, local, policies...));
+}
+
+// Parm on 4 ranks (MP 2 x EP 2; the MP pair routes the same tokens), as check_reserved_steps.
+template <class Schedule, class Capacity = moecomm::dropless>
+void check_parm_reserved_steps(char const* name, Schedule const& schedule, Capacity const& capacity = {}) {
+  std::vector<std::vector<int>> allocating(4);
+  moecomm::inproc_world const world(4, std::chrono::seconds(60));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::parallel_groups<moecomm::inproc_communicator> groups(comm, {2, 2, 1});
+    moecomm::parm_layer<float, moecomm::host_backend, moecomm::inproc_communicator, Schedule, Capacity> layer(
+        moecomm::host_backend{}, groups, 8, 16, schedule, capacity);
+    layer.reserve({64, 2, 0});
+    scale_bias_experts<float> experts(groups.coordinates().ep, 4, 16, false);
+    allocating[comm.rank()] = drifting_steps_that_allocate(layer, groups.coordinates().ep, experts, 1000, 1, true);
+  });
+  check_none_allocated(name, allocating);
 }
 
 TEST_CASE("1000 drifting steps after reserve allocate nothing, for every capacity policy and exchange") {
@@ -465,6 +483,38 @@ TEST_CASE("1000 drifting steps after reserve allocate nothing, for every capacit
   check_reserved_steps("dedup, capacity", 2, moecomm::dedup_per_rank<moecomm::flat>{},
                        moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}});
   check_reserved_steps("smart schedule", 2, moecomm::smart_schedule{2});
+}
+
+// Shadowing sized for every expert (max_shadowed_experts = 0). The slow GEMM makes Algorithm 1
+// shadow the hot experts, which move every step.
+TEST_CASE("1000 drifting steps after reserve allocate nothing: FasterMoE and Pro-Prophet's shadowing") {
+  moecomm::fastermoe_cost_params slow_gemm;
+  slow_gemm.gemm_flops = 1e8;
+  slow_gemm.net_bandwidth = slow_gemm.local_bandwidth = 1e9;
+  check_reserved_steps("fastermoe", 2, moecomm::fastermoe_shadowing<>{slow_gemm});
+  check_reserved_steps("fastermoe, smart schedule", 2, moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::smart_schedule{2});
+  check_reserved_steps("fastermoe, dedup", 2, moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::dedup_per_rank<moecomm::flat>{});
+  using prophet = moecomm::fastermoe_shadowing<moecomm::point_to_point_path, moecomm::proprophet_planner<>>;
+  prophet policy;
+  moecomm::proprophet_cost_params costs;
+  costs.hidden = 16;
+  costs.balance_factor = 0.5;
+  policy.planner.model = moecomm::proprophet_cost_model(costs);
+  check_reserved_steps("pro-prophet", 2, policy);
+}
+
+TEST_CASE("1000 drifting steps after reserve allocate nothing: Parm") {
+  check_parm_reserved_steps("deepspeed_mp", moecomm::deepspeed_mp{});
+  check_parm_reserved_steps("deepspeed_mp, capacity", moecomm::deepspeed_mp{}, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}});
+  check_parm_reserved_steps("parm_s1", moecomm::parm_s1{});
+  check_parm_reserved_steps("parm_s2", moecomm::parm_s2{2});
+  check_parm_reserved_steps("parm_auto", moecomm::parm_auto{moecomm::parm_cost_model(), 32, 2});
+}
+
+TEST_CASE("1000 drifting steps after reserve allocate nothing: HybridEP") {
+  check_reserved_steps("hybridep, S = 2", 2, moecomm::hybridep{2});
+  check_reserved_steps("hybridep, S = 2, capacity", 2, moecomm::hybridep{2}, moecomm::capacity<moecomm::drop_by_position>{1.25, 0, false, {}});
+  check_reserved_steps("hybridep, S = 2, compressed", 2, moecomm::hybridep{2, moecomm::expert_domain_spread::across_data_centres, 4});
 }
 
 TEST_CASE("1000 drifting steps after reserve allocate nothing: FineMoE and FlexMoE's replicated layer") {

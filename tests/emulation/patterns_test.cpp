@@ -15,6 +15,7 @@
 #include <moecomm/patterns/finemoe.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 
+#include <random>
 #include <type_traits>
 #include <vector>
 
@@ -183,6 +184,81 @@ TEST_CASE("replicated experts (FineMoE's min-max split, FlexMoE's even split) on
   check_emulated_equals_host(skewed4, replicated(moecomm::finemoe_split{}));
   check_emulated_equals_host(skewed4, replicated(moecomm::even_split{}));
 }
+
+#if MOECOMM_CUDA_EMULATION()
+
+// After `reserve`, 200 drifting steps of a layer on 4 emulated GPUs allocate no device memory (no
+// cudaMalloc or cudaMallocAsync: a step can be captured in a CUDA graph). `with_layer(rank, use)`
+// builds the layer and calls `use(layer, seed)`; ranks of one seed route the same tokens (Parm's MP
+// peers). Each rank holds `local` experts or slots. The first step, of one token, sets up what a
+// first call does whatever the batch, and sizes nothing for it.
+template <class WithLayer>
+std::int64_t device_allocations_after_reserve(std::int32_t local, WithLayer&& with_layer) {
+  std::int64_t const T = 64, H = 16;
+  std::int32_t const K = 2, E = 8;
+  std::vector<std::int64_t> allocated(4);
+  run_emulated_ranks(4, [&](emulated_rank& rank) {
+    with_layer(rank, [&](auto& layer, std::int32_t seed) {
+      kernel_scale_bias_experts<float, moecomm::cuda_backend> experts(rank.be, scale_bias_experts<float>(seed, local, H, false));
+      reserve_layer(layer, {T, K, 0, 0}, experts);
+      auto idx = rank.be.allocate<std::int32_t>(T * K);
+      auto w = rank.be.allocate<float>(T * K);
+      auto const x = upload(rank.be, finite_rows<float>(T, H, 7 + seed));
+      auto out = rank.be.allocate<float>(T * H);
+      auto d_x = rank.be.allocate<float>(T * H);
+      auto d_w = rank.be.allocate<float>(T * K);
+      std::mt19937 drift(static_cast<std::uint32_t>(77 + seed));
+      for (int step = 0; step < 200; ++step) {
+        std::int64_t const tokens = step == 0 ? 1 : T / 2 + static_cast<std::int64_t>(drift() % (T / 2 + 1));
+        auto r = make_routing({tokens, K, E, 0.1, true, 1.2, static_cast<std::uint32_t>(31 * step + seed)});
+        for (auto& e : r.idx) e = e < 0 ? e : (e + step) % E;  // the hot experts move
+        rank.be.copy(idx.data(), r.idx.data(), tokens * K);
+        rank.be.copy(w.data(), r.w.data(), tokens * K);
+        rank.be.synchronize();
+        std::int64_t const before = moecomm_emulation::device_allocations();
+        layer.forward({idx.data(), w.data(), tokens, K}, {x.data(), tokens, H}, {out.data(), tokens, H}, experts);
+        layer.backward({x.data(), tokens, H}, {d_x.data(), tokens, H}, moecomm::array_view<float>{d_w.data(), tokens * K}, experts);
+        if (step > 0) allocated[static_cast<std::size_t>(rank.comm.rank())] += moecomm_emulation::device_allocations() - before;
+      }
+    });
+  });
+  auto const seen = take_violations();
+  CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
+  return allocated[0] + allocated[1] + allocated[2] + allocated[3];
+}
+
+// The expert-parallel layer with `policies` (make_expert_parallel_layer) over 4 emulated GPUs.
+template <class... Policies>
+auto expert_parallel(Policies const&... policies) {
+  return [=](emulated_rank& rank, auto&& use) {
+    moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(4, 2, 2));
+    auto layer = moecomm::make_expert_parallel_layer<float>(rank.be, groups, 8, 16, policies...);
+    use(layer, rank.comm.rank());
+  };
+}
+
+TEST_CASE("after reserve, 200 drifting steps of every layer on emulated GPUs allocate no device memory") {
+  moecomm::fastermoe_cost_params slow_gemm;  // hot experts are worth shadowing
+  slow_gemm.gemm_flops = 1e8;
+  slow_gemm.net_bandwidth = slow_gemm.local_bandwidth = 1e9;
+  auto const placement = moecomm::replica_placement::cyclic(4, 4, 2);  // 8 experts in 16 slots
+  CHECK(device_allocations_after_reserve(2, expert_parallel()) == 0);
+  CHECK(device_allocations_after_reserve(2, expert_parallel(moecomm::dedup_per_rank<moecomm::flat>{})) == 0);
+  CHECK(device_allocations_after_reserve(
+            2, expert_parallel(moecomm::hierarchical_2d{}, moecomm::capacity<moecomm::drop_by_position>{1.25, 0, true, {}})) == 0);
+  CHECK(device_allocations_after_reserve(2, expert_parallel(moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::smart_schedule{2})) == 0);
+  CHECK(device_allocations_after_reserve(2, expert_parallel(moecomm::hybridep{2})) == 0);
+  CHECK(device_allocations_after_reserve(4, expert_parallel(moecomm::finemoe{placement})) == 0);
+  CHECK(device_allocations_after_reserve(4, expert_parallel(moecomm::flexmoe{placement})) == 0);
+  CHECK(device_allocations_after_reserve(4, [](emulated_rank& rank, auto&& use) {  // Parm S2, MP 2 x EP 2
+          moecomm::parallel_groups<moecomm::nccl_communicator> groups(rank.comm, {2, 2, 1});
+          moecomm::parm_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, moecomm::parm_s2> layer(
+              rank.be, groups, 8, 16, moecomm::parm_s2{2});
+          use(layer, groups.coordinates().ep);
+        }) == 0);
+}
+
+#endif  // the emulation counts device allocations
 
 TEST_CASE("Parm's schedules (deepspeed_mp, S1, S2 pipelined on the lane) on 8 emulated GPUs equal the oracle") {
   for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 2}}) {

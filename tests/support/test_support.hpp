@@ -19,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -234,6 +235,20 @@ void check_error(F&& f, moecomm::status code, std::vector<std::string> const& fr
     for (auto const& fragment : fragments)
       CHECK_MESSAGE(what.find(fragment) != std::string::npos, "message '", what, "' lacks '", fragment, "'");
   }
+}
+
+// `layer.reserve(bounds, experts)` where the layer takes the experts (the expert-parallel layer: a
+// shadowing policy's replica buffers), else `layer.reserve(bounds)`.
+template <class Layer, class Experts, class = void>
+struct reserves_with_experts : std::false_type {};
+template <class Layer, class Experts>
+struct reserves_with_experts<Layer, Experts,
+                             std::void_t<decltype(std::declval<Layer&>().reserve(moecomm::step_bounds{}, std::declval<Experts&>()))>>
+    : std::true_type {};
+template <class Layer, class Experts>
+void reserve_layer(Layer& layer, moecomm::step_bounds const& bounds, Experts& experts) {
+  if constexpr (reserves_with_experts<Layer, Experts>::value) layer.reserve(bounds, experts);
+  else layer.reserve(bounds);
 }
 
 }  // namespace test

@@ -58,6 +58,11 @@ struct message_lists {
     sends.clear();
     recvs.clear();
   }
+  //! Room for `n` messages each way, so that filling them allocates nothing.
+  void reserve_messages(std::size_t n) {
+    sends.reserve(n);
+    recvs.reserve(n);
+  }
 };
 
 //! Reduction of `allreduce` and `reduce`.

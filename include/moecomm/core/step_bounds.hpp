@@ -18,6 +18,11 @@ struct step_bounds {
   //! every rank (`R · max_tokens · K`, the worst case, which a trainer that knows its routing's
   //! balance may lower: a larger step still runs, and grows what it needs).
   std::int64_t max_received_rows = 0;
+  //! Experts a shadowing policy (FasterMoE, Pro-Prophet) may replicate in a step: the replica
+  //! buffers hold that many experts' parameters and gradients. 0: every expert (the worst case; a
+  //! trainer that caps its shadow set, or knows it stays small, lowers it: a larger set still runs,
+  //! and grows them).
+  std::int32_t max_shadowed_experts = 0;
 };
 
 MOECOMM_NAMESPACE_END

@@ -129,7 +129,7 @@ class expert_parallel_layer : public detail::layer_mode {
   //! DeepEP's `Buffer` is sized once. Local: no traffic; call it on every rank, before the first
   //! step (a larger step still runs and grows what it needs). Not sized here: what the first call of
   //! anything sets up whatever the batch (the communicator's bookkeeping, the smart schedule's lane),
-  //! and a shadowing policy's replica buffers (they grow with the shadow set).
+  //! and a shadowing policy's replica buffers, which depend on the experts: `reserve(bounds, experts)`.
   //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
   void reserve(step_bounds const& bounds) {
     std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
@@ -139,6 +139,18 @@ class expert_parallel_layer : public detail::layer_mode {
       for (rows_t* b : {&home_in_, &home_out_, &d_home_out_, &d_home_in_}) grow_rows(*b, slots);
     if constexpr (pipelined && shadowing_t::shadows) grow_rows(d_x_, bounds.max_tokens);
     grow(dispatcher_.backend(), d_weights_, slots);
+  }
+
+  //! `reserve(bounds)`, and, with a shadowing policy, its replica buffers for
+  //! `bounds.max_shadowed_experts` of `experts` (their parameter count and type size them).
+  template <class Experts>
+  void reserve(step_bounds const& bounds, Experts& experts) {
+    reserve(bounds);
+    if constexpr (shadowing_t::shadows) {
+      detail::require(bounds.max_shadowed_experts >= 0, "expert_parallel_layer::reserve", "step_bounds.max_shadowed_experts = ",
+                      bounds.max_shadowed_experts, " is negative");
+      shadow_.reserve(bounds.max_shadowed_experts, experts);
+    }
   }
 
   //! Begins a scheduled step (Pro-Prophet's scheduler; patterns/fastermoe.hpp): plans it from the

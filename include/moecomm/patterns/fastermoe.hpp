@@ -124,6 +124,37 @@ struct fastermoe_shadowing {
       return true;
     }
 
+    //! Sizes the replica buffers for `max_shadowed` experts of `experts` (0: every expert) and the
+    //! decision's tables for every expert, so that steps within them allocate nothing.
+    template <class Experts>
+    void reserve(std::int32_t max_shadowed, Experts& experts) {
+      using P = detail::parameter_t<Experts>;
+      std::size_t const E = owners_.size(), R = static_cast<std::size_t>(groups_->world().size());
+      std::int64_t const n = max_shadowed > 0 ? std::min<std::int64_t>(max_shadowed, static_cast<std::int64_t>(E))
+                                              : static_cast<std::int64_t>(E);
+      std::int64_t const bytes = n * experts.parameter_count() * std::int64_t(sizeof(P));
+      grow(be_, replica_params_, bytes);
+      grow(be_, replica_grads_, bytes);
+      // The planner's workspaces at their largest: a plan on counts that load every expert from
+      // every rank (the decision it leaves is cleared: no step has run).
+      std::vector<std::int64_t> const everywhere(E * R, 1);
+      planner_(model_, groups_->topo(), owners_, everywhere, decision_);
+      for (std::vector<std::int32_t>* v : {&shadowed_, &subset_offsets_, &decision_.shadowed, &decision_.subset_offsets}) {
+        v->clear();
+        v->reserve(E + 1);
+      }
+      order_.reserve(E);
+      subset_ranks_.reserve(E * R);
+      decision_.subset_ranks.clear();
+      decision_.subset_ranks.reserve(E * R);
+      // The replica ops' staging (an owner stages a chunk from each replica) and message lists, on
+      // this thread and on the lane.
+      for (workspace<Backend>* w : {&workspace_, &lane_workspace_}) {
+        (void)w->template get<P>(be_, experts.parameter_count() * static_cast<std::int64_t>(R));
+        w->messages().reserve_messages(R);
+      }
+    }
+
     //! Waits for the scheduled step's gradient aggregation (or anything else on the lane), rethrowing its failure.
     void finish_lane() {
       if (!lane_busy_) return;

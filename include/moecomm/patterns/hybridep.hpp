@@ -194,6 +194,18 @@ class hybridep_layer : public detail::layer_mode {
     }
   }
 
+  //! Sizes every buffer whose size depends on the batch for steps within `bounds` (as
+  //! `expert_parallel_layer::reserve`: the dispatcher's plans, exchange and rows over the same-offset
+  //! group, the experts' rows, the relabeled routing), so that such steps allocate nothing. The
+  //! gathered parameters and gradients depend on the experts, not the batch: the first step sizes
+  //! them. Local: no traffic; call it on every rank before the first step.
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  void reserve(step_bounds const& bounds) {
+    std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
+    for (rows_t* b : {&expert_in_, &expert_out_, &d_expert_out_, &d_expert_in_}) grow_rows(*b, received);
+    if (relabel_) grow(be_, relabeled_idx_, bounds.max_tokens * bounds.top_k);
+  }
+
   //! Starts the all-gather of the expert domain's parameters in the background and returns: run
   //! the pre-expert compute, then `forward`. Collective over the expert domain. `experts`'
   //! parameters must not change until `forward` returns.

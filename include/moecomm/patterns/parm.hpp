@@ -192,6 +192,38 @@ class parm_layer : public detail::layer_mode {
     }
   }
 
+  //! Sizes every buffer whose size depends on the batch for steps within `bounds` (`max_tokens`: an
+  //! MP group's tokens), as `expert_parallel_layer::reserve`: the plans of all tokens, the EP
+  //! dispatcher's, the rows each schedule moves (a slice's gathered rows under PauseMP, the ESP
+  //! all-reduce's in the baseline) and the collectives' staging. `max_received_rows` bounds the rows
+  //! one rank's experts receive over the EP group (0: every slot of every EP rank). The staged
+  //! parameter gradients depend on the experts: the first step sizes them. Local: no traffic; call
+  //! it on every rank before the first step.
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  void reserve(step_bounds const& bounds) {
+    std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
+    std::int64_t const slots = bounds.max_tokens * bounds.top_k, gathered = received * esp_size();
+    detail::largest_routing<Backend> const largest(be(), bounds.max_tokens, bounds.top_k, num_experts_);
+    build_permute_plan(be(), largest.view(), num_experts_, all_plan_, scratch_, unchecked_routing);
+    if constexpr (!detail::is_dropless_v<Capacity>) {
+      grow(be(), kept_idx_, slots);
+      build_kept_permute_plan(be(), all_plan_, largest.view(), kept_plan_, scratch_, unchecked_routing);
+    }
+    for (rows_t* b : {&expert_in_, &partial_out_, &d_expert_out_, &d_partial_in_}) grow_rows(*b, gathered);
+    for (rows_t* b : {&expert_out_, &d_expert_in_, &esp_slice_}) grow_rows(*b, received);
+    for (rows_t* b : {&out_slice_, &d_x_slice_, &d_x_unwanted_}) grow_rows(*b, bounds.max_tokens);
+    grow_rows(d_returned_, slots);
+    for (auto* b : {&d_weights_slice_, &d_weights_unwanted_}) grow(be(), *b, slots);
+    // Staging: the ESP reduce-scatter's slices (a slice is at most one row over an even share), and
+    // the pipelined collectives' packed rows (every slice's, and this rank's pieces from every member).
+    (void)scratch_.template get<T>(be(), (received + esp_size()) * hidden_);
+    (void)pipe_.first().template get<T>(be(), 2 * gathered * hidden_);
+    (void)pipe_.second().template get<T>(be(), received * hidden_);
+    std::size_t const peers = static_cast<std::size_t>(groups_->ep().size() + esp_size());  // a piece's messages, at most
+    for (workspace<Backend>* w : {&pipe_.first(), &pipe_.second()}) w->messages().reserve_messages(peers);
+    be().synchronize();  // the largest routing goes
+    routed_ = false;     // the plans hold it: a backward needs a new forward
+  }
 
   [[nodiscard]] parm_report const& report() const { return report_; }
   [[nodiscard]] parallel_groups<Comm>& groups() const { return *groups_; }
