@@ -194,6 +194,44 @@ TEST_CASE("HybridEP: one policy value in make_expert_parallel_layer makes the la
   });
 }
 
+// The exchange over each offset's ranks is a policy too: with dedup_per_rank a token crosses once to
+// each rank that holds one of its experts (here each destination holds S · L = 4 of the 16 experts,
+// so a token's two experts share one about a fifth of the time). The payloads are exact, so the
+// results are plain EP's bit for bit; the rows moved are fewer than flat's in total, never more.
+TEST_CASE("HybridEP: with dedup_per_rank, plain EP's results, and fewer rows moved") {
+  shadow_case const c = dense8;
+  auto const in = make_shadow_inputs<float>(c);
+  using comm_t = moecomm::inproc_communicator;
+  std::vector<std::int64_t> flat_bytes(static_cast<std::size_t>(c.ranks)), dedup_bytes(flat_bytes.size());
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+  world.run([&](comm_t comm) {
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, 1));
+    auto plain = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    auto hybrid = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden, moecomm::hybridep{2});
+    auto dedup = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                            moecomm::dedup_per_rank<moecomm::flat>{}, moecomm::hybridep{2});
+    static_assert(std::is_same_v<decltype(dedup), moecomm::hybridep_layer<float, moecomm::host_backend, comm_t, moecomm::dropless,
+                                                                          moecomm::weighted, moecomm::dedup_per_rank<moecomm::flat>>>);
+    auto const want = run_step(plain, comm.rank(), c, in);
+    (void)run_step(hybrid, comm.rank(), c, in);
+    auto const got = run_step(dedup, comm.rank(), c, in);
+    check_same_result(got, want, comm.rank(), c);
+    auto const bytes = [](moecomm::alltoall_stats const& s) { return s.intra_bytes + s.inter_bytes + s.inter_domain_bytes; };
+    flat_bytes[static_cast<std::size_t>(comm.rank())] = bytes(hybrid.report().exchange);
+    dedup_bytes[static_cast<std::size_t>(comm.rank())] = bytes(dedup.report().exchange);
+    CHECK(dedup.dispatch_state().report().slot_metadata.intra_bytes + dedup.dispatch_state().report().slot_metadata.inter_bytes > 0);
+  });
+  std::int64_t flat_total = 0, dedup_total = 0;
+  for (std::size_t r = 0; r < flat_bytes.size(); ++r) {
+    CAPTURE(r);
+    CHECK(dedup_bytes[r] <= flat_bytes[r]);
+    flat_total += flat_bytes[r];
+    dedup_total += dedup_bytes[r];
+  }
+  CHECK(dedup_total < flat_total);
+  MESSAGE("HybridEP S = 2 token rows moved: flat ", flat_total, " B, dedup_per_rank ", dedup_total, " B");
+}
+
 }  // namespace test
 
 namespace test {

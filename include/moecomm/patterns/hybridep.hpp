@@ -150,16 +150,23 @@ inline void expert_labels_by_position(expert_domain_layout const& layout, std::i
 
 //! One MoE layer under HybridEP (see the file comment).
 //! @tparam Capacity `dropless` or `capacity<rule>`; @tparam Weighting `weighted` or `unweighted`.
+//! @tparam Algorithm the token exchange over each offset's ranks: `flat` (the default),
+//!         `hierarchical_2d`, `pairwise` or `dedup_per_rank<...>` (one row per token and destination
+//!         rank); not the smart schedule, which pipelines experts the layer runs once.
 //! The experts must be parametric (patterns/experts.hpp): the layer moves their parameters. Local
 //! expert `l` of rank `r` is global expert `r · E / R + l`, as in plain expert parallelism.
-template <class T, class Backend, class Comm, class Capacity = dropless, class Weighting = weighted>
+template <class T, class Backend, class Comm, class Capacity = dropless, class Weighting = weighted, class Algorithm = flat>
 class hybridep_layer : public detail::layer_mode {
+  static_assert(!std::is_same_v<Algorithm, smart_schedule>,
+                "moecomm::hybridep_layer: the smart schedule pipelines the experts per source rank; HybridEP runs them once "
+                "over the gathered experts: use flat, hierarchical_2d, pairwise or dedup_per_rank");
+
  public:
   //! Collective over the world of `groups`, whose topology names the domains.
   //! @throws error (invalid_argument) naming `policy.expert_domain` when it does not divide the ranks
   //!         of a domain, or `num_experts` unless it is a positive multiple of the ranks.
   hybridep_layer(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
-                 hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {})
+                 hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {}, Algorithm algorithm = {})
       : be_(be),
         world_(&agreed(groups.world(), policy, num_experts, hidden)),
         layout_(detail::expert_domain_layout::of(groups.topo(), policy)),
@@ -167,7 +174,7 @@ class hybridep_layer : public detail::layer_mode {
         same_offset_(groups.world().split(position_ % layout_.size, position_ / layout_.size)),
         expert_domain_(groups.world().split(position_ / layout_.size, position_ % layout_.size)),
         same_offset_groups_(same_offset_, groups.topo().of_members(layout_.same_offset(position_ % layout_.size))),
-        dispatcher_(be, same_offset_groups_, num_experts, capacity, flat{}, checks),
+        dispatcher_(be, same_offset_groups_, num_experts, capacity, algorithm, checks),
         topo_(groups.topo()),
         hidden_(hidden),
         compression_(policy.compression),
@@ -258,7 +265,7 @@ class hybridep_layer : public detail::layer_mode {
 
   [[nodiscard]] hybridep_report const& report() const { return report_; }
   //! The dispatcher over the same-offset group (its report: capacity, drops, rows).
-  [[nodiscard]] dispatcher<Backend, Comm, Capacity, flat> const& dispatch_state() const { return dispatcher_; }
+  [[nodiscard]] dispatcher<Backend, Comm, Capacity, Algorithm> const& dispatch_state() const { return dispatcher_; }
   //! The ranks of this rank's expert domain, and of its same-offset group.
   [[nodiscard]] Comm& expert_domain() { return expert_domain_; }
   [[nodiscard]] Comm& same_offset() { return same_offset_; }
@@ -516,7 +523,7 @@ class hybridep_layer : public detail::layer_mode {
   std::int32_t position_;
   Comm same_offset_, expert_domain_;
   exchange_groups<Comm> same_offset_groups_;
-  dispatcher<Backend, Comm, Capacity, flat> dispatcher_;
+  dispatcher<Backend, Comm, Capacity, Algorithm> dispatcher_;
   topology topo_;
   std::int64_t hidden_;
   double compression_;

@@ -104,10 +104,8 @@ constexpr bool check_layer_policies() {
                 "moecomm::make_expert_parallel_layer: routing_checks given twice");
   static_assert(count_of_kind<is_expert_domain_policy, Policies...> <= 1,
                 "moecomm::make_expert_parallel_layer: hybridep given twice");
-  static_assert(count_of_kind<is_expert_domain_policy, Policies...> == 0 ||
-                    (count_of_kind<is_alltoall_algorithm, Policies...> == 0 && count_of_kind<is_shadowing_policy, Policies...> == 0),
-                "moecomm::make_expert_parallel_layer: hybridep runs its own exchange (the dispatcher over each "
-                "offset's ranks) and moves experts itself: drop the all-to-all algorithm and the shadowing policy");
+  static_assert(count_of_kind<is_expert_domain_policy, Policies...> == 0 || count_of_kind<is_shadowing_policy, Policies...> == 0,
+                "moecomm::make_expert_parallel_layer: hybridep moves experts itself: drop the shadowing policy");
   static_assert(count_of_kind<is_replication_policy, Policies...> <= 1,
                 "moecomm::make_expert_parallel_layer: replicated given twice");
   static_assert(count_of_kind<is_replication_policy, Policies...> == 0 ||
@@ -162,7 +160,8 @@ using expert_parallel_layer_of = std::conditional_t<
     std::conditional_t<
     (detail::count_of_kind<is_expert_domain_policy, Policies...> > 0),
     hybridep_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
-                   detail::policy_of_t<is_weighting_policy, weighted, Policies...>>,
+                   detail::policy_of_t<is_weighting_policy, weighted, Policies...>,
+                   detail::policy_of_t<is_alltoall_algorithm, flat, Policies...>>,
     expert_parallel_layer<T, Backend, Comm, detail::policy_of_t<is_capacity_policy, dropless, Policies...>,
                           detail::policy_of_t<is_alltoall_algorithm, flat, Policies...>,
                           detail::policy_of_t<is_weighting_policy, weighted, Policies...>,
@@ -186,7 +185,8 @@ template <class T, class Backend, class Comm, class... Policies>
             hidden,
             detail::policy_value<is_expert_domain_policy>(hybridep{}, policies...),
             detail::policy_value<is_capacity_policy>(dropless{}, policies...),
-            detail::policy_value<is_routing_checks>(routing_checks{}, policies...)};
+            detail::policy_value<is_routing_checks>(routing_checks{}, policies...),
+            detail::policy_value<is_alltoall_algorithm>(flat{}, policies...)};
   else
     return {std::move(be),
           groups,
