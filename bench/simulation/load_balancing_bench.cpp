@@ -369,9 +369,8 @@ int main(int argc, char** argv) {
                                               std::to_string(g_steps) + " steps");
   for (char const* trace : traces)
     for (char const* pattern : patterns) register_run(platform, trace, pattern);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  print_summary(platform);
-  if (!csv.empty()) write_csv(csv, platform);
-  return 0;
+  return moecomm_bench::finish("bench_load_balancing", [&] {
+    print_summary(platform);
+    if (!csv.empty()) write_csv(csv, platform);
+  });
 }

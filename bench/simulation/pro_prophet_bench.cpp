@@ -277,9 +277,8 @@ int main(int argc, char** argv) {
                                               ", Zipf(1.2), top-1/2, 16384/32768 tokens per iteration");
   for (config const& c : configs)
     for (char const* v : variants) register_run(platform, c, v);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  print_summary(platform);
-  if (!csv.empty()) write_csv(csv);
-  return 0;
+  return moecomm_bench::finish("bench_pro_prophet", [&] {
+    print_summary(platform);
+    if (!csv.empty()) write_csv(csv);
+  });
 }

@@ -50,20 +50,25 @@ inline void fail(benchmark::State& state, std::string message) {
   state.SkipWithError(messages.back().c_str());
 }
 
-//! Runs the registered benchmarks; returns `main`'s exit code: non-zero when the filter matched
-//! nothing or a correctness check failed.
-inline int finish(char const* program) {
+//! Runs the registered benchmarks, then `after_run()` (a summary table, a CSV) when any ran;
+//! returns `main`'s exit code: non-zero when the filter matched nothing or a correctness check failed.
+template <class AfterRun>
+int finish(char const* program, AfterRun&& after_run) {
   std::size_t const ran = benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   if (ran == 0) {
     std::fprintf(stderr, "%s: no benchmark matched the filter\n", program);
     return 1;
   }
+  after_run();
   if (g_failed) {
     std::fprintf(stderr, "%s: a correctness check failed\n", program);
     return 1;
   }
   return 0;
+}
+inline int finish(char const* program) {
+  return finish(program, [] {});
 }
 
 //! splitmix64: deterministic inputs, the same on every machine.
