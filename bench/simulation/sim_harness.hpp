@@ -17,6 +17,7 @@
 #include "../support/harness.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -263,6 +264,13 @@ struct step_span {
 inline double checksum(std::vector<float> const& out, std::vector<float> const& d_x) {
   double sum = 0;
   for (std::size_t i = 0; i < out.size(); ++i) sum += double(out[i]) + double(d_x[i]);
+  return sum;
+}
+
+//! The scale of `checksum`: the sum of the elements' magnitudes, in double.
+inline double magnitude(std::vector<float> const& out, std::vector<float> const& d_x) {
+  double sum = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) sum += std::fabs(double(out[i])) + std::fabs(double(d_x[i]));
   return sum;
 }
 
