@@ -84,10 +84,11 @@ options parse_options(int argc, char** argv) {
   options o;
   flag_set flags(program, "%s [flags]",
                  "Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:\n"
-                 "deepspeed_mp (the baseline), parm_s1, parm_s2 and parm_auto. Reports the rows each rank dispatches\n"
-                 "and computes, messages and bytes inside and between nodes, simulated times beside the cost model's\n"
-                 "predictions, which schedule parm_auto picked and why, checks every schedule against the baseline\n"
-                 "bit for bit, and draws parm_s2's step as a per-rank timeline.");
+                 "deepspeed_mp, DeepSpeed's drop_tokens (the strongest baseline), parm_s1, parm_s2 and parm_auto.\n"
+                 "Reports the rows each rank dispatches and computes, messages and bytes inside and between nodes,\n"
+                 "simulated times beside the cost model's predictions, which schedule parm_auto picked and why, checks\n"
+                 "every schedule against the baseline (bit for bit on sliced experts), and draws parm_s2's step as a\n"
+                 "per-rank timeline.");
   flags.add("--platform", "NAME", "a platform of platforms/", o.platform)
       .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes", o.ranks, 1, 1 << 14)
       .add("--mp", "M", "model-parallel group size, dividing a node's GPUs", o.mp, 1, 1 << 10)
