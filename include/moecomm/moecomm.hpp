@@ -45,6 +45,7 @@
 #include <moecomm/ops/validate_routing.hpp>
 
 #include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/patterns/expert_data_parallel.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/finemoe.hpp>

@@ -38,13 +38,14 @@ layer_result<float> replicated_step(Layer& layer, std::int32_t me, shadow_case c
 }
 
 // One rank of any world: plain EP, then the replicated layer with `Split` on `placement` (its slots
-// exchanged with `Algorithm`; a deduplicated one regroups sums, exact on these dyadic payloads).
+// exchanged with `Algorithm`; a deduplicated one regroups sums, exact on these dyadic payloads), on
+// nodes grouped in domains of `nodes_per_domain` (0: one domain).
 template <class Split, class Comm, class Backend = moecomm::host_backend, class Algorithm = moecomm::flat>
 void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<float> const& in,
                               moecomm::replica_placement const& placement, Backend const& be = Backend{},
-                              Algorithm const& algorithm = {}) {
+                              Algorithm const& algorithm = {}, std::int32_t nodes_per_domain = 0) {
   std::int32_t const me = comm.rank(), E = c.experts, L = E / c.ranks, R = c.ranks;
-  moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(c.ranks, c.per_node, nodes_per_domain));
   moecomm::expert_parallel_layer<float, Backend, Comm> plain(be, groups, E, c.hidden);
   layer_result<float> const want = run_step(plain, me, c, in);
   // Every rank's plain gradients and rows, to find each replica's owner's.
@@ -81,6 +82,7 @@ void check_replicated_on_rank(Comm& comm, shadow_case const& c, shadow_inputs<fl
   for (std::int64_t rows_of_rank : report.rank_rows) busiest = std::max(busiest, rows_of_rank);
   CHECK(report.busiest_rank_rows == busiest);
   if constexpr (std::is_same_v<Split, moecomm::finemoe_split>) CHECK(busiest <= plain_busiest);
+  if constexpr (std::is_same_v<Split, moecomm::domain_split>) CHECK(report.exchange.inter_domain_bytes == 0);  // tokens stay home
 }
 
 // An optimizer state whose slot l holds its expert's identity values (`state_value(e, i)`).

@@ -13,13 +13,14 @@
 namespace test {
 
 template <class Split, class Algorithm = moecomm::flat>
-void check_replicated_equals_plain(shadow_case const& c, moecomm::replica_placement const& placement, Algorithm const& algorithm = {}) {
+void check_replicated_equals_plain(shadow_case const& c, moecomm::replica_placement const& placement, Algorithm const& algorithm = {},
+                                   std::int32_t nodes_per_domain = 0) {
   CAPTURE(Split::name);
   CAPTURE(c.zipf);
   auto const in = make_shadow_inputs<float>(c);
   moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
   world.run([&](moecomm::inproc_communicator comm) {
-    check_replicated_on_rank<Split>(comm, c, in, placement, moecomm::host_backend{}, algorithm);
+    check_replicated_on_rank<Split>(comm, c, in, placement, moecomm::host_backend{}, algorithm, nodes_per_domain);
   });
 }
 
@@ -50,6 +51,47 @@ TEST_CASE("replicated experts with a deduplicated exchange equal plain expert pa
     check_replicated_equals_plain<moecomm::finemoe_split>(c, cyclic, moecomm::dedup_per_rank<moecomm::flat>{});
     check_replicated_equals_plain<moecomm::even_split>(c, cyclic, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
   }
+}
+
+// Expert parallelism inside each domain, expert data parallelism across them: 8 ranks in 2 domains of
+// 2 nodes of 2, every domain holding all 8 experts (2 slots a rank). Plain EP's results bit for bit,
+// each replica with its expert's whole gradient (summed over the domains), and no token crossing a
+// domain; with a placement that leaves a domain without an expert, its ranks share the others evenly.
+TEST_CASE("replicated experts: domain_split on per_domain placement is EP inside each domain, DP across, with plain EP's results") {
+  moecomm::replica_placement const per_domain = moecomm::replica_placement::per_domain(8, 2, 4);
+  CHECK(per_domain.num_experts() == 8);
+  CHECK(per_domain.replica_count(5) == 2);
+  shadow_case const eight{8, 2, 8, 2, 8, {64, 64, 64, 64, 64, 64, 64, 64}, 1.2, true};
+  shadow_case const skewed{8, 2, 8, 2, 8, {80, 33, 0, 7, 64, 1, 12, 50}, 1.2, true};
+  for (shadow_case const& c : {eight, skewed}) {
+    check_replicated_equals_plain<moecomm::domain_split>(c, per_domain, moecomm::flat{}, /*nodes_per_domain=*/2);
+    check_replicated_equals_plain<moecomm::domain_split>(c, per_domain, moecomm::dedup_per_rank<moecomm::flat>{}, 2);
+  }
+  static_assert(std::is_same_v<moecomm::expert_parallel_layer_of<float, moecomm::host_backend, moecomm::inproc_communicator,
+                                                                moecomm::expert_data_parallel>,
+                               moecomm::replicated_expert_layer<float, moecomm::host_backend, moecomm::inproc_communicator,
+                                                                moecomm::domain_split>>);
+  check_error([] { (void)moecomm::replica_placement::per_domain(8, 2, 3); }, moecomm::status::invalid_argument,
+              {"replica_placement::per_domain", "ranks_per_domain = 3 must divide num_ranks = 8"});
+}
+
+TEST_CASE("assign_tokens_in_domain: a domain's replicas take its ranks' tokens evenly; without one there, all replicas do") {
+  // 4 ranks in 2 domains {0, 1}, {2, 3}; expert 0 on ranks 0 and 2, expert 1 on rank 1 only.
+  moecomm::replica_placement const p(2, 4, 1, {0, 1, 0, -1});
+  moecomm::replica_sets const sets = moecomm::replica_sets_of(p);
+  std::vector<std::int64_t> const counts = {5, 3, 4, 2, 7, 1, 6, 0};  // [rank][expert]
+  moecomm::replica_assignment out;
+  moecomm::assign_tokens_in_domain(sets, {counts.data(), 8}, [](std::int32_t r) { return r / 2; }, out);
+  auto take = [&](std::int32_t s, std::int32_t k) { return out.take[static_cast<std::size_t>(s) * sets.ranks.size() + static_cast<std::size_t>(k)]; };
+  // replica lists: expert 0 -> ranks {0, 2} (k = 0, 1), expert 1 -> rank {1} (k = 2)
+  CHECK(take(0, 0) == 5);
+  CHECK(take(0, 1) == 0);
+  CHECK(take(1, 0) == 4);
+  CHECK(take(2, 1) == 7);
+  CHECK(take(3, 0) == 0);
+  CHECK(take(3, 1) == 6);
+  CHECK(take(0, 2) == 3);  // expert 1 has no replica in domain 1: its one replica takes everything
+  CHECK(take(2, 2) == 1);
 }
 
 }  // namespace test

@@ -104,6 +104,25 @@ class replica_placement {
     return replica_placement(groups * slots_per_rank, num_ranks, slots_per_rank, std::move(slots));
   }
 
+  //! Every domain of `ranks_per_domain` consecutive ranks holds every expert once: slot `(r, l)`
+  //! holds expert `(r mod P) · S + l` (P = `ranks_per_domain`), so there are `P · S` experts with
+  //! `R / P` replicas each, one per domain (with `domain_split`: expert parallelism inside each
+  //! domain, expert data parallelism across them).
+  //! @throws error (invalid_argument) unless `ranks_per_domain` divides `num_ranks`.
+  [[nodiscard]] static replica_placement per_domain(std::int32_t num_ranks, std::int32_t slots_per_rank,
+                                                    std::int32_t ranks_per_domain) {
+    char const* op = "replica_placement::per_domain";
+    detail::require(num_ranks > 0 && slots_per_rank > 0, op, "num_ranks = ", num_ranks, " and slots_per_rank = ", slots_per_rank,
+                    " must be positive");
+    detail::require(ranks_per_domain >= 1 && num_ranks % ranks_per_domain == 0, op, "ranks_per_domain = ", ranks_per_domain,
+                    " must divide num_ranks = ", num_ranks);
+    std::vector<std::int32_t> slots(static_cast<std::size_t>(num_ranks) * slots_per_rank);
+    for (std::int32_t r = 0; r < num_ranks; ++r)
+      for (std::int32_t l = 0; l < slots_per_rank; ++l)
+        slots[static_cast<std::size_t>(r * slots_per_rank + l)] = (r % ranks_per_domain) * slots_per_rank + l;
+    return replica_placement(ranks_per_domain * slots_per_rank, num_ranks, slots_per_rank, std::move(slots));
+  }
+
   //! The load-aware placement of the file comment. `loads[e]` >= 0 (expected tokens of expert e).
   //! @throws error (invalid_argument) when the experts do not fit (`E > R·S`) or a load is negative.
   [[nodiscard]] static replica_placement from_loads(std::int32_t num_ranks, std::int32_t slots_per_rank,

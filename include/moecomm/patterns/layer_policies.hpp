@@ -27,6 +27,7 @@
 #include <moecomm/ops/capacity.hpp>
 #include <moecomm/ops/unpermute.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/patterns/expert_data_parallel.hpp>
 #include <moecomm/patterns/finemoe.hpp>
 #include <moecomm/patterns/flexmoe.hpp>
 #include <moecomm/patterns/hybridep.hpp>

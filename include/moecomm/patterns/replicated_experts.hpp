@@ -74,6 +74,12 @@ struct finemoe_split {
 struct even_split {
   static constexpr char const* name = "even";
 };
+//! Each rank's tokens of an expert shared evenly among its replicas in the rank's own domain (the
+//! topology's third level; all replicas when none is there): with `replica_placement::per_domain`,
+//! expert parallelism inside each domain and expert data parallelism across them.
+struct domain_split {
+  static constexpr char const* name = "domain";
+};
 
 //! The placement stays as built (FineMoE; `move_replicas` still changes it on request).
 struct static_placement {
@@ -109,7 +115,7 @@ namespace detail {
 }  // namespace detail
 
 //! One MoE layer over replicated experts (see the file comment).
-//! @tparam Split `finemoe_split` or `even_split`; @tparam Weighting `weighted` or `unweighted`;
+//! @tparam Split `finemoe_split`, `even_split` or `domain_split`; @tparam Weighting `weighted` or `unweighted`;
 //! @tparam Placement `static_placement` or `dynamic_placement`; @tparam Algorithm the exchange over
 //! the slots: `flat`, `hierarchical_2d`, `pairwise` or `dedup_per_rank<…>` (with several slots per
 //! rank, a token routed to two slots of one rank crosses once; semantics §10a).
@@ -379,6 +385,9 @@ class replicated_expert_layer : public detail::layer_mode {
     if constexpr (std::is_same_v<Split, finemoe_split>) {
       schedule_replicas(sets_, loads_, schedule_, schedule_workspace_);
       assign_tokens_finemoe(sets_, counts(), schedule_.split, assignment_);
+    } else if constexpr (std::is_same_v<Split, domain_split>) {
+      topology const& topo = dispatcher_.groups().topo();
+      assign_tokens_in_domain(sets_, counts(), [&](std::int32_t r) { return topo.domain_of(r); }, assignment_);
     } else {
       assign_tokens_evenly(sets_, counts(), assignment_);
     }

@@ -11,6 +11,9 @@
 //!   replica takes exactly its split.
 //! - `assign_tokens_evenly` (FlexMoE): each rank's tokens of an expert are shared evenly among its
 //!   replicas, the remainder one each to the first replicas in ascending rank.
+//! - `assign_tokens_in_domain`: as evenly, among the expert's replicas in the rank's own domain
+//!   (the topology's third level); among all of them when it has none there. With one replica per
+//!   domain no token leaves its domain: expert parallelism inside, expert data parallelism across.
 //!
 //! A rank's tokens of one expert, in their dispatch order (the permute plan's (token, slot) order),
 //! go to the replicas as contiguous ranges: its own replica's first, then the others in ascending
@@ -122,19 +125,48 @@ inline void assign_tokens_finemoe(replica_sets const& sets, array_view<std::int6
   }
 }
 
-//! FlexMoE's even split (file comment).
-//! @throws error (invalid_argument) naming a negative count.
-inline void assign_tokens_evenly(replica_sets const& sets, array_view<std::int64_t const> counts, replica_assignment& out) {
-  detail::prepare_assignment("assign_tokens_evenly", sets, counts, out);
+namespace detail {
+
+//! Each rank's tokens of each expert shared evenly among the replicas `in(s, replica rank)` admits
+//! (all of them when it admits none), the remainder one each to the first in ascending rank.
+template <class Admits>
+void assign_evenly_among(replica_sets const& sets, array_view<std::int64_t const> counts, replica_assignment& out, Admits&& in) {
   std::int32_t const R = sets.num_ranks, E = sets.num_experts();
   std::size_t const K = sets.ranks.size();
   for (std::int32_t s = 0; s < R; ++s)
     for (std::int32_t e = 0; e < E; ++e) {
       std::int32_t const first = sets.offsets[static_cast<std::size_t>(e)], n = sets.offsets[static_cast<std::size_t>(e) + 1] - first;
+      auto const admitted = [&](std::int32_t j) { return in(s, sets.ranks[static_cast<std::size_t>(first + j)]); };
+      std::int32_t m = 0;  // replicas admitted
+      for (std::int32_t j = 0; j < n; ++j) m += admitted(j) ? 1 : 0;
+      bool const all = m == 0;
+      if (all) m = n;
       std::int64_t const c = counts.data[std::int64_t{s} * E + e];
-      for (std::int32_t j = 0; j < n; ++j)
-        out.take[static_cast<std::size_t>(s) * K + static_cast<std::size_t>(first + j)] = c / n + (j < c % n ? 1 : 0);
+      for (std::int32_t j = 0, i = 0; j < n; ++j) {
+        if (!all && !admitted(j)) continue;
+        out.take[static_cast<std::size_t>(s) * K + static_cast<std::size_t>(first + j)] = c / m + (i < c % m ? 1 : 0);
+        ++i;
+      }
     }
+}
+
+}  // namespace detail
+
+//! FlexMoE's even split (file comment).
+//! @throws error (invalid_argument) naming a negative count.
+inline void assign_tokens_evenly(replica_sets const& sets, array_view<std::int64_t const> counts, replica_assignment& out) {
+  detail::prepare_assignment("assign_tokens_evenly", sets, counts, out);
+  detail::assign_evenly_among(sets, counts, out, [](std::int32_t, std::int32_t) { return true; });
+}
+
+//! Each rank's tokens to its own domain's replicas (file comment); `domain_of(rank)` names a rank's
+//! domain (e.g. `topology::domain_of`).
+//! @throws error (invalid_argument) naming a negative count.
+template <class DomainOf>
+void assign_tokens_in_domain(replica_sets const& sets, array_view<std::int64_t const> counts, DomainOf&& domain_of,
+                             replica_assignment& out) {
+  detail::prepare_assignment("assign_tokens_in_domain", sets, counts, out);
+  detail::assign_evenly_among(sets, counts, out, [&](std::int32_t s, std::int32_t r) { return domain_of(s) == domain_of(r); });
 }
 
 MOECOMM_NAMESPACE_END
