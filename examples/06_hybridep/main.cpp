@@ -5,8 +5,9 @@
 //! node of 4 A800 (PCIe inside, 10 Gb/s Ethernet between). One MoE layer of 32 experts (MLPs
 //! H -> 4H -> H, H = 150 in fp16: 0.36 MB each, the paper's expert size) runs one training step
 //! (the pre-expert compute, forward, backward) as plain expert parallelism and as HybridEP with
-//! expert domains of every size S (across the data centres), and with the planner's S and the
-//! 50x top-k codec. For each: the simulated step, the bytes per link class (tokens and experts),
+//! expert domains of every size S (across the data centres), with the planner's S and the 50x top-k
+//! codec, and as the strongest baseline, EP inside each data centre with the experts data-parallel
+//! across them (`expert_data_parallel`). For each: the simulated step, the bytes per link class (tokens and experts),
 //! and the planner's prediction beside it. Every exact run must give plain EP's outputs and
 //! gradients bit for bit on every rank. The planner's S is drawn as a per-rank timeline, where the
 //! expert gather hides behind the pre-expert compute.
@@ -152,8 +153,14 @@ void add(moecomm::alltoall_stats& into, moecomm::alltoall_stats const& s) {
   into.inter_domain_bytes += s.inter_domain_bytes;
 }
 
-//! `policy` empty: plain expert parallelism.
-run_result run(problem const& p, std::string name, std::optional<moecomm::hybridep> policy, moecomm::timeline* recorded = nullptr) {
+//! Plain expert parallelism, HybridEP with a policy, or EP inside each data centre with the experts
+//! data-parallel across them (`expert_data_parallel`: every data centre holds every expert).
+struct layout {
+  std::optional<moecomm::hybridep> hybridep;
+  bool expert_data_parallel = false;
+};
+
+run_result run(problem const& p, std::string name, layout const& how, moecomm::timeline* recorded = nullptr) {
   auto const R = static_cast<std::size_t>(p.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
   run_result res;
@@ -174,9 +181,15 @@ run_result run(problem const& p, std::string name, std::optional<moecomm::hybrid
     moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(p.ranks, p.per_node, 1));  // a data centre = a node
     std::optional<moecomm::expert_parallel_layer<float, backend, comm_t>> plain;
     std::optional<moecomm::hybridep_layer<float, backend, comm_t>> hybrid;
-    if (policy) hybrid.emplace(be, groups, p.o.experts, H, *policy);
+    std::optional<moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::expert_data_parallel>> replicated;
+    // Every data centre holds all E experts, E / per_node consecutive ones on each of its ranks.
+    auto const per_domain = moecomm::replica_placement::per_domain(p.ranks, p.o.experts / p.per_node, p.per_node);
+    if (how.hybridep) hybrid.emplace(be, groups, p.o.experts, H, *how.hybridep);
+    else if (how.expert_data_parallel) replicated.emplace(be, groups, per_domain, H);
     else plain.emplace(be, groups, p.o.experts, H);
-    mlp_experts mlp = mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
+    mlp_experts mlp = how.expert_data_parallel
+                          ? mlp_experts_of(H, p.inner, p.parameters, per_domain.expert_at(comm.rank(), 0), per_domain.slots_per_rank())
+                          : mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
     for (std::size_t s = 0; s < 2; ++s) {
       step_inputs const& in = p.steps[s][me];
       std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
@@ -190,13 +203,13 @@ run_result run(problem const& p, std::string name, std::optional<moecomm::hybrid
       moecomm::matrix_view<float const> const g{in.d_out.data(), T, H};
       moecomm::matrix_view<float> const dx{d_x.data(), T, H};
       moecomm::array_view<float> const dw{d_w.data(), T * topk};
-      if (hybrid) {
-        hybrid->forward(routing, x, y, mlp);
-        hybrid->backward(g, dx, dw, mlp);
-      } else {
-        plain->forward(routing, x, y, mlp);
-        plain->backward(g, dx, dw, mlp);
-      }
+      auto const step = [&](auto& layer) {
+        layer.forward(routing, x, y, mlp);
+        layer.backward(g, dx, dw, mlp);
+      };
+      if (hybrid) step(*hybrid);
+      else if (replicated) step(*replicated);
+      else step(*plain);
       end[me] = moecomm::simulated_seconds{}();
       if (s == 0) {
         std::fill(mlp.grads.begin(), mlp.grads.end(), 0.0f);
@@ -206,7 +219,7 @@ run_result run(problem const& p, std::string name, std::optional<moecomm::hybrid
         tokens[me] = hybrid->report().exchange;
         experts[me] = hybrid->report().expert_gather;
       } else {
-        tokens[me] = plain->dispatch_state().report().exchange;
+        tokens[me] = replicated ? replicated->report().exchange : plain->dispatch_state().report().exchange;
       }
       res.out[me] = std::move(out);
       res.d_x[me] = std::move(d_x);
@@ -260,15 +273,16 @@ int main(int argc, char** argv) {
   moecomm::hybridep_choice const choice = planner.choose(shape);
 
   std::vector<run_result> runs;
-  runs.push_back(run(p, "plain EP", std::nullopt));
+  runs.push_back(run(p, "plain EP", {}));
   moecomm::timeline recorded;
   for (auto const& c : choice.candidates) {
     int32_t const s = c.expert_domain_ranks;
     bool const planned = s == choice.expert_domain_ranks;
-    runs.push_back(run(p, "HybridEP S=" + std::to_string(s), moecomm::hybridep{s}, planned ? &recorded : nullptr));
+    runs.push_back(run(p, "HybridEP S=" + std::to_string(s), {moecomm::hybridep{s}}, planned ? &recorded : nullptr));
   }
   runs.push_back(run(p, "HybridEP S=" + std::to_string(choice.expert_domain_ranks) + " codec " + format("%.0fx", o.compression),
-                     moecomm::hybridep{choice.expert_domain_ranks, moecomm::expert_domain_spread::across_data_centres, o.compression}));
+                     {moecomm::hybridep{choice.expert_domain_ranks, moecomm::expert_domain_spread::across_data_centres, o.compression}}));
+  runs.push_back(run(p, "EP per DC + expert DP", {std::nullopt, true}));
 
   std::printf("2. One training step (pre-expert compute, forward, backward), simulated, beside the planner\n");
   std::printf("   (bytes: all ranks, the measured step; 'in DC / across' = inside data centres / between them)\n");
@@ -279,14 +293,21 @@ int main(int argc, char** argv) {
     run_result const& r = runs[i];
     std::string predicted = "-";
     if (i >= 1 && i <= choice.candidates.size()) predicted = format_time(choice.candidates[i - 1].step_total);
-    bool const exact = i <= choice.candidates.size();
+    bool const exact = i <= choice.candidates.size() || i == runs.size() - 1;  // all but the codec's run
     if (exact && i > 0) all_equal = all_equal && same_bits(r, runs[0]);
     std::printf("   %-24s %10s %7.2fx %10s   %-25s %-25s%s\n", r.name.c_str(), format_time(r.step_s).c_str(), runs[0].step_s / r.step_s,
-                predicted.c_str(), link_bytes(r.tokens, p.scale.payload).c_str(), link_bytes(r.experts, p.scale.parameters).c_str(),
+                predicted.c_str(), link_bytes(r.tokens, p.scale.payload).c_str(), (i + 1 == runs.size() ? std::string("(gradients' all-reduce)") : link_bytes(r.experts, p.scale.parameters)).c_str(),
                 i >= 1 && i <= choice.candidates.size() && choice.candidates[i - 1].expert_domain_ranks == choice.expert_domain_ranks
                     ? "  <- planner's S"
                     : "");
   }
+  std::size_t planned_run = 0;  // runs[i] is candidate i - 1
+  for (std::size_t i = 0; i < choice.candidates.size(); ++i)
+    if (choice.candidates[i].expert_domain_ranks == choice.expert_domain_ranks) planned_run = i + 1;
+  std::printf("   'EP per DC + expert DP' (expert_data_parallel): every data centre holds every expert, tokens stay home, and each\n"
+              "   step all-reduces the experts' gradients across the data centres: HybridEP's strongest baseline. The planner's\n"
+              "   S is %.2fx faster than it (and %.2fx than plain EP).\n",
+              runs.back().step_s / runs[planned_run].step_s, runs[0].step_s / runs[planned_run].step_s);
   std::printf("   planner: plan/hybridep_planner.hpp with the platform's figures (hybridep_params::from_cluster): the paper's\n"
               "   stream model of the forward (gather beside the pre-expert compute, two all-to-alls, GEMMs) plus the backward\n"
               "   (two all-to-alls, the gradients' reduce-scatter, the GEMMs twice); uniform routing; not the permutations.\n\n");
@@ -297,8 +318,8 @@ int main(int argc, char** argv) {
               choice.expert_domain_ranks, choice.p, choice.p_star, choice.p_rule,
               format_bytes(static_cast<double>(shape.parameter_bytes_per_expert)).c_str(), p.domains);
 
-  std::printf("4. Outputs, input gradients and routing-weight gradients of every exact HybridEP run identical to plain EP\n"
-              "   on every rank: %s (the codec's run differs by design: its gathered experts are approximations)\n\n",
+  std::printf("4. Outputs, input gradients and routing-weight gradients of every exact run identical to plain EP on every\n"
+              "   rank: %s (the codec's run differs by design: its gathered experts are approximations)\n\n",
               all_equal ? "yes" : "NO");
   write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
                  "5. Timeline of the planner's S's measured step (the gather on each rank's lane, beside the compute)");
