@@ -176,6 +176,17 @@ struct variant {
   Layer layer;
 };
 
+//! Each data centre's communicator and groups, and each rank's replicas' across the data centres
+//! (a base of `ep_per_data_centre`, so that they exist before its layer).
+struct data_centre_groups {
+  comm_t local, across;
+  moecomm::exchange_groups<comm_t> groups;
+  explicit data_centre_groups(moecomm::exchange_groups<comm_t>& world)
+      : local(world.world().split(world.topo().domain_of(world.world().rank()), world.world().rank())),
+        across(world.world().split(local.rank(), world.world().rank())),
+        groups(local, moecomm::topology(local.size(), std::min(local.size(), world.topo().ranks_per_node()))) {}
+};
+
 //! HybridEP's strongest baseline (issue 25, F4): expert parallelism inside each data centre, the
 //! experts data-parallel across them. Every data centre holds all E experts over its ranks, so its
 //! tokens never leave it; each step then all-reduces every expert's gradient with its replicas in
@@ -183,25 +194,13 @@ struct variant {
 //! Built from plain EP on each data centre's communicator and one all-reduce: the library's
 //! `expert_data_parallel` is the same layout, but all-gathers its counts over every data centre and
 //! took 33.4 ms where this takes 31.5 (16 GPUs, 6 MB).
-struct ep_per_data_centre {
-  using layer_t = moecomm::expert_parallel_layer<float, backend, comm_t>;
+//! No token crosses a data centre (the gradients' all-reduce does, and is not counted in its bytes).
+struct ep_per_data_centre : data_centre_groups, variant<moecomm::expert_parallel_layer<float, backend, comm_t>> {
   backend be;
-  comm_t local, across;
-  moecomm::exchange_groups<comm_t> groups;
-  layer_t layer;
   moecomm::workspace<backend> scratch;
 
   ep_per_data_centre(backend const& b, moecomm::exchange_groups<comm_t>& world)
-      : be(b),
-        local(world.world().split(world.topo().domain_of(world.world().rank()), world.world().rank())),
-        across(world.world().split(local.rank(), world.world().rank())),
-        groups(local, moecomm::topology(local.size(), std::min(local.size(), world.topo().ranks_per_node()))),
-        layer(b, groups, num_experts, real_hidden) {}
-  void begin(mlp_experts&) {}
-  void forward(moecomm::routing_view const& r, moecomm::matrix_view<float const> x, moecomm::matrix_view<float> out,
-               mlp_experts& experts) {
-    layer.forward(r, x, out, experts);
-  }
+      : data_centre_groups(world), variant(b, groups, num_experts, real_hidden), be(b) {}
   void backward(moecomm::matrix_view<float const> d_out, moecomm::matrix_view<float> d_x, moecomm::array_view<float> d_w,
                 mlp_experts& experts) {
     layer.backward(d_out, d_x, d_w, experts);
@@ -214,8 +213,6 @@ struct ep_per_data_centre {
     std::int32_t const count = num_experts / local.size();
     return experts_of(local.rank() * count, count, ranks);
   }
-  //! No token crosses a data centre (the gradients' all-reduce does, and is not counted here).
-  [[nodiscard]] std::int64_t inter_domain_bytes() const { return layer.dispatch_state().report().exchange.inter_domain_bytes; }
 };
 
 using shadowing = moecomm::fastermoe_shadowing<moecomm::collective_path>;
