@@ -317,16 +317,6 @@ void print_traffic(std::vector<variant_result> const& variants, double payload_s
   std::printf("\n");
 }
 
-//! The largest difference between `a` and `b`, relative to b's largest magnitude.
-double normwise_difference(std::vector<float> const& a, std::vector<float> const& b) {
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 //! Every variant's outputs and input gradients against plain flat's, every rank: bit for bit, or
 //! for the deduplicated exchange (whose combine adds per rank first) within fp32 rounding.
 bool identical_to_plain(std::vector<variant_result> const& variants) {

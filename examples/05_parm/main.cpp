@@ -40,7 +40,6 @@
 
 #include <algorithm>
 #include <cinttypes>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -313,16 +312,6 @@ void print_choice(schedule_result const& automatic, schedule_result const& s1, s
               (std::string(r.schedule) == "parm_s2") == s2_faster ? "the faster one" : "NOT the faster one");
 }
 
-//! |a - b| <= tolerance · max |b|, element by element.
-bool close_to(std::vector<float> const& a, std::vector<float> const& b, double tolerance) {
-  double largest = 0, worst = 0;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    largest = std::max(largest, std::fabs(double(b[i])));
-    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
-  }
-  return a.size() == b.size() && worst <= tolerance * largest;
-}
-
 //! Every schedule's outputs and gradients against deepspeed_mp's, every rank: bit for bit on the
 //! same sliced experts, within `1e-5` of the largest value on unsliced ones.
 bool identical_to_baseline(std::vector<schedule_result> const& results, std::string const& unsliced_name) {
@@ -331,8 +320,9 @@ bool identical_to_baseline(std::vector<schedule_result> const& results, std::str
   for (auto const& r : results)
     for (std::size_t i = 0; i < base.out.size(); ++i) {
       bool const here = r.name == unsliced_name
-                            ? close_to(r.out[i], base.out[i], 1e-5) && close_to(r.d_x[i], base.d_x[i], 1e-5) &&
-                                  close_to(r.d_w[i], base.d_w[i], 1e-5)
+                            ? normwise_difference(r.out[i], base.out[i]) <= 1e-5 &&
+                                  normwise_difference(r.d_x[i], base.d_x[i]) <= 1e-5 &&
+                                  normwise_difference(r.d_w[i], base.d_w[i]) <= 1e-5
                             : same_bits(r.out[i], base.out[i]) && same_bits(r.d_x[i], base.d_x[i]) && same_bits(r.d_w[i], base.d_w[i]);
       if (!here) std::printf("   %s differs from deepspeed_mp on rank %zu\n", r.name.c_str(), i);
       same = same && here;

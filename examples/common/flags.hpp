@@ -117,8 +117,7 @@ class flag_set {
   }
   //! A text flag; with `choices`, one of them.
   flag_set& add(std::string name, std::string value, std::string help, std::string& target, std::vector<std::string> choices = {}) {
-    std::string const shown = target.empty() ? std::string() : target;
-    return add_flag(std::move(name), std::move(value), std::move(help), shown,
+    return add_flag(std::move(name), std::move(value), std::move(help), target,
                     [this, &target, choices = std::move(choices)](std::string const& f, std::string const& v) {
                       if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
                         std::string list;

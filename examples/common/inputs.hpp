@@ -5,8 +5,11 @@
 
 #include "zipf_gate.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -43,6 +46,18 @@ std::vector<std::vector<step_inputs>> make_step_inputs(std::uint64_t seed, int s
       all[static_cast<std::size_t>(s)].push_back(std::move(in));
     }
   return all;
+}
+
+//! The largest difference between `a` and `b`, relative to b's largest magnitude (infinite when their
+//! sizes differ): how far a regrouped sum (per-rank partials, unsliced experts) strays.
+inline double normwise_difference(std::vector<float> const& a, std::vector<float> const& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
 }
 
 //! Equal bit for bit (a plain == would take -0 for +0 and fail on NaN).

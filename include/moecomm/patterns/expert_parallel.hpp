@@ -139,6 +139,7 @@ class expert_parallel_layer : public detail::layer_mode {
       for (rows_t* b : {&home_in_, &home_out_, &d_home_out_, &d_home_in_}) grow_rows(*b, slots);
     if constexpr (pipelined && shadowing_t::shadows) grow_rows(d_x_, bounds.max_tokens);
     grow(dispatcher_.backend(), d_weights_, slots);
+    routed_ = false;  // the dispatcher's plans held the largest routing: a backward needs a new forward
   }
 
   //! `reserve(bounds)`, and, with a shadowing policy, its replica buffers for

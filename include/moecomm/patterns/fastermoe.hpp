@@ -153,6 +153,7 @@ struct fastermoe_shadowing {
         (void)w->template get<P>(be_, experts.parameter_count() * static_cast<std::int64_t>(R));
         w->messages().reserve_messages(R);
       }
+      be_.synchronize();  // allocated on this stream, used on the lane's too (as prepare_buffers' are)
     }
 
     //! Waits for the scheduled step's gradient aggregation (or anything else on the lane), rethrowing its failure.

@@ -211,6 +211,7 @@ class hybridep_layer : public detail::layer_mode {
     std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
     for (rows_t* b : {&expert_in_, &expert_out_, &d_expert_out_, &d_expert_in_}) grow_rows(*b, received);
     if (relabel_) grow(be_, relabeled_idx_, bounds.max_tokens * bounds.top_k);
+    routed_ = false;  // the dispatcher's plans held the largest routing: a backward needs a new forward
   }
 
   //! Starts the all-gather of the expert domain's parameters in the background and returns: run
