@@ -140,7 +140,7 @@ void check_emulated_layer(layer_case const& c, Algorithm const& algorithm) {
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
     using Capacity = std::decay_t<decltype(capacity)>;
     CAPTURE(Capacity::name);
-    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
+    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, sum_order_of<Algorithm>());
     run_emulated_ranks(c.ranks, [&](emulated_rank& rank) {
       moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(c.ranks, c.per_node));
       moecomm::expert_parallel_layer<T, moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, Algorithm> layer(

@@ -7,6 +7,8 @@
 #include <moecomm/comm/inproc.hpp>
 
 #include <atomic>
+#include <numeric>
+#include <set>
 #include <chrono>
 #include <thread>
 
@@ -21,7 +23,7 @@ void check_all_capacities(layer_case const& c, Algorithm const& algorithm) {
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
     std::string const policy = std::decay_t<decltype(capacity)>::name;
     CAPTURE(policy);
-    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
+    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, sum_order_of<Algorithm>());
     moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
     world.run([&](moecomm::inproc_communicator comm) { check_layer_on_rank(comm, c, in, capacity, algorithm); });
   });
@@ -42,7 +44,7 @@ TEST_CASE("the expert-parallel layer equals the single-process oracle") {
 
 // Deduplicated exchange (semantics §10a): the experts see plain dispatch's rows, and the combine and
 // the input gradient sum per expert rank first, as the oracle does.
-TEST_CASE("the layer with a deduplicated exchange equals the oracle's per-rank sums, for every capacity policy") {
+TEST_CASE("the layer with a deduplicated exchange equals the oracle's per-rank (and per-node) sums, for every capacity policy") {
   for (layer_case const& c : {layer_case{1, 1, 4, 2, 16, {37}, 0.0},
                               layer_case{2, 2, 4, 3, 16, {40, 0}, 1.2},
                               layer_case{4, 2, 8, 4, 8, {30, 1, 0, 57}, 0.0},
@@ -50,9 +52,15 @@ TEST_CASE("the layer with a deduplicated exchange equals the oracle's per-rank s
     check_all_capacities<float>(c, moecomm::dedup_per_rank<moecomm::flat>{});
     check_all_capacities<float>(c, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
     check_all_capacities<float>(c, moecomm::dedup_per_rank<moecomm::pairwise>{{c.per_node}});
+    check_all_capacities<float>(c, moecomm::dedup_per_node{});
   }
-  check_all_capacities<__nv_bfloat16>(layer_case{8, 4, 16, 6, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 2.0},
-                                      moecomm::dedup_per_rank<moecomm::flat>{});
+  // Per node: 3 nodes of 2, and 2 of 4 with 2 experts a rank; bf16 rounds each partial sum.
+  check_all_capacities<float>(layer_case{6, 2, 12, 5, 8, {25, 0, 31, 1, 18, 40}, 1.2}, moecomm::dedup_per_node{});
+  check_all_capacities<float>(layer_case{8, 4, 16, 8, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 0.0}, moecomm::dedup_per_node{});
+  for (auto const& bf16 : {layer_case{8, 4, 16, 6, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 2.0}}) {
+    check_all_capacities<__nv_bfloat16>(bf16, moecomm::dedup_per_rank<moecomm::flat>{});
+    check_all_capacities<__nv_bfloat16>(bf16, moecomm::dedup_per_node{});
+  }
 }
 
 // One row per (token, destination rank) crosses the network each way, with its slot list (8·K
@@ -60,7 +68,7 @@ TEST_CASE("the layer with a deduplicated exchange equals the oracle's per-rank s
 // sum is the whole sum, and the deduplicated layer gives plain dispatch's bits (the plain oracle).
 TEST_CASE("a deduplicated exchange moves one row per token and rank, and gives plain bits when a token's experts share a rank") {
   layer_case const c{4, 2, 16, 3, 16, {40, 25, 0, 33}, 0.0};
-  auto in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false, true);
+  auto in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false, sum_order::per_rank);
   auto const general = in.want;
   for (int32_t r = 0; r < c.ranks; ++r) {  // token t: experts d*4 + {t, t+1, t+2} mod 4 of rank d = (t + r) mod 4
     auto& routing = in.routing[static_cast<std::size_t>(r)];
@@ -107,6 +115,68 @@ TEST_CASE("a deduplicated exchange moves one row per token and rank, and gives p
     CHECK(sent(dedup.dispatch_state().report().slot_metadata) == sent_rows * 8 * c.top_k);
     CHECK(sent(plain.dispatch_state().report().exchange) == (sent_rows + returned_rows) * c.top_k * row);
   });
+}
+
+// Per node (semantics §10a): one row per (token, destination node) crosses between nodes, to the
+// relay with the sender's local index, and one per (token, destination rank) inside the node, each
+// way; the slot lists follow the same rows once per routing. Counted exactly, per link class.
+TEST_CASE("a per-node deduplicated exchange moves one row per token and node between nodes, and one per token and rank inside") {
+  layer_case const c{8, 4, 16, 4, 16, {40, 25, 0, 33, 17, 60, 9, 28}, 1.2};  // 2 nodes of 4 ranks, 2 experts a rank
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false, sum_order::per_node);
+  auto node_of = [&](int32_t r) { return r / c.per_node; };
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+  std::vector<int64_t> inter_per_node(8), inter_per_rank(8);
+  world.run([&](moecomm::inproc_communicator comm) {
+    int32_t const me = comm.rank();
+    int64_t inter_rows = 0, intra_rows = 0, inter_lists = 0, intra_lists = 0;
+    for (int32_t s = 0; s < c.ranks; ++s) {
+      auto const& r = in.routing[static_cast<std::size_t>(s)];
+      for (int64_t t = 0; t < r.tokens; ++t) {
+        std::set<int32_t> nodes, ranks;
+        for (int32_t k = 0; k < c.top_k; ++k)
+          if (int32_t const e = r.at(t, k); e >= 0) {
+            ranks.insert(e / 2);
+            nodes.insert(node_of(e / 2));
+          }
+        for (int32_t n : nodes) {
+          int32_t const relay = n * c.per_node + s % c.per_node;
+          inter_rows += (s == me && relay != me) + (relay == me && s != me);  // there, and back
+          inter_lists += s == me && relay != me;
+          for (int32_t d : ranks)
+            if (node_of(d) == n) {
+              intra_rows += (relay == me && d != me) + (d == me && relay != me);
+              intra_lists += relay == me && d != me;
+            }
+        }
+      }
+    }
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::dedup_per_node>
+        per_node(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless,
+                                   moecomm::dedup_per_rank<moecomm::flat>>
+        per_rank(moecomm::host_backend{}, groups, c.experts, c.hidden);
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden));
+    moecomm::routing_view const view{r.idx.data(), r.w.data(), r.tokens, r.top_k};
+    moecomm::matrix_view<float const> const x{in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden};
+    scale_experts<float> const experts{me * 2};
+    per_node.forward(view, x, {out.data(), r.tokens, c.hidden}, experts);
+    check_bitwise(out, in.want[static_cast<std::size_t>(me)].out, c.hidden, "per-node output");
+    per_rank.forward(view, x, {out.data(), r.tokens, c.hidden}, experts);
+    int64_t const row = c.hidden * 4;
+    auto const& report = per_node.dispatch_state().report();
+    CHECK(report.exchange.inter_bytes == inter_rows * row);
+    CHECK(report.exchange.intra_bytes == intra_rows * row);
+    CHECK(report.slot_metadata.inter_bytes == inter_lists * 8 * c.top_k);
+    CHECK(report.slot_metadata.intra_bytes == intra_lists * 8 * c.top_k);
+    inter_per_node[static_cast<std::size_t>(me)] = report.exchange.inter_bytes;
+    inter_per_rank[static_cast<std::size_t>(me)] = per_rank.dispatch_state().report().exchange.inter_bytes;
+  });
+  // Top-4 of 16 over 2 nodes: most tokens reach a remote node through more than one of its ranks.
+  int64_t const node_total = std::accumulate(inter_per_node.begin(), inter_per_node.end(), int64_t{0});
+  int64_t const rank_total = std::accumulate(inter_per_rank.begin(), inter_per_rank.end(), int64_t{0});
+  CHECK(node_total < rank_total * 3 / 4);
 }
 
 TEST_CASE("the layer handles bf16 rows, an expert nobody uses and all tokens on one expert") {

@@ -94,14 +94,22 @@ TEST_CASE("FasterMoE: with a deduplicated exchange, shadowed equals plain on exa
     run_equivalence<float>(c, shadowing, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}},
                            moecomm::dedup_per_rank<moecomm::hierarchical_2d>{}, moecomm::hierarchical_2d{});
     run_equivalence<float>(c, shadowing, moecomm::receiver_budget{60}, dedup_flat{}, moecomm::pairwise{1});
+    run_equivalence<float>(c, shadowing, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}},
+                           moecomm::dedup_per_node{}, moecomm::flat{});
   }
   std::vector<std::int32_t> odd;
   for (std::int32_t e = 1; e < 16; e += 2) odd.push_back(e);
   moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_planner> const p2p{small_model(), {64}, {odd}};
   CHECK(run_equivalence<float>(skewed8, p2p, moecomm::dropless{}, dedup_flat{}, moecomm::flat{}) == odd);
-  CHECK_THROWS_WITH(run_equivalence<float>(skewed8, p2p, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, true, {}},
-                                           dedup_flat{}, moecomm::flat{}),
-                    doctest::Contains("dedup_per_rank with pad_to_capacity and home experts is not supported"));
+  CHECK(run_equivalence<float>(skewed8, p2p, moecomm::dropless{}, moecomm::dedup_per_node{}, moecomm::flat{}) == odd);
+  for (bool per_node : {false, true}) {
+    moecomm::capacity<moecomm::drop_by_position> const padded{1.0, 0, true, {}};
+    auto run = [&] {
+      if (per_node) run_equivalence<float>(skewed8, p2p, padded, moecomm::dedup_per_node{}, moecomm::flat{});
+      else run_equivalence<float>(skewed8, p2p, padded, dedup_flat{}, moecomm::flat{});
+    };
+    CHECK_THROWS_WITH(run(), doctest::Contains("a deduplicated exchange with pad_to_capacity and home experts is not supported"));
+  }
 }
 
 // Subsets (Pro-Prophet's replicas): an expert replicated on no rank but its owner, on one rank, on
@@ -122,7 +130,7 @@ TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert paralle
     using planner_t = fixed_subset_planner;
     moecomm::fastermoe_shadowing<moecomm::point_to_point_path, planner_t> const p2p{small_model(), {64}, sc.planner};
     auto const in = make_shadow_inputs<float>(skewed8);
-    for (int variant = 0; variant < 4; ++variant) {
+    for (int variant = 0; variant < 5; ++variant) {
       CAPTURE(variant);
       std::vector<std::vector<std::int32_t>> home(8);
       moecomm::inproc_world const world(8, std::chrono::seconds(30));
@@ -135,9 +143,11 @@ TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert paralle
                                              moecomm::hierarchical_2d{}, moecomm::hierarchical_2d{});
         else if (variant == 2)
           mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::smart_schedule{4}, moecomm::flat{});
-        else  // exact payloads: the deduplicated exchange's per-rank sums are exact too
+        else if (variant == 3)  // exact payloads: the deduplicated exchange's per-rank sums are exact too
           mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::dedup_per_rank<moecomm::flat>{},
                                              moecomm::flat{});
+        else  // and its per-node sums
+          mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::dedup_per_node{}, moecomm::flat{});
       });
       // Each rank computes at home exactly the experts it owns or holds a replica of.
       for (std::int32_t r = 0; r < 8; ++r) {

@@ -63,16 +63,24 @@ struct expected_rank {
 };
 
 // `dedup_ranks` > 0: the exchange is deduplicated over that many ranks (semantics §10a), so the
-// combine and the input gradient sum per expert rank first.
+// combine and the input gradient sum per expert rank first; `dedup_per_node` > 0 as well: per node
+// (of that many consecutive ranks) on the relay, then at the source.
 template <class T>
 expected_rank<T> layer_oracle(oracle::routing const& kept, int64_t valid_slots, std::vector<T> const& x,
-                              std::vector<T> const& d_out, int64_t hidden, int32_t experts, int32_t dedup_ranks = 0) {
+                              std::vector<T> const& d_out, int64_t hidden, int32_t experts, int32_t dedup_ranks = 0,
+                              int32_t dedup_per_node = 0) {
   auto const m = oracle::permute_map(kept, experts);
-  std::vector<int32_t> group(kept.idx.size(), -1);
-  for (std::size_t i = 0; i < group.size(); ++i)
-    if (dedup_ranks > 0 && kept.idx[i] >= 0) group[i] = kept.idx[i] / (experts / dedup_ranks);
+  std::vector<std::vector<int32_t>> levels;
+  if (dedup_per_node > 0) levels.emplace_back(kept.idx.size(), -1);
+  if (dedup_ranks > 0) levels.emplace_back(kept.idx.size(), -1);
+  for (std::size_t i = 0; i < kept.idx.size(); ++i) {
+    if (dedup_ranks == 0 || kept.idx[i] < 0) continue;
+    int32_t const rank = kept.idx[i] / (experts / dedup_ranks);
+    levels.back()[i] = rank;
+    if (dedup_per_node > 0) levels.front()[i] = rank / dedup_per_node;
+  }
   auto combine = [&](std::vector<T> const& rows, bool weighted) {
-    return dedup_ranks > 0 ? oracle::grouped_unpermute(rows, hidden, kept, m, weighted, group)
+    return dedup_ranks > 0 ? oracle::grouped_unpermute(rows, hidden, kept, m, weighted, levels)
                            : oracle::unpermute(rows, hidden, kept, m, weighted);
   };
   std::vector<T> y;  // expert outputs in permuted order
@@ -123,9 +131,17 @@ struct layer_inputs {
   std::vector<expected_rank<T>> want;
 };
 
+// The order in which an exchange's combine adds a token's expert rows (semantics §10a).
+enum class sum_order { plain, per_rank, per_node };
+template <class Algorithm>
+constexpr sum_order sum_order_of() {
+  if constexpr (std::is_same_v<Algorithm, moecomm::dedup_per_node>) return sum_order::per_node;
+  else return moecomm::detail::is_dedup_v<Algorithm> ? sum_order::per_rank : sum_order::plain;
+}
+
 template <class T, class Capacity>
 layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity, oracle::drop_rule rule, bool drops,
-                                  bool dedup = false) {
+                                  sum_order order = sum_order::plain) {
   layer_inputs<T> in;
   auto const ranks = static_cast<std::size_t>(c.ranks);
   in.routing.resize(ranks);
@@ -150,7 +166,8 @@ layer_inputs<T> make_layer_inputs(layer_case const& c, Capacity const& capacity,
   for (int32_t r = 0; r < c.ranks; ++r) {
     int64_t valid = 0;
     for (int32_t e : in.routing[r].idx) valid += e >= 0 ? 1 : 0;
-    in.want[r] = layer_oracle(kept[r], valid, in.x[r], in.d_out[r], c.hidden, c.experts, dedup ? c.ranks : 0);
+    in.want[r] = layer_oracle(kept[r], valid, in.x[r], in.d_out[r], c.hidden, c.experts, order == sum_order::plain ? 0 : c.ranks,
+                              order == sum_order::per_node ? c.per_node : 0);
   }
   return in;
 }

@@ -28,7 +28,7 @@ void check_mpi_layer(Algorithm const& algorithm) {
   CAPTURE(Algorithm::name);
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
     CAPTURE(std::decay_t<decltype(capacity)>::name);
-    auto const in = make_layer_inputs<float>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
+    auto const in = make_layer_inputs<float>(c, capacity, rule, drops, sum_order_of<Algorithm>());
     check_layer_on_rank(comm, c, in, capacity, algorithm);
   });
 }

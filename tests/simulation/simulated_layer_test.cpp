@@ -27,7 +27,7 @@ void check_simulated_layer(layer_case const& c, Algorithm const& algorithm) {
   CAPTURE(Algorithm::name);
   for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
     CAPTURE(std::decay_t<decltype(capacity)>::name);
-    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<Algorithm>);
+    auto const in = make_layer_inputs<T>(c, capacity, rule, drops, sum_order_of<Algorithm>());
     moecomm::simgrid_world world = sim_world(c.ranks, c.per_node);
     world.run([&](moecomm::simgrid_communicator comm) {
       check_layer_on_rank(comm, c, in, capacity, algorithm, moecomm::simulated_backend<>{});

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace oracle {
@@ -117,42 +118,50 @@ std::vector<T> unpermute(std::vector<T> const& y, int64_t hidden, routing const&
   return out;
 }
 
-// §10a: the combine of a deduplicated exchange. `group[t][k]` names where slot k's row is summed
-// (its expert's rank), or -1 for a slot summed directly at the source (a home slot). Each group is
-// summed in slot order from +0.0 and rounded to T, there; the source adds, in the order of their
-// first slots, each group's rounded sum (weight 1) and each direct slot (its own weight), once
-// rounded. With weighted = false this is also dispatch_backward's sum.
+// §10a: the combine of a deduplicated exchange. `levels[0][t * K + k]` names the group slot k's row
+// is summed in at the outermost level (per node: its expert's node; per rank: its expert's rank), or
+// -1 for a slot summed directly at the source (a home slot); `levels[1]`, when given, the group
+// inside that (its expert's rank). Each group is summed in slot order from +0.0 and rounded to T
+// where it is summed; the level above adds, in the order of their first slots, each group's
+// rounded sum (weight 1) and each direct slot (its own weight), rounded once. With weighted = false
+// this is also dispatch_backward's sum.
 template <class T>
 std::vector<T> grouped_unpermute(std::vector<T> const& y, int64_t hidden, routing const& r, row_map const& m, bool weighted,
-                                 std::vector<int32_t> const& group) {
+                                 std::vector<std::vector<int32_t>> const& levels) {
   std::vector<T> out(static_cast<std::size_t>(r.tokens * hidden));
+  auto row_of = [&](int64_t t, int32_t k) { return m.row_of[static_cast<std::size_t>(t * r.top_k + k)]; };
   auto term = [&](float acc, int64_t t, int32_t k, int64_t h) {
-    int32_t const row = m.row_of[static_cast<std::size_t>(t * r.top_k + k)];
-    float const v = f32(y[static_cast<std::size_t>(row * hidden + h)]);
+    float const v = f32(y[static_cast<std::size_t>(row_of(t, k) * hidden + h)]);
     return weighted ? std::fma(r.weight(t, k), v, acc) : acc + v;
   };
-  for (int64_t t = 0; t < r.tokens; ++t)
-    for (int64_t h = 0; h < hidden; ++h) {
-      float acc = 0.0f;
-      for (int32_t k = 0; k < r.top_k; ++k) {
-        if (m.row_of[static_cast<std::size_t>(t * r.top_k + k)] < 0) continue;
-        int32_t const g = group[static_cast<std::size_t>(t * r.top_k + k)];
-        if (g < 0) {
-          acc = term(acc, t, k, h);
-          continue;
+  // The sum, at `level`, of token t's sent slots in `member` (ascending k).
+  std::function<float(int64_t, int64_t, std::size_t, std::vector<int32_t> const&)> sum =
+      [&](int64_t t, int64_t h, std::size_t level, std::vector<int32_t> const& member) {
+        float acc = 0.0f;
+        for (std::size_t i = 0; i < member.size(); ++i) {
+          int32_t const k = member[i];
+          int32_t const g = level < levels.size() ? levels[level][static_cast<std::size_t>(t * r.top_k + k)] : -1;
+          if (g < 0) {
+            acc = term(acc, t, k, h);
+            continue;
+          }
+          bool first = true;
+          std::vector<int32_t> group;
+          for (std::size_t j = 0; j < member.size(); ++j)
+            if (levels[level][static_cast<std::size_t>(t * r.top_k + member[j])] == g) {
+              first = first && j >= i;
+              group.push_back(member[j]);
+            }
+          if (first) acc = acc + f32(from32<T>(sum(t, h, level + 1, group)));
         }
-        bool first = true;
-        for (int32_t j = 0; j < k; ++j)
-          first = first && !(m.row_of[static_cast<std::size_t>(t * r.top_k + j)] >= 0 && group[static_cast<std::size_t>(t * r.top_k + j)] == g);
-        if (!first) continue;
-        float partial = 0.0f;
-        for (int32_t j = k; j < r.top_k; ++j)
-          if (m.row_of[static_cast<std::size_t>(t * r.top_k + j)] >= 0 && group[static_cast<std::size_t>(t * r.top_k + j)] == g)
-            partial = term(partial, t, j, h);
-        acc = acc + f32(from32<T>(partial));
-      }
-      out[static_cast<std::size_t>(t * hidden + h)] = from32<T>(acc);
-    }
+        return acc;
+      };
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    std::vector<int32_t> sent;
+    for (int32_t k = 0; k < r.top_k; ++k)
+      if (row_of(t, k) >= 0) sent.push_back(k);
+    for (int64_t h = 0; h < hidden; ++h) out[static_cast<std::size_t>(t * hidden + h)] = from32<T>(sum(t, h, 0, sent));
+  }
   return out;
 }
 

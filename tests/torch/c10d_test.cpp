@@ -157,7 +157,7 @@ TEST_CASE("c10d the expert-parallel layer equals the oracle: flat, hierarchical_
     CAPTURE(algorithm_t::name);
     for_each_capacity([&](auto const& capacity, oracle::drop_rule rule, bool drops) {
       CAPTURE(std::decay_t<decltype(capacity)>::name);
-      auto const in = make_layer_inputs<float>(c, capacity, rule, drops, moecomm::detail::is_dedup_v<algorithm_t>);
+      auto const in = make_layer_inputs<float>(c, capacity, rule, drops, sum_order_of<algorithm_t>());
       check_layer_on_rank(comm, c, in, capacity, algorithm);
     });
   };

@@ -9,6 +9,7 @@
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall/alltoall_workspace.hpp>
 #include <moecomm/ops/alltoall/byte_matrix.hpp>
+#include <moecomm/ops/alltoall/dedup_per_node.hpp>
 #include <moecomm/ops/alltoall/dedup_per_rank.hpp>
 #include <moecomm/ops/alltoall/exchange_groups.hpp>
 #include <moecomm/ops/alltoall/flat.hpp>

@@ -20,6 +20,7 @@
 #include <moecomm/error.hpp>
 #include <moecomm/ops/alltoall.hpp>
 #include <moecomm/ops/capacity.hpp>
+#include <moecomm/ops/dedup_node_plan.hpp>
 #include <moecomm/ops/dedup_plan.hpp>
 #include <moecomm/ops/permute.hpp>
 #include <moecomm/ops/permute_plan.hpp>
@@ -48,30 +49,6 @@ struct relabel_experts {
     std::int32_t const e = idx[i];
     out[i] = is_valid_expert(e, num_experts) ? label[e] : e;
   }
-};
-
-//! A routing of `tokens` x `top_k` slots over every expert in turn, weights 1/K, in the back-end's
-//! memory: what a `reserve` builds its plans on once, so that their arrays and scratch have the size
-//! of the largest step.
-template <class Backend>
-class largest_routing {
- public:
-  largest_routing(Backend const& be, std::int64_t tokens, std::int32_t top_k, std::int32_t num_experts)
-      : idx_(be.template allocate<std::int32_t>(tokens * top_k)), weights_(be.template allocate<float>(tokens * top_k)),
-        view_{idx_.data(), weights_.data(), tokens, top_k} {
-    std::int64_t const slots = tokens * top_k;
-    std::vector<std::int32_t> host_idx(static_cast<std::size_t>(slots));
-    for (std::int64_t i = 0; i < slots; ++i) host_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % num_experts);
-    be.copy(idx_.data(), host_idx.data(), slots);
-    be.for_each_index(slots, fill_value<float>{weights_.data(), 1.0f / static_cast<float>(top_k)});
-    be.synchronize();  // host_idx goes
-  }
-  [[nodiscard]] routing_view const& view() const { return view_; }
-
- private:
-  typename Backend::template buffer_type<std::int32_t> idx_;
-  typename Backend::template buffer_type<float> weights_;
-  routing_view view_;
 };
 
 }  // namespace detail
@@ -159,7 +136,7 @@ class dispatcher {
     if (bounds.max_received_rows > 0) received = bounds.max_received_rows;
     // The plans and their scratch: built once, here, on a routing of the largest step.
     detail::largest_routing<Backend> const largest(be_, bounds.max_tokens, bounds.top_k, num_experts_);
-    reserve_plans(largest.view(), capacity, received);
+    reserve_plans(largest.view(), capacity, received, hidden * static_cast<std::int64_t>(sizeof(T)));
     reserve_tables();
     // The rows: this rank's (one per slot, or per padded row), and those its experts receive.
     std::int64_t const padded = capacity_pads() ? std::int64_t{num_experts_} * capacity : 0;
@@ -630,7 +607,7 @@ class dispatcher {
 
   //! `reserve`'s plans: what `route` builds for `largest` (capacity C, `received` rows arriving), and
   //! the relabeling of home experts, once, so that their arrays and scratch have the largest size.
-  void reserve_plans(routing_view const& largest, std::int64_t capacity, std::int64_t received) {
+  void reserve_plans(routing_view const& largest, std::int64_t capacity, std::int64_t received, std::int64_t row_bytes) {
     std::int64_t const slots = largest.num_tokens * largest.top_k;
     build_permute_plan(be_, largest, num_experts_, dropless_plan(), scratch_, unchecked_routing);
     if constexpr (!detail::is_dropless_v<Capacity>) {
@@ -645,7 +622,7 @@ class dispatcher {
     label_.resize(static_cast<std::size_t>(num_experts_));
     for (std::int32_t e = 0; e < num_experts_; ++e) label_[static_cast<std::size_t>(e)] = e;
     relabel_permute_plan(be_, plan_, plan_.routing(), array_view<std::int32_t const>(label_), scratch_);
-    if constexpr (deduplicated) dedup_.reserve(be_, largest, num_experts_, ranks_, received, scratch_);
+    if constexpr (deduplicated) dedup_.reserve(be_, largest, num_experts_, *groups_, received, row_bytes, scratch_);
   }
 
   //! Where `route` puts the routing's dropless plan: the step's plan itself when nothing is dropped.
@@ -662,7 +639,7 @@ class dispatcher {
     // Without home experts the deduplicated rows' counts ride on the count exchange; with them they
     // depend on the choice, made from the counts, and take an all-gather of their own.
     constexpr bool counts_ride_along = deduplicated && std::is_same_v<std::decay_t<ChooseHome>, no_home_experts>;
-    if constexpr (counts_ride_along) dedup_.build_source(be_, kept, {}, num_experts_, ranks_, scratch_);
+    if constexpr (counts_ride_along) dedup_.build_source(be_, kept, {}, num_experts_, *groups_, scratch_);
     exchange_counts(plan_, counts_ride_along);
     decltype(auto) chosen = choose_home(counts_);
     if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
@@ -674,7 +651,7 @@ class dispatcher {
     }
     if constexpr (deduplicated) {
       if constexpr (!counts_ride_along) {
-        dedup_.build_source(be_, kept, home_, num_experts_, ranks_, scratch_);
+        dedup_.build_source(be_, kept, home_, num_experts_, *groups_, scratch_);
         dedup_.gather_counts(groups_->world());
       }
       dedup_.build_receive(be_, *groups_, plan_.padded_capacity(), algorithm_, report_.slot_metadata, exchange_scratch_, scratch_);
@@ -869,10 +846,7 @@ class dispatcher {
   matrix_view<T const> dedup_arrivals(char const* sent, std::int64_t hidden) {
     std::int64_t const rows = dedup_.received_rows();
     bytes_t& arrived = rows_buffer<T>(arrived_, rows, hidden);
-    byte_matrix const& m = dedup_.row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), forward_matrix_);
-    std::int32_t const me = groups_->world().rank();
-    alltoallv(be_, *groups_, m, array_view<char const>{sent, m.send_total(me)}, array_view<char>{arrived.data(), m.recv_total(me)},
-              report_.exchange, exchange_scratch_, algorithm_);
+    dedup_.template forward_rows<T>(be_, *groups_, algorithm_, sent, arrived.data(), hidden, report_.exchange, exchange_scratch_);
     return as_rows<T>(arrived, rows, hidden);
   }
 
@@ -885,10 +859,7 @@ class dispatcher {
     bytes_t& sums = rows_buffer<T>(rank_major_, rows, hidden);
     unpermute<Sum>(be_, dedup_.receive(), expert_rows, as_rows<T>(sums, rows, hidden));
     rows_buffer<T>(back, source_plan().num_rows(), hidden);
-    back_matrix_.assign_transposed(dedup_.row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), forward_matrix_));
-    std::int32_t const me = groups_->world().rank();
-    alltoallv(be_, *groups_, back_matrix_, array_view<char const>{sums.data(), back_matrix_.send_total(me)},
-              array_view<char>{back.data(), back_matrix_.recv_total(me)}, report_.exchange, exchange_scratch_, algorithm_);
+    dedup_.template return_rows<T>(be_, *groups_, algorithm_, sums.data(), back.data(), hidden, report_.exchange, exchange_scratch_);
     return back;
   }
 
@@ -949,7 +920,8 @@ class dispatcher {
   // for combine_backward's weight gradient), and the returned gradient rows.
   bytes_t sent_, arrived_, rank_major_, returned_, d_back_;
   void const* combined_rows_ = nullptr;  //!< dedup: the combine's `expert_rows`, for the weight gradient's dots
-  dedup_plan<Backend> dedup_;  //!< dedup: this routing's source and receive plans
+  //! dedup: this routing's source and receive plans (per node: through the relays)
+  std::conditional_t<std::is_same_v<Algorithm, dedup_per_node>, dedup_node_plan<Backend>, dedup_plan<Backend>> dedup_;
   bool combined_ = false;  //!< returned_ holds this routing's combine
   dispatch_report report_;
 };

@@ -593,4 +593,32 @@ template <class Backend>
   return plan;
 }
 
+namespace detail {
+
+//! A routing of `tokens` x `top_k` slots over every expert in turn, weights 1/K, in the back-end's
+//! memory: what a `reserve` builds its plans on once, so that their arrays and scratch have the size
+//! of the largest step.
+template <class Backend>
+class largest_routing {
+ public:
+  largest_routing(Backend const& be, std::int64_t tokens, std::int32_t top_k, std::int32_t num_experts)
+      : idx_(be.template allocate<std::int32_t>(tokens * top_k)), weights_(be.template allocate<float>(tokens * top_k)),
+        view_{idx_.data(), weights_.data(), tokens, top_k} {
+    std::int64_t const slots = tokens * top_k;
+    std::vector<std::int32_t> host_idx(static_cast<std::size_t>(slots));
+    for (std::int64_t i = 0; i < slots; ++i) host_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % num_experts);
+    be.copy(idx_.data(), host_idx.data(), slots);
+    be.for_each_index(slots, fill_value<float>{weights_.data(), 1.0f / static_cast<float>(top_k)});
+    be.synchronize();  // host_idx goes
+  }
+  [[nodiscard]] routing_view const& view() const { return view_; }
+
+ private:
+  typename Backend::template buffer_type<std::int32_t> idx_;
+  typename Backend::template buffer_type<float> weights_;
+  routing_view view_;
+};
+
+}  // namespace detail
+
 MOECOMM_NAMESPACE_END
