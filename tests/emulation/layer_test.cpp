@@ -164,10 +164,11 @@ TEST_CASE("the expert-parallel layer on emulated GPUs over NCCL equals the oracl
   }
 }
 
-TEST_CASE("the layer with a deduplicated exchange on emulated GPUs over NCCL equals the oracle's per-rank sums") {
+TEST_CASE("the layer with a deduplicated exchange on emulated GPUs over NCCL equals the oracle's per-rank (and per-node) sums") {
   for (layer_case const& c : {layer_case{2, 2, 4, 3, 16, {40, 0}, 1.2}, layer_case{8, 4, 16, 8, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 1.2}}) {
     check_emulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::flat>{});
     check_emulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
+    check_emulated_layer<float>(c, moecomm::dedup_per_node{});
   }
   check_emulated_layer<__nv_bfloat16>(layer_case{4, 2, 8, 4, 16, {30, 1, 0, 57}, 2.0}, moecomm::dedup_per_rank<moecomm::pairwise>{});
 }

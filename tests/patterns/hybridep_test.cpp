@@ -11,6 +11,7 @@
 #include "hybridep_cases.hpp"
 
 #include <moecomm/comm/inproc.hpp>
+#include <numeric>
 
 namespace test {
 
@@ -198,11 +199,12 @@ TEST_CASE("HybridEP: one policy value in make_expert_parallel_layer makes the la
 // each rank that holds one of its experts (here each destination holds S · L = 4 of the 16 experts,
 // so a token's two experts share one about a fifth of the time). The payloads are exact, so the
 // results are plain EP's bit for bit; the rows moved are fewer than flat's in total, never more.
-TEST_CASE("HybridEP: with dedup_per_rank, plain EP's results, and fewer rows moved") {
+TEST_CASE("HybridEP: with dedup_per_rank or dedup_per_node, plain EP's results, and fewer rows moved") {
   shadow_case const c = dense8;
   auto const in = make_shadow_inputs<float>(c);
   using comm_t = moecomm::inproc_communicator;
   std::vector<std::int64_t> flat_bytes(static_cast<std::size_t>(c.ranks)), dedup_bytes(flat_bytes.size());
+  std::vector<std::int64_t> node_inter(flat_bytes.size()), rank_inter(flat_bytes.size());
   moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
   world.run([&](comm_t comm) {
     moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, 1));
@@ -216,6 +218,11 @@ TEST_CASE("HybridEP: with dedup_per_rank, plain EP's results, and fewer rows mov
     (void)run_step(hybrid, comm.rank(), c, in);
     auto const got = run_step(dedup, comm.rank(), c, in);
     check_same_result(got, want, comm.rank(), c);
+    auto node = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
+                                                           moecomm::dedup_per_node{}, moecomm::hybridep{2});
+    check_same_result(run_step(node, comm.rank(), c, in), want, comm.rank(), c);
+    node_inter[static_cast<std::size_t>(comm.rank())] = node.report().exchange.inter_bytes + node.report().exchange.inter_domain_bytes;
+    rank_inter[static_cast<std::size_t>(comm.rank())] = dedup.report().exchange.inter_bytes + dedup.report().exchange.inter_domain_bytes;
     auto const bytes = [](moecomm::alltoall_stats const& s) { return s.intra_bytes + s.inter_bytes + s.inter_domain_bytes; };
     flat_bytes[static_cast<std::size_t>(comm.rank())] = bytes(hybrid.report().exchange);
     dedup_bytes[static_cast<std::size_t>(comm.rank())] = bytes(dedup.report().exchange);
@@ -230,6 +237,11 @@ TEST_CASE("HybridEP: with dedup_per_rank, plain EP's results, and fewer rows mov
   }
   CHECK(dedup_total < flat_total);
   MESSAGE("HybridEP S = 2 token rows moved: flat ", flat_total, " B, dedup_per_rank ", dedup_total, " B");
+  // dedup_per_node, the same results: between nodes, no more row bytes than dedup_per_rank.
+  std::int64_t const node_total = std::accumulate(node_inter.begin(), node_inter.end(), std::int64_t{0});
+  std::int64_t const rank_total = std::accumulate(rank_inter.begin(), rank_inter.end(), std::int64_t{0});
+  CHECK(node_total < rank_total);
+  MESSAGE("HybridEP S = 2 row bytes between nodes: dedup_per_rank ", rank_total, " B, dedup_per_node ", node_total, " B");
 }
 
 }  // namespace test

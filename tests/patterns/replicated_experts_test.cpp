@@ -44,12 +44,14 @@ TEST_CASE("replicated experts: every placement and split equals plain expert par
 }
 
 // Several slots per rank: a token routed to two slots of one rank crosses once with dedup_per_rank
+// (and to two ranks of one node, once between nodes with dedup_per_node)
 // (semantics §10a); on dyadic payloads the regrouped sums are exact, so the bits stay plain EP's.
 TEST_CASE("replicated experts with a deduplicated exchange equal plain expert parallelism (8 ranks, 4 slots each)") {
   moecomm::replica_placement const cyclic = moecomm::replica_placement::cyclic(8, 4, 2);
   for (shadow_case const& c : {uniform, zipf}) {
     check_replicated_equals_plain<moecomm::finemoe_split>(c, cyclic, moecomm::dedup_per_rank<moecomm::flat>{});
     check_replicated_equals_plain<moecomm::even_split>(c, cyclic, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
+    check_replicated_equals_plain<moecomm::finemoe_split>(c, cyclic, moecomm::dedup_per_node{});
   }
 }
 

@@ -149,7 +149,7 @@ TEST_CASE("c10d ordered_allreduce equals the sequential sum in ascending rank, b
   CHECK(values != sequential_sum<double>(4, 37, true));  // the order matters for these values
 }
 
-TEST_CASE("c10d the expert-parallel layer equals the oracle: flat, hierarchical_2d, pairwise, dedup_per_rank") {
+TEST_CASE("c10d the expert-parallel layer equals the oracle: flat, hierarchical_2d, pairwise, dedup_per_rank, dedup_per_node") {
   c10d_communicator comm = gloo_world("layer", milliseconds(30000), true);
   layer_case const c{4, 2, 8, 2, 16, {45, 0, 31, 60}, 1.2};
   auto const run = [&](auto const& algorithm) {
@@ -165,6 +165,7 @@ TEST_CASE("c10d the expert-parallel layer equals the oracle: flat, hierarchical_
   run(moecomm::hierarchical_2d{});
   run(moecomm::pairwise{1});
   run(moecomm::dedup_per_rank<moecomm::flat>{});
+  run(moecomm::dedup_per_node{});
 }
 
 TEST_CASE("c10d FasterMoE: shadowed == plain with the smart schedule's lane on a group of its own") {
