@@ -11,14 +11,16 @@
 //!   gathered buffer);
 //!   both with algbw = S / time and busbw = algbw · (n − 1) / n (nccl-tests' factor for both), for
 //!   n = 8 (one node, NVLink) and 16, 32, 64 (2, 4, 8 nodes), S = 1 MiB … 256 MiB;
-//! - `deepep/EP:<n>/routing:<uniform|node_limited>/exchange:<slots|dedup>`: the dispatcher's
+//! - `deepep/EP:<n>/routing:<uniform|node_limited>/exchange:<slots|dedup|dedup_node>`: the dispatcher's
 //!   `route` + `dispatch` (the time; `route_us` its route), then `combine` (`combine_us`), dropless, of 4096 tokens per
 //!   rank, H = 7168 bf16, top-8 of 256 experts routed uniformly or on at most 4 nodes per token
-//!   (DeepSeek-V3; only where there are more than 4 nodes), with one row per slot (`flat`) or per
-//!   (token, rank) (`dedup_per_rank<flat>`). Counters, means per rank: `nvlink_MB` / `rdma_MB`, the
-//!   dispatch's row bytes that leave the rank over each link class; `recv_MB`, rows received (own
-//!   included); `tokens_GBps` = distinct (token, rank) rows received × 7168 × 2 / time, DeepEP's
-//!   count (`num_recv_tokens`); `wire_GBps` = rows actually received (slots or tokens) / time.
+//!   (DeepSeek-V3; only where there are more than 4 nodes), with one row per slot (`flat`), per
+//!   (token, rank) (`dedup_per_rank<flat>`) or per (token, node) between nodes and (token, rank)
+//!   inside (`dedup_per_node`). Counters, means per rank: `nvlink_MB` / `rdma_MB`, the dispatch's
+//!   row bytes that leave the rank over each link class (the relay's forwarding included);
+//!   `rdma_GBps` = `rdma_MB` / time; `recv_MB`, rows the experts' ranks receive (own included);
+//!   `tokens_GBps` = distinct (token, rank) rows received × 7168 × 2 / time, DeepEP's count
+//!   (`num_recv_tokens`); `wire_GBps` = rows actually received (slots or tokens) / time.
 //! Real blocks are small; the payload scale makes each message its simulated size. Time = simulated
 //! span over all ranks (earliest start to latest end of the operation), one iteration (deterministic).
 //! Check (collectives): every rank receives exactly the bytes its peers sent it.
@@ -177,6 +179,7 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
       state.counters["combine_us"] = combine_s * 1e6;
       state.counters["nvlink_MB"] = intra / 1e6;
       state.counters["rdma_MB"] = inter / 1e6;
+      state.counters["rdma_GBps"] = inter / dispatch_s / 1e9;
       state.counters["recv_MB"] = wire / 1e6;
       state.counters["tokens_GBps"] = tokens / dispatch_s / 1e9;
       state.counters["wire_GBps"] = wire / dispatch_s / 1e9;
@@ -194,6 +197,7 @@ int main(int argc, char** argv) {
   for (bool node_limited : {false, true}) {
     register_deepep<moecomm::flat>(platform, "slots", node_limited);
     register_deepep<moecomm::dedup_per_rank<moecomm::flat>>(platform, "dedup", node_limited);
+    register_deepep<moecomm::dedup_per_node>(platform, "dedup_node", node_limited);
   }
   return moecomm_bench::finish("bench_simulated_collectives");
 }

@@ -87,7 +87,8 @@ struct dispatch_report {
 //! @tparam Algorithm `flat`, `hierarchical_2d`, `pairwise` or `smart_schedule` (which adds the
 //!         pipelined calls); or `dedup_per_rank<flat | hierarchical_2d | pairwise>`, which sends each
 //!         token once per destination rank and sums its expert outputs there (semantics §10a): the
-//!         experts see the same rows, the combine and `dispatch_backward` add per rank first.
+//!         experts see the same rows, the combine and `dispatch_backward` add per rank first; or
+//!         `dedup_per_node`, once per destination node through a relay there (per rank, then per node).
 //! Home experts on subsets of the ranks, as `route`'s chooser may return them: `experts` ascending
 //! and distinct; expert `experts[i]` is home on its owner and on the ranks
 //! `ranks[offsets[i] .. offsets[i + 1])` (the owner excluded); `offsets` empty: on every rank.

@@ -46,7 +46,8 @@ struct no_shadowing {
 //! @tparam Capacity `dropless`, `capacity<rule>` or `receiver_budget`; @tparam Algorithm `flat`,
 //! `hierarchical_2d`, `pairwise` or `smart_schedule` (pairwise, with the experts' work overlapping
 //! the exchanges, on a worker thread), or `dedup_per_rank<flat | hierarchical_2d | pairwise>` (each
-//! token sent once per destination rank, semantics §10a); @tparam Weighting `weighted` (weights applied at combine) or
+//! token sent once per destination rank, semantics §10a) or `dedup_per_node` (once per destination
+//! node); @tparam Weighting `weighted` (weights applied at combine) or
 //! `unweighted`; @tparam Shadowing `no_shadowing` or `fastermoe_shadowing<Path>`, which needs
 //! parametric experts.
 //!
@@ -63,7 +64,7 @@ class expert_parallel_layer : public detail::layer_mode {
                 "order, use make_expert_parallel_layer");
   static_assert(!detail::is_kind<is_capacity_policy, Capacity> || detail::is_kind<is_alltoall_algorithm, Algorithm>,
                 "moecomm::expert_parallel_layer<T, Backend, Comm, Capacity, Algorithm, Weighting, Shadowing>: the 5th "
-                "argument must be an all-to-all algorithm (flat, hierarchical_2d, pairwise, smart_schedule, dedup_per_rank<...>). For "
+                "argument must be an all-to-all algorithm (flat, hierarchical_2d, pairwise, smart_schedule, dedup_per_rank<...>, dedup_per_node). For "
                 "policies in any order, use make_expert_parallel_layer");
   static_assert(!detail::is_kind<is_capacity_policy, Capacity> || !detail::is_kind<is_alltoall_algorithm, Algorithm> ||
                     detail::is_kind<is_weighting_policy, Weighting>,

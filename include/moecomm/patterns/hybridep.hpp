@@ -151,7 +151,7 @@ inline void expert_labels_by_position(expert_domain_layout const& layout, std::i
 //! One MoE layer under HybridEP (see the file comment).
 //! @tparam Capacity `dropless` or `capacity<rule>`; @tparam Weighting `weighted` or `unweighted`.
 //! @tparam Algorithm the token exchange over each offset's ranks: `flat` (the default),
-//!         `hierarchical_2d`, `pairwise` or `dedup_per_rank<...>` (one row per token and destination
+//!         `hierarchical_2d`, `pairwise`, `dedup_per_rank<...>` or `dedup_per_node` (one row per token and destination
 //!         rank); not the smart schedule, which pipelines experts the layer runs once.
 //! The experts must be parametric (patterns/experts.hpp): the layer moves their parameters. Local
 //! expert `l` of rank `r` is global expert `r · E / R + l`, as in plain expert parallelism.
@@ -159,7 +159,7 @@ template <class T, class Backend, class Comm, class Capacity = dropless, class W
 class hybridep_layer : public detail::layer_mode {
   static_assert(!std::is_same_v<Algorithm, smart_schedule>,
                 "moecomm::hybridep_layer: the smart schedule pipelines the experts per source rank; HybridEP runs them once "
-                "over the gathered experts: use flat, hierarchical_2d, pairwise or dedup_per_rank");
+                "over the gathered experts: use flat, hierarchical_2d, pairwise, dedup_per_rank or dedup_per_node");
 
  public:
   //! Collective over the world of `groups`, whose topology names the domains.

@@ -23,7 +23,7 @@ struct is_capacity_policy : std::bool_constant<detail::is_dropless_v<P> || detai
 template <class Rule>
 struct is_capacity_policy<capacity<Rule>> : std::true_type {};
 
-//! All-to-all algorithms: `flat`, `hierarchical_2d`, `pairwise`, `smart_schedule`, `dedup_per_rank<...>`.
+//! All-to-all algorithms: `flat`, `hierarchical_2d`, `pairwise`, `smart_schedule`, `dedup_per_rank<...>`, `dedup_per_node`.
 template <class P>
 struct is_alltoall_algorithm : std::bool_constant<std::is_same_v<P, flat> || std::is_same_v<P, hierarchical_2d> ||
                                                   std::is_same_v<P, pairwise> || std::is_same_v<P, smart_schedule> ||

@@ -117,14 +117,14 @@ namespace detail {
 //! One MoE layer over replicated experts (see the file comment).
 //! @tparam Split `finemoe_split`, `even_split` or `domain_split`; @tparam Weighting `weighted` or `unweighted`;
 //! @tparam Placement `static_placement` or `dynamic_placement`; @tparam Algorithm the exchange over
-//! the slots: `flat`, `hierarchical_2d`, `pairwise` or `dedup_per_rank<…>` (with several slots per
+//! the slots: `flat`, `hierarchical_2d`, `pairwise`, `dedup_per_rank<…>`, `dedup_per_node` (with several slots per
 //! rank, a token routed to two slots of one rank crosses once; semantics §10a).
 template <class T, class Backend, class Comm, class Split = finemoe_split, class Weighting = weighted,
           class Placement = static_placement, class Algorithm = flat>
 class replicated_expert_layer : public detail::layer_mode {
   static_assert(!std::is_same_v<Algorithm, smart_schedule>,
                 "moecomm::replicated_expert_layer: the smart schedule pipelines the experts per source rank; the "
-                "replicated layer runs them once over every slot: use flat, hierarchical_2d, pairwise or dedup_per_rank");
+                "replicated layer runs them once over every slot: use flat, hierarchical_2d, pairwise, dedup_per_rank or dedup_per_node");
 
  public:
   //! Collective over the world of `groups` (one communicator per slot row is split off).

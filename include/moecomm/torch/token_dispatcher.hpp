@@ -19,7 +19,7 @@
 //! weights' gradients) and `dispatch_backward` (the tokens' gradient). Both are collective, forward
 //! and backward. One step at a time: a dispatch's graph belongs to the dispatcher's last step, and
 //! backpropagating an older one is an error. Every plain exchange (`flat`, `hierarchical_2d`,
-//! `pairwise`, `dedup_per_rank<…>`) and capacity policy; the patterns that move experts (FasterMoE,
+//! `pairwise`, `dedup_per_rank<…>`, `dedup_per_node`) and capacity policy; the patterns that move experts (FasterMoE,
 //! replicas) need the layer (torch/autograd.hpp), which calls the experts itself.
 
 #include <moecomm/config.hpp>
