@@ -12,6 +12,7 @@
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/core/routing.hpp>
+#include <moecomm/ops/dispatcher.hpp>
 #include <moecomm/simulation/platform.hpp>
 
 #include "../support/harness.hpp"
@@ -279,6 +280,50 @@ inline moecomm::simgrid_world first_gpus(moecomm::simulated_platform const& plat
   std::vector<std::int32_t> gpus(static_cast<std::size_t>(n));
   std::iota(gpus.begin(), gpus.end(), 0);
   return moecomm::simgrid_world(platform, gpus);
+}
+
+//! One routing step's exchange on the platform's first n ranks, simulated: the dispatcher's `route`,
+//! `dispatch` and weighted `combine`, dropless, with rows of `real_hidden` floats standing for the
+//! model's rows under `be`'s scale. Spans over all ranks; bytes are the real ones, means per rank.
+struct exchange_times {
+  double route = 0, dispatch = 0, combine = 0;  //!< seconds; `dispatch` includes `route`
+  double intra_bytes = 0, inter_bytes = 0;      //!< the dispatch's row bytes leaving a rank, by link class
+  double received_rows = 0;                     //!< rows the experts' ranks receive
+};
+
+template <class Algorithm>
+exchange_times simulate_exchange(moecomm::simulated_platform const& platform, std::int32_t n, std::vector<rank_routing> const& routing,
+                                 std::int32_t experts, moecomm::simulated_backend<> const& be, std::int64_t real_hidden) {
+  using comm_t = moecomm::simgrid_communicator;
+  step_span dispatch_span(n), route_span(n), combine_span(n);
+  exchange_times times;
+  moecomm::simgrid_world world = first_gpus(platform, n);
+  world.run([&](comm_t comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(n, platform.gpus_per_node()));
+    moecomm::dispatcher<moecomm::simulated_backend<>, comm_t, moecomm::dropless, Algorithm> d(be, groups, experts);
+    std::int64_t const tokens = routing[me].tokens;
+    std::vector<float> const x = random_rows(tokens * real_hidden, 400 + me);
+    std::vector<float> out(x.size());
+    comm.barrier();
+    dispatch_span.start[me] = route_span.start[me] = moecomm::simulated_seconds{}();
+    d.route(routing[me].view());
+    route_span.end[me] = moecomm::simulated_seconds{}();
+    std::vector<float> rows(static_cast<std::size_t>(d.received_rows() * real_hidden));
+    d.template dispatch<float>({x.data(), tokens, real_hidden}, {rows.data(), d.received_rows(), real_hidden});
+    dispatch_span.end[me] = moecomm::simulated_seconds{}();
+    times.received_rows += double(d.received_rows()) / n;  // actors run one at a time
+    times.intra_bytes += double(d.report().exchange.intra_bytes) / n;
+    times.inter_bytes += double(d.report().exchange.inter_bytes + d.report().exchange.inter_domain_bytes) / n;
+    comm.barrier();
+    combine_span.start[me] = moecomm::simulated_seconds{}();
+    d.template combine<moecomm::weighted, float>({rows.data(), d.received_rows(), real_hidden}, {out.data(), tokens, real_hidden});
+    combine_span.end[me] = moecomm::simulated_seconds{}();
+  });
+  times.route = route_span.seconds();
+  times.dispatch = dispatch_span.seconds();
+  times.combine = combine_span.seconds();
+  return times;
 }
 
 }  // namespace moecomm_bench

@@ -138,45 +138,20 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
                                         : moecomm_bench::skewed_routing(n, deepep_tokens, deepep_top_k, deepep_experts, 0.0, 7);
       backend const be(moecomm::host_backend{}, moecomm_bench::model_scale(deepep_hidden, 1, bf16, real_hidden, 1, sizeof(float)));
       double const model_row = deepep_hidden * bf16, real_row = real_hidden * sizeof(float);
-      double dispatch_s = 0, route_s = 0, combine_s = 0, intra = 0, inter = 0, slot_rows = 0;
+      moecomm_bench::exchange_times times;
       for (auto _ : state) {
-        moecomm_bench::step_span dispatch_span(n), route_span(n), combine_span(n);
-        moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, n);
-        intra = inter = slot_rows = 0;
-        world.run([&](comm_t comm) {
-          auto const me = static_cast<std::size_t>(comm.rank());
-          moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(n, platform.gpus_per_node()));
-          moecomm::dispatcher<backend, comm_t, moecomm::dropless, Algorithm> d(be, groups, deepep_experts);
-          std::vector<float> const x = moecomm_bench::random_rows(deepep_tokens * real_hidden, 400 + me);
-          std::vector<float> out(x.size());
-          comm.barrier();
-          dispatch_span.start[me] = moecomm::simulated_seconds{}();
-          route_span.start[me] = dispatch_span.start[me];
-          d.route(routing[me].view());
-          route_span.end[me] = moecomm::simulated_seconds{}();
-          std::vector<float> rows(static_cast<std::size_t>(d.received_rows() * real_hidden));
-          d.template dispatch<float>({x.data(), deepep_tokens, real_hidden}, {rows.data(), d.received_rows(), real_hidden});
-          dispatch_span.end[me] = moecomm::simulated_seconds{}();
-          slot_rows += double(d.received_rows()) / n;  // actors run one at a time
-          // The dispatch's row bytes at the model's size (the slot lists, 64 bytes a row, apart).
-          intra += double(d.report().exchange.intra_bytes) / real_row * model_row / n;
-          inter += double(d.report().exchange.inter_bytes) / real_row * model_row / n;
-          comm.barrier();
-          combine_span.start[me] = moecomm::simulated_seconds{}();
-          d.template combine<moecomm::weighted, float>({rows.data(), d.received_rows(), real_hidden}, {out.data(), deepep_tokens, real_hidden});
-          combine_span.end[me] = moecomm::simulated_seconds{}();
-        });
-        dispatch_s = dispatch_span.seconds();
-        route_s = route_span.seconds();
-        combine_s = combine_span.seconds();
-        state.SetIterationTime(dispatch_s);
+        times = moecomm_bench::simulate_exchange<Algorithm>(platform, n, routing, deepep_experts, be, real_hidden);
+        state.SetIterationTime(times.dispatch);
       }
+      double const slot_rows = times.received_rows, dispatch_s = times.dispatch;
+      // The dispatch's row bytes at the model's size (the slot lists, 64 bytes a row, apart).
+      double const intra = times.intra_bytes / real_row * model_row, inter = times.inter_bytes / real_row * model_row;
       if (slot_rows != mean_received_rows(routing, n, false))
         return moecomm_bench::fail(state, "the experts received other rows than the routing's slots");
       double const tokens = mean_received_rows(routing, n, true) * model_row;
       double const wire = mean_received_rows(routing, n, moecomm::detail::is_dedup_v<Algorithm>) * model_row;
-      state.counters["route_us"] = route_s * 1e6;
-      state.counters["combine_us"] = combine_s * 1e6;
+      state.counters["route_us"] = times.route * 1e6;
+      state.counters["combine_us"] = times.combine * 1e6;
       state.counters["nvlink_MB"] = intra / 1e6;
       state.counters["rdma_MB"] = inter / 1e6;
       state.counters["rdma_GBps"] = inter / dispatch_s / 1e9;

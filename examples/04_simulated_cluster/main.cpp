@@ -13,7 +13,8 @@
 //! Every variant is a fresh layer on a fresh world, on the same tokens and expert parameters:
 //!   plain EP with the flat all-to-all, plain EP with hierarchical_2d, FasterMoE's shadowing (flat),
 //!   FasterMoE's smart schedule, shadowing with the smart schedule, and plain EP and shadowing with
-//!   the deduplicated exchange (`dedup_per_rank`: one row per token and destination rank).
+//!   the deduplicated exchanges (`dedup_per_rank`: one row per token and destination rank; `dedup_per_node`:
+//!   one per token and destination node between nodes).
 //! For each: the simulated forward and backward of one measured step after a warm-up step, the
 //! speed-up over plain flat, the all-to-all messages and bytes by link class, and, beside the
 //! shadowing variants, the time FasterMoE's cost model predicted with the platform's rates. Every
@@ -87,7 +88,7 @@ options parse_options(int argc, char** argv) {
   flag_set flags(program, "%s [flags]",
                  "Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:\n"
                  "plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart\n"
-                 "schedule, both, and the deduplicated exchange (dedup_per_rank). Reports simulated forward and\n"
+                 "schedule, both, and the deduplicated exchanges (dedup_per_rank, dedup_per_node). Reports simulated forward and\n"
                  "backward times, speed-ups over plain flat, the all-to-all traffic per link class, FasterMoE's cost\n"
                  "model beside the simulated time, checks that every variant's output equals plain flat's (bit for\n"
                  "bit; dedup within 1e-6), and draws one step as a per-rank timeline.");
@@ -167,7 +168,7 @@ struct variant_result {
   moecomm::alltoall_stats exchange;      //!< the measured step's all-to-alls, summed over ranks (real bytes)
   std::optional<moecomm::shadow_decision> decision;  //!< the measured step's, shadowing variants only
   std::vector<std::vector<float>> out, d_x;         //!< [rank]
-  bool per_rank_sums = false;  //!< dedup_per_rank: the combine adds per rank first (semantics §10a)
+  bool per_rank_sums = false;  //!< dedup: the combine adds per rank (and node) first (semantics §10a)
 };
 
 //! Runs a warm-up step (it sizes the layer's workspaces, as a training loop's first step does) and
@@ -333,7 +334,7 @@ bool identical_to_plain(std::vector<variant_result> const& variants) {
       if (!here) std::printf("   %s differs from plain EP, flat on rank %zu\n", v.name.c_str(), r);
       same = same && here;
     }
-  std::printf("   dedup_per_rank variants: per-rank partial sums regroup the combine's fp32 additions (semantics §10a);\n"
+  std::printf("   dedup variants: per-rank (per-node) partial sums regroup the combine's fp32 additions (semantics §10a);\n"
               "   largest difference from plain EP, flat, relative to the largest value: %.2e%s\n",
               regrouped, regrouped <= 1e-6 ? "" : " (more than 1e-6: WRONG)");
   return same && regrouped <= 1e-6;
@@ -361,6 +362,8 @@ int run(options const& o) {
   // One row per (token, destination rank) instead of per slot, summed there (DeepEP's normal kernels).
   variants.push_back(run_variant("plain EP, dedup_per_rank", p, moecomm::dedup_per_rank<moecomm::flat>{}, moecomm::no_shadowing{}));
   variants.push_back(run_variant("shadowing + dedup_per_rank", p, moecomm::dedup_per_rank<moecomm::flat>{}, shadowing));
+  // One row per (token, destination node) between nodes, forwarded inside the node (DeepEP's internode kernels).
+  variants.push_back(run_variant("plain EP, dedup_per_node", p, moecomm::dedup_per_node{}, moecomm::no_shadowing{}));
   print_times(variants);
   print_traffic(variants, p.scale.payload);
   bool const same = identical_to_plain(variants);

@@ -57,6 +57,7 @@
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/measure/calibration.hpp>
 #include <moecomm/plan/cost_model.hpp>
+#include <moecomm/plan/exchange_adviser.hpp>
 #include <moecomm/plan/flexmoe_planner.hpp>
 #include <moecomm/plan/hybridep_planner.hpp>
 #include <moecomm/plan/parm_cost_model.hpp>

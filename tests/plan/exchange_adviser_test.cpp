@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// The exchange adviser (plan/exchange_adviser.hpp) on hand-computed cases: the round model's loads,
+// the rows each algorithm moves, and errors that name the argument. Its agreement with the
+// simulation is measured by bench_exchange_adviser (docs/performance.md).
+
+#include "../support/test_support.hpp"
+
+#include <moecomm/plan/exchange_adviser.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace test {
+
+// Two nodes of two GPUs; launches free and HBM so fast that only the network counts.
+moecomm::cluster_spec two_by_two() {
+  moecomm::cluster_spec s;
+  s.name = "two-by-two";
+  s.source = "a test";
+  s.nodes_per_domain = 2;
+  s.gpus_per_node = 2;
+  s.gpu_flops = 1e12;
+  s.hbm_bytes_per_second = 1e30;
+  s.kernel_launch_seconds = 0;
+  s.intra_node = {100e9, 1e-6};
+  s.pcie = {40e9, 2e-6};
+  s.nic = {20e9, 3e-6};
+  s.fabric = {0, 0.5e-6};
+  return s;
+}
+
+TEST_CASE("exchange adviser: the busiest link and the longest route price a round, on hand-computed rows") {
+  moecomm::exchange_adviser const adviser(two_by_two(), moecomm::topology(4, 2));
+  std::int64_t const T = 1000;
+  double const row = 4096;
+  // Every token of rank s goes to the expert of rank (s + 2) mod 4 (the other node, same local
+  // index) and to the next expert there: two slots, one rank, one node.
+  std::vector<std::vector<std::int32_t>> idx(4);
+  std::vector<moecomm::routing_view> routing;
+  for (std::int32_t s = 0; s < 4; ++s) {
+    std::int32_t const d = (s + 2) % 4;
+    for (std::int64_t t = 0; t < T; ++t) idx[static_cast<std::size_t>(s)].insert(idx[static_cast<std::size_t>(s)].end(), {2 * d, 2 * d + 1});
+    routing.push_back({idx[static_cast<std::size_t>(s)].data(), nullptr, T, 2});
+  }
+  auto const ranking = adviser.rank(routing, 8, row);
+  REQUIRE(ranking.size() == 4);
+  auto find = [&](std::string const& name) {
+    for (auto const& p : ranking)
+      if (p.algorithm == name) return p;
+    FAIL("no prediction for ", name);
+    return ranking.front();
+  };
+  // The node's NICs carry both GPUs' rows (2 x rows at 20 GB/s): busier than a PCIe link (40 GB/s).
+  double const latency = 2 * 2e-6 + 2 * 3e-6 + 0.5e-6;
+  auto const flat = find("flat");
+  CHECK(flat.dispatch_seconds == doctest::Approx(latency + 2.0 * 2 * T * row / 20e9).epsilon(1e-12));
+  CHECK(flat.combine_seconds == doctest::Approx(flat.dispatch_seconds).epsilon(1e-12));
+  CHECK(flat.inter_node_bytes == doctest::Approx(2 * T * row));
+  CHECK(flat.intra_node_bytes == 0);
+  // One row per token crosses with dedup (both slots on one rank, the relay is that rank itself).
+  for (char const* name : {"dedup_per_rank", "dedup_per_node"}) {
+    CAPTURE(name);
+    auto const p = find(name);
+    CHECK(p.dispatch_seconds == doctest::Approx(latency + 2.0 * T * row / 20e9).epsilon(1e-12));
+    CHECK(p.inter_node_bytes == doctest::Approx(T * row));
+    CHECK(p.intra_node_bytes == 0);
+  }
+  // hierarchical_2d: nothing to forward inside the node here, then the same inter-node round.
+  CHECK(find("hierarchical_2d").dispatch_seconds == doctest::Approx(flat.dispatch_seconds).epsilon(1e-12));
+  // Fastest first; the deduplicated exchanges halve the bytes, but pay more in `route`.
+  for (std::size_t i = 1; i < ranking.size(); ++i) CHECK(ranking[i - 1].seconds() <= ranking[i].seconds());
+  CHECK(find("dedup_per_rank").route_seconds > flat.route_seconds);
+  CHECK(ranking.front().algorithm.rfind("dedup", 0) == 0);
+}
+
+TEST_CASE("exchange adviser: a routing per rank and experts a multiple of the ranks, or an error naming them") {
+  moecomm::exchange_adviser const adviser(two_by_two(), moecomm::topology(4, 2));
+  std::vector<std::int32_t> idx{0, 1};
+  std::vector<moecomm::routing_view> const three(3, moecomm::routing_view{idx.data(), nullptr, 1, 2});
+  check_error([&] { (void)adviser.rank(three, 8, 16); }, moecomm::status::invalid_argument, {"'routing'", "3", "4"});
+  std::vector<moecomm::routing_view> const four(4, moecomm::routing_view{idx.data(), nullptr, 1, 2});
+  check_error([&] { (void)adviser.rank(four, 6, 16); }, moecomm::status::invalid_argument, {"num_experts = 6"});
+  moecomm::cluster_spec bad = two_by_two();
+  bad.pcie.bytes_per_second = -1;
+  check_error([&] { moecomm::exchange_adviser(bad, moecomm::topology(4, 2)); }, moecomm::status::invalid_argument, {"pcie"});
+}
+
+}  // namespace test
