@@ -47,7 +47,7 @@ class dedup_node_plan {
   void take_counts(std::int64_t const* all, std::int64_t stride) { to_relay_.take_counts(all, stride); }
 
   //! Hop 1's lists reach the relays; each relay builds hop 2 over the rows it got (its counts
-  //! all-gathered) and hop 2's lists reach the experts' ranks. Collective.
+  //! all-gathered in its node) and hop 2's lists reach the experts' ranks. Collective.
   template <class Comm, class Algorithm>
   void build_receive(Backend const& be, exchange_groups<Comm>& groups, std::int64_t padded_capacity, Algorithm const& algorithm,
                      alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch) {
@@ -59,7 +59,7 @@ class dedup_node_plan {
     std::int64_t const relayed = at_relay.num_tokens;
     be.copy(grow(be, origin_, relayed).data(), origin_table_.data(), relayed);
     from_relay_.build_source(be, at_relay, {}, num_experts_, ranks, scratch);
-    from_relay_.gather_counts(groups.world());
+    from_relay_.gather_counts_in_node(groups);  // hop 2 stays inside the node
     from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, origin_.data());
   }
 

@@ -16,7 +16,7 @@
 //!   round then an inter-node one between ranks of equal local index; `dedup_per_node` a rail-aligned
 //!   round to the relays then an intra-node one;
 //! - `route` is the ring all-gather of the counts (n - 1 dependent steps), and for the deduplicated
-//!   exchanges the slot lists (8·K bytes a row) and, per node, a second all-gather;
+//!   exchanges the slot lists (8·K bytes a row) and, per node, a second all-gather inside each node;
 //! - `route` builds its permute plans, each in `plan_kernels` launches (sort keys, sort, offsets, row
 //!   maps, the validity reduce, the read-back), and a deduplicated hop runs `hop_kernels` more (the
 //!   home table, the slot lists, their split): `flat` 1 plan, `dedup_per_rank` 3 (the routing's, the
@@ -191,13 +191,17 @@ class exchange_adviser {
     return t;
   }
 
-  //! The ring all-gather of `bytes` per rank: n - 1 dependent steps of one block to the next rank.
-  [[nodiscard]] double allgather_seconds(double bytes) const {
-    std::int32_t const R = topo_.num_ranks();
-    if (R == 1) return 0;
+  //! The ring all-gather of `bytes` per rank over every rank (or, `in_node`, over each node's ranks
+  //! at once): n - 1 dependent steps of one block to the next rank.
+  [[nodiscard]] double allgather_seconds(double bytes, bool in_node = false) const {
+    std::int32_t const R = topo_.num_ranks(), n = in_node ? topo_.ranks_per_node() : R;
+    if (n == 1) return 0;
     matrix ring(static_cast<std::size_t>(R) * static_cast<std::size_t>(R), 0);
-    for (std::int32_t s = 0; s < R; ++s) ring[cell(s, (s + 1) % R)] = bytes;
-    return (R - 1) * round_seconds(ring);
+    for (std::int32_t s = 0; s < R; ++s) {
+      std::int32_t const next = in_node ? topo_.rank_at(topo_.node_of(s), (topo_.local_of(s) + 1) % n) : (s + 1) % R;
+      ring[cell(s, next)] = bytes;
+    }
+    return (n - 1) * round_seconds(ring);
   }
 
   [[nodiscard]] double launches(int kernels) const { return kernels * spec_.kernel_launch_seconds; }
@@ -298,7 +302,7 @@ class exchange_adviser {
     std::int32_t const R = topo_.num_ranks();
     exchange_prediction p{"dedup_per_node"};
     double const list = 8.0 * top_k;
-    p.route_seconds = allgather_seconds(8.0 * (num_experts + R)) + round_seconds(scaled(r.to_relay, list)) + allgather_seconds(8.0 * R) +
+    p.route_seconds = allgather_seconds(8.0 * (num_experts + R)) + round_seconds(scaled(r.to_relay, list)) + allgather_seconds(8.0 * R, true) +
                       round_seconds(scaled(r.relayed, list)) + launches(4 * plan_kernels + 2 * hop_kernels + 1);
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.to_relay, s); }, row_bytes);
     double const relay = busiest_pass([&](std::int32_t m) { return column_sum(r.to_relay, m) + row_sum(r.relayed, m); }, row_bytes);
