@@ -188,11 +188,13 @@ int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
   auto const routing = make_routing(c, spec.gpus_per_node);
   moecomm::exchange_adviser const adviser(spec, first_gpus_topology(spec, c.ranks));
   auto const ranking = adviser.rank(views(routing), c.experts, c.hidden * c.element_bytes);
+  char routing_text[64];
+  if (c.max_nodes > 0) std::snprintf(routing_text, sizeof routing_text, "node-limited to %d nodes per token", c.max_nodes);
+  else std::snprintf(routing_text, sizeof routing_text, "Zipf(%g) over experts", c.zipf);
   std::printf("exchange adviser: %s (%s), first %d GPUs; %lld tokens per rank, top-%d of %d experts, rows of %.0f B;\n"
               "routing %s. Predicted from the links alone (a model, not a measurement):\n\n",
               spec.name.c_str(), spec.source.c_str(), c.ranks, static_cast<long long>(c.tokens), c.top_k, c.experts,
-              c.hidden * c.element_bytes, c.max_nodes > 0 ? ("node-limited to " + std::to_string(c.max_nodes) + " nodes").c_str()
-                                                          : ("Zipf(" + std::to_string(c.zipf) + ") over experts").c_str());
+              c.hidden * c.element_bytes, routing_text);
   std::printf("  %-16s %10s %10s %10s %10s %14s %14s\n", "algorithm", "total", "route", "dispatch", "combine", "inter-node MB", "intra-node MB");
   for (auto const& p : ranking)
     std::printf("  %-16s %7.3f ms %7.3f ms %7.3f ms %7.3f ms %14.1f %14.1f\n", p.algorithm.c_str(), p.seconds() * 1e3, p.route_seconds * 1e3,

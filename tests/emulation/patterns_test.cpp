@@ -192,7 +192,9 @@ TEST_CASE("replicated experts (FineMoE's min-max split, FlexMoE's even split) on
 // builds the layer and calls `use(layer, seed)`; ranks of one seed route the same tokens (Parm's MP
 // peers). Each rank holds `local` experts or slots. The first step, of one token, sets up what a
 // first call does whatever the batch, and sizes nothing for it.
-template <class WithLayer>
+//! `Scheduled`: each step is a scheduled one (Pro-Prophet's scheduler): planned a step ahead, its
+//! replica transfers and gradient aggregation on the layer's lane.
+template <bool Scheduled = false, class WithLayer>
 std::int64_t device_allocations_after_reserve(std::int32_t local, WithLayer&& with_layer) {
   std::int64_t const T = 64, H = 16;
   std::int32_t const K = 2, E = 8;
@@ -216,8 +218,10 @@ std::int64_t device_allocations_after_reserve(std::int32_t local, WithLayer&& wi
         rank.be.copy(w.data(), r.w.data(), tokens * K);
         rank.be.synchronize();
         std::int64_t const before = moecomm_emulation::device_allocations();
+        if constexpr (Scheduled) (void)layer.begin_replica_transfer(experts);
         layer.forward({idx.data(), w.data(), tokens, K}, {x.data(), tokens, H}, {out.data(), tokens, H}, experts);
         layer.backward({x.data(), tokens, H}, {d_x.data(), tokens, H}, moecomm::array_view<float>{d_w.data(), tokens * K}, experts);
+        if constexpr (Scheduled) layer.finish_replica_gradients();
         if (step > 0) allocated[static_cast<std::size_t>(rank.comm.rank())] += moecomm_emulation::device_allocations() - before;
       }
     });
@@ -257,6 +261,18 @@ TEST_CASE("after reserve, 200 drifting steps of every layer on emulated GPUs all
               rank.be, groups, 8, 16, moecomm::parm_s2{2});
           use(layer, groups.coordinates().ep);
         }) == 0);
+}
+
+// Scheduled steps after reserve: the lane transfers replicas and aggregates their gradients in the
+// staging `reserve` sized on the layer's stream, which must be complete before the lane's stream
+// uses it (reserve synchronizes). Pro-Prophet's planner, subsets of the ranks every step.
+TEST_CASE("after reserve, 200 scheduled Pro-Prophet steps on emulated GPUs allocate no device memory and break no contract") {
+  moecomm::proprophet_cost_params p;
+  p.hidden = 16;
+  p.balance_factor = 0;  // search until an expert repeats: subsets every step
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, moecomm::proprophet_planner<>> prophet{};
+  prophet.planner.model = moecomm::proprophet_cost_model(p);
+  CHECK(device_allocations_after_reserve<true>(2, expert_parallel(prophet)) == 0);
 }
 
 #endif  // the emulation counts device allocations

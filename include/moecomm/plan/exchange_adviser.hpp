@@ -4,7 +4,7 @@
 //! `exchange_adviser`: which all-to-all algorithm to give the dispatcher (`flat`, `hierarchical_2d`,
 //! `dedup_per_rank<flat>`, `dedup_per_node`) for a cluster, a row size and a routing step. Each
 //! candidate's route, dispatch and combine are predicted from the cluster's links (`cluster_spec`)
-//! and the routing's exact byte matrices, in microseconds of host time, without running anything;
+//! and the routing's exact byte matrices, without running anything (0.6-115 ms of host time);
 //! the candidates come back fastest first.
 //!
 //! The model (docs/performance.md, "The exchange adviser", validates it against the simulation):
