@@ -74,13 +74,20 @@ TEST_CASE("exchange adviser: the busiest link and the longest route price a roun
   CHECK(ranking.front().algorithm.rfind("dedup", 0) == 0);
 }
 
-TEST_CASE("exchange adviser: a routing per rank and experts a multiple of the ranks, or an error naming them") {
+TEST_CASE("exchange adviser: a routing per rank of one top_k, experts a multiple of the ranks, a row size, or an error naming them") {
   moecomm::exchange_adviser const adviser(two_by_two(), moecomm::topology(4, 2));
   std::vector<std::int32_t> idx{0, 1};
   std::vector<moecomm::routing_view> const three(3, moecomm::routing_view{idx.data(), nullptr, 1, 2});
   check_error([&] { (void)adviser.rank(three, 8, 16); }, moecomm::status::invalid_argument, {"'routing'", "3", "4"});
   std::vector<moecomm::routing_view> const four(4, moecomm::routing_view{idx.data(), nullptr, 1, 2});
   check_error([&] { (void)adviser.rank(four, 6, 16); }, moecomm::status::invalid_argument, {"num_experts = 6"});
+  check_error([&] { (void)adviser.rank(four, 8, 0); }, moecomm::status::invalid_argument, {"row_bytes = 0"});
+  std::vector<moecomm::routing_view> mixed = four;
+  mixed[2].top_k = 1;
+  check_error([&] { (void)adviser.rank(mixed, 8, 16); }, moecomm::status::invalid_argument, {"routing[2].top_k = 1"});
+  std::vector<moecomm::routing_view> missing = four;
+  missing[3].topk_idx = nullptr;
+  check_error([&] { (void)adviser.rank(missing, 8, 16); }, moecomm::status::invalid_argument, {"routing[3]", "topk_idx null"});
   moecomm::cluster_spec bad = two_by_two();
   bad.pcie.bytes_per_second = -1;
   check_error([&] { moecomm::exchange_adviser(bad, moecomm::topology(4, 2)); }, moecomm::status::invalid_argument, {"pcie"});

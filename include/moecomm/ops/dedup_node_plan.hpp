@@ -36,7 +36,6 @@ class dedup_node_plan {
   void build_source(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home, std::int32_t num_experts,
                     exchange_groups<Comm>& groups, workspace<Backend>& scratch) {
     use_relays(be, groups);
-    num_experts_ = num_experts;
     to_relay_.build_source(be, kept, home, num_experts, groups.world().size(), scratch);
   }
   [[nodiscard]] std::vector<std::int64_t> const& sent_counts() const { return to_relay_.sent_counts(); }
@@ -58,7 +57,7 @@ class dedup_node_plan {
     for (std::int32_t s = 0; s < ranks; ++s) origin_table_.insert(origin_table_.end(), static_cast<std::size_t>(to_relay_.rows_between(s, me)), s);
     std::int64_t const relayed = at_relay.num_tokens;
     be.copy(grow(be, origin_, relayed).data(), origin_table_.data(), relayed);
-    from_relay_.build_source(be, at_relay, {}, num_experts_, ranks, scratch);
+    from_relay_.build_source(be, at_relay, {}, to_relay_.num_experts(), ranks, scratch);
     from_relay_.gather_counts_in_node(groups);  // hop 2 stays inside the node
     from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, origin_.data());
   }
@@ -150,7 +149,6 @@ class dedup_node_plan {
 
   dedup_plan<Backend> to_relay_, from_relay_;
   bool relays_set_ = false;
-  std::int32_t num_experts_ = 0;
   std::vector<std::int32_t> origin_table_;  //!< [rows this relay got] their source ranks
   typename Backend::template buffer_type<std::int32_t> origin_;
   typename Backend::template buffer_type<char> relay_rows_, relay_sent_;

@@ -234,6 +234,7 @@ class dedup_plan {
     return counts_[static_cast<std::size_t>(s) * my_counts_.size() + static_cast<std::size_t>(d)];
   }
   [[nodiscard]] bool has_home() const { return has_home_; }
+  [[nodiscard]] std::int32_t num_experts() const { return static_cast<std::int32_t>(home_table_.size()); }
 
   //! The slot lists travel (8·K bytes per row), once every rank's counts are known; returns the rows
   //! this rank receives (by source rank, each source's in its order) as a routing: their receive ids
@@ -365,10 +366,9 @@ class dedup_plan {
   }
 
  private:
-  [[nodiscard]] std::int32_t local_experts() const { return static_cast<std::int32_t>(home_table_.size()) / ranks_; }
+  [[nodiscard]] std::int32_t local_experts() const { return num_experts() / ranks_; }
   [[nodiscard]] detail::dedup_route route() const {
-    return {home_index_.data(), relay_table_.empty() ? nullptr : relay_.data(), static_cast<std::int32_t>(home_table_.size()),
-            local_experts()};
+    return {home_index_.data(), relay_table_.empty() ? nullptr : relay_.data(), num_experts(), local_experts()};
   }
 
   template <class T>

@@ -64,7 +64,8 @@ class exchange_adviser {
 
   //! Every candidate for one routing step, fastest first. `routing[r]` is rank r's routing (host
   //! memory; expert e on rank e / (E / R); -1 masked), `row_bytes` a token row's size.
-  //! @throws error (invalid_argument) naming the argument: one routing per rank, experts a multiple of the ranks.
+  //! @throws error (invalid_argument) naming the argument: one routing per rank, each of the same
+  //! top_k with its ids given, experts a multiple of the ranks, a positive row size.
   [[nodiscard]] std::vector<exchange_prediction> rank(std::vector<routing_view> const& routing, std::int32_t num_experts,
                                                       double row_bytes) const {
     std::int32_t const R = topo_.num_ranks();
@@ -72,8 +73,16 @@ class exchange_adviser {
                     routing.size(), " ranks' routings; the topology has ", R);
     detail::require(num_experts > 0 && num_experts % R == 0, "exchange_adviser::rank", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", R, " ranks");
+    detail::require(row_bytes > 0, "exchange_adviser::rank", "row_bytes = ", row_bytes, " must be positive");
+    std::int32_t const top_k = routing[0].top_k;
+    for (std::int32_t s = 0; s < R; ++s) {
+      routing_view const& v = routing[static_cast<std::size_t>(s)];
+      detail::require(v.top_k == top_k && top_k > 0, "exchange_adviser::rank", "routing[", s, "].top_k = ", v.top_k,
+                      "; routing[0].top_k = ", top_k, " (every rank's, positive)");
+      detail::require(v.num_tokens >= 0 && (v.num_tokens == 0 || v.topk_idx != nullptr), "exchange_adviser::rank", "routing[", s,
+                      "] has ", v.num_tokens, " tokens and topk_idx ", v.topk_idx == nullptr ? "null" : "given");
+    }
     rows const r = count_rows(routing, num_experts);
-    std::int32_t const top_k = routing.empty() ? 1 : routing[0].top_k;
     std::vector<exchange_prediction> out;
     out.push_back(predict_slots("flat", r, row_bytes, false, num_experts));
     if (topo_.num_nodes() > 1 && topo_.ranks_per_node() > 1) out.push_back(predict_slots("hierarchical_2d", r, row_bytes, true, num_experts));
