@@ -207,6 +207,7 @@ int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "deepep-h800");
+  moecomm_bench::take_contention_flag(argc, argv);
   if (moecomm_bench::take_flag(argc, argv, "--advise", "no") != "no")
     return advise(moecomm::read_cluster_spec(moecomm::platform_file(name)), argc, argv);
   std::string const grid_name = moecomm_bench::take_flag(argc, argv, "--grid=", "main");

@@ -26,7 +26,12 @@
 //! - flexmoe-a100: 16 ranks, GPT-350M-like (E = 16, H = 1024, F = 4096, bf16), top-1, 8192 tokens
 //!   per GPU (assumed); S = 4 (SYMI: 16 experts × 4 slots per GPU).
 //! - Replica gradients are left to the trainer's once-per-iteration reduction in every pattern
-//!   (Megatron's expert-DP all-reduce runs once per iteration as well), so no step pays it.
+//!   (Megatron's expert-DP all-reduce runs once per iteration as well), so no step pays it, and the
+//!   iterations below leave it out for every pattern alike.
+//! - Iterations: the model's transformer (finemoe-h100: GPT 1.3B's 24 blocks, H 2048, sequences of
+//!   2048; flexmoe-a100: GPT-350M's 24 blocks, H 1024, sequences of 1024; both an MoE FFN every
+//!   other block, as DeepSpeed-MoE and the papers' GPT-MoE models, GPT-2's vocabulary, bf16): 12
+//!   mean layer steps plus the rest (`simulate_dense_iteration`, simulated once), per pattern.
 //! - Real rows of 4 floats (MLP 4 -> 16 -> 4) stand for the model's (`simulation_scale`).
 //! Measured per step: simulated time (forward + backward, plus FlexMoE's moves), max/mean rows per
 //! rank, bytes of tokens, parameters and optimizer state moved (model-sized). Check: every pattern's
@@ -71,7 +76,21 @@ struct workload {
   std::int32_t ranks, experts, slots, top_k;
   double hidden, ffn, tokens;  //!< the model's; tokens per GPU per step
   char const* papers;
+  std::int64_t sequence;  //!< the transformer's (see the file comment)
 };
+
+//! The transformer around the MoE layers (see the file comment).
+moecomm::transformer_shape transformer(workload const& w) {
+  moecomm::transformer_shape s;
+  s.layers = 24;
+  s.moe_layers = 12;
+  s.hidden = std::int64_t(w.hidden);
+  s.dense_ffn = std::int64_t(w.ffn);
+  s.sequence = w.sequence;
+  s.tokens_per_rank = std::int64_t(w.tokens);
+  s.vocabulary = 50257;
+  return s;
+}
 
 workload g_work;
 std::int32_t g_steps = 200, g_interval = 10;
@@ -83,9 +102,9 @@ workload workload_for(std::string const& platform) {
   if (platform == "flexmoe-a100")
     return {"GPT-350M-like, E 16, top-1", 16, 16, 4, 1, 1024, 4096, 8192,
             "FlexMoE: 1.70x avg over DeepSpeed, 1.30x over FasterMoE (its hardware); SYMI's re-implementation: rebalancing "
-            "steps 2.46-4.10x slower"};
+            "steps 2.46-4.10x slower", 1024};
   return {"GPT 32x1.3B, E 32, top-2", 8, 32, 8, 2, 2048, 8192, 4096,
-          "FineMoE: +36.9% avg (up to +47.6%) throughput over Megatron-LM, +13.9% avg over FlexMoE"};
+          "FineMoE: +36.9% avg (up to +47.6%) throughput over Megatron-LM, +13.9% avg over FlexMoE", 2048};
 }
 
 moecomm::simulation_scale scale() {
@@ -168,12 +187,12 @@ void run(moecomm::simulated_platform const& platform, char const* trace, char co
     moecomm::fastermoe_cost_params shadow;
     shadow.alpha = g_work.ffn / g_work.hidden;
     shadow.bytes_per_element = bf16;
-    shadow.gemm_flops = spec.gpu_flops;
+    shadow.gemm_flops = spec.gemm_flops();
     shadow.net_bandwidth = shadow.local_bandwidth = link;
     moecomm::flexmoe_planner_options planner;
     planner.interval_steps = g_interval;
     // The loads it sees are real rows, each standing for tokens / real_tokens model rows.
-    planner.seconds_per_row = (3 * row_flops / spec.gpu_flops + 4 * g_work.hidden * bf16 / link) * g_work.tokens / real_tokens;
+    planner.seconds_per_row = (3 * row_flops / spec.gemm_flops() + 4 * g_work.hidden * bf16 / link) * g_work.tokens / real_tokens;
     planner.bytes_per_replica = expert_bytes * (1 + 6);  // bf16 weights + 12 B/parameter of Adam state
     planner.move_bytes_per_second = link;
     moecomm::replica_placement const cyclic = moecomm::replica_placement::cyclic(R, S, R * S / E);
@@ -338,10 +357,19 @@ void register_run(moecomm::simulated_platform const& platform, char const* trace
 }
 
 void print_summary(moecomm::simulated_platform const& platform) {
+  moecomm::transformer_shape const shape = transformer(g_work);
+  double const experts = g_work.slots * 2 * g_work.hidden * g_work.ffn;  // a rank's slots, no biases
+  moecomm_bench::dense_times const dense = moecomm_bench::simulate_dense(platform, g_work.ranks, shape, experts);
   std::printf("\n%s, %d ranks, %s: %d steps, simulated (SimGrid 3.32, CM02), FlexMoE rebalancing every %d steps, FineMoE re-placing every 50\n",
               platform.name().c_str(), g_work.ranks, g_work.model, g_steps, g_interval);
-  std::printf("%-6s %-14s %10s %9s %10s %11s %12s %12s %12s\n", "trace", "pattern", "step (ms)", "vs Megat.", "max/mean",
-              "moves (ms)", "tokens (GB)", "params (GB)", "state (GB)");
+  std::printf("An iteration: %d mean steps and the rest of the model (%d blocks: attention, dense FFNs, LM head, the dense "
+              "gradients' all-reduce, Adam), %.1f ms simulated (model: %.1f ms)\n",
+              shape.moe_layers, shape.layers, dense.simulated * 1e3, dense.predicted * 1e3);
+  std::printf("%-6s %-14s %10s %9s %10s %11s %12s %12s %12s %10s %9s\n", "trace", "pattern", "step (ms)", "vs Megat.", "max/mean",
+              "moves (ms)", "tokens (GB)", "params (GB)", "state (GB)", "iter (ms)", "vs Megat.");
+  auto const iteration = [&](std::vector<step_result> const& steps) {
+    return shape.moe_layers * mean_of(steps, &step_result::seconds) + dense.simulated;
+  };
   for (char const* trace : traces) {
     auto const base = g_runs.find(key(trace, "megatron"));
     for (char const* pattern : patterns) {
@@ -355,9 +383,10 @@ void print_summary(moecomm::simulated_platform const& platform) {
         params += r.parameter_bytes;
         states += r.state_bytes;
       }
-      std::printf("%-6s %-14s %10.3f %8.3fx %10.3f %11.2f %12.1f %12.2f %12.2f\n", trace, pattern, mean_of(s, &step_result::seconds) * 1e3,
-                  mean_of(base->second, &step_result::seconds) / mean_of(s, &step_result::seconds), mean_of(s, &step_result::imbalance),
-                  total_moves * 1e3, tokens / 1e9, params / 1e9, states / 1e9);
+      std::printf("%-6s %-14s %10.3f %8.3fx %10.3f %11.2f %12.1f %12.2f %12.2f %10.1f %8.3fx\n", trace, pattern,
+                  mean_of(s, &step_result::seconds) * 1e3, mean_of(base->second, &step_result::seconds) / mean_of(s, &step_result::seconds),
+                  mean_of(s, &step_result::imbalance), total_moves * 1e3, tokens / 1e9, params / 1e9, states / 1e9,
+                  iteration(s) * 1e3, iteration(base->second) / iteration(s));
     }
   }
   std::printf("(papers, whole training iterations on their own hardware: %s)\n", g_work.papers);
@@ -383,6 +412,7 @@ void write_csv(std::string const& path, moecomm::simulated_platform const& platf
 
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "finemoe-h100");
+  moecomm_bench::take_contention_flag(argc, argv);
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
   g_steps = std::stoi(moecomm_bench::take_flag(argc, argv, "--steps=", "200"));
   g_interval = std::stoi(moecomm_bench::take_flag(argc, argv, "--interval=", "10"));

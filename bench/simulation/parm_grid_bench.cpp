@@ -242,6 +242,7 @@ void write_csv(std::string const& path) {
 
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "parm-2080ti");
+  moecomm_bench::take_contention_flag(argc, argv);
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
   std::string const gradients = moecomm_bench::take_flag(argc, argv, "--gradients=", "trainer");
   if (gradients != "trainer" && gradients != "layer") {

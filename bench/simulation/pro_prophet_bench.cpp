@@ -24,7 +24,10 @@
 //! E = GPUs (one expert each), 4 blocks (the paper's models have more: compare speedups, not
 //! seconds), Zipf(1.2) gates with a popularity order of their own per block, redrawn tokens every
 //! iteration; the non-expert compute per block is the code's FNEC = (4bs²h + 4bsh²)·4 / 35.7e12 s
-//! (b = sequences per GPU of 256 tokens), its backward twice that. Rows carry 4 real floats that
+//! (b = sequences per GPU of 256 tokens), its backward twice that. The iteration ends with the
+//! all-reduce of the blocks' dense gradients (attention, 4·H² + 6·H a block, fp32) over all GPUs and
+//! fp32 Adam over the rank's parameters (`simulate_gradient_step`), the same for every variant and
+//! reported beside. Rows carry 4 real floats that
 //! stand for 1024 (`simulation_scale`). Check: every variant's outputs and input gradients, summed
 //! over the ranks, equal deepspeed's bit for bit at every iteration.
 //!
@@ -58,6 +61,7 @@ constexpr std::int64_t real_hidden = 4, real_ffn = 8, model_hidden = 1024, model
 constexpr double fp32 = 4.0, code_flops = 35.7e12;
 constexpr std::int32_t blocks = 4, iterations = 4;
 char const* const variants[] = {"deepspeed", "fastermoe", "planner", "prophet"};
+constexpr double expert_parameters_per_gpu = blocks * 2.0 * model_hidden * model_ffn;  // one expert a block, no biases
 
 struct config {
   std::int32_t top_k;
@@ -67,6 +71,7 @@ config const configs[] = {{1, 16384}, {2, 16384}, {1, 32768}, {2, 32768}};
 
 struct outcome {
   double seconds = 0, balance = 0, checksum = 0;  //!< per iteration (mean over the measured ones)
+  double gradient_step = 0;                       //!< of `seconds`: the all-reduce and the optimizer
 };
 std::map<std::string, outcome> g_results;
 std::int32_t g_ranks = 16;
@@ -81,6 +86,19 @@ double fnec_seconds(std::int64_t tokens_per_gpu) {
   return (4 * b * s * s * h + 4 * b * s * h * h) * 4 / code_flops;
 }
 
+//! The model around the MoE layers: the blocks' attention (its compute is the FNEC above, charged by
+//! the bench itself), fp32 gradients and Adam.
+moecomm::transformer_shape transformer(std::int64_t tokens_per_gpu) {
+  moecomm::transformer_shape s;
+  s.layers = s.moe_layers = blocks;
+  s.hidden = model_hidden;
+  s.sequence = seq_length;
+  s.tokens_per_rank = tokens_per_gpu;
+  s.gradient_bytes = fp32;
+  s.optimizer_bytes_per_parameter = 28;  // fp32 Adam: reads weight, gradient, moments; writes weight, moments
+  return s;
+}
+
 //! One stack of `blocks` layers on every rank; `iterations` iterations, the first one a warm-up.
 template <class Layer, class MakeLayer>
 outcome run(moecomm::simulated_platform const& platform, config const& c, char const* variant, MakeLayer&& make_layer) {
@@ -91,6 +109,7 @@ outcome run(moecomm::simulated_platform const& platform, config const& c, char c
   std::string const name = variant;
   bool const scheduled = name == "prophet";
   std::vector<double> start(static_cast<std::size_t>(R)), end(start.size()), sums(start.size()), rows(start.size());
+  std::vector<double> backward_end(start.size());
   outcome o;
   double balance_sum = 0;
   std::int32_t balance_count = 0;
@@ -112,7 +131,7 @@ outcome run(moecomm::simulated_platform const& platform, config const& c, char c
     std::optional<moecomm::block_schedule<Layer, mlp_experts>> schedule;
     if constexpr (Layer::shadowing_policy::shadows)
       if (scheduled) schedule.emplace(layer_ptrs, expert_ptrs);
-    double const fnec = fnec_seconds(T) * platform.spec().gpu_flops / be.simulated_scale().flops;  // in the experts' FLOPs
+    double const fnec = fnec_seconds(T) * platform.spec().gemm_flops() / be.simulated_scale().flops;  // in the experts' FLOPs
     std::vector<std::vector<float>> x(blocks + 1), d(blocks + 1);
     for (std::int32_t it = 0; it < iterations; ++it) {
       std::vector<moecomm_bench::rank_routing> routing;
@@ -151,13 +170,17 @@ outcome run(moecomm::simulated_platform const& platform, config const& c, char c
       }
       if constexpr (Layer::shadowing_policy::shadows)
         if (schedule) schedule->finish_backward();
+      backward_end[at] = moecomm::simulated_seconds{}();
+      moecomm::simulate_gradient_step(comm, transformer(T), expert_parameters_per_gpu);
       end[at] = moecomm::simulated_seconds{}();
       for (auto& e : experts) std::fill(e->grads.begin(), e->grads.end(), 0.0f);
       sums[at] = moecomm_bench::checksum(x[blocks], d[0]);
       rows[at] = rows_sum / blocks;
       comm.barrier();
       if (me == 0 && it > 0) {  // the first iteration warms up (and has nothing to predict from)
-        o.seconds += *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
+        double const last_end = *std::max_element(end.begin(), end.end());
+        o.seconds += last_end - *std::min_element(start.begin(), start.end());
+        o.gradient_step += last_end - *std::max_element(backward_end.begin(), backward_end.end());
         double const mean = std::accumulate(rows.begin(), rows.end(), 0.0) / R;
         balance_sum += mean > 0 ? *std::max_element(rows.begin(), rows.end()) / mean : 1.0;
         ++balance_count;
@@ -166,6 +189,7 @@ outcome run(moecomm::simulated_platform const& platform, config const& c, char c
     }
   });
   o.seconds /= (iterations - 1);
+  o.gradient_step /= (iterations - 1);
   o.balance = balance_sum / std::max(balance_count, 1);
   return o;
 }
@@ -180,7 +204,7 @@ moecomm::fastermoe_cost_params fastermoe_model(moecomm::cluster_spec const& spec
   moecomm::fastermoe_cost_params p;
   p.alpha = double(model_ffn) / model_hidden;
   p.bytes_per_element = fp32;
-  p.gemm_flops = spec.gpu_flops;
+  p.gemm_flops = spec.gemm_flops();
   p.net_bandwidth = spec.nic.bytes_per_second * spec.nics_per_node / spec.gpus_per_node;  // a GPU's share of its node's NIC
   p.local_bandwidth = spec.intra_node.bytes_per_second;
   return p;
@@ -225,6 +249,7 @@ void register_run(moecomm::simulated_platform const& platform, config const& c, 
     if (base == g_results.end()) return moecomm_bench::fail(state, "deepspeed must run first");
     if (o.checksum != base->second.checksum) return moecomm_bench::fail(state, v + ": outputs differ from deepspeed's");
     state.counters["iter_ms"] = o.seconds * 1e3;
+    state.counters["gradient_step_ms"] = o.gradient_step * 1e3;
     state.counters["balance"] = o.balance;
     state.counters["vs_deepspeed"] = base->second.seconds / o.seconds;
   });
@@ -248,6 +273,14 @@ void print_summary(moecomm::simulated_platform const& platform) {
                 (std::to_string(o[1]->seconds / o[3]->seconds).substr(0, 4) + "x").c_str(), o[0]->balance, o[1]->balance,
                 o[2]->balance, o[3]->balance);
   }
+  for (config const& c : configs)
+    if (auto const it = g_results.find(key(c, "deepspeed")); it != g_results.end()) {
+      moecomm::iteration_model const model(platform.spec(), g_ranks, transformer(c.tokens / g_ranks));
+      std::printf("k %d, %lld tokens: the gradient step (all-reduce of the dense gradients, Adam) takes %.2f ms of each "
+                  "iteration, simulated (model: %.2f ms)\n",
+                  c.top_k, static_cast<long long>(c.tokens), it->second.gradient_step * 1e3,
+                  (model.allreduce_seconds() + model.optimizer_seconds(expert_parameters_per_gpu)) * 1e3);
+    }
   std::printf("(Pro-Prophet reports 1.18-2.66x over DeepSpeed-MoE and 1.01-1.50x over FasterMoE, whole models on its cluster)\n");
 }
 
@@ -266,6 +299,7 @@ void write_csv(std::string const& path) {
 
 int main(int argc, char** argv) {
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
+  moecomm_bench::take_contention_flag(argc, argv);
   g_ranks = std::stoi(moecomm_bench::take_flag(argc, argv, "--ranks=", "16"));
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform("proprophet-3090");

@@ -4,8 +4,8 @@
 //! What the simulated-cluster benchmarks share: the platform flag (SimGrid builds one platform per
 //! process, so one run of a binary is one platform), their registration (one iteration of simulated
 //! time), skewed routing, MLP experts that declare their FLOPs, the scale that lets a few real
-//! elements stand for a model's hidden size, the simulated span of a step over all ranks, and the
-//! checksum by which variants' results are compared.
+//! elements stand for a model's hidden size, the simulated span of a step over all ranks, the
+//! iteration around the MoE layers, and the checksum by which variants' results are compared.
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
@@ -13,6 +13,7 @@
 #include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/simulation/dense_iteration.hpp>
 #include <moecomm/simulation/platform.hpp>
 
 #include "../support/harness.hpp"
@@ -43,17 +44,34 @@ inline std::string take_flag(int& argc, char** argv, char const* flag, std::stri
   return value;
 }
 
-//! Builds the named platform, its spec first changed by `adjust(cluster_spec&)`, into this process
-//! and records it in the benchmark context (one platform per process: the first call's).
+//! Whether the platform's device contention is on (`--contention=on|off`, default on; see
+//! docs/simulation.md, "The device"): set by `take_contention_flag`.
+inline bool& device_contention() {
+  static bool on = true;
+  return on;
+}
+
+//! Takes `--contention=on|off` out of argv (as `take_flag`); `use_platform` applies it.
+inline void take_contention_flag(int& argc, char** argv) {
+  std::string const value = take_flag(argc, argv, "--contention=", "on");
+  moecomm::detail::require(value == "on" || value == "off", "bench", "--contention=", value, " must be on or off");
+  device_contention() = value == "on";
+}
+
+//! Builds the named platform, its spec first changed by `adjust(cluster_spec&)` and set to the
+//! `--contention` flag, into this process and records it in the benchmark context (one platform per
+//! process: the first call's).
 template <class Adjust>
 moecomm::simulated_platform const& use_platform(std::string const& name, Adjust&& adjust) {
   static moecomm::simulated_platform const platform = [&] {
     moecomm::cluster_spec spec = moecomm::read_cluster_spec(moecomm::platform_file(name));
     adjust(spec);
+    spec.device_contention = device_contention();
     return moecomm::simulated_platform(spec);
   }();
   platform.build();
   benchmark::AddCustomContext("platform", platform.name() + " (" + platform.spec().source + ")");
+  benchmark::AddCustomContext("device contention", platform.spec().device_contention ? "on" : "off");
   benchmark::AddCustomContext("time", "simulated seconds (SimGrid 3.32, network model CM02, no cross-traffic)");
   return platform;
 }
@@ -280,6 +298,32 @@ inline moecomm::simgrid_world first_gpus(moecomm::simulated_platform const& plat
   std::vector<std::int32_t> gpus(static_cast<std::size_t>(n));
   std::iota(gpus.begin(), gpus.end(), 0);
   return moecomm::simgrid_world(platform, gpus);
+}
+
+//! The iteration around the MoE layers on the platform's first n ranks, each holding
+//! `expert_parameters` of experts: simulated seconds over all ranks, and the analytic model's
+//! prediction beside it. `with_compute`: the dense forward and backward too
+//! (`simulate_dense_iteration`); else only the gradients' all-reduce and the optimizer
+//! (`simulate_gradient_step`), for benches whose blocks charge their dense compute themselves.
+struct dense_times {
+  double simulated = 0, predicted = 0;
+};
+
+inline dense_times simulate_dense(moecomm::simulated_platform const& platform, std::int32_t n,
+                                  moecomm::transformer_shape const& shape, double expert_parameters, bool with_compute = true) {
+  step_span span(n);
+  moecomm::simgrid_world world = first_gpus(platform, n);
+  world.run([&](moecomm::simgrid_communicator comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    comm.barrier();
+    span.start[me] = moecomm::simulated_seconds{}();
+    if (with_compute) moecomm::simulate_dense_compute(shape);
+    moecomm::simulate_gradient_step(comm, shape, expert_parameters);
+    span.end[me] = moecomm::simulated_seconds{}();
+  });
+  moecomm::iteration_model const model(platform.spec(), n, shape);
+  double const predicted = model.allreduce_seconds() + model.optimizer_seconds(expert_parameters);
+  return {span.seconds(), predicted + (with_compute ? model.compute_seconds() : 0.0)};
 }
 
 //! One routing step's exchange on the platform's first n ranks, simulated: the dispatcher's `route`,

@@ -166,6 +166,7 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
 
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "deepep-h800");
+  moecomm_bench::take_contention_flag(argc, argv);
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   register_collectives(platform);

@@ -21,6 +21,12 @@
 //! timed step over all ranks (earliest start to latest end). Simulated time is deterministic, so
 //! each case runs one iteration.
 //!
+//! Iterations: each model is 12 transformer blocks, every FFN an MoE layer (fastmoe's `fmoefy`
+//! replaces each), sequences of 1024 tokens (our choice), GPT-2's vocabulary of 50257, fp32 Adam.
+//! A variant's iteration is 12 of its layer steps plus the rest of the iteration
+//! (`simulate_dense_iteration`: attention and the LM head, the all-reduce of the dense gradients,
+//! the optimizer), simulated once per model on the same ranks.
+//!
 //! Check: every variant's output and input gradient, summed over all ranks, equal plain's bit for
 //! bit (the layer sums every slot in the same order whatever the variant).
 
@@ -68,7 +74,7 @@ shadowing shadowing_for(moecomm::cluster_spec const& spec) {
   moecomm::fastermoe_cost_params p;
   p.alpha = alpha;
   p.bytes_per_element = fp32;
-  p.gemm_flops = spec.gpu_flops;
+  p.gemm_flops = spec.gemm_flops();
   p.net_bandwidth = spec.nics_per_node * spec.nic.bytes_per_second;
   p.local_bandwidth = spec.intra_node.bytes_per_second;
   return shadowing{p, {}, {}};
@@ -80,6 +86,23 @@ struct outcome {
   std::int64_t shadowed = 0, busiest_rows = 0, inter_bytes = 0;
 };
 std::map<std::string, outcome> g_plain;  // by model name
+std::map<std::string, moecomm_bench::dense_times> g_dense;  // by model name
+
+//! The model around the MoE layers (see the file comment).
+moecomm::transformer_shape transformer(model_size const& m, config const& c) {
+  moecomm::transformer_shape s;
+  s.layers = s.moe_layers = 12;
+  s.hidden = m.hidden;
+  s.sequence = 1024;
+  s.tokens_per_rank = c.tokens;
+  s.vocabulary = 50257;
+  s.gradient_bytes = fp32;
+  s.optimizer_bytes_per_parameter = 28;  // fp32 Adam: reads weight, gradient, moments; writes weight, moments
+  return s;
+}
+
+//! The parameters of one rank's experts (H -> αH -> H, as `model_scale` prices them: no biases).
+double expert_parameters(model_size const& m) { return experts_per_rank * 2 * alpha * double(m.hidden) * double(m.hidden); }
 
 //! Bytes the dispatcher reports are real ones; each stands for this many simulated bytes.
 double row_scale(model_size const& m) { return double(m.hidden) / double(real_hidden); }
@@ -135,13 +158,22 @@ void register_variant(moecomm::simulated_platform const& platform, config const&
       state.SetIterationTime(o.seconds);
     }
     bool const is_plain = std::string(variant) == "plain";
-    if (is_plain) g_plain[m.name] = o;
+    if (is_plain) {
+      g_plain[m.name] = o;
+      g_dense[m.name] = moecomm_bench::simulate_dense(platform, c.ranks, transformer(m, c), expert_parameters(m));
+    }
+    moecomm_bench::dense_times const& dense = g_dense[m.name];
+    double const layers = transformer(m, c).moe_layers;
     auto const plain = g_plain.find(m.name);
     if (plain == g_plain.end()) return moecomm_bench::fail(state, "plain must run before the other variants");
     if (o.checksum != plain->second.checksum)
       return moecomm_bench::fail(state, std::string(variant) + ": output and input gradient differ from plain's " + std::to_string(o.checksum) + " vs " + std::to_string(plain->second.checksum));
     state.counters["sim_ms"] = o.seconds * 1e3;
     state.counters["speedup"] = plain->second.seconds / o.seconds;
+    state.counters["iter_ms"] = (layers * o.seconds + dense.simulated) * 1e3;
+    state.counters["iter_speedup"] = (layers * plain->second.seconds + dense.simulated) / (layers * o.seconds + dense.simulated);
+    state.counters["dense_ms"] = dense.simulated * 1e3;
+    state.counters["dense_model_ms"] = dense.predicted * 1e3;
     state.counters["shadowed"] = double(o.shadowed);
     state.counters["busiest_rows"] = double(o.busiest_rows);
     state.counters["inter_GB"] = double(o.inter_bytes) * row_scale(m) / 1e9;
@@ -152,6 +184,7 @@ void register_variant(moecomm::simulated_platform const& platform, config const&
 
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "fastermoe-v100-ib");
+  moecomm_bench::take_contention_flag(argc, argv);
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   config c;

@@ -152,7 +152,7 @@ moecomm::fastermoe_cost_params cost_params(problem const& p) {
   moecomm::fastermoe_cost_params c;
   c.alpha = alpha;
   c.bytes_per_element = sizeof(float);
-  c.gemm_flops = s.gpu_flops;
+  c.gemm_flops = s.gemm_flops();
   c.local_bandwidth = s.intra_node.bytes_per_second;
   // In an all-to-all every GPU of a node sends at once: each gets its share of the node's NICs,
   // and no more than its own PCIe link to them.

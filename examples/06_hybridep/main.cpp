@@ -197,7 +197,7 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
       comm.barrier();
       start[me] = moecomm::simulated_seconds{}();
       if (hybrid) hybrid->begin_expert_gather(mlp);  // in the background, beside the pre-expert compute
-      be.charge_flops(p.o.pre_expert_ms * 1e-3 * p.platform.spec().gpu_flops / p.scale.flops);
+      be.charge_flops(p.o.pre_expert_ms * 1e-3 * p.platform.spec().gemm_flops() / p.scale.flops);
       moecomm::matrix_view<float const> const x{in.x.data(), T, H};
       moecomm::matrix_view<float> const y{out.data(), T, H};
       moecomm::matrix_view<float const> const g{in.d_out.data(), T, H};

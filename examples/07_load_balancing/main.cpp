@@ -128,7 +128,7 @@ problem make_problem(options const& o) {
   std::shuffle(p.popularity.begin(), p.popularity.end(), order);  // hot experts anywhere, as a trained gate's
   for (int32_t e = 0; e < experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   auto const& spec = p.platform.spec();
-  p.seconds_per_row = 3 * p.model.flops_per_row() / spec.gpu_flops + 4 * p.model.row_bytes() / spec.intra_node.bytes_per_second;
+  p.seconds_per_row = 3 * p.model.flops_per_row() / spec.gemm_flops() + 4 * p.model.row_bytes() / spec.intra_node.bytes_per_second;
   p.expert_bytes = p.model.parameter_bytes();
   return p;
 }
@@ -198,7 +198,7 @@ run_result run(problem const& p, int pattern) {
     moecomm::fastermoe_cost_params shadow;
     shadow.alpha = 4;
     shadow.bytes_per_element = 2;
-    shadow.gemm_flops = p.platform.spec().gpu_flops;
+    shadow.gemm_flops = p.platform.spec().gemm_flops();
     shadow.net_bandwidth = shadow.local_bandwidth = p.platform.spec().intra_node.bytes_per_second;
     moecomm::flexmoe_planner_options planner;
     planner.interval_steps = o.interval;

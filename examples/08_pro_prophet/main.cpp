@@ -186,7 +186,7 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
         schedule.emplace(l, e);
       }
     }
-    double const fnec = moecomm::proprophet_cost_model(p.costs).forward_non_expert_time() * p.platform.spec().gpu_flops / p.scale.flops;
+    double const fnec = moecomm::proprophet_cost_model(p.costs).forward_non_expert_time() * p.platform.spec().gemm_flops() / p.scale.flops;
     double total = 0;
     for (int32_t it = 0; it < o.iterations; ++it) {
       std::vector<routing_data> gates;

@@ -317,6 +317,10 @@ moecomm::cluster_spec parm_2080ti_spec() {
   c.gpu_flops = 53.8e12;
   c.hbm_bytes_per_second = 616e9;
   c.kernel_launch_seconds = 4e-6;
+  c.gemm_efficiency = 0.7;
+  c.gemm_ridge_rows = 61;
+  c.comm_sm_share = 0.06;
+  c.collective_overhead_seconds = 12e-6;
   c.intra_node_over_pcie = true;
   c.intra_node = c.pcie = {15.75e9, 1e-6};
   c.nic = {12.5e9, 1e-6};
@@ -334,9 +338,10 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
   CHECK(p.inter.beta_seconds_per_byte == relatively(defaults.inter.beta_seconds_per_byte, 1e-12));
   CHECK(p.gemm_flops == relatively(defaults.gemm_flops, 1e-12));
   CHECK(p.copy_bytes_per_second == relatively(defaults.copy_bytes_per_second, 1e-12));
-  // Inside a node: two PCIe ports of 1 µs; across: 1 + 1 + 0.5 + 1 + 1 µs, the NIC's 12.5 GB/s over 4 GPUs.
-  CHECK(p.intra.alpha_seconds == relatively(2e-6, 1e-12));
-  CHECK(p.inter.alpha_seconds == relatively(4.5e-6, 1e-12));
+  // Inside a node: 12 µs of overhead and two PCIe ports of 1 µs; across: 12 + 1 + 1 + 0.5 + 1 + 1 µs,
+  // the NIC's 12.5 GB/s over 4 GPUs.
+  CHECK(p.intra.alpha_seconds == relatively(14e-6, 1e-12));
+  CHECK(p.inter.alpha_seconds == relatively(16.5e-6, 1e-12));
   CHECK(p.inter.beta_seconds_per_byte == relatively(1 / 3.125e9, 1e-12));
   CHECK(p.copy_bytes_per_second == relatively(308e9, 1e-12));
   CHECK(p.kernel_launch_seconds == relatively(4e-6, 1e-12));
@@ -352,7 +357,7 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
   c.nics_per_node = 4;
   c.nic = {25e9, 1e-6};
   parm_cost_params const q = parm_cost_params::from_cluster(c);
-  CHECK(q.intra.alpha_seconds == relatively(0.5e-6, 1e-12));
+  CHECK(q.intra.alpha_seconds == relatively(12.5e-6, 1e-12));  // the overhead and two NVLink ports
   CHECK(q.intra.beta_seconds_per_byte == relatively(1 / 150e9, 1e-12));
   CHECK(q.inter.beta_seconds_per_byte == relatively(1 / 15.75e9, 1e-12));
   CHECK(q.shared_port_bytes_per_second == 0);  // NVLink inside the node, PCIe out of it

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <moecomm/comm/simgrid.hpp>
+#include <moecomm/simulation/device_time.hpp>
 #include <moecomm/simulation/platform.hpp>
 #include <simgrid/s4u.hpp>
 #include <stdexcept>
@@ -36,6 +38,10 @@ moecomm::cluster_spec two_node_spec() {
   s.gpu_flops = 100e12;
   s.hbm_bytes_per_second = 1000e9;
   s.kernel_launch_seconds = 4e-6;
+  s.gemm_efficiency = 0.75;
+  s.gemm_ridge_rows = 221;
+  s.comm_sm_share = 0.18;
+  s.collective_overhead_seconds = 8e-6;
   s.intra_node = {100e9, 1e-6};
   s.pcie = {16e9, 1.5e-6};
   s.nic = {12.5e9, 2e-6};
@@ -232,7 +238,7 @@ TEST_CASE("platform: parse errors name the origin, the line and the key") {
   }
   SUBCASE("a value that is not a number, on its line") {
     std::string const e = parse_error(valid_text_with("nic_Gbps", "nic_Gbps = 100x"));
-    CHECK(e.find("t.platform:16: nic_Gbps = 100x: not a number") != std::string::npos);
+    CHECK(e.find("t.platform:20: nic_Gbps = 100x: not a number") != std::string::npos);
   }
   SUBCASE("line numbers count comments and blank lines") {
     std::string const e = parse_error("# a comment\n\nname = x\nname = y  # again\n");
@@ -248,7 +254,7 @@ TEST_CASE("platform: parse errors name the origin, the line and the key") {
   }
   SUBCASE("a value out of range names its line") {
     std::string const e = parse_error(valid_text_with("pcie_GBps", "pcie_GBps = -16"));
-    CHECK(e.find("t.platform:14: pcie_GBps = -16: must be finite and > 0") != std::string::npos);
+    CHECK(e.find("t.platform:18: pcie_GBps = -16: must be finite and > 0") != std::string::npos);
     CHECK(parse_error(valid_text_with("nics_per_node", "nics_per_node = 0")).find("nics_per_node = 0: must be >= 1") !=
           std::string::npos);
   }
@@ -257,6 +263,21 @@ TEST_CASE("platform: parse errors name the origin, the line and the key") {
           std::string::npos);
     CHECK(parse_error(valid_text_with("intra_node", "intra_node = pcie")).find("intra_node_GBps = 100: only for") !=
           std::string::npos);
+  }
+  SUBCASE("shares of the device are fractions") {
+    CHECK(parse_error(valid_text_with("gemm_efficiency", "gemm_efficiency = 1.5"))
+              .find("gemm_efficiency = 1.5: must be finite and > 0 and <= 1 (a share of the device)") != std::string::npos);
+    CHECK(parse_error(valid_text_with("comm_sm_share", "comm_sm_share = -0.1"))
+              .find("comm_sm_share = -0.1: must be finite and >= 0 and <= 1") != std::string::npos);
+    CHECK(parse_error(valid_text_with("gemm_ridge_rows", "gemm_ridge_rows = 0")).find("gemm_ridge_rows = 0: must be") !=
+          std::string::npos);
+  }
+  SUBCASE("device_contention is on, off, or left out (on)") {
+    CHECK(parse_error(valid_text_with("device_contention", "device_contention = yes"))
+              .find("device_contention = yes: must be 'on'") != std::string::npos);
+    CHECK(moecomm::parse_cluster_spec(valid_text_with("device_contention", "device_contention = off"), "t").device_contention ==
+          false);
+    CHECK(moecomm::parse_cluster_spec(valid_text_with("device_contention", ""), "t").device_contention == true);
   }
   SUBCASE("domains > 1 need an uplink") {
     std::string const e = parse_error(valid_text_with("domains", "domains = 2"));
@@ -316,6 +337,11 @@ TEST_CASE("platform: one message takes the alpha-beta time of its route") {
   CHECK(gpu->get_speed() == s.gpu_flops);
   CHECK(std::strtod(gpu->get_property("hbm_Bps"), nullptr) == s.hbm_bytes_per_second);
   CHECK(std::strtod(gpu->get_property("kernel_launch_s"), nullptr) == s.kernel_launch_seconds);
+  CHECK(std::strtod(gpu->get_property("gemm_efficiency"), nullptr) == s.gemm_efficiency);
+  CHECK(std::strtod(gpu->get_property("gemm_ridge_rows"), nullptr) == s.gemm_ridge_rows);
+  CHECK(std::strtod(gpu->get_property("comm_sm_share"), nullptr) == s.comm_sm_share);
+  CHECK(std::strtod(gpu->get_property("collective_overhead_s"), nullptr) == s.collective_overhead_seconds);
+  CHECK(std::string(gpu->get_property("device_contention")) == "on");
 
   double const bytes = 1 << 20;
   // inter-node: PCIe, NIC, fabric, NIC, PCIe
@@ -439,6 +465,84 @@ TEST_CASE("platform: every named platform builds, and a message between its fart
                   << "), gpu0 -> gpu1 " << times[2] * 1e6 << " us (alpha-beta " << near * 1e6 << ")");
     CHECK(times[1] == test::relatively(far, 1e-9));
     CHECK(times[2] == test::relatively(near, 1e-9));
+  }
+}
+
+// Simulated seconds of what the device model prices, on two_node_spec with device contention `on`:
+// GEMMs of 442 and 55.25 rows; a memory kernel alone and two at once (rank and helper actor on one
+// GPU); compute on a helper while the rank's exchange runs; an all-reduce of one float.
+std::vector<double> device_seconds(bool on) {
+  moecomm::cluster_spec s = two_node_spec();
+  s.device_contention = on;
+  moecomm::simulated_platform const platform(s);
+  std::vector<double> t(7, 0.0);
+  moecomm::simgrid_world world(platform, {0, 2});  // one GPU on each node
+  world.run([&](moecomm::simgrid_communicator comm) {
+    namespace md = moecomm::detail;
+    auto const clock = [] { return s4u::Engine::get_clock(); };
+    auto const helper = [](auto work) { return s4u::Actor::create("helper", s4u::this_actor::get_host(), work); };
+    if (comm.rank() == 0) {
+      double start = clock();
+      md::charge_flops(1e9, 442);
+      t[0] = clock() - start;
+      start = clock();
+      md::charge_flops(1e9, 55.25);
+      t[1] = clock() - start;
+      start = clock();
+      md::charge_memory(1e8);
+      t[2] = clock() - start;
+      start = clock();
+      s4u::ActorPtr const other = helper([&] {
+        md::charge_memory(1e8);
+        t[4] = clock() - start;
+      });
+      md::charge_memory(1e8);
+      t[3] = clock() - start;
+      other->join();
+    }
+    std::vector<char> out(8 << 20), in(8 << 20);
+    int const peer = 1 - comm.rank();
+    auto const bytes = static_cast<std::int64_t>(out.size());
+    comm.barrier();
+    double const start = clock();
+    s4u::ActorPtr const computing = comm.rank() == 0 ? helper([&] {
+      md::charge_flops(1e10);
+      t[5] = clock() - start;
+    })
+                                                     : nullptr;
+    comm.exchange({{peer, out.data(), bytes}}, {{peer, in.data(), bytes}});
+    if (computing) computing->join();
+    float one = 1, sum = 0;
+    comm.barrier();
+    double const reduce_start = clock();
+    comm.allreduce(&one, &sum, 1, moecomm::reduce_op::sum);
+    if (comm.rank() == 0) t[6] = clock() - reduce_start;
+  });
+  return t;
+}
+
+TEST_CASE("platform: the device prices GEMMs by their rows' roofline and with contention shares HBM and gives communication its SMs") {
+  moecomm::cluster_spec const s = two_node_spec();  // 100 TFLOP/s x 0.75 from 221 rows, 1 TB/s, 18 % of SMs
+  double const gemm = 1e9 / (s.gpu_flops * s.gemm_efficiency);
+  double const memory = 1e8 / s.hbm_bytes_per_second;
+  double const compute = 1e10 / (s.gpu_flops * s.gemm_efficiency);
+  // Two ring steps between the nodes: PCIe, NIC, fabric, NIC, PCIe latencies (2 bytes take 0.2 ns).
+  double const step = 2 * (s.pcie.latency_seconds + s.nic.latency_seconds) + s.fabric.latency_seconds;
+  for (bool const on : {true, false}) {
+    CAPTURE(on);
+    std::vector<double> const t = in_child(7, [&] { return device_seconds(on); });
+    CHECK(t[0] == test::relatively(gemm, 1e-9));  // compute-bound: 442 rows >= 221
+    CHECK(t[1] == test::relatively(4 * gemm, 1e-9));  // a quarter of the ridge: a quarter of the rate
+    CHECK(t[2] == test::relatively(s.kernel_launch_seconds + memory, 1e-9));
+    double const pair = s.kernel_launch_seconds + (on ? 2 : 1) * memory;  // shared, or each as if alone
+    CHECK(t[3] == test::relatively(pair, 1e-9));
+    CHECK(t[4] == test::relatively(pair, 1e-9));
+    // The exchange (8 MiB through a 12.5 GB/s NIC, 0.67 ms) outlasts the compute: after the
+    // collective's overhead, the compute keeps 82 % of the device while the exchange runs.
+    double const overhead = s.collective_overhead_seconds;
+    double const shared = overhead + (compute - overhead) / (1 - s.comm_sm_share);
+    CHECK(t[5] == test::relatively(on ? shared : compute, 1e-9));
+    CHECK(t[6] == test::relatively(overhead + 2 * step, 1e-3));
   }
 }
 

@@ -15,7 +15,7 @@
 //! | `copy(n)` | `2 × n × sizeof(T)`, scaled inside a payload scope |
 //!
 //! Compute the back-end cannot see (the caller's experts) is charged through `charge_flops`, scaled
-//! by `flop_scale`. Use it on the ranks of a `simgrid_world` only (it needs a running actor).
+//! by `flop_scale`, at the efficiency of GEMMs of the rows it is given (large ones by default). Use it on the ranks of a `simgrid_world` only (it needs a running actor).
 
 #include <moecomm/backend/host.hpp>
 #include <moecomm/config.hpp>
@@ -25,6 +25,7 @@
 #include <moecomm/simulation/device_time.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -115,7 +116,10 @@ class simulated_backend {
   void synchronize() const { inner_.synchronize(); }
 
   //! `flops` of the caller's compute (its experts), times `simulated_scale().flops`.
-  void charge_flops(double flops) const { detail::charge_flops(scale_.flops * flops); }
+  //! `flops` (scaled) in GEMMs of `rows` rows, whose efficiency the platform's roofline gives.
+  void charge_flops(double flops, double rows = std::numeric_limits<double>::infinity()) const {
+    detail::charge_flops(scale_.flops * flops, rows);
+  }
 
   //! The scale: what moves, and what the layer's planners price (`detail::simulated_scale`).
   [[nodiscard]] simulation_scale simulated_scale() const { return scale_; }

@@ -6,7 +6,7 @@
 //!
 //! Each collective is a rendezvous, checked exactly as in-process (`<moecomm/comm/detail/posted_calls.hpp>`:
 //! a bad argument, ranks that disagree, an exchange pair whose sizes differ throw on every rank; the
-//! rendezvous costs no simulated time), followed by the point-to-point messages a real
+//! rendezvous itself costs no simulated time), followed by the point-to-point messages a real
 //! implementation sends, which SimGrid prices with latency, bandwidth and contention:
 //!
 //! | operation | messages (n ranks) |
@@ -18,6 +18,11 @@
 //! | `allreduce` | ring: reduce-scatter then all-gather, 2(n − 1) steps of `count / n` elements |
 //! | `barrier` | dissemination: ⌈log2 n⌉ rounds of empty messages |
 //! | `split` | a ring all-gather of each rank's (color, key) |
+//!
+//! Every collective but `barrier` and `split` (host-side agreements, no device kernel) is a device
+//! kernel: it first costs the platform's `collective_overhead_s`, and with device contention on it
+//! holds `comm_sm_share` of its GPU's FLOP rate while its messages move
+//! (`detail::communication_kernel`, `<moecomm/simulation/device_time.hpp>`).
 //!
 //! Payloads travel by pointer (SimGrid's messages carry a pointer and a simulated size): a receiver
 //! copies from the sender's buffer when its message has arrived, and every rank waits for all at
@@ -269,6 +274,11 @@ class simgrid_communicator {
     return "simgrid_communicator";
   }
 
+  //! Whether `op` runs as a device kernel (NCCL's collectives), not as a host-side agreement.
+  [[nodiscard]] static bool is_device_kernel(char const* op) {
+    return std::strcmp(op, "barrier") != 0 && std::strcmp(op, "split") != 0;
+  }
+
   [[nodiscard]] detail::call_site site(char const* op) const {
     return {where(op), group_->members, rank_, group_->id, group_->id == detail::simgrid_state::world_group_id};
   }
@@ -288,7 +298,12 @@ class simgrid_communicator {
     group_->calls[static_cast<std::size_t>(rank_)].assign(std::move(call), sends, recvs);
     wait_for_all(op);
     detail::call_problem problem = detail::check_posted_calls(group_->calls, site(op));
-    if (!problem) problem = move();
+    if (!problem && is_device_kernel(op)) {
+      detail::communication_kernel const kernel;
+      problem = move();
+    } else if (!problem) {
+      problem = move();
+    }
     wait_for_all(op, true);
     if (problem) throw error(problem.code, problem.message);
   }

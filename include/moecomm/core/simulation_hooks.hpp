@@ -8,7 +8,7 @@
 //!   whose sizes grow with the model's dimensions: a simulated back-end lets a small real model
 //!   stand for a large one by scaling what is moved inside such a scope (`simulation_scale`,
 //!   `<moecomm/backend/simulated.hpp>`).
-//! - `detail::charge_flops(be, flops)`: compute done outside the back-end (the caller's experts).
+//! - `detail::charge_flops(be, flops, rows)`: compute done outside the back-end (the caller's experts), in GEMMs of `rows` rows.
 //! - `detail::simulated_scale(be)`: the scale, for planners whose cost models must price the
 //!   model-sized layer the simulation stands for (all 1 on other back-ends).
 
@@ -43,7 +43,7 @@ struct scales_payload<Backend, std::void_t<decltype(std::declval<Backend const&>
 template <class Backend, class = void>
 struct charges_flops : std::false_type {};
 template <class Backend>
-struct charges_flops<Backend, std::void_t<decltype(std::declval<Backend const&>().charge_flops(1.0))>> : std::true_type {};
+struct charges_flops<Backend, std::void_t<decltype(std::declval<Backend const&>().charge_flops(1.0, 1.0))>> : std::true_type {};
 
 template <class Backend, class = void>
 struct has_simulated_scale : std::false_type {};
@@ -64,10 +64,10 @@ template <class Backend>
   }
 }
 
-//! `flops` of the caller's compute on `be`'s device.
+//! `flops` of the caller's compute on `be`'s device, in GEMMs of `rows` rows.
 template <class Backend>
-void charge_flops(Backend const& be, double flops) {
-  if constexpr (charges_flops<Backend>::value) be.charge_flops(flops);
+void charge_flops(Backend const& be, double flops, double rows) {
+  if constexpr (charges_flops<Backend>::value) be.charge_flops(flops, rows);
 }
 
 //! `be`'s simulation scale: what a planner multiplies its model's times by.

@@ -60,8 +60,8 @@
 //!
 //! Either kind may also declare `double flops(std::int64_t rows) const`: the FLOPs of one expert's
 //! forward over `rows` rows (an MLP: 2 · rows · H · F per GEMM). A simulated back-end charges them
-//! to the device (the backward as twice the forward: the input and the weight gradients); other
-//! back-ends ignore them.
+//! to the device (the backward as twice the forward: the input and the weight gradients), at the
+//! efficiency its platform gives GEMMs of that many rows; other back-ends ignore them.
 //!
 //! The layer checks its experts member by member (`detail::check_experts`): the first missing or
 //! mis-declared member stops compilation with one static_assert that spells its expected signature.
@@ -279,7 +279,8 @@ using flops_member = decltype(std::declval<E const&>().flops(std::int64_t{0}));
 //! experts declare `flops` (see the file comment).
 template <class Backend, class Experts>
 void charge_expert_flops(Backend const& be, Experts const& experts, std::int64_t rows, double passes) {
-  if constexpr (has_member_v<flops_member, Experts>) charge_flops(be, passes * static_cast<double>(experts.flops(rows)));
+  if constexpr (has_member_v<flops_member, Experts>)
+    charge_flops(be, passes * static_cast<double>(experts.flops(rows)), static_cast<double>(rows));
 }
 
 //! Any expert's forward on parameters `params`, on back-end `be` if the experts take it.

@@ -9,7 +9,8 @@
 //!
 //! The model (docs/performance.md, "The exchange adviser", validates it against the simulation):
 //! - a round of messages (one grouped exchange) takes the largest load of any link it crosses over
-//!   that link's bandwidth, plus the latency of the longest route it uses. The links are a GPU's
+//!   that link's bandwidth, plus the latency of the longest route it uses, plus the collective's
+//!   `collective_overhead_seconds` (once per collective: an all-gather's ring steps pay it once). The links are a GPU's
 //!   intra-node port (out and in), its PCIe link to the NIC, its node's NICs (one aggregate link),
 //!   the domain's fabric and the domain's WAN uplink, as `cluster_spec` describes them;
 //! - an algorithm is a sequence of dependent rounds: `flat` one; `hierarchical_2d` an intra-node
@@ -137,8 +138,11 @@ class exchange_adviser {
     return static_cast<std::size_t>(s) * static_cast<std::size_t>(topo_.num_ranks()) + static_cast<std::size_t>(d);
   }
 
-  //! One round of messages: `bytes[s][d]` from s to d (the diagonal is a local copy, not a message).
-  [[nodiscard]] double round_seconds(matrix const& bytes) const {
+  //! One round of messages, one collective: its overhead and its links' time.
+  [[nodiscard]] double round_seconds(matrix const& bytes) const { return spec_.collective_overhead_seconds + links_seconds(bytes); }
+
+  //! The links' time of `bytes[s][d]` from s to d at once (the diagonal is a local copy, not a message).
+  [[nodiscard]] double links_seconds(matrix const& bytes) const {
     std::int32_t const R = topo_.num_ranks();
     std::vector<double> port_out(static_cast<std::size_t>(R), 0), port_in(port_out), pcie_out(port_out), pcie_in(port_out);
     std::vector<double> nic_out(static_cast<std::size_t>(topo_.num_nodes()), 0), nic_in(nic_out);
@@ -210,7 +214,7 @@ class exchange_adviser {
       std::int32_t const next = in_node ? topo_.rank_at(topo_.node_of(s), (topo_.local_of(s) + 1) % n) : (s + 1) % R;
       ring[cell(s, next)] = bytes;
     }
-    return (n - 1) * round_seconds(ring);
+    return spec_.collective_overhead_seconds + (n - 1) * links_seconds(ring);
   }
 
   [[nodiscard]] double launches(int kernels) const { return kernels * spec_.kernel_launch_seconds; }

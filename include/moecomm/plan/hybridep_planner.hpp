@@ -84,26 +84,29 @@ struct hybridep_link {
 //! testbed, §V, one 4-A800 node per data centre.
 struct hybridep_params {
   //! Inside a data centre (the expert all-gather, the all-to-all between its expert domains): PCIe
-  //! 3.0, §V's "128 Gbps" read as 128 Gb/s = 16 GB/s, the platform file's reading; α = two PCIe
-  //! ports of 1 µs. systems.md §5 [I]: Table IV's chosen p (0.75, 0.5) follows only if "128 Gbps" is
+  //! 3.0, §V's "128 Gbps" read as 128 Gb/s = 16 GB/s, the platform file's reading; α = the
+  //! collective's overhead (8 µs, the file's `collective_overhead_us`) and two PCIe ports of 1 µs. systems.md §5 [I]: Table IV's chosen p (0.75, 0.5) follows only if "128 Gbps" is
   //! 128 GB/s; set `bytes_per_second = 128e9` to model that reading.
-  hybridep_link intra{2e-6, 16e9};
+  hybridep_link intra{10e-6, 16e9};
   //! Between data centres: §V's 10 Gb/s Ethernet (1.25 GB/s) per data centre, shared by its 4 GPUs
-  //! when all send at once: 312.5 MB/s per rank; α = the route's PCIe, NIC and inter-DC latencies
-  //! twice each (1 + 5 + 25 µs, the platform file's, not the paper's).
-  hybridep_link inter{62e-6, 312.5e6};
-  //! A800 (as A100) BF16 dense tensor throughput, 312 TFLOP/s (product brief; not in the paper).
-  double gemm_flops = 312e12;
+  //! when all send at once: 312.5 MB/s per rank; α = the overhead and the route's PCIe, NIC and
+  //! inter-DC latencies twice each (8 + 2 x (1 + 5 + 25) µs, the platform file's, not the paper's).
+  hybridep_link inter{70e-6, 312.5e6};
+  //! A800 (as A100) BF16 dense tensor throughput, 312 TFLOP/s (product brief; not in the paper), of
+  //! which large cuBLAS GEMMs reach about 80 % (the file's `gemm_efficiency`).
+  double gemm_flops = 0.8 * 312e12;
 
   //! The constants a simulated `spec` prices (the routes of `simulation/platform.hpp`):
-  //! - `intra`: α = 2 x `intra_node.latency_seconds`, bandwidth `intra_node.bytes_per_second` (each
+  //! - `intra`: α = `collective_overhead_seconds` + 2 x `intra_node.latency_seconds`, bandwidth `intra_node.bytes_per_second` (each
   //!   GPU has its own port);
-  //! - `inter`: α = 2 x (`pcie` + `nic` + `fabric` + `inter_domain` latencies), bandwidth = the
+  //! - `inter`: α = `collective_overhead_seconds` + 2 x (`pcie` + `nic` + `fabric` + `inter_domain`
+  //!   latencies), bandwidth = the
   //!   smallest of a GPU's `pcie` link and its shares, when all of a data centre's GPUs send at once,
   //!   of its node's NICs (`nics_per_node x nic / gpus_per_node`), of a blocking `fabric` and of the
   //!   data centre's uplink (`inter_domain / gpus_per_node`); with one data centre nothing crosses
   //!   and `inter = intra`;
-  //! - `gemm_flops` = `gpu_flops`.
+  //! - `gemm_flops` = `gpu_flops x gemm_efficiency`: large GEMMs (the model does not lower the rate of
+  //!   small ones, as the simulated device does below `gemm_ridge_rows`).
   //! @throws error (invalid_argument) from `spec.validate()`, or naming `spec.nodes_per_domain` when
   //!         it is not 1 (the model has one link class inside a data centre: one node, as in §V).
   [[nodiscard]] static hybridep_params from_cluster(cluster_spec const& spec);
@@ -358,8 +361,9 @@ inline hybridep_params hybridep_params::from_cluster(cluster_spec const& spec) {
                   " must be 1: the model has one link class inside a data centre (one node per data centre, as in "
                   "HybridEP sec. V)");
   hybridep_params p;
-  p.intra = {2 * spec.intra_node.latency_seconds, spec.intra_node.bytes_per_second};
-  p.gemm_flops = spec.gpu_flops;
+  double const overhead = spec.collective_overhead_seconds;
+  p.intra = {overhead + 2 * spec.intra_node.latency_seconds, spec.intra_node.bytes_per_second};
+  p.gemm_flops = spec.gemm_flops();
   if (spec.domains == 1) {
     p.inter = p.intra;  // never used: nothing leaves the one data centre
     return p;
@@ -368,8 +372,8 @@ inline hybridep_params hybridep_params::from_cluster(cluster_spec const& spec) {
                              spec.inter_domain.bytes_per_second / spec.gpus_per_node});
   if (spec.fabric.bytes_per_second > 0)  // 0: non-blocking
     per_gpu = std::min(per_gpu, spec.fabric.bytes_per_second / spec.gpus_per_node);
-  p.inter = {2 * (spec.pcie.latency_seconds + spec.nic.latency_seconds + spec.fabric.latency_seconds +
-                  spec.inter_domain.latency_seconds),
+  p.inter = {overhead + 2 * (spec.pcie.latency_seconds + spec.nic.latency_seconds + spec.fabric.latency_seconds +
+                             spec.inter_domain.latency_seconds),
              per_gpu};
   return p;
 }

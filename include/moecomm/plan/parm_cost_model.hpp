@@ -58,15 +58,16 @@ struct parm_link {
 //! 8 nodes x 4 RTX 2080 Ti, PCIe 3.0, 100 Gb/s InfiniBand), with that file's figures.
 struct parm_cost_params {
   //! MP and ESP groups inside a node. GPU-to-GPU traffic crosses PCIe 3.0 x16, 15.75 GB/s per
-  //! direction; α = the sender's and the receiver's port latencies, 1 µs each (the file's `pcie_us`).
-  parm_link intra{2e-6, 1 / 15.75e9};
+  //! direction; α = the collective's overhead (the file's `collective_overhead_us`, 12 µs) and the
+  //! sender's and the receiver's port latencies, 1 µs each (the file's `pcie_us`).
+  parm_link intra{14e-6, 1 / 15.75e9};
   //! Groups across nodes. The node's one 100 Gb/s NIC (12.5 GB/s) shared by its 4 GPUs, which all
-  //! send at once in every schedule: 3.125 GB/s per rank; α = PCIe, NIC, fabric, NIC, PCIe latencies
-  //! (1 + 1 + 0.5 + 1 + 1 µs).
-  parm_link inter{4.5e-6, 1 / 3.125e9};
+  //! send at once in every schedule: 3.125 GB/s per rank; α = the overhead and the PCIe, NIC, fabric,
+  //! NIC, PCIe latencies (12 + 1 + 1 + 0.5 + 1 + 1 µs).
+  parm_link inter{16.5e-6, 1 / 3.125e9};
   //! RTX 2080 Ti, FP16 tensor cores with FP32 accumulate (mixed precision): 53.8 TFLOP/s (Turing
-  //! whitepaper, Appendix A).
-  double gemm_flops = 53.8e12;
+  //! whitepaper, Appendix A), of which large cuBLAS GEMMs reach about 70 % (the file's `gemm_efficiency`).
+  double gemm_flops = 0.7 * 53.8e12;
   //! A device copy reads and writes: half of the RTX 2080 Ti's 616 GB/s GDDR6.
   double copy_bytes_per_second = 616e9 / 2;
   //! The fixed cost of one kernel (a copy, a sum): the platform file's `kernel_launch_us`.
@@ -78,14 +79,15 @@ struct parm_cost_params {
   double shared_port_bytes_per_second = 15.75e9;
 
   //! The constants a simulated `spec` prices (the routes of `simulation/platform.hpp`):
-  //! - `intra`: α = 2 x `intra_node.latency_seconds` (out of one port, into another), β = 1 /
+  //! - `intra`: α = `collective_overhead_seconds` + 2 x `intra_node.latency_seconds` (out of one
+  //!   port, into another), β = 1 /
   //!   `intra_node.bytes_per_second` (each GPU has its own port);
-  //! - `inter`: α = the latencies of PCIe, NIC, fabric, NIC, PCIe; β = 1 / the bandwidth one GPU gets
+  //! - `inter`: α = `collective_overhead_seconds` + the latencies of PCIe, NIC, fabric, NIC, PCIe; β = 1 / the bandwidth one GPU gets
   //!   when every GPU sends at once, as every rank does in all three schedules (and as
   //!   `measure_links` measures): its `pcie` link, its share `nics_per_node x nic / gpus_per_node`
   //!   of the node's NICs, and, for a blocking fabric, its share of `fabric` over the domain's GPUs,
   //!   whichever is smallest;
-  //! - `gemm_flops` = `gpu_flops`; `copy_bytes_per_second` = `hbm_bytes_per_second / 2`;
+  //! - `gemm_flops` = `gpu_flops x gemm_efficiency` (large GEMMs); `copy_bytes_per_second` = `hbm_bytes_per_second / 2`;
   //!   `kernel_launch_seconds` = `kernel_launch_seconds`;
   //! - `shared_port_bytes_per_second` = `pcie.bytes_per_second` when `intra_node_over_pcie`, else 0.
   //! @throws error (invalid_argument) from `spec.validate()`, or naming `spec.domains` when it is
@@ -402,9 +404,11 @@ inline parm_cost_params parm_cost_params::from_cluster(cluster_spec const& spec)
   if (spec.fabric.bytes_per_second > 0)  // 0: non-blocking
     per_gpu = std::min(per_gpu, spec.fabric.bytes_per_second / spec.num_gpus());
   parm_cost_params p;
-  p.intra = {2 * spec.intra_node.latency_seconds, 1 / spec.intra_node.bytes_per_second};
-  p.inter = {2 * spec.pcie.latency_seconds + 2 * spec.nic.latency_seconds + spec.fabric.latency_seconds, 1 / per_gpu};
-  p.gemm_flops = spec.gpu_flops;
+  double const overhead = spec.collective_overhead_seconds;
+  p.intra = {overhead + 2 * spec.intra_node.latency_seconds, 1 / spec.intra_node.bytes_per_second};
+  p.inter = {overhead + 2 * spec.pcie.latency_seconds + 2 * spec.nic.latency_seconds + spec.fabric.latency_seconds,
+             1 / per_gpu};
+  p.gemm_flops = spec.gemm_flops();
   p.copy_bytes_per_second = spec.hbm_bytes_per_second / 2;
   p.kernel_launch_seconds = spec.kernel_launch_seconds;
   p.shared_port_bytes_per_second = spec.intra_node_over_pcie ? spec.pcie.bytes_per_second : 0;

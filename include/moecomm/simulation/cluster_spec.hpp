@@ -53,6 +53,15 @@ struct cluster_spec {
   double hbm_bytes_per_second = 0;   //!< device memory bandwidth, B/s (a copy on the GPU moves at half of it)
   double kernel_launch_seconds = 0;  //!< fixed cost of launching one kernel, s
 
+  // How the device computes and shares itself (docs/simulation.md, "The device"):
+  double gemm_efficiency = 1;          //!< fraction of `gpu_flops` a large GEMM reaches (cuBLAS's, from public figures)
+  double gemm_ridge_rows = 1;          //!< rows of a GEMM from which it is compute-bound; below, its rate falls in
+                                       //!< proportion to its rows (the roofline: the weights are read whatever the rows)
+  double comm_sm_share = 0;            //!< fraction of the FLOP rate a communication kernel takes while it runs (its SMs)
+  double collective_overhead_seconds = 0;  //!< fixed cost of one collective: its launch and the peers' handshake, s
+  bool device_contention = true;       //!< concurrent memory kernels share HBM and communication takes its SMs;
+                                       //!< false: each memory kernel runs as if alone, communication takes no SMs
+
   link_spec intra_node;               //!< GPU <-> GPU inside a node: one GPU's port, per direction
   bool intra_node_over_pcie = false;  //!< GPU-to-GPU traffic shares the `pcie` link (then `intra_node == pcie`)
   link_spec pcie;                     //!< GPU <-> NIC path of one GPU, per direction
@@ -60,6 +69,9 @@ struct cluster_spec {
   link_spec fabric;                   //!< a domain's backbone, shared by all its inter-node traffic;
                                       //!< `bytes_per_second == 0`: non-blocking (a flow is limited only by NICs)
   link_spec inter_domain;             //!< each domain's uplink to the WAN, per direction; used when `domains > 1`
+
+  //! FLOP/s of a large GEMM: `gpu_flops x gemm_efficiency` (what planners price compute at).
+  [[nodiscard]] double gemm_flops() const { return gpu_flops * gemm_efficiency; }
 
   //! Every GPU of the cluster: domains x nodes per domain x GPUs per node.
   [[nodiscard]] std::int32_t num_gpus() const {
@@ -82,6 +94,9 @@ struct cluster_spec {
            a.nodes_per_domain == b.nodes_per_domain && a.gpus_per_node == b.gpus_per_node &&
            a.nics_per_node == b.nics_per_node && a.gpu_flops == b.gpu_flops &&
            a.hbm_bytes_per_second == b.hbm_bytes_per_second && a.kernel_launch_seconds == b.kernel_launch_seconds &&
+           a.gemm_efficiency == b.gemm_efficiency && a.gemm_ridge_rows == b.gemm_ridge_rows &&
+           a.comm_sm_share == b.comm_sm_share && a.collective_overhead_seconds == b.collective_overhead_seconds &&
+           a.device_contention == b.device_contention &&
            a.intra_node == b.intra_node && a.intra_node_over_pcie == b.intra_node_over_pcie && a.pcie == b.pcie &&
            a.nic == b.nic && a.fabric == b.fabric && a.inter_domain == b.inter_domain;
   }
@@ -99,34 +114,42 @@ struct spec_number {
   double multiply;    //!< SI per unit, when >= 1
   double divide;      //!< units per SI, when >= 1
   bool may_be_zero;   //!< a rate of 0 means something (the non-blocking fabric) or a latency
+  bool fraction;      //!< at most 1 (a share of the device)
   double& (*at)(cluster_spec&);
 };
 
 //! The numbers, in the order the text form writes them.
 inline constexpr spec_number spec_numbers[] = {
-    {"gpu_flops", "gpu_tflops", 1e12, 1, false, [](cluster_spec& s) -> double& { return s.gpu_flops; }},
-    {"hbm_bytes_per_second", "hbm_GBps", 1e9, 1, false,
+    {"gpu_flops", "gpu_tflops", 1e12, 1, false, false, [](cluster_spec& s) -> double& { return s.gpu_flops; }},
+    {"hbm_bytes_per_second", "hbm_GBps", 1e9, 1, false, false,
      [](cluster_spec& s) -> double& { return s.hbm_bytes_per_second; }},
-    {"kernel_launch_seconds", "kernel_launch_us", 1, 1e6, true,
+    {"kernel_launch_seconds", "kernel_launch_us", 1, 1e6, true, false,
      [](cluster_spec& s) -> double& { return s.kernel_launch_seconds; }},
-    {"intra_node.bytes_per_second", "intra_node_GBps", 1e9, 1, false,
+    {"gemm_efficiency", "gemm_efficiency", 1, 1, false, true,
+     [](cluster_spec& s) -> double& { return s.gemm_efficiency; }},
+    {"gemm_ridge_rows", "gemm_ridge_rows", 1, 1, false, false,
+     [](cluster_spec& s) -> double& { return s.gemm_ridge_rows; }},
+    {"comm_sm_share", "comm_sm_share", 1, 1, true, true, [](cluster_spec& s) -> double& { return s.comm_sm_share; }},
+    {"collective_overhead_seconds", "collective_overhead_us", 1, 1e6, true, false,
+     [](cluster_spec& s) -> double& { return s.collective_overhead_seconds; }},
+    {"intra_node.bytes_per_second", "intra_node_GBps", 1e9, 1, false, false,
      [](cluster_spec& s) -> double& { return s.intra_node.bytes_per_second; }},
-    {"intra_node.latency_seconds", "intra_node_us", 1, 1e6, true,
+    {"intra_node.latency_seconds", "intra_node_us", 1, 1e6, true, false,
      [](cluster_spec& s) -> double& { return s.intra_node.latency_seconds; }},
-    {"pcie.bytes_per_second", "pcie_GBps", 1e9, 1, false,
+    {"pcie.bytes_per_second", "pcie_GBps", 1e9, 1, false, false,
      [](cluster_spec& s) -> double& { return s.pcie.bytes_per_second; }},
-    {"pcie.latency_seconds", "pcie_us", 1, 1e6, true,
+    {"pcie.latency_seconds", "pcie_us", 1, 1e6, true, false,
      [](cluster_spec& s) -> double& { return s.pcie.latency_seconds; }},
-    {"nic.bytes_per_second", "nic_Gbps", 1.25e8, 1, false,
+    {"nic.bytes_per_second", "nic_Gbps", 1.25e8, 1, false, false,
      [](cluster_spec& s) -> double& { return s.nic.bytes_per_second; }},
-    {"nic.latency_seconds", "nic_us", 1, 1e6, true, [](cluster_spec& s) -> double& { return s.nic.latency_seconds; }},
-    {"fabric.bytes_per_second", "fabric_GBps", 1e9, 1, true,
+    {"nic.latency_seconds", "nic_us", 1, 1e6, true, false, [](cluster_spec& s) -> double& { return s.nic.latency_seconds; }},
+    {"fabric.bytes_per_second", "fabric_GBps", 1e9, 1, true, false,
      [](cluster_spec& s) -> double& { return s.fabric.bytes_per_second; }},
-    {"fabric.latency_seconds", "fabric_us", 1, 1e6, true,
+    {"fabric.latency_seconds", "fabric_us", 1, 1e6, true, false,
      [](cluster_spec& s) -> double& { return s.fabric.latency_seconds; }},
-    {"inter_domain.bytes_per_second", "inter_domain_Gbps", 1.25e8, 1, true,
+    {"inter_domain.bytes_per_second", "inter_domain_Gbps", 1.25e8, 1, true, false,
      [](cluster_spec& s) -> double& { return s.inter_domain.bytes_per_second; }},
-    {"inter_domain.latency_seconds", "inter_domain_us", 1, 1e6, true,
+    {"inter_domain.latency_seconds", "inter_domain_us", 1, 1e6, true, false,
      [](cluster_spec& s) -> double& { return s.inter_domain.latency_seconds; }},
 };
 
@@ -168,9 +191,9 @@ void check_cluster_spec(cluster_spec const& spec, char const* op, Subject&& subj
           s.gpus_per_node, " GPUs, more than int32 ranks can number");
   for (auto const& n : spec_numbers) {
     double const v = n.at(s);
-    bool const ok = std::isfinite(v) && (n.may_be_zero ? v >= 0 : v > 0);
-    require(ok, op, subject(n.field, n.key, concat(v)),
-            n.may_be_zero ? " must be finite and >= 0" : " must be finite and > 0");
+    bool const ok = std::isfinite(v) && (n.may_be_zero ? v >= 0 : v > 0) && (!n.fraction || v <= 1);
+    require(ok, op, subject(n.field, n.key, concat(v)), n.may_be_zero ? " must be finite and >= 0" : " must be finite and > 0",
+            n.fraction ? " and <= 1 (a share of the device)" : "");
   }
   require(s.domains == 1 || s.inter_domain.bytes_per_second > 0, op,
           subject("inter_domain.bytes_per_second", "inter_domain_Gbps", concat(s.inter_domain.bytes_per_second)),

@@ -5,8 +5,10 @@
 //!
 //! What is built (names are the SimGrid names of zones, hosts and links; `i` is a GPU's global
 //! index = its rank, `k` a node's global index, `d` a domain's):
-//! - per node, a Full-routing zone `node<k>` holding hosts `gpu<i>` (speed = `gpu_flops`, properties
-//!   `hbm_Bps` and `kernel_launch_s`) and a router `node<k>-gw`; per GPU, split-duplex links
+//! - per node, a Full-routing zone `node<k>` holding hosts `gpu<i>` (speed = `gpu_flops`; properties
+//!   `hbm_Bps`, `kernel_launch_s`, `gemm_efficiency`, `gemm_ridge_rows`, `comm_sm_share`,
+//!   `collective_overhead_s` and `device_contention` = `on`/`off`, read by
+//!   `<moecomm/simulation/device_time.hpp>`) and a router `node<k>-gw`; per GPU, split-duplex links
 //!   `gpu<i>-nvlink` (intra-node port; absent when `intra_node_over_pcie`) and `gpu<i>-pcie`, and a
 //!   link `gpu<i>-hbm` for messages to itself (a device copy: `hbm_bytes_per_second / 2`, no latency);
 //! - routes inside a node: `gpu<a> -> gpu<b>` = [port of a UP, port of b DOWN], where the port is
@@ -36,6 +38,7 @@
 #include <simgrid/s4u/Link.hpp>
 #include <simgrid/s4u/NetZone.hpp>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -61,8 +64,14 @@ inline std::pair<simgrid::s4u::NetZone*, simgrid::kernel::routing::NetPoint*> bu
   s4u::NetZone* const zone = s4u::create_full_zone("node" + k);
   zone->set_parent(domain);
   simgrid::kernel::routing::NetPoint* const gateway = zone->create_router("node" + k + "-gw");
-  std::string const hbm = shortest_text(spec.hbm_bytes_per_second);
-  std::string const launch = shortest_text(spec.kernel_launch_seconds);
+  std::unordered_map<std::string, std::string> const device{
+      {"hbm_Bps", shortest_text(spec.hbm_bytes_per_second)},
+      {"kernel_launch_s", shortest_text(spec.kernel_launch_seconds)},
+      {"gemm_efficiency", shortest_text(spec.gemm_efficiency)},
+      {"gemm_ridge_rows", shortest_text(spec.gemm_ridge_rows)},
+      {"comm_sm_share", shortest_text(spec.comm_sm_share)},
+      {"collective_overhead_s", shortest_text(spec.collective_overhead_seconds)},
+      {"device_contention", spec.device_contention ? "on" : "off"}};
   auto const duplex = [&](std::string const& name, link_spec const& l) {
     s4u::SplitDuplexLink* const link = zone->create_split_duplex_link(name, l.bytes_per_second);
     link->set_latency(l.latency_seconds)->seal();
@@ -73,10 +82,7 @@ inline std::pair<simgrid::s4u::NetZone*, simgrid::kernel::routing::NetPoint*> bu
   std::vector<s4u::Link*> ports, pcie, local;
   for (std::int32_t g = 0; g < spec.gpus_per_node; ++g) {
     std::string const i = std::to_string(first_gpu + g);
-    gpus.push_back(zone->create_host("gpu" + i, spec.gpu_flops)
-                       ->set_property("hbm_Bps", hbm)
-                       ->set_property("kernel_launch_s", launch)
-                       ->seal());
+    gpus.push_back(zone->create_host("gpu" + i, spec.gpu_flops)->set_properties(device)->seal());
     pcie.push_back(duplex("gpu" + i + "-pcie", spec.pcie));
     ports.push_back(spec.intra_node_over_pcie ? pcie.back() : duplex("gpu" + i + "-nvlink", spec.intra_node));
     local.push_back(zone->create_link("gpu" + i + "-hbm", spec.hbm_bytes_per_second / 2)->seal());

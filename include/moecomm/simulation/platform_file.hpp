@@ -14,9 +14,13 @@
 //! | `hbm_GBps`, `intra_node_GBps`, `pcie_GBps`, `fabric_GBps` | 10^9 B/s | bandwidths |
 //! | `nic_Gbps`, `inter_domain_Gbps` | 10^9 bit/s | bandwidths (network figures are quoted in bits) |
 //! | `kernel_launch_us`, `intra_node_us`, `pcie_us`, `nic_us`, `fabric_us`, `inter_domain_us` | µs | latencies |
+//! | `collective_overhead_us` | µs | `collective_overhead_seconds` |
+//! | `gemm_efficiency`, `comm_sm_share` | fraction (0 to 1) | same |
+//! | `gemm_ridge_rows` | rows | same |
 //! | `intra_node` | `nvlink` or `pcie` | `intra_node_over_pcie` |
+//! | `device_contention` (default `on`) | `on` or `off` | `device_contention` |
 //!
-//! Every key must be given once, except `domains`, `inter_domain_*` (needed only when `domains > 1`)
+//! Every key must be given once, except `domains`, `device_contention`, `inter_domain_*` (needed only when `domains > 1`)
 //! and `intra_node_*` (given only with `intra_node = nvlink`: with `pcie`, GPU-to-GPU traffic uses the
 //! `pcie` link). Unknown keys are errors, so a misspelt key cannot silently leave a default in place.
 
@@ -85,6 +89,7 @@ namespace detail {
   for (auto const& c : spec_counts) keys.emplace_back(c.field);
   keys.emplace_back("intra_node");
   for (auto const& n : spec_numbers) keys.emplace_back(n.key);
+  keys.emplace_back("device_contention");
   return keys;
 }
 
@@ -153,9 +158,15 @@ template <class T>
         ": must be 'nvlink' (a port per GPU to the node's switch) or 'pcie' (GPU-to-GPU traffic over the pcie link)");
     s.intra_node_over_pcie = intra->second.value == "pcie";
   }
+  if (auto const contention = keys.find("device_contention"); contention != keys.end()) {
+    detail::require(contention->second.value == "on" || contention->second.value == "off", op,
+                    where("device_contention"),
+                    ": must be 'on' (memory kernels share HBM, communication takes SMs) or 'off'");
+    s.device_contention = contention->second.value == "on";
+  }
   std::string missing;
   for (auto const key : known) {
-    bool const optional = key == "domains" || detail::is_inter_domain_key(key) ||
+    bool const optional = key == "domains" || key == "device_contention" || detail::is_inter_domain_key(key) ||
                           (s.intra_node_over_pcie && detail::is_intra_node_key(key));
     if (!optional && keys.count(key) == 0) missing += (missing.empty() ? "" : ", ") + std::string(key);
   }
@@ -215,6 +226,7 @@ template <class T>
       continue;
     line(n.key, detail::text_in_key_unit(n.at(s), n));
   }
+  line("device_contention", s.device_contention ? "on" : "off");
   return out.str();
 }
 

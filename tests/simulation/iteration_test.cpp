@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// The iteration around the MoE layers: `transformer_shape`'s FLOPs and parameters by hand,
+// `iteration_model`'s errors, and its prediction against `simulate_dense_iteration` run on the
+// sim.* tests' platform (inside one node, and across both).
+
+#include "../support/test_support.hpp"
+#include "sim_support.hpp"
+
+#include <moecomm/plan/iteration_model.hpp>
+#include <moecomm/simulation/dense_iteration.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace test {
+
+namespace {
+
+// 2 blocks (1 MoE), H 4, dense F 8, sequences of 2, 4 tokens a rank, vocabulary 10.
+moecomm::transformer_shape tiny_shape() {
+  moecomm::transformer_shape s;
+  s.layers = 2;
+  s.moe_layers = 1;
+  s.hidden = 4;
+  s.dense_ffn = 8;
+  s.sequence = 2;
+  s.tokens_per_rank = 4;
+  s.vocabulary = 10;
+  return s;
+}
+
+std::string shape_error(moecomm::transformer_shape const& s) {
+  try {
+    s.validate();
+  } catch (moecomm::error const& e) {
+    CHECK(e.code() == moecomm::status::invalid_argument);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("iteration: a transformer's FLOPs and dense parameters, by hand, and its bad shapes by name") {
+  moecomm::transformer_shape const s = tiny_shape();
+  // per block: projections 8·4·16 = 512, scores and context 4·4·2·4 = 128; one dense FFN 4·4·4·8 =
+  // 512; the LM head 2·4·4·10 = 320.
+  CHECK(s.dense_forward_flops() == 2 * (512 + 128) + 512 + 320);
+  // per block 4·16 + 6·4 = 88; a dense FFN 2·4·8 + 8 + 4 = 76; the embedding 10·4 = 40.
+  CHECK(s.dense_parameters() == 2 * 88 + 76 + 40);
+
+  moecomm::transformer_shape bad = s;
+  bad.tokens_per_rank = 5;
+  CHECK(shape_error(bad).find("tokens_per_rank = 5 must be a positive multiple of sequence = 2") != std::string::npos);
+  bad = s;
+  bad.dense_ffn = 0;
+  CHECK(shape_error(bad).find("dense_ffn = 0 must be positive: 1 block(s) have a dense FFN") != std::string::npos);
+  bad = s;
+  bad.moe_layers = 3;
+  CHECK(shape_error(bad).find("moe_layers = 3 must be in [0, layers = 2]") != std::string::npos);
+  bad.moe_layers = bad.layers = 2;
+  bad.dense_ffn = 0;
+  CHECK(shape_error(bad).empty());  // every block is MoE: no dense FFN needed
+  CHECK_THROWS_WITH_AS(moecomm::iteration_model(two_nodes_of_four(), 9, s), doctest::Contains("ranks = 9 must be in [1, the platform's 8 GPUs]"),
+                       moecomm::error);
+}
+
+TEST_CASE("iteration: the model's dense part equals the simulated one, inside a node and across nodes") {
+  // GPT-2 medium's blocks at a reduced scale: big enough that the all-reduce is bandwidth-bound.
+  moecomm::transformer_shape shape;
+  shape.layers = 4;
+  shape.moe_layers = 2;
+  shape.hidden = 1024;
+  shape.dense_ffn = 4096;
+  shape.sequence = 512;
+  shape.tokens_per_rank = 512;
+  shape.vocabulary = 50257;
+  double const experts = 2 * 2 * 1024.0 * 4096;  // two local experts' weights
+  for (int const ranks : {4, 8}) {  // 4: one node (NVLink ring); 8: two nodes (the NIC is the slowest ring link)
+    CAPTURE(ranks);
+    moecomm::iteration_model const model(two_nodes_of_four(), ranks, shape);
+    double span = 0;
+    moecomm::simgrid_world world = sim_world(ranks, 4);
+    world.run([&](moecomm::simgrid_communicator comm) {
+      comm.barrier();
+      double const start = moecomm::simulated_seconds{}();
+      moecomm::simulate_dense_iteration(comm, shape, experts);
+      comm.barrier();
+      if (comm.rank() == 0) span = moecomm::simulated_seconds{}() - start;
+    });
+    double const predicted = model.dense_seconds(experts);
+    MESSAGE(ranks << " ranks: simulated " << span * 1e3 << " ms, model " << predicted * 1e3 << " ms (compute "
+                  << model.compute_seconds() * 1e3 << ", all-reduce " << model.allreduce_seconds() * 1e3 << ", optimizer "
+                  << model.optimizer_seconds(experts) * 1e3 << ")");
+    CHECK(model.allreduce_seconds() > (ranks == 8 ? 0.3 : 0.05) * predicted);  // it matters, most across the NIC
+    CHECK(span == relatively(predicted, 0.01));
+    CHECK(model.iteration_seconds(1e-3, experts) == relatively(predicted + 2e-3, 1e-12));
+  }
+}
+
+}  // namespace test
