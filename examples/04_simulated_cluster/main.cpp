@@ -4,7 +4,8 @@
 //! The ranks are S4U actors on the GPUs of a SimGrid platform (default: all 64 GPUs, 16 nodes x 4,
 //! of FasterMoE's cluster, `platforms/fastermoe-v100-ib.platform`). The library's code runs for real on each rank and the
 //! data really moves, so outputs are real; time is SimGrid's: messages are priced by the platform's
-//! links, the experts' FLOPs by the GPU's rate, memory kernels by its HBM (docs/simulation.md).
+//! links and a per-collective overhead, the experts' GEMMs by the GPU's roofline for their rows,
+//! memory kernels by its HBM (docs/simulation.md, "The device").
 //!
 //! A small real hidden size H stands for the model's H_model: the simulated back-end multiplies
 //! token-row bytes by H_model / H and parameter bytes and FLOPs by (H_model / H)^2
@@ -21,7 +22,10 @@
 //! variant's output and input gradient must equal plain flat's bit for bit on every rank (the
 //! deduplicated ones, whose combine adds per rank first, within 1e-6). Shadowing with the smart
 //! schedule's measured step is written as a per-rank timeline (CSV, and a PNG drawn by
-//! scripts/plot-timeline).
+//! scripts/plot-timeline). Last, whole training iterations: 12 transformer blocks (FasterMoE's
+//! MoE-BERT-Wide: every block's FFN is this MoE layer), each variant's step 12 times plus the rest of
+//! the iteration (attention, the LM head, the dense gradients' all-reduce, Adam), simulated once and
+//! predicted by `iteration_model` beside it.
 //!
 //! Run with --help for the flags.
 
@@ -38,6 +42,7 @@
 #include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/simulation/dense_iteration.hpp>
 #include <moecomm/simulation/platform.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
@@ -318,6 +323,54 @@ void print_traffic(std::vector<variant_result> const& variants, double payload_s
   std::printf("\n");
 }
 
+//! The transformer around the layer: FasterMoE's MoE-BERT-Wide (12 blocks, every FFN an MoE layer)
+//! at the model's H, one sequence of the step's tokens per rank, BERT's vocabulary, fp32 Adam.
+moecomm::transformer_shape transformer(problem const& p) {
+  moecomm::transformer_shape s;
+  s.layers = s.moe_layers = 12;
+  s.hidden = p.o.model_hidden;
+  s.sequence = p.o.tokens;
+  s.tokens_per_rank = p.o.tokens;
+  s.vocabulary = 30522;
+  s.gradient_bytes = sizeof(float);
+  s.optimizer_bytes_per_parameter = 28;  // fp32 Adam: reads weight, gradient, moments; writes weight, moments
+  return s;
+}
+
+//! Each variant's iteration: its step per block, and the rest simulated once on the same ranks
+//! (`simulate_dense_iteration`), beside `iteration_model`'s prediction of the rest.
+void print_iterations(problem const& p, std::vector<variant_result> const& variants) {
+  moecomm::transformer_shape const shape = transformer(p);
+  double const experts = p.local_experts * p.model.parameters();
+  std::vector<double> start(static_cast<std::size_t>(p.ranks)), end(start.size());
+  std::vector<int32_t> gpus(start.size());
+  for (std::size_t r = 0; r < gpus.size(); ++r) gpus[r] = static_cast<int32_t>(r);
+  moecomm::simgrid_world world(p.platform, gpus);
+  world.run([&](simgrid_communicator comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    comm.barrier();
+    start[me] = moecomm::simulated_seconds{}();
+    moecomm::simulate_dense_iteration(comm, shape, experts);
+    end[me] = moecomm::simulated_seconds{}();
+  });
+  double const rest = *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
+  moecomm::iteration_model const model(p.platform.spec(), p.ranks, shape);
+  std::printf("5. Whole iterations: %d blocks, each the variant's step, and the rest of the model (attention,\n"
+              "   the LM head, the dense gradients' all-reduce, Adam): %s simulated, %s by iteration_model\n"
+              "   (compute %s, all-reduce %s, optimizer %s)\n",
+              shape.moe_layers, format_time(rest).c_str(), format_time(model.dense_seconds(experts)).c_str(),
+              format_time(model.compute_seconds()).c_str(), format_time(model.allreduce_seconds()).c_str(),
+              format_time(model.optimizer_seconds(experts)).c_str());
+  variant_result const& plain = variants.front();
+  double const base = shape.moe_layers * (plain.forward_s + plain.backward_s) + rest;
+  std::printf("   %-28s %11s %9s %12s\n", "variant", "iteration", "speed-up", "MoE share");
+  for (auto const& v : variants) {
+    double const layers = shape.moe_layers * (v.forward_s + v.backward_s), total = layers + rest;
+    std::printf("   %-28s %11s %8.2fx %11.0f%%\n", v.name.c_str(), format_time(total).c_str(), base / total, 100 * layers / total);
+  }
+  std::printf("\n");
+}
+
 //! Every variant's outputs and input gradients against plain flat's, every rank: bit for bit, or
 //! for the deduplicated exchange (whose combine adds per rank first) within fp32 rounding.
 bool identical_to_plain(std::vector<variant_result> const& variants) {
@@ -371,6 +424,7 @@ int run(options const& o) {
               same ? "yes" : "NO");
   write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
                  "4. Timeline of the measured step of 'shadowing + smart schedule'");
+  print_iterations(p, variants);
   std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
   return same ? 0 : 1;
 }

@@ -252,7 +252,8 @@ int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
   problem const p = make_problem(o);
   moecomm::proprophet_cost_model const model(p.costs);
-  print_simulated_heading("example 08: Pro-Prophet on a simulated RTX 3090 cluster", "expert FLOPs by the GPU's rate");
+  print_simulated_heading("example 08: Pro-Prophet on a simulated RTX 3090 cluster",
+                          "expert GEMMs at the GPU's roofline rate for their rows");
   std::printf("1. Configuration\n   platform %s, first %d GPUs (%d per node)\n     source: %s\n", p.platform.name().c_str(), o.ranks,
               p.platform.gpus_per_node(), p.platform.spec().source.c_str());
   std::printf("   %d MoE blocks, E = %d (one expert per GPU), MLP %" PRId64 " -> %" PRId64 " -> %" PRId64 " fp32 (%s each), top-%d, Zipf(%.1f)\n",

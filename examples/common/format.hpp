@@ -53,12 +53,14 @@ inline std::string bar(double value, double max_value, int width) {
 //! The heading of an example on a simulated cluster: "moecomm X.Y.Z - `title`", a rule, and what its
 //! times are; `priced`: what the simulation prices besides the messages.
 inline void print_simulated_heading(char const* title,
-                                    char const* priced = "expert FLOPs by the GPU's rate, memory kernels by its HBM") {
+                                    char const* priced = "expert GEMMs at the GPU's roofline rate for their rows, memory\n"
+                                                         "kernels by its HBM (shared when concurrent)") {
   std::printf("moecomm %d.%d.%d - %s\n", MOECOMM_VERSION_MAJOR, MOECOMM_VERSION_MINOR, MOECOMM_VERSION_PATCH, title);
   std::printf("==============================================================================\n");
   std::printf("All times are SIMULATED by SimGrid (CM02 max-min network model, docs/simulation.md), not measured:\n"
               "the layer's code runs for real on every rank and its data really moves; messages are priced by the\n"
-              "platform's links, %s.\n\n",
+              "platform's links plus a fixed overhead per collective, which holds some of the GPU's SMs while it\n"
+              "runs; %s.\n\n",
               priced);
 }
 
