@@ -26,9 +26,16 @@
 //! are MLPs 4 -> 8 -> 4 cut into ESP slices; `simulation_scale` prices every message, copy and
 //! GEMM at the model's size.
 //!
+//! The strongest baseline (issue 25, F3) runs beside them: DeepSpeed-MoE with `drop_tokens`, each MP
+//! rank dispatching its share of the tokens to whole experts replicated on the MP ranks, the outputs
+//! all-gathered over MP (PauseMP with ESP 1, holding MP / ESP times a slice's parameters; its
+//! replicas' gradients left to the trainer's expert-DP all-reduce, as DeepSpeed does). Its experts
+//! are the slices' concatenated, so its results equal deepspeed_mp's within rounding (1e-5 of their
+//! magnitude: whole experts round once where slices round twice).
+//!
 //! One benchmark per (split, B) runs its 81 layers; its counters are medians over them. After the
 //! benchmarks, the program prints, per split and overall, min / median / max of each schedule's
-//! speedup over `deepspeed_mp`, the share of layers each of S1 / S2 is fastest on, and how often
+//! speedup over `deepspeed_mp` and over `drop_tokens`, the share of layers each of S1 / S2 is fastest on, and how often
 //! `parm_auto` picked the faster one (and its worst regret). Times are simulated seconds (SimGrid
 //! 3.32, CM02, no cross-traffic): a model of the cluster, not a measurement of it.
 //!
@@ -43,6 +50,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -77,9 +85,9 @@ struct layer_shape {
   [[nodiscard]] std::int64_t tokens() const { return std::int64_t{batch} * sequence; }
 };
 
-//! One schedule's simulated step, and its results' checksum.
+//! One schedule's simulated step, and its results' checksum and magnitude.
 struct step_result {
-  double seconds = 0, checksum = 0;
+  double seconds = 0, checksum = 0, magnitude = 0;
   char const* ran = "";  // the schedule that ran (parm_auto's pick)
   double predicted_s1 = 0, predicted_s2 = 0;
 };
@@ -87,21 +95,42 @@ struct step_result {
 //! One layer of the grid: what each schedule measured.
 struct layer_result {
   layer_shape shape;
-  step_result baseline, s1, s2, automatic;
+  step_result baseline, s1, s2, automatic, drop_tokens;
 };
 std::vector<layer_result> g_results;
 moecomm::replica_gradients g_gradients = moecomm::replica_gradients::left_to_trainer;
 
+//! Rank (ep, esp)'s experts for a layer cut into `slices`: its slices of the grid's experts, whose
+//! parameters are drawn per (ep, slice) for the grid's `grid_slices`; whole experts (`slices` 1) are
+//! those slices concatenated along F.
+sliced_mlp experts_of(std::int32_t locals, std::int32_t ep, std::int32_t esp, std::int32_t slices, std::int32_t grid_slices) {
+  auto const seed = [&](std::int32_t slice) { return 100 + static_cast<std::uint64_t>(ep * 8 + slice); };
+  if (slices == grid_slices) return sliced_mlp(locals, esp, slices, seed(esp));
+  sliced_mlp whole(locals, 0, 1, 0);
+  std::int64_t const h = real_hidden, f = real_ffn / grid_slices;
+  for (std::int32_t part = 0; part < grid_slices; ++part) {
+    sliced_mlp const slice(locals, part, grid_slices, seed(part));
+    for (std::int32_t l = 0; l < locals; ++l) {
+      float const* const from = slice.params.data() + l * slice.parameter_count();
+      float* const to = whole.parameters(l);
+      for (std::int64_t r = 0; r < h; ++r)  // W1 [H][F]: the slice's columns
+        std::copy_n(from + r * f, f, to + r * real_ffn + part * f);
+      std::copy_n(from + h * f, f * h, to + h * real_ffn + part * f * h);  // W2 [F][H]: the slice's rows
+    }
+  }
+  return whole;
+}
+
 template <class Schedule, class Capacity>
 step_result run_schedule(moecomm::simulated_platform const& platform, layer_shape const& s, Schedule const& schedule,
-                         Capacity const& capacity) {
+                         Capacity const& capacity, std::int32_t grid_slices = 0) {
   std::int32_t const ranks = platform.spec().num_gpus(), experts = ranks;
   std::int32_t const mp_groups = ranks / s.sizes.model;
   auto const routing = moecomm_bench::skewed_routing(mp_groups, s.tokens(), top_k, experts, 0.0, 2024);
   backend const be(moecomm::host_backend{},
                    moecomm_bench::model_scale(double(s.hidden), double(s.hidden * s.ffn_ratio), fp16, real_hidden, real_ffn, fp32));
   moecomm_bench::step_span span(ranks);
-  std::vector<double> sums(static_cast<std::size_t>(ranks));
+  std::vector<double> sums(static_cast<std::size_t>(ranks)), magnitudes(sums.size());
   step_result result;
   moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, ranks);
   world.run([&](comm_t comm) {
@@ -110,7 +139,7 @@ step_result run_schedule(moecomm::simulated_platform const& platform, layer_shap
     auto const at = groups.coordinates();
     std::int32_t const group = at.dp * s.sizes.expert + at.ep, locals = experts / s.sizes.expert;
     moecomm::parm_layer<float, backend, comm_t, Schedule, Capacity> layer(be, groups, experts, real_hidden, schedule, capacity);
-    sliced_mlp mlp(locals, at.esp, s.sizes.expert_slicing, 100 + static_cast<std::uint64_t>(at.ep * 8 + at.esp));
+    sliced_mlp mlp = experts_of(locals, at.ep, at.esp, s.sizes.expert_slicing, grid_slices > 0 ? grid_slices : s.sizes.expert_slicing);
     std::int64_t const elements = s.tokens() * real_hidden;
     std::vector<float> const x = moecomm_bench::random_rows(elements, 200 + static_cast<std::uint64_t>(group));
     std::vector<float> const d_out = moecomm_bench::random_rows(elements, 300 + static_cast<std::uint64_t>(group));
@@ -123,6 +152,7 @@ step_result run_schedule(moecomm::simulated_platform const& platform, layer_shap
                    moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, mlp);
     span.end[me] = moecomm::simulated_seconds{}();
     sums[me] = moecomm_bench::checksum(out, d_x);
+    magnitudes[me] = moecomm_bench::magnitude(out, d_x);
     if (me == 0) {  // actors run one at a time
       result.ran = layer.report().schedule;
       result.predicted_s1 = layer.report().choice.s1.step_total;
@@ -131,6 +161,7 @@ step_result run_schedule(moecomm::simulated_platform const& platform, layer_shap
   });
   result.seconds = span.seconds();
   for (double v : sums) result.checksum += v;
+  for (double v : magnitudes) result.magnitude += v;
   return result;
 }
 
@@ -138,10 +169,14 @@ template <class Capacity>
 layer_result run_layer(moecomm::simulated_platform const& platform, layer_shape const& s, Capacity const& capacity) {
   moecomm::parm_auto const automatic{moecomm::parm_cost_model(moecomm::parm_cost_params::from_cluster(platform.spec())), real_ffn,
                                      pieces, g_gradients};
+  layer_shape whole = s;
+  whole.sizes.expert_slicing = 1;
   layer_result r{s, run_schedule(platform, s, moecomm::deepspeed_mp{}, capacity),
                  run_schedule(platform, s, moecomm::parm_s1{g_gradients}, capacity),
                  run_schedule(platform, s, moecomm::parm_s2{pieces, g_gradients}, capacity),
-                 run_schedule(platform, s, automatic, capacity)};
+                 run_schedule(platform, s, automatic, capacity),
+                 run_schedule(platform, whole, moecomm::parm_s1{moecomm::replica_gradients::left_to_trainer}, capacity,
+                              s.sizes.expert_slicing)};
   return r;
 }
 
@@ -163,7 +198,7 @@ void register_split(moecomm::simulated_platform const& platform, moecomm::parall
   std::string const name = "parm_grid/MP:" + std::to_string(sizes.model) + "/ESP:" + std::to_string(sizes.expert_slicing) +
                            "/B:" + std::to_string(batch);
   moecomm_bench::register_simulated(name, benchmark::kSecond, [&platform, sizes, batch](benchmark::State& state) {
-    std::vector<double> s1, s2, au;
+    std::vector<double> s1, s2, au, s1_drop, s2_drop;
     double simulated = 0;
     for (auto _ : state) {
       for (std::int32_t sequence : {512, 1024, 2048})
@@ -177,10 +212,15 @@ void register_split(moecomm::simulated_platform const& platform, moecomm::parall
                 if (o->checksum != r.baseline.checksum)
                   return moecomm_bench::fail(state, shape_name(s) + ": " + (o == &r.automatic ? "parm_auto running " : "") + o->ran +
                                                         " differs from deepspeed_mp's output and input gradient");
+              if (!(std::fabs(r.drop_tokens.checksum - r.baseline.checksum) <= 1e-5 * r.baseline.magnitude))
+                return moecomm_bench::fail(state, shape_name(s) + ": drop_tokens differs from deepspeed_mp's output and input "
+                                                  "gradient beyond rounding");
               s1.push_back(r.baseline.seconds / r.s1.seconds);
               s2.push_back(r.baseline.seconds / r.s2.seconds);
               au.push_back(r.baseline.seconds / r.automatic.seconds);
-              simulated += r.baseline.seconds + r.s1.seconds + r.s2.seconds + r.automatic.seconds;
+              s1_drop.push_back(r.drop_tokens.seconds / r.s1.seconds);
+              s2_drop.push_back(r.drop_tokens.seconds / r.s2.seconds);
+              simulated += r.baseline.seconds + r.s1.seconds + r.s2.seconds + r.automatic.seconds + r.drop_tokens.seconds;
               g_results.push_back(r);
             }
       state.SetIterationTime(simulated);
@@ -189,6 +229,8 @@ void register_split(moecomm::simulated_platform const& platform, moecomm::parall
     state.counters["speedup_s1"] = median(s1);
     state.counters["speedup_s2"] = median(s2);
     state.counters["speedup_auto"] = median(au);
+    state.counters["s1_vs_drop_tokens"] = median(s1_drop);
+    state.counters["s2_vs_drop_tokens"] = median(s2_drop);
   });
 }
 
@@ -204,7 +246,7 @@ std::string spread(std::vector<double> const& v) {
 //! The summary of the layers `pick` selects.
 template <class Pick>
 void print_summary(char const* label, Pick&& pick) {
-  std::vector<double> s1, s2, au;
+  std::vector<double> s1, s2, au, best_drop;
   std::int64_t n = 0, s1_wins = 0, agree = 0;
   double worst_regret = 0;
   for (layer_result const& r : g_results) {
@@ -213,27 +255,30 @@ void print_summary(char const* label, Pick&& pick) {
     s1.push_back(r.baseline.seconds / r.s1.seconds);
     s2.push_back(r.baseline.seconds / r.s2.seconds);
     au.push_back(r.baseline.seconds / r.automatic.seconds);
+    best_drop.push_back(r.drop_tokens.seconds / std::min(r.s1.seconds, r.s2.seconds));
     bool const s1_faster = r.s1.seconds <= r.s2.seconds;
     s1_wins += s1_faster;
     agree += (std::strcmp(r.automatic.ran, "parm_s1") == 0) == s1_faster;
     worst_regret = std::max(worst_regret, r.automatic.seconds / std::min(r.s1.seconds, r.s2.seconds) - 1);
   }
   if (n == 0) return;
-  std::printf("%-14s %6lld  %-20s %-20s %-20s %5.1f%% / %5.1f%%   %5.1f%%   %+.1f%%\n", label, static_cast<long long>(n),
+  std::printf("%-14s %6lld  %-20s %-20s %-20s %5.1f%% / %5.1f%%   %5.1f%%   %+6.1f%%   %s\n", label, static_cast<long long>(n),
               spread(s1).c_str(), spread(s2).c_str(), spread(au).c_str(), 100.0 * double(s1_wins) / double(n),
-              100.0 * double(n - s1_wins) / double(n), 100.0 * double(agree) / double(n), 100.0 * worst_regret);
+              100.0 * double(n - s1_wins) / double(n), 100.0 * double(agree) / double(n), 100.0 * worst_regret,
+              spread(best_drop).c_str());
 }
 
 void write_csv(std::string const& path) {
   std::ofstream f(path);
   f << "mp,esp,batch,sequence,hidden,ffn_ratio,capacity,deepspeed_mp_s,parm_s1_s,parm_s2_s,parm_auto_s,auto_ran,"
-       "predicted_s1_s,predicted_s2_s\n";
+       "predicted_s1_s,predicted_s2_s,drop_tokens_s\n";
   for (layer_result const& r : g_results) {
     layer_shape const& s = r.shape;
     f << s.sizes.model << ',' << s.sizes.expert_slicing << ',' << s.batch << ',' << s.sequence << ',' << s.hidden << ','
       << s.ffn_ratio << ',' << (s.capacity > 0 ? std::to_string(s.capacity).substr(0, 3) : "dropless") << ','
       << r.baseline.seconds << ',' << r.s1.seconds << ',' << r.s2.seconds << ',' << r.automatic.seconds << ','
-      << r.automatic.ran << ',' << r.automatic.predicted_s1 << ',' << r.automatic.predicted_s2 << '\n';
+      << r.automatic.ran << ',' << r.automatic.predicted_s1 << ',' << r.automatic.predicted_s2 << ',' << r.drop_tokens.seconds
+      << '\n';
   }
   std::printf("wrote %s (%zu layers)\n", path.c_str(), g_results.size());
 }
@@ -268,8 +313,8 @@ int main(int argc, char** argv) {
   int const rc = moecomm_bench::finish("bench_parm_grid");
   if (g_results.empty()) return rc;
   std::printf("\nParm's schedules against deepspeed_mp on %s, simulated step time (forward + backward):\n", platform.name().c_str());
-  std::printf("%-14s %6s  %-20s %-20s %-20s %-17s %-8s %s\n", "split", "layers", "S1 min/med/max", "S2 min/med/max",
-              "auto min/med/max", "S1 / S2 fastest", "auto ok", "auto worst");
+  std::printf("%-14s %6s  %-20s %-20s %-20s %-17s %-8s %-9s %s\n", "split", "layers", "S1 min/med/max", "S2 min/med/max",
+              "auto min/med/max", "S1 / S2 fastest", "auto ok", "auto worst", "best of S1, S2 over drop_tokens");
   for (std::int32_t mp : {2, 4})
     for (std::int32_t esp : {1, 2, 4}) {
       std::string const label = "MP" + std::to_string(mp) + " ESP" + std::to_string(esp);
@@ -277,7 +322,8 @@ int main(int argc, char** argv) {
     }
   print_summary("all", [](layer_shape const&) { return true; });
   std::printf("(speedup = deepspeed_mp's time / the schedule's; 'auto ok' = parm_auto picked the faster of S1 and S2; "
-              "'auto worst' = its largest excess over the faster; Parm reports 1.13-5.77x over DeepSpeed-MoE)\n");
+              "'auto worst' = its largest excess over the faster; the last column: drop_tokens' time / the faster of S1 and "
+              "S2, DeepSpeed-MoE's strongest setting; Parm reports 1.13-5.77x over DeepSpeed-MoE)\n");
   if (!csv.empty()) write_csv(csv);
   return rc;
 }
