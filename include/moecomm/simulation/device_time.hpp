@@ -28,10 +28,9 @@
 #include <moecomm/simulation/timeline.hpp>
 
 #include <simgrid/s4u/Actor.hpp>
-#include <simgrid/s4u/Host.hpp>
-
 #include <simgrid/s4u/Comm.hpp>
 #include <simgrid/s4u/Exec.hpp>
+#include <simgrid/s4u/Host.hpp>
 
 #include <algorithm>
 #include <cmath>
