@@ -61,6 +61,8 @@ TEST_CASE("iteration: a transformer's FLOPs and dense parameters, by hand, and i
   bad.moe_layers = bad.layers = 2;
   bad.dense_ffn = 0;
   CHECK(shape_error(bad).empty());  // every block is MoE: no dense FFN needed
+  CHECK_THROWS_WITH_AS((void)moecomm::iteration_model(two_nodes_of_four(), 8, s).optimizer_seconds(-1),
+                       doctest::Contains("expert_parameters = -1 must be finite and >= 0"), moecomm::error);
   CHECK_THROWS_WITH_AS(moecomm::iteration_model(two_nodes_of_four(), 9, s), doctest::Contains("ranks = 9 must be in [1, the platform's 8 GPUs]"),
                        moecomm::error);
 }

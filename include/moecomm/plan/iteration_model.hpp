@@ -114,7 +114,10 @@ class iteration_model {
   }
 
   //! The optimizer's pass over the dense parameters and `expert_parameters` (the rank's experts').
+  //! @throws error (invalid_argument) naming `expert_parameters` when it is negative or not finite.
   [[nodiscard]] double optimizer_seconds(double expert_parameters) const {
+    detail::require(std::isfinite(expert_parameters) && expert_parameters >= 0, "iteration_model", "expert_parameters = ",
+                    expert_parameters, " must be finite and >= 0");
     double const bytes = (shape_.dense_parameters() + expert_parameters) * shape_.optimizer_bytes_per_parameter;
     return spec_.kernel_launch_seconds + bytes / spec_.hbm_bytes_per_second;
   }

@@ -17,6 +17,7 @@
 #include <moecomm/plan/iteration_model.hpp>
 #include <moecomm/simulation/device_time.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -31,9 +32,12 @@ inline void simulate_dense_compute(transformer_shape const& shape) {
 
 //! The end of an iteration on this rank: the all-reduce of `shape`'s dense gradients on `comm`,
 //! then the optimizer over the dense parameters and `expert_parameters` (the experts this rank holds).
-//! @throws error (invalid_argument) from `shape.validate()`; what `comm.allreduce` throws.
+//! @throws error (invalid_argument) from `shape.validate()` or naming `expert_parameters`, before any
+//!   collective; what `comm.allreduce` throws.
 inline void simulate_gradient_step(simgrid_communicator& comm, transformer_shape const& shape, double expert_parameters) {
   shape.validate();
+  detail::require(std::isfinite(expert_parameters) && expert_parameters >= 0, "simulate_gradient_step",
+                  "expert_parameters = ", expert_parameters, " must be finite and >= 0");
   // 64 real floats per rank stand for the dense gradients: the ring moves 1/R of them a step.
   std::vector<float> gradients(static_cast<std::size_t>(64 * comm.size()), 1.0f), sum(gradients.size());
   {
