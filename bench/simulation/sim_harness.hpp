@@ -293,6 +293,32 @@ inline double magnitude(std::vector<float> const& out, std::vector<float> const&
   return sum;
 }
 
+//! The checksum and magnitude of what a rank's timed layer step produced (see `checksum`).
+struct step_result {
+  double checksum = 0, magnitude = 0;
+};
+
+//! This rank's layer steps, forward and backward, on its routing and random rows of `hidden` real
+//! floats (seeded by rank): a warm-up step (buffers grow, lanes start), then the timed one, whose
+//! simulated start and end go to `span`. Collective.
+template <class Layer, class Experts>
+step_result warm_then_timed_step(Layer& layer, moecomm::simgrid_communicator& comm, rank_routing const& routing, std::int64_t hidden,
+                                 Experts& experts, step_span& span) {
+  auto const me = static_cast<std::size_t>(comm.rank());
+  std::int64_t const tokens = routing.tokens;
+  std::vector<float> const x = random_rows(tokens * hidden, 200 + me), d_out = random_rows(tokens * hidden, 300 + me);
+  std::vector<float> out(x.size()), d_x(x.size()), d_w(routing.idx.size());
+  for (int step = 0; step < 2; ++step) {
+    comm.barrier();
+    span.start[me] = moecomm::simulated_seconds{}();
+    layer.forward(routing.view(), {x.data(), tokens, hidden}, {out.data(), tokens, hidden}, experts);
+    layer.backward({d_out.data(), tokens, hidden}, moecomm::matrix_view<float>{d_x.data(), tokens, hidden},
+                   moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, experts);
+    span.end[me] = moecomm::simulated_seconds{}();
+  }
+  return {checksum(out, d_x), magnitude(out, d_x)};
+}
+
 //! Ranks 0..n-1 on the platform's first n GPUs.
 inline moecomm::simgrid_world first_gpus(moecomm::simulated_platform const& platform, std::int32_t n) {
   std::vector<std::int32_t> gpus(static_cast<std::size_t>(n));

@@ -124,18 +124,7 @@ outcome run_layer(moecomm::simulated_platform const& platform, config const& c, 
     moecomm::expert_parallel_layer<float, backend, comm_t, moecomm::dropless, Algorithm, moecomm::weighted, Shadowing> layer(
         be, groups, experts, real_hidden, {}, algorithm, {}, shadow);
     mlp_experts mlp(experts_per_rank, real_hidden, real_ffn, 100 + me);
-    std::int64_t const elements = c.tokens * real_hidden;
-    std::vector<float> const x = moecomm_bench::random_rows(elements, 200 + me), d_out = moecomm_bench::random_rows(elements, 300 + me);
-    std::vector<float> out(x.size()), d_x(x.size()), d_w(routing[me].idx.size());
-    for (int step = 0; step < 2; ++step) {  // the first warms up (buffers grow, lanes start)
-      comm.barrier();
-      span.start[me] = moecomm::simulated_seconds{}();
-      layer.forward(routing[me].view(), {x.data(), c.tokens, real_hidden}, {out.data(), c.tokens, real_hidden}, mlp);
-      layer.backward({d_out.data(), c.tokens, real_hidden}, moecomm::matrix_view<float>{d_x.data(), c.tokens, real_hidden},
-                     moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, mlp);
-      span.end[me] = moecomm::simulated_seconds{}();
-    }
-    sums[me] = moecomm_bench::checksum(out, d_x);
+    sums[me] = moecomm_bench::warm_then_timed_step(layer, comm, routing[me], real_hidden, mlp, span).checksum;
     auto const& report = layer.dispatch_state().report();
     o.inter_bytes += report.exchange.inter_bytes;  // actors run one at a time
     o.busiest_rows = std::max(o.busiest_rows, report.received_rows + report.home_rows);

@@ -60,6 +60,8 @@
 #include <moecomm/plan/exchange_adviser.hpp>
 #include <moecomm/plan/flexmoe_planner.hpp>
 #include <moecomm/plan/iteration_model.hpp>
+#include <moecomm/plan/link_model.hpp>
+#include <moecomm/plan/pattern_adviser.hpp>
 #include <moecomm/plan/hybridep_planner.hpp>
 #include <moecomm/plan/parm_cost_model.hpp>
 #include <moecomm/plan/proprophet_cost_model.hpp>

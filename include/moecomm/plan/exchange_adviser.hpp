@@ -8,11 +8,7 @@
 //! the candidates come back fastest first.
 //!
 //! The model (docs/performance.md, "The exchange adviser", validates it against the simulation):
-//! - a round of messages (one grouped exchange) takes the largest load of any link it crosses over
-//!   that link's bandwidth, plus the latency of the longest route it uses, plus the collective's
-//!   `collective_overhead_seconds` (once per collective: an all-gather's ring steps pay it once). The links are a GPU's
-//!   intra-node port (out and in), its PCIe link to the NIC, its node's NICs (one aggregate link),
-//!   the domain's fabric and the domain's WAN uplink, as `cluster_spec` describes them;
+//! - rounds of messages, all-gathers and memory kernels are priced by `link_model`;
 //! - an algorithm is a sequence of dependent rounds: `flat` one; `hierarchical_2d` an intra-node
 //!   round then an inter-node one between ranks of equal local index; `dedup_per_node` a rail-aligned
 //!   round to the relays then an intra-node one;
@@ -25,13 +21,13 @@
 //! - the row kernels move their bytes at HBM bandwidth, each launch costing `kernel_launch_seconds`
 //!   (permute, the chunk sort or the receive map, the relay's copy and sum, unpermute;
 //!   `hierarchical_2d`'s block copies one launch each).
-//! What it leaves out: the plans' kernels' bytes, and max-min sharing when flows are limited by
-//! different links (the simulation's time can then exceed the largest load).
+//! What it leaves out: the plans' kernels' bytes, and what `link_model` leaves out.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/plan/link_model.hpp>
 #include <moecomm/simulation/cluster_spec.hpp>
 
 #include <algorithm>
@@ -61,7 +57,7 @@ class exchange_adviser {
   //! @param spec the cluster; @param topo the ranks' nodes and domains (e.g. the first GPUs:
   //! `topology(R, spec.gpus_per_node, spec.nodes_per_domain)`).
   //! @throws error (invalid_argument) naming the field of `spec` that is invalid.
-  exchange_adviser(cluster_spec spec, topology topo) : spec_(std::move(spec)), topo_(std::move(topo)) { spec_.validate(); }
+  exchange_adviser(cluster_spec spec, topology topo) : links_(std::move(spec), std::move(topo)) {}
 
   //! Every candidate for one routing step, fastest first. `routing[r]` is rank r's routing (host
   //! memory; expert e on rank e / (E / R); -1 masked), `row_bytes` a token row's size.
@@ -69,7 +65,7 @@ class exchange_adviser {
   //! top_k with its ids given, experts a multiple of the ranks, a positive row size.
   [[nodiscard]] std::vector<exchange_prediction> rank(std::vector<routing_view> const& routing, std::int32_t num_experts,
                                                       double row_bytes) const {
-    std::int32_t const R = topo_.num_ranks();
+    std::int32_t const R = links_.topo().num_ranks();
     detail::require(static_cast<std::int32_t>(routing.size()) == R, "exchange_adviser::rank", "argument 'routing' has ",
                     routing.size(), " ranks' routings; the topology has ", R);
     detail::require(num_experts > 0 && num_experts % R == 0, "exchange_adviser::rank", "num_experts = ", num_experts,
@@ -86,15 +82,15 @@ class exchange_adviser {
     rows const r = count_rows(routing, num_experts);
     std::vector<exchange_prediction> out;
     out.push_back(predict_slots("flat", r, row_bytes, false, num_experts));
-    if (topo_.num_nodes() > 1 && topo_.ranks_per_node() > 1) out.push_back(predict_slots("hierarchical_2d", r, row_bytes, true, num_experts));
+    if (links_.topo().num_nodes() > 1 && links_.topo().ranks_per_node() > 1) out.push_back(predict_slots("hierarchical_2d", r, row_bytes, true, num_experts));
     out.push_back(predict_dedup_per_rank(r, row_bytes, top_k, num_experts));
-    if (topo_.num_nodes() > 1) out.push_back(predict_dedup_per_node(r, row_bytes, top_k, num_experts));
+    if (links_.topo().num_nodes() > 1) out.push_back(predict_dedup_per_node(r, row_bytes, top_k, num_experts));
     std::stable_sort(out.begin(), out.end(), [](auto const& a, auto const& b) { return a.seconds() < b.seconds(); });
     return out;
   }
 
  private:
-  using matrix = std::vector<double>;  //!< [R][R] rows (or bytes) rank s sends rank d
+  using matrix = link_model::matrix;  //!< [R][R] rows (or bytes) rank s sends rank d
 
   //! The rows each algorithm moves, from the routing.
   struct rows {
@@ -106,7 +102,7 @@ class exchange_adviser {
   };
 
   [[nodiscard]] rows count_rows(std::vector<routing_view> const& routing, std::int32_t num_experts) const {
-    std::int32_t const R = topo_.num_ranks(), L = num_experts / R;
+    std::int32_t const R = links_.topo().num_ranks(), L = num_experts / R;
     auto const cells = static_cast<std::size_t>(R) * static_cast<std::size_t>(R);
     rows r{matrix(cells, 0), matrix(cells, 0), matrix(cells, 0), matrix(cells, 0), std::vector<double>(static_cast<std::size_t>(R), 0)};
     std::set<std::int32_t> ranks, nodes;
@@ -120,74 +116,18 @@ class exchange_adviser {
           std::int32_t const e = v.topk_idx[t * v.top_k + k];
           if (e < 0 || e >= num_experts) continue;
           std::int32_t const d = e / L;
-          r.slots[cell(s, d)] += 1;
+          r.slots[links_.cell(s, d)] += 1;
           ranks.insert(d);
-          nodes.insert(topo_.node_of(d));
+          nodes.insert(links_.topo().node_of(d));
         }
         for (std::int32_t d : ranks) {
-          r.per_rank[cell(s, d)] += 1;
-          r.relayed[cell(topo_.rank_at(topo_.node_of(d), topo_.local_of(s)), d)] += 1;
+          r.per_rank[links_.cell(s, d)] += 1;
+          r.relayed[links_.cell(links_.topo().rank_at(links_.topo().node_of(d), links_.topo().local_of(s)), d)] += 1;
         }
-        for (std::int32_t n : nodes) r.to_relay[cell(s, topo_.rank_at(n, topo_.local_of(s)))] += 1;
+        for (std::int32_t n : nodes) r.to_relay[links_.cell(s, links_.topo().rank_at(n, links_.topo().local_of(s)))] += 1;
       }
     }
     return r;
-  }
-
-  [[nodiscard]] std::size_t cell(std::int32_t s, std::int32_t d) const {
-    return static_cast<std::size_t>(s) * static_cast<std::size_t>(topo_.num_ranks()) + static_cast<std::size_t>(d);
-  }
-
-  //! One round of messages, one collective: its overhead and its links' time.
-  [[nodiscard]] double round_seconds(matrix const& bytes) const { return spec_.collective_overhead_seconds + links_seconds(bytes); }
-
-  //! The links' time of `bytes[s][d]` from s to d at once (the diagonal is a local copy, not a message).
-  [[nodiscard]] double links_seconds(matrix const& bytes) const {
-    std::int32_t const R = topo_.num_ranks();
-    std::vector<double> port_out(static_cast<std::size_t>(R), 0), port_in(port_out), pcie_out(port_out), pcie_in(port_out);
-    std::vector<double> nic_out(static_cast<std::size_t>(topo_.num_nodes()), 0), nic_in(nic_out);
-    std::vector<double> fabric(static_cast<std::size_t>(topo_.num_domains()), 0), wan_out(fabric), wan_in(fabric);
-    double latency = 0;
-    for (std::int32_t s = 0; s < R; ++s)
-      for (std::int32_t d = 0; d < R; ++d) {
-        double const b = bytes[cell(s, d)];
-        if (s == d || b <= 0) continue;
-        auto const si = static_cast<std::size_t>(s), di = static_cast<std::size_t>(d);
-        if (topo_.same_node(s, d)) {
-          (spec_.intra_node_over_pcie ? pcie_out : port_out)[si] += b;
-          (spec_.intra_node_over_pcie ? pcie_in : port_in)[di] += b;
-          latency = std::max(latency, 2 * (spec_.intra_node_over_pcie ? spec_.pcie : spec_.intra_node).latency_seconds);
-          continue;
-        }
-        pcie_out[si] += b;
-        pcie_in[di] += b;
-        nic_out[static_cast<std::size_t>(topo_.node_of(s))] += b;
-        nic_in[static_cast<std::size_t>(topo_.node_of(d))] += b;
-        double route = 2 * (spec_.pcie.latency_seconds + spec_.nic.latency_seconds) + spec_.fabric.latency_seconds;
-        if (topo_.same_domain(s, d)) {
-          fabric[static_cast<std::size_t>(topo_.domain_of(s))] += b;
-        } else {
-          wan_out[static_cast<std::size_t>(topo_.domain_of(s))] += b;
-          wan_in[static_cast<std::size_t>(topo_.domain_of(d))] += b;
-          route += spec_.fabric.latency_seconds + 2 * spec_.inter_domain.latency_seconds;
-        }
-        latency = std::max(latency, route);
-      }
-    double busiest = 0;
-    auto load = [&](std::vector<double> const& v, double bandwidth) {
-      if (bandwidth > 0)
-        for (double b : v) busiest = std::max(busiest, b / bandwidth);
-    };
-    load(port_out, spec_.intra_node.bytes_per_second);
-    load(port_in, spec_.intra_node.bytes_per_second);
-    load(pcie_out, spec_.pcie.bytes_per_second);
-    load(pcie_in, spec_.pcie.bytes_per_second);
-    load(nic_out, spec_.nics_per_node * spec_.nic.bytes_per_second);
-    load(nic_in, spec_.nics_per_node * spec_.nic.bytes_per_second);
-    load(fabric, spec_.fabric.bytes_per_second);
-    load(wan_out, spec_.inter_domain.bytes_per_second);
-    load(wan_in, spec_.inter_domain.bytes_per_second);
-    return latency + busiest;
   }
 
   //! `m` scaled: rows to bytes.
@@ -204,52 +144,32 @@ class exchange_adviser {
     return t;
   }
 
-  //! The ring all-gather of `bytes` per rank over every rank (or, `in_node`, over each node's ranks
-  //! at once): n - 1 dependent steps of one block to the next rank.
-  [[nodiscard]] double allgather_seconds(double bytes, bool in_node = false) const {
-    std::int32_t const R = topo_.num_ranks(), n = in_node ? topo_.ranks_per_node() : R;
-    if (n == 1) return 0;
-    matrix ring(static_cast<std::size_t>(R) * static_cast<std::size_t>(R), 0);
-    for (std::int32_t s = 0; s < R; ++s) {
-      std::int32_t const next = in_node ? topo_.rank_at(topo_.node_of(s), (topo_.local_of(s) + 1) % n) : (s + 1) % R;
-      ring[cell(s, next)] = bytes;
-    }
-    return spec_.collective_overhead_seconds + (n - 1) * links_seconds(ring);
-  }
-
-  [[nodiscard]] double launches(int kernels) const { return kernels * spec_.kernel_launch_seconds; }
-
-  //! A kernel that reads and writes `bytes` in all, at HBM bandwidth (a copy's bytes count twice).
-  [[nodiscard]] double memory_seconds(double bytes) const {
-    return spec_.kernel_launch_seconds + bytes / spec_.hbm_bytes_per_second;
-  }
-
   //! The largest over ranks of `per_rank(r)` rows, as bytes through one memory pass.
   template <class PerRank>
   [[nodiscard]] double busiest_pass(PerRank&& per_rank, double row_bytes) const {
     double most = 0;
-    for (std::int32_t r = 0; r < topo_.num_ranks(); ++r) most = std::max(most, per_rank(r));
-    return memory_seconds(most * row_bytes);
+    for (std::int32_t r = 0; r < links_.topo().num_ranks(); ++r) most = std::max(most, per_rank(r));
+    return links_.memory_seconds(most * row_bytes);
   }
 
   [[nodiscard]] double row_sum(matrix const& m, std::int32_t s) const {
     double sum = 0;
-    for (std::int32_t d = 0; d < topo_.num_ranks(); ++d) sum += m[cell(s, d)];
+    for (std::int32_t d = 0; d < links_.topo().num_ranks(); ++d) sum += m[links_.cell(s, d)];
     return sum;
   }
   [[nodiscard]] double column_sum(matrix const& m, std::int32_t d) const {
     double sum = 0;
-    for (std::int32_t s = 0; s < topo_.num_ranks(); ++s) sum += m[cell(s, d)];
+    for (std::int32_t s = 0; s < links_.topo().num_ranks(); ++s) sum += m[links_.cell(s, d)];
     return sum;
   }
 
   //! Mean per rank of the bytes in `m` that cross between nodes (`inter`) or stay inside one.
   void traffic(matrix const& m, double row_bytes, exchange_prediction& p, bool add = false) const {
     double inter = 0, intra = 0;
-    std::int32_t const R = topo_.num_ranks();
+    std::int32_t const R = links_.topo().num_ranks();
     for (std::int32_t s = 0; s < R; ++s)
       for (std::int32_t d = 0; d < R; ++d)
-        if (s != d) (topo_.same_node(s, d) ? intra : inter) += m[cell(s, d)] * row_bytes / R;
+        if (s != d) (links_.topo().same_node(s, d) ? intra : inter) += m[links_.cell(s, d)] * row_bytes / R;
     if (!add) p.inter_node_bytes = p.intra_node_bytes = 0;
     p.inter_node_bytes += inter;
     p.intra_node_bytes += intra;
@@ -258,33 +178,33 @@ class exchange_adviser {
   //! `hierarchical_2d`'s two rounds for `m`: to the local peer of each destination's local index,
   //! then between ranks of equal local index.
   [[nodiscard]] double two_step_seconds(matrix const& m) const {
-    std::int32_t const R = topo_.num_ranks();
+    std::int32_t const R = links_.topo().num_ranks();
     matrix first(m.size(), 0), second(m.size(), 0);
     for (std::int32_t s = 0; s < R; ++s)
       for (std::int32_t d = 0; d < R; ++d) {
-        std::int32_t const via = topo_.rank_at(topo_.node_of(s), topo_.local_of(d));
-        first[cell(s, via)] += m[cell(s, d)];
-        second[cell(via, d)] += m[cell(s, d)];
+        std::int32_t const via = links_.topo().rank_at(links_.topo().node_of(s), links_.topo().local_of(d));
+        first[links_.cell(s, via)] += m[links_.cell(s, d)];
+        second[links_.cell(via, d)] += m[links_.cell(s, d)];
       }
-    return round_seconds(first) + round_seconds(second);
+    return links_.round_seconds(first) + links_.round_seconds(second);
   }
 
   //! `flat` or `hierarchical_2d`: a row per slot; the chunk sort on the experts' side each way.
   [[nodiscard]] exchange_prediction predict_slots(char const* name, rows const& r, double row_bytes, bool two_step,
                                                   std::int32_t num_experts) const {
-    std::int32_t const R = topo_.num_ranks();
+    std::int32_t const R = links_.topo().num_ranks();
     exchange_prediction p{name};
-    p.route_seconds = allgather_seconds(8.0 * num_experts) + launches(plan_kernels);
+    p.route_seconds = links_.allgather_seconds(8.0 * num_experts) + links_.launches(plan_kernels);
     matrix const there = scaled(r.slots, row_bytes), back = transposed(there, R);
-    double const exchange = two_step ? two_step_seconds(there) : round_seconds(there);
-    double const returned = two_step ? two_step_seconds(back) : round_seconds(back);
+    double const exchange = two_step ? two_step_seconds(there) : links_.round_seconds(there);
+    double const returned = two_step ? two_step_seconds(back) : links_.round_seconds(back);
     // hierarchical_2d stages the blocks in five reorderings (semantics §11), one copy per block or
     // group: 3R + G + N copies, each a launch, each stage moving the rank's rows once (a copy
     // reads and writes them).
     double most = 0;
     for (std::int32_t s = 0; s < R; ++s) most = std::max(most, std::max(row_sum(r.slots, s), column_sum(r.slots, s)));
-    double const copies = 3.0 * R + topo_.ranks_per_node() + topo_.num_nodes();
-    double const reorders = two_step ? copies * spec_.kernel_launch_seconds + 5 * 2 * most * row_bytes / spec_.hbm_bytes_per_second : 0;
+    double const copies = 3.0 * R + links_.topo().ranks_per_node() + links_.topo().num_nodes();
+    double const reorders = two_step ? copies * links_.spec().kernel_launch_seconds + 5 * 2 * most * row_bytes / links_.spec().hbm_bytes_per_second : 0;
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.slots, s); }, row_bytes);
     double const sort = busiest_pass([&](std::int32_t d) { return 2 * column_sum(r.slots, d); }, row_bytes);
     p.dispatch_seconds = permute + exchange + reorders + sort;
@@ -296,14 +216,14 @@ class exchange_adviser {
   //! `dedup_per_rank<flat>`: a row per (token, rank); the receive map spreads them, the receiver sums.
   [[nodiscard]] exchange_prediction predict_dedup_per_rank(rows const& r, double row_bytes, std::int32_t top_k,
                                                            std::int32_t num_experts) const {
-    std::int32_t const R = topo_.num_ranks();
+    std::int32_t const R = links_.topo().num_ranks();
     exchange_prediction p{"dedup_per_rank"};
-    p.route_seconds = allgather_seconds(8.0 * (num_experts + R)) + round_seconds(scaled(r.per_rank, 8.0 * top_k)) +
-                      launches(3 * plan_kernels + hop_kernels);
+    p.route_seconds = links_.allgather_seconds(8.0 * (num_experts + R)) + links_.round_seconds(scaled(r.per_rank, 8.0 * top_k)) +
+                      links_.launches(3 * plan_kernels + hop_kernels);
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.per_rank, s); }, row_bytes);
     double const spread = busiest_pass([&](std::int32_t d) { return column_sum(r.per_rank, d) + column_sum(r.slots, d); }, row_bytes);
-    p.dispatch_seconds = permute + round_seconds(scaled(r.per_rank, row_bytes)) + spread;
-    p.combine_seconds = spread + round_seconds(scaled(transposed(r.per_rank, R), row_bytes)) + permute;
+    p.dispatch_seconds = permute + links_.round_seconds(scaled(r.per_rank, row_bytes)) + spread;
+    p.combine_seconds = spread + links_.round_seconds(scaled(transposed(r.per_rank, R), row_bytes)) + permute;
     traffic(r.per_rank, row_bytes, p);
     return p;
   }
@@ -312,24 +232,23 @@ class exchange_adviser {
   //! inside their node; the two hops in turn, each way.
   [[nodiscard]] exchange_prediction predict_dedup_per_node(rows const& r, double row_bytes, std::int32_t top_k,
                                                            std::int32_t num_experts) const {
-    std::int32_t const R = topo_.num_ranks();
+    std::int32_t const R = links_.topo().num_ranks();
     exchange_prediction p{"dedup_per_node"};
     double const list = 8.0 * top_k;
-    p.route_seconds = allgather_seconds(8.0 * (num_experts + R)) + round_seconds(scaled(r.to_relay, list)) + allgather_seconds(8.0 * R, true) +
-                      round_seconds(scaled(r.relayed, list)) + launches(4 * plan_kernels + 2 * hop_kernels + 1);
+    p.route_seconds = links_.allgather_seconds(8.0 * (num_experts + R)) + links_.round_seconds(scaled(r.to_relay, list)) + links_.allgather_seconds(8.0 * R, true) +
+                      links_.round_seconds(scaled(r.relayed, list)) + links_.launches(4 * plan_kernels + 2 * hop_kernels + 1);
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.to_relay, s); }, row_bytes);
     double const relay = busiest_pass([&](std::int32_t m) { return column_sum(r.to_relay, m) + row_sum(r.relayed, m); }, row_bytes);
     double const spread = busiest_pass([&](std::int32_t d) { return column_sum(r.relayed, d) + column_sum(r.slots, d); }, row_bytes);
-    p.dispatch_seconds = permute + round_seconds(scaled(r.to_relay, row_bytes)) + relay + round_seconds(scaled(r.relayed, row_bytes)) + spread;
-    p.combine_seconds = spread + round_seconds(scaled(transposed(r.relayed, R), row_bytes)) + relay +
-                        round_seconds(scaled(transposed(r.to_relay, R), row_bytes)) + permute;
+    p.dispatch_seconds = permute + links_.round_seconds(scaled(r.to_relay, row_bytes)) + relay + links_.round_seconds(scaled(r.relayed, row_bytes)) + spread;
+    p.combine_seconds = spread + links_.round_seconds(scaled(transposed(r.relayed, R), row_bytes)) + relay +
+                        links_.round_seconds(scaled(transposed(r.to_relay, R), row_bytes)) + permute;
     traffic(r.to_relay, row_bytes, p);
     traffic(r.relayed, row_bytes, p, true);
     return p;
   }
 
-  cluster_spec spec_;
-  topology topo_;
+  link_model links_;
 };
 
 MOECOMM_NAMESPACE_END

@@ -7,6 +7,7 @@
 //! file describes (`simulation/platform_file.hpp`). The figures are the hardware's, not fitted
 //! ones: the simulator's network model (CM02, docs/simulation.md) prices a message from them alone.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -18,6 +19,14 @@
 #include <utility>
 
 MOECOMM_NAMESPACE_BEGIN
+
+namespace detail {
+//! The fraction of the peak FLOP rate a GEMM of `rows` rows reaches: `efficiency` from `ridge_rows`
+//! rows on, and in proportion to its rows below (the roofline: it reads its weights whatever its rows).
+[[nodiscard]] inline double roofline_efficiency(double efficiency, double ridge_rows, double rows) {
+  return efficiency * std::min(1.0, std::max(rows, 1.0) / ridge_rows);
+}
+}  // namespace detail
 
 //! One link, per direction: a message of `b` bytes alone on it takes `latency_seconds + b / bytes_per_second`.
 struct link_spec {
@@ -72,6 +81,12 @@ struct cluster_spec {
 
   //! FLOP/s of a large GEMM: `gpu_flops x gemm_efficiency` (what planners price compute at).
   [[nodiscard]] double gemm_flops() const { return gpu_flops * gemm_efficiency; }
+
+  //! Seconds of `flops` in GEMMs of `rows` rows (default: large ones), on the roofline the simulated
+  //! device charges (`detail::roofline_efficiency`).
+  [[nodiscard]] double gemm_seconds(double flops, double rows = std::numeric_limits<double>::infinity()) const {
+    return flops / (gpu_flops * detail::roofline_efficiency(gemm_efficiency, gemm_ridge_rows, rows));
+  }
 
   //! Every GPU of the cluster: domains x nodes per domain x GPUs per node.
   [[nodiscard]] std::int32_t num_gpus() const {

@@ -24,6 +24,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/simulation/cluster_spec.hpp>
 #include <moecomm/simulation/engine.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
@@ -94,7 +95,7 @@ inline device_rates const& this_device() {
 
 //! The fraction of the peak FLOP rate a GEMM of `rows` rows reaches on `d` (see the file comment).
 [[nodiscard]] inline double gemm_efficiency(device_rates const& d, double rows) {
-  return d.gemm_efficiency * std::min(1.0, std::max(rows, 1.0) / d.gemm_ridge_rows);
+  return roofline_efficiency(d.gemm_efficiency, d.gemm_ridge_rows, rows);
 }
 
 //! `flops` of compute on the calling actor's device, in GEMMs of `rows` rows (default: large ones).

@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file
+//! The pattern adviser (`plan/pattern_adviser.hpp`) against the simulation: over a grid of models and
+//! routing steps on one platform, the adviser ranks every pattern and setting from the platform's
+//! figures alone; each candidate is then run as an `expert_parallel_layer` step (forward and
+//! backward, after a warm-up step) on the simulated ranks. Reported per step: whether the adviser's
+//! first choice is the simulated fastest, how much slower it is when not, and each candidate's
+//! predicted and simulated layer step.
+//!
+//!     bench_pattern_adviser [--platform=fastermoe-v100-pcie] [--grid=main|holdout] [--ranks=16]
+//!     bench_pattern_adviser --platform=P --advise [--ranks=N --model=MoE-GPT --tokens=4096
+//!         --experts_per_rank=16 --top_k=2 --zipf=1.2]      the ranking alone (no simulation)
+//!
+//! Models (FasterMoE's, §5): MoE-GPT-S / MoE-GPT / MoE-GPT-L, H = 1024 / 2048 / 4096, experts
+//! H -> 2H -> H in fp32, 12 blocks every one MoE, sequences of 1024, GPT-2's vocabulary, fp32 Adam.
+//! Grid `main`: MoE-GPT-S and MoE-GPT, 16 and 2 experts per rank, top-1 and top-2, routing uniform or
+//! Zipf(1.2), 4096 tokens per rank, seed 5; `holdout` (run only after the model was fixed):
+//! MoE-GPT-L, 4 experts per rank, top-2 and top-4, Zipf(0.8) and Zipf(1.6), 2048 tokens, seed 17.
+//! The ranks are the platform's first `--ranks` GPUs (default 16). Rows hold 4 real floats and the
+//! experts are MLPs 4 -> 8 -> 4 that `simulation_scale` makes the model's.
+//! Checks: every candidate's outputs and input gradients, summed over the ranks, equal plain `flat`'s
+//! within 1e-6 of their magnitude (the deduplicated exchanges sum a token's slots in another order);
+//! the shadowing patterns replicate the experts the adviser predicted; every predicted layer step is
+//! within 25 % of the simulated one.
+//! Times are simulated seconds (SimGrid 3.32, CM02): a model of the platform, not a measurement.
+
+#include <moecomm/moecomm.hpp>
+#include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/plan/pattern_adviser.hpp>
+#include <moecomm/plan/proprophet_planner.hpp>
+
+#include "sim_harness.hpp"
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using backend = moecomm::simulated_backend<>;
+using comm_t = moecomm::simgrid_communicator;
+using moecomm_bench::mlp_experts;
+
+constexpr std::int64_t real_hidden = 4, real_ffn = 8;  // α = 2, as the models
+constexpr double fp32 = 4;
+
+struct model_size {
+  char const* name;
+  std::int64_t hidden;
+};
+constexpr model_size models[] = {{"MoE-GPT-S", 1024}, {"MoE-GPT", 2048}, {"MoE-GPT-L", 4096}};
+
+struct step_case {
+  model_size model;
+  std::int32_t ranks, experts_per_rank, top_k;
+  std::int64_t tokens;
+  double zipf;
+  std::uint32_t seed;
+  [[nodiscard]] std::int32_t experts() const { return ranks * experts_per_rank; }
+};
+
+moecomm::transformer_shape transformer(step_case const& c) {
+  moecomm::transformer_shape s;
+  s.layers = s.moe_layers = 12;
+  s.hidden = c.model.hidden;
+  s.sequence = 1024;
+  s.tokens_per_rank = c.tokens;
+  s.vocabulary = 50257;
+  s.gradient_bytes = fp32;
+  s.optimizer_bytes_per_parameter = 28;  // fp32 Adam
+  return s;
+}
+
+moecomm::pattern_adviser adviser_for(moecomm::cluster_spec const& spec, step_case const& c) {
+  return moecomm::pattern_adviser(spec, moecomm::topology(c.ranks, spec.gpus_per_node), transformer(c),
+                                  {c.experts(), 2 * c.model.hidden, fp32});
+}
+
+std::vector<moecomm::routing_view> views(std::vector<moecomm_bench::rank_routing> const& routing) {
+  std::vector<moecomm::routing_view> v;
+  for (auto const& r : routing) v.push_back(r.view());
+  return v;
+}
+
+//! One candidate's simulated step: its span over the ranks, its results' checksum and magnitude,
+//! and the experts it replicated.
+struct simulated_step {
+  double seconds = 0, checksum = 0, magnitude = 0;
+  std::int32_t replicated = 0;
+};
+
+template <class Layer, bool Shadows, class Make>
+simulated_step run_layer(moecomm::simulated_platform const& platform, step_case const& c,
+                         std::vector<moecomm_bench::rank_routing> const& routing, Make&& make) {
+  backend const be(moecomm::host_backend{},
+                   moecomm_bench::model_scale(double(c.model.hidden), 2.0 * double(c.model.hidden), fp32, real_hidden, real_ffn, fp32));
+  moecomm_bench::step_span span(c.ranks);
+  simulated_step o;
+  moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, c.ranks);
+  world.run([&](comm_t comm) {
+    auto const me = static_cast<std::size_t>(comm.rank());
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, platform.gpus_per_node()));
+    Layer layer = make(be, groups);
+    mlp_experts mlp(c.experts_per_rank, real_hidden, real_ffn, 100 + me);
+    moecomm_bench::step_result const r = moecomm_bench::warm_then_timed_step(layer, comm, routing[me], real_hidden, mlp, span);
+    o.checksum += r.checksum;  // actors run one at a time
+    o.magnitude += r.magnitude;
+    if constexpr (Shadows)
+      if (me == 0) o.replicated = static_cast<std::int32_t>(layer.shadow_state().decision().shadowed.size());
+  });
+  o.seconds = span.seconds();
+  return o;
+}
+
+template <class Algorithm, class Shadowing = moecomm::no_shadowing>
+using layer_t = moecomm::expert_parallel_layer<float, backend, comm_t, moecomm::dropless, Algorithm, moecomm::weighted, Shadowing>;
+using shadowing_t = moecomm::fastermoe_shadowing<moecomm::collective_path>;
+using prophet_t = moecomm::fastermoe_shadowing<moecomm::collective_path, moecomm::proprophet_planner<>>;
+
+template <class Algorithm, class Shadowing = moecomm::no_shadowing>
+simulated_step run(moecomm::simulated_platform const& platform, step_case const& c, std::vector<moecomm_bench::rank_routing> const& routing,
+                   Algorithm algorithm, Shadowing shadowing = {}) {
+  return run_layer<layer_t<Algorithm, Shadowing>, Shadowing::shadows>(platform, c, routing, [&](backend const& be, moecomm::exchange_groups<comm_t>& g) {
+    return layer_t<Algorithm, Shadowing>(be, g, c.experts(), real_hidden, {}, algorithm, {}, shadowing);
+  });
+}
+
+//! The adviser's candidate `p`, simulated.
+simulated_step simulate(moecomm::simulated_platform const& platform, step_case const& c, std::vector<moecomm_bench::rank_routing> const& routing,
+                        moecomm::pattern_adviser const& adviser, moecomm::pattern_prediction const& p) {
+  std::int32_t group = 0;
+  if (std::sscanf(p.setting.c_str(), "smart_schedule{%d}", &group) == 1) {
+    moecomm::smart_schedule const smart{group};
+    if (p.pattern == "fastermoe") return run(platform, c, routing, smart, shadowing_t{adviser.fastermoe_params(), {}, {}});
+    return run(platform, c, routing, smart);
+  }
+  if (p.pattern == "fastermoe") return run(platform, c, routing, moecomm::flat{}, shadowing_t{adviser.fastermoe_params(), {}, {}});
+  if (p.pattern == "pro_prophet") {
+    prophet_t policy{{}, {}, {}};
+    policy.planner.model = moecomm::proprophet_cost_model(adviser.proprophet_params());
+    policy.planner.options = moecomm::pattern_adviser::proprophet_options();
+    return run(platform, c, routing, moecomm::flat{}, policy);
+  }
+  if (p.setting == "flat") return run(platform, c, routing, moecomm::flat{});
+  if (p.setting == "hierarchical_2d") return run(platform, c, routing, moecomm::hierarchical_2d{});
+  if (p.setting == "dedup_per_rank") return run(platform, c, routing, moecomm::dedup_per_rank<moecomm::flat>{});
+  if (p.setting == "dedup_per_node") return run(platform, c, routing, moecomm::dedup_per_node{});
+  moecomm::detail::fail(moecomm::status::invalid_argument, "bench_pattern_adviser", "no simulation for ", p.pattern, " ", p.setting);
+}
+
+std::string label(moecomm::pattern_prediction const& p) { return p.pattern + " " + p.setting; }
+
+//! The largest |predicted / simulated - 1| of a layer step the bench accepts (docs/performance.md
+//! reports the errors themselves: a few per cent).
+constexpr double max_error = 0.25;
+
+struct outcome {
+  std::string name, chosen, best;
+  double loss = 0;
+  std::vector<double> errors;  //!< predicted over simulated layer step, minus 1, per candidate
+};
+std::vector<outcome> outcomes;
+
+struct grid {
+  model_size const* models[2];
+  std::int32_t experts_per_rank[2], top_k[2];
+  double zipf[2];
+  std::int64_t tokens;
+  std::uint32_t seed;
+};
+grid const main_grid{{&models[0], &models[1]}, {16, 2}, {1, 2}, {0.0, 1.2}, 4096, 5};
+grid const holdout_grid{{&models[2], nullptr}, {4, 0}, {2, 4}, {0.8, 1.6}, 2048, 17};
+
+void register_grid(moecomm::simulated_platform const& platform, grid const& g, std::int32_t ranks) {
+  for (model_size const* m : g.models)
+    for (std::int32_t per_rank : g.experts_per_rank)
+      for (std::int32_t top_k : g.top_k)
+        for (double zipf : g.zipf) {
+          if (m == nullptr || per_rank == 0) continue;
+          step_case const c{*m, ranks, per_rank, top_k, g.tokens, zipf, g.seed};
+          char name[160];
+          std::snprintf(name, sizeof name, "advise/R:%d/%s/E:%d/top%d/zipf:%g/T:%lld", ranks, m->name, c.experts(), top_k, zipf,
+                        static_cast<long long>(c.tokens));
+          moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, c, n = std::string(name)](benchmark::State& state) {
+            auto const routing = moecomm_bench::skewed_routing(c.ranks, c.tokens, c.top_k, c.experts(), c.zipf, c.seed);
+            moecomm::pattern_adviser const adviser = adviser_for(platform.spec(), c);
+            auto const start = std::chrono::steady_clock::now();
+            auto const ranking = adviser.rank(views(routing));
+            double const advise_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+            std::map<std::string, simulated_step> sim;
+            for (auto _ : state) {
+              for (auto const& p : ranking) sim[label(p)] = simulate(platform, c, routing, adviser, p);
+              state.SetIterationTime(sim.at(label(ranking.front())).seconds);
+            }
+            simulated_step const& plain = sim.at("expert_parallel flat");
+            outcome o{n, label(ranking.front()), label(ranking.front()), 0, {}};
+            for (auto const& p : ranking) {
+              simulated_step const& s = sim.at(label(p));
+              if (std::fabs(s.checksum - plain.checksum) > 1e-6 * plain.magnitude)
+                return moecomm_bench::fail(state, n + ": " + label(p) + "'s results differ from plain flat's");
+              if (s.replicated != p.replicated)
+                return moecomm_bench::fail(state, n + ": " + label(p) + " replicated " + std::to_string(s.replicated) +
+                                                      " experts; the adviser predicted " + std::to_string(p.replicated));
+              if (s.seconds < sim.at(o.best).seconds) o.best = label(p);
+              o.errors.push_back(p.layer_seconds / s.seconds - 1);
+              if (std::fabs(o.errors.back()) > max_error)
+                return moecomm_bench::fail(state, n + ": " + label(p) + "'s predicted step " + std::to_string(p.layer_seconds) +
+                                                      " s is not within 25 % of the simulated " + std::to_string(s.seconds) + " s");
+              state.counters[label(p) + " pred_ms"] = p.layer_seconds * 1e3;
+              state.counters[label(p) + " sim_ms"] = s.seconds * 1e3;
+            }
+            o.loss = sim.at(o.chosen).seconds / sim.at(o.best).seconds - 1;
+            state.counters["agree"] = o.chosen == o.best ? 1 : 0;
+            state.counters["loss_pct"] = 100 * o.loss;
+            state.counters["advise_us"] = advise_us;
+            state.counters["plain_flat_sim_ms"] = plain.seconds * 1e3;
+            state.SetLabel("chose " + o.chosen + ", best " + o.best);
+            outcomes.push_back(o);
+          });
+        }
+}
+
+void print_summary(std::string const& platform) {
+  int agree = 0;
+  double mean_loss = 0, worst = 0;
+  std::vector<double> errors;
+  for (outcome const& o : outcomes) {
+    agree += o.chosen == o.best ? 1 : 0;
+    mean_loss += o.loss / static_cast<double>(outcomes.size());
+    worst = std::max(worst, o.loss);
+    for (double e : o.errors) errors.push_back(std::fabs(e));
+  }
+  std::sort(errors.begin(), errors.end());
+  double const median = errors.empty() ? 0 : errors[errors.size() / 2];
+  std::printf("\npattern adviser on %s: first choice = simulated best in %d of %zu steps; loss, mean over all steps "
+              "%.2f %%, worst %.2f %%; |predicted / simulated - 1| over %zu candidates: median %.1f %%, worst %.1f %%\n",
+              platform.c_str(), agree, outcomes.size(), 100 * mean_loss, 100 * worst, errors.size(), 100 * median,
+              100 * (errors.empty() ? 0 : errors.back()));
+  for (outcome const& o : outcomes)
+    if (o.chosen != o.best) std::printf("  %s: chose %s, best %s (+%.2f %%)\n", o.name.c_str(), o.chosen.c_str(), o.best.c_str(), 100 * o.loss);
+}
+
+//! `--advise`: the ranking for one model and step described by flags, without simulating it.
+int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
+  auto flag = [&](char const* name, std::string const& fallback) { return moecomm_bench::take_flag(argc, argv, name, fallback); };
+  std::string const model = flag("--model=", "MoE-GPT");
+  step_case c{models[1], 0, 0, 0, 0, 0, 5};
+  bool known = false;
+  for (model_size const& m : models)
+    if (model == m.name) c.model = m, known = true;
+  if (!known) {
+    std::fprintf(stderr, "scripts/advise: unknown --model=%s (MoE-GPT-S, MoE-GPT, MoE-GPT-L)\n", model.c_str());
+    return 2;
+  }
+  c.ranks = std::stoi(flag("--ranks=", std::to_string(std::min(spec.num_gpus(), 16))));
+  c.tokens = std::stoll(flag("--tokens=", "4096"));
+  c.experts_per_rank = std::stoi(flag("--experts_per_rank=", "16"));
+  c.top_k = std::stoi(flag("--top_k=", "2"));
+  c.zipf = std::stod(flag("--zipf=", "1.2"));
+  if (argc > 1) {
+    std::fprintf(stderr, "scripts/advise: unknown argument '%s'\n", argv[1]);
+    return 2;
+  }
+  auto const routing = moecomm_bench::skewed_routing(c.ranks, c.tokens, c.top_k, c.experts(), c.zipf, c.seed);
+  moecomm::pattern_adviser const adviser = adviser_for(spec, c);
+  auto const start = std::chrono::steady_clock::now();
+  auto const ranking = adviser.rank(views(routing));
+  double const host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  moecomm::iteration_model const& it = adviser.iteration();
+  std::printf("pattern adviser: %s (%s), first %d GPUs;\n%s (12 blocks, all MoE, H %lld, experts H->2H->H fp32), %d experts, "
+              "top-%d, Zipf(%g), %lld tokens per rank.\nPredicted from the platform's figures alone (a model, not a measurement; "
+              "%.0f us of host time). Per iteration, the rest of the model: %.2f ms.\n\n",
+              spec.name.c_str(), spec.source.c_str(), c.ranks, c.model.name, static_cast<long long>(c.model.hidden), c.experts(), c.top_k,
+              c.zipf, static_cast<long long>(c.tokens), host_us, 1e3 * it.dense_seconds(c.experts_per_rank * 4.0 * double(c.model.hidden) * double(c.model.hidden)));
+  std::printf("  %-16s %-20s %10s %11s %11s %11s %11s %12s %8s\n", "pattern", "setting", "replicas", "layer step", "exchange",
+              "experts", "replicas", "iteration", "speedup");
+  double const plain = [&] {
+    for (auto const& p : ranking)
+      if (p.pattern == "expert_parallel" && p.setting == "flat") return p.iteration_seconds;
+    return ranking.back().iteration_seconds;
+  }();
+  for (auto const& p : ranking)
+    std::printf("  %-16s %-20s %10d %8.2f ms %8.2f ms %8.2f ms %8.2f ms %9.2f ms %7.2fx\n", p.pattern.c_str(), p.setting.c_str(), p.replicated,
+                1e3 * p.layer_seconds, 1e3 * p.exchange_seconds, 1e3 * p.compute_seconds, 1e3 * p.replica_seconds, 1e3 * p.iteration_seconds,
+                plain / p.iteration_seconds);
+  std::printf("\n  use: %s %s (speedup: over expert_parallel flat, per iteration)\n", ranking.front().pattern.c_str(),
+              ranking.front().setting.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "fastermoe-v100-pcie");
+  moecomm_bench::take_contention_flag(argc, argv);
+  if (moecomm_bench::take_flag(argc, argv, "--advise", "no") != "no")
+    return advise(moecomm::read_cluster_spec(moecomm::platform_file(name)), argc, argv);
+  std::string const grid_name = moecomm_bench::take_flag(argc, argv, "--grid=", "main");
+  std::string const ranks = moecomm_bench::take_flag(argc, argv, "--ranks=", "16");
+  if (!moecomm_bench::start(argc, argv)) return 1;
+  moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
+  register_grid(platform, grid_name == "holdout" ? holdout_grid : main_grid, std::min(std::stoi(ranks), platform.spec().num_gpus()));
+  return moecomm_bench::finish("bench_pattern_adviser", [&] { print_summary(platform.name()); });
+}

@@ -1,0 +1,401 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `pattern_adviser`: which expert-parallel pattern, and which setting of it, to train a model with
+//! on a cluster, ranked by the predicted iteration time, from the platform's figures and one routing
+//! step, without running anything. What none of the peers offers: DeepEP, Tutel and Megatron each
+//! run their own exchange; this compares the published patterns on one cost model.
+//!
+//! @code
+//! moecomm::pattern_adviser const adviser(platform.spec(), moecomm::topology(64, 8), gpt, {256, 2048, 2});
+//! for (auto const& p : adviser.rank(routing_of_every_rank)) std::cout << p.pattern << " " << p.setting << "\n";
+//! @endcode
+//!
+//! The candidates, on the same experts (E / R per rank, expert e on rank e / (E / R)):
+//! - `expert_parallel` with each exchange `exchange_adviser` ranks (`flat`, `hierarchical_2d`,
+//!   `dedup_per_rank`, `dedup_per_node`), and with the smart schedule (FasterMoE §4.2,
+//!   `smart_schedule{g}`) for each group size g that divides R (powers of two below R);
+//! - `fastermoe` shadowing (§4.1, Algorithm 1 with `fastermoe_params()`), with `flat` and with each
+//!   smart schedule, its replicas moved on `collective_path`;
+//! - `pro_prophet`: Pro-Prophet's planner (replicas on subsets, `proprophet_params()`), `flat`, its
+//!   transfers exposed (the planner without the block-wise scheduler).
+//! Each is priced as the layer runs it (`expert_parallel_layer`), on `link_model`:
+//! - a non-pipelined step is `route`, then dispatch, the experts' forward and combine, then the
+//!   backward's dispatch, the experts' backward and combine; the exchanges are `exchange_adviser`'s
+//!   (the backward's equal the forward's), the experts the busiest rank's GEMMs, one per expert at
+//!   its rows' roofline (`cluster_spec::gemm_seconds`), the backward twice the forward's FLOPs;
+//! - a shadowed step adds the plan's rebuild, one broadcast (forward) and one reduce (backward) per
+//!   replicated expert over every rank (`link_model::chain_seconds`), and drops the replicated
+//!   experts' rows from the exchange: each rank that holds a replica computes its own rows of it;
+//! - the smart schedule's R / g pairwise rounds run one after the other while a lane computes each
+//!   round's rows (one GEMM per source rank and expert) as soon as they arrive, then each round's
+//!   results return as soon as they are computed; the adviser runs that pipeline per rank.
+//! - the iteration is `moe_layers` layer steps and `iteration_model`'s rest (the dense compute, the
+//!   gradients' all-reduce, the optimizer over the rank's share of the experts).
+//! What it leaves out: everything `link_model` leaves out (notably the SMs communication takes from
+//! overlapped compute), FasterMoE's and Pro-Prophet's overlap of the replicas' transfers with other
+//! blocks, and the patterns on other layouts (Parm's MP x EP x ESP, HybridEP's domains, FlexMoE's and
+//! FineMoE's replica placements); docs/performance.md, "The pattern adviser", validates the rest
+//! against the simulation.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/placement.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/core/topology.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/plan/cost_model.hpp>
+#include <moecomm/plan/exchange_adviser.hpp>
+#include <moecomm/plan/iteration_model.hpp>
+#include <moecomm/plan/link_model.hpp>
+#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/plan/shadow_selection.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+
+//! The MoE layers' experts: `num_experts` MLPs H -> `expert_ffn` -> H (H the model's `hidden`),
+//! without biases, rows and parameters of `element_bytes` each.
+struct moe_layer_shape {
+  std::int32_t num_experts = 0;
+  std::int64_t expert_ffn = 0;
+  double element_bytes = 2;
+};
+
+//! One candidate's predicted times (seconds).
+struct pattern_prediction {
+  std::string pattern;        //!< the layer's shadowing: "expert_parallel" (none), "fastermoe", "pro_prophet"
+  std::string setting;        //!< its exchange: "flat", "hierarchical_2d", "dedup_per_rank", "dedup_per_node", "smart_schedule{4}"
+  std::int32_t replicated = 0;  //!< experts the planner replicated (shadowing patterns)
+  double exchange_seconds = 0;  //!< route and the row exchanges of forward and backward, with their memory passes
+  double compute_seconds = 0;   //!< the experts' forward and backward on the busiest rank
+  double replica_seconds = 0;   //!< the replicas' parameters out and gradients back
+  //! One MoE layer step, forward and backward: the parts' sum, or less when the smart schedule
+  //! overlaps the exchange with the experts.
+  double layer_seconds = 0;
+  double iteration_seconds = 0; //!< `moe_layers` layer steps and the rest of the iteration
+};
+
+class pattern_adviser {
+ public:
+  //! @param spec the cluster; @param topo its first ranks (`topology(R, gpus_per_node, nodes_per_domain)`);
+  //! @param model the transformer (validated; its `hidden` is the experts' H); @param moe its experts.
+  //! @throws error (invalid_argument) naming the field that is invalid: `spec`'s, `model`'s,
+  //!   `moe.num_experts` (a positive multiple of the ranks), `moe.expert_ffn`, `moe.element_bytes`.
+  pattern_adviser(cluster_spec spec, topology topo, transformer_shape model, moe_layer_shape moe)
+      : links_(spec, topo), exchanges_(spec, topo), iteration_(spec, topo.num_ranks(), model), moe_(moe) {
+    std::int32_t const R = topo.num_ranks();
+    detail::require(moe.num_experts > 0 && moe.num_experts % R == 0, op, "moe.num_experts = ", moe.num_experts,
+                    " must be a positive multiple of the ", R, " ranks");
+    detail::require(moe.expert_ffn > 0, op, "moe.expert_ffn = ", moe.expert_ffn, " must be positive");
+    detail::require(moe.element_bytes > 0, op, "moe.element_bytes = ", moe.element_bytes, " must be positive");
+    expert_chain_seconds_ = links_.chain_seconds(2.0 * static_cast<double>(hidden()) * static_cast<double>(moe.expert_ffn) * moe.element_bytes);
+  }
+
+  //! FasterMoE's model as the adviser plans shadowing with it: the experts' shape, GEMMs at the
+  //! platform's large-GEMM rate, a node's NICs between nodes and a GPU's port inside one.
+  [[nodiscard]] fastermoe_cost_params fastermoe_params() const {
+    cluster_spec const& s = links_.spec();
+    fastermoe_cost_params p;
+    p.alpha = static_cast<double>(moe_.expert_ffn) / static_cast<double>(hidden());
+    p.hidden = hidden();
+    p.bytes_per_element = moe_.element_bytes;
+    p.gemm_flops = s.gemm_flops();
+    p.net_bandwidth = s.nics_per_node * s.nic.bytes_per_second;
+    p.local_bandwidth = s.intra_node.bytes_per_second;
+    return p;
+  }
+
+  //! Pro-Prophet's model as the adviser plans with it: the experts' shape, the platform's GEMM rate
+  //! (no FLOP factor), a GPU's share of its node's NICs for the all-to-all and the transfers, the
+  //! model's sequences for FNEC.
+  [[nodiscard]] proprophet_cost_params proprophet_params() const {
+    cluster_spec const& s = links_.spec();
+    transformer_shape const& m = iteration_.shape();
+    proprophet_cost_params p;
+    p.hidden = hidden();
+    p.bytes_per_element = moe_.element_bytes;
+    p.mlp_ratio = static_cast<double>(moe_.expert_ffn) / static_cast<double>(hidden());
+    p.compute_flops = s.gemm_flops();
+    p.flop_scale = 1;
+    double const share = links_.topo().num_nodes() > 1 ? s.nics_per_node * s.nic.bytes_per_second / s.gpus_per_node
+                                                       : s.intra_node.bytes_per_second;
+    p.a2a_bandwidths = {share, share, share, share};
+    p.trans_bandwidth = p.agg_bandwidth = share;
+    p.sequences_per_device = m.tokens_per_rank / m.sequence;
+    p.seq_length = m.sequence;
+    return p;
+  }
+
+  //! Pro-Prophet's planner options as the adviser runs it: its transfers exposed.
+  [[nodiscard]] static proprophet_planner_options proprophet_options() {
+    proprophet_planner_options o;
+    o.schedule = proprophet_schedule::planner_only;
+    return o;
+  }
+
+  //! The smart schedule's group sizes the adviser tries: the powers of two below R that divide it.
+  [[nodiscard]] std::vector<std::int32_t> group_sizes() const {
+    std::vector<std::int32_t> g;
+    for (std::int32_t s = 1; s < links_.ranks(); s *= 2)
+      if (links_.ranks() % s == 0) g.push_back(s);
+    return g;
+  }
+
+  //! Every candidate for one routing step, fastest iteration first. `routing[r]` is rank r's
+  //! routing (host memory; -1 masked).
+  //! @throws error (invalid_argument) naming the argument: one routing per rank, each of the same
+  //!   positive top_k with its ids given, ids in [-1, E).
+  [[nodiscard]] std::vector<pattern_prediction> rank(std::vector<routing_view> const& routing) const {
+    std::int32_t const R = links_.ranks(), E = moe_.num_experts;
+    detail::require(static_cast<std::int32_t>(routing.size()) == R, op, "argument 'routing' has ", routing.size(),
+                    " ranks' routings; the topology has ", R);
+    step const s = count(routing);
+    std::vector<pattern_prediction> out;
+    std::vector<std::uint8_t> const none(static_cast<std::size_t>(R) * static_cast<std::size_t>(E), 0);
+    for (exchange_prediction const& x : exchanges_.rank(routing, E, row_bytes()))
+      out.push_back(layered("expert_parallel", x.algorithm, x, s, none, 0));
+    for (std::int32_t g : group_sizes()) out.push_back(pipelined("expert_parallel", g, s, none, 0));
+
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(R) * static_cast<std::size_t>(E));
+    for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = s.counts[i];
+    array_view<std::int64_t const> const counts_view{counts.data(), static_cast<std::int64_t>(counts.size())};
+    std::vector<std::int32_t> owner(static_cast<std::size_t>(E));
+    for (std::int32_t e = 0; e < E; ++e) owner[static_cast<std::size_t>(e)] = e / (E / R);
+
+    shadow_decision const faster = select_shadowed_experts(fastermoe_cost_model(fastermoe_params()), links_.topo(), owner, counts_view);
+    std::vector<std::uint8_t> const shadowed = holders(faster);
+    auto const n_faster = static_cast<std::int32_t>(faster.shadowed.size());
+    out.push_back(layered("fastermoe", "flat", exchange_without(routing, shadowed), s, shadowed, n_faster));
+    for (std::int32_t g : group_sizes()) out.push_back(pipelined("fastermoe", g, s, shadowed, n_faster));
+
+    shadow_decision const prophet = select_proprophet_replicas(proprophet_cost_model(proprophet_params()), links_.topo(), owner,
+                                                               counts_view, proprophet_options());
+    std::vector<std::uint8_t> const replicated = holders(prophet);
+    out.push_back(layered("pro_prophet", "flat", exchange_without(routing, replicated), s, replicated,
+                          static_cast<std::int32_t>(prophet.shadowed.size())));
+
+    std::stable_sort(out.begin(), out.end(), [](auto const& a, auto const& b) { return a.iteration_seconds < b.iteration_seconds; });
+    return out;
+  }
+
+  [[nodiscard]] iteration_model const& iteration() const noexcept { return iteration_; }
+
+ private:
+  static constexpr char const* op = "pattern_adviser";
+
+  //! One routing step: `counts[s][e]`, the slots rank s routes to expert e, and each rank's tokens.
+  struct step {
+    std::vector<double> counts, tokens;
+  };
+
+  [[nodiscard]] std::int64_t hidden() const { return iteration_.shape().hidden; }
+  [[nodiscard]] double row_bytes() const { return static_cast<double>(hidden()) * moe_.element_bytes; }
+  [[nodiscard]] std::int32_t local_experts() const { return moe_.num_experts / links_.ranks(); }
+  [[nodiscard]] std::size_t at(std::int32_t s, std::int32_t e) const {
+    return static_cast<std::size_t>(s) * static_cast<std::size_t>(moe_.num_experts) + static_cast<std::size_t>(e);
+  }
+
+  [[nodiscard]] step count(std::vector<routing_view> const& routing) const {
+    std::int32_t const R = links_.ranks(), E = moe_.num_experts;
+    step s{std::vector<double>(static_cast<std::size_t>(R) * static_cast<std::size_t>(E), 0.0), std::vector<double>(static_cast<std::size_t>(R), 0.0)};
+    for (std::int32_t r = 0; r < R; ++r) {
+      routing_view const& v = routing[static_cast<std::size_t>(r)];
+      detail::require(v.top_k > 0 && v.top_k == routing[0].top_k, op, "routing[", r, "].top_k = ", v.top_k,
+                      "; routing[0].top_k = ", routing[0].top_k, " (every rank's, positive)");
+      detail::require(v.num_tokens >= 0 && (v.num_tokens == 0 || v.topk_idx != nullptr), op, "routing[", r, "] has ",
+                      v.num_tokens, " tokens and topk_idx ", v.topk_idx == nullptr ? "null" : "given");
+      s.tokens[static_cast<std::size_t>(r)] = static_cast<double>(v.num_tokens);
+      for (std::int64_t i = 0; i < v.num_tokens * v.top_k; ++i) {
+        std::int32_t const e = v.topk_idx[i];
+        detail::require(e >= -1 && e < E, op, "routing[", r, "] token ", i / v.top_k, " slot ", i % v.top_k, " names expert ",
+                        e, ", not one of the ", E, " (or -1)");
+        if (e >= 0) s.counts[at(r, e)] += 1;
+      }
+    }
+    return s;
+  }
+
+  //! `[R][E]`: 1 where rank s computes its own rows of expert e (it holds a replica).
+  [[nodiscard]] std::vector<std::uint8_t> holders(shadow_decision const& d) const {
+    std::int32_t const R = links_.ranks();
+    std::vector<std::uint8_t> h(static_cast<std::size_t>(R) * static_cast<std::size_t>(moe_.num_experts), 0);
+    for (std::size_t i = 0; i < d.shadowed.size(); ++i) {
+      std::int32_t const e = d.shadowed[i];
+      if (d.subset_offsets.empty()) {
+        for (std::int32_t s = 0; s < R; ++s) h[at(s, e)] = 1;
+        continue;
+      }
+      for (std::int32_t k = d.subset_offsets[i]; k < d.subset_offsets[i + 1]; ++k) h[at(d.subset_ranks[static_cast<std::size_t>(k)], e)] = 1;
+    }
+    return h;
+  }
+
+  [[nodiscard]] static std::size_t replicated_count(std::vector<std::uint8_t> const& home, std::int32_t R, std::int32_t E) {
+    std::size_t n = 0;
+    for (std::int32_t e = 0; e < E; ++e)
+      for (std::int32_t s = 0; s < R; ++s)
+        if (home[static_cast<std::size_t>(s) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)]) {
+          ++n;
+          break;
+        }
+    return n;
+  }
+
+  //! `flat`'s exchange of `routing` with the slots a rank computes itself (`home`) taken out.
+  [[nodiscard]] exchange_prediction exchange_without(std::vector<routing_view> const& routing, std::vector<std::uint8_t> const& home) const {
+    std::vector<std::vector<std::int32_t>> ids(routing.size());
+    std::vector<routing_view> kept(routing);
+    for (std::size_t r = 0; r < routing.size(); ++r) {
+      routing_view const& v = routing[r];
+      ids[r].assign(v.topk_idx, v.topk_idx + v.num_tokens * v.top_k);
+      for (std::int32_t& e : ids[r])
+        if (e >= 0 && home[at(static_cast<std::int32_t>(r), e)]) e = -1;
+      kept[r].topk_idx = ids[r].data();
+    }
+    for (exchange_prediction const& x : exchanges_.rank(kept, moe_.num_experts, row_bytes()))
+      if (x.algorithm == "flat") return x;
+    return {};  // unreachable: flat is always a candidate
+  }
+
+  //! The forward of `rows` rows through one expert: two GEMMs of 2·rows·H·F FLOPs.
+  [[nodiscard]] double expert_forward(double rows) const {
+    if (rows <= 0) return 0;
+    return links_.gemm_seconds(4 * rows * static_cast<double>(hidden()) * static_cast<double>(moe_.expert_ffn), rows);
+  }
+
+  //! Rank d's forward of its own experts, one GEMM per expert over the rows the ranks without a
+  //! replica send it, and of the replicas it holds, one GEMM each over its own rows.
+  [[nodiscard]] double rank_forward(step const& s, std::vector<std::uint8_t> const& home, std::int32_t d) const {
+    std::int32_t const L = local_experts(), R = links_.ranks();
+    double t = home_forward(s, home, d);
+    for (std::int32_t e = d * L; e < (d + 1) * L; ++e) {
+      double rows = 0;
+      for (std::int32_t r = 0; r < R; ++r)
+        if (!home[at(r, e)]) rows += s.counts[at(r, e)];
+      t += expert_forward(rows);
+    }
+    return t;
+  }
+
+  //! Rank d's forward of the replicas it holds (the smart schedule's first unit).
+  [[nodiscard]] double home_forward(step const& s, std::vector<std::uint8_t> const& home, std::int32_t d) const {
+    double t = 0;
+    for (std::int32_t e = 0; e < moe_.num_experts; ++e)
+      if (home[at(d, e)]) t += expert_forward(s.counts[at(d, e)]);
+    return t;
+  }
+
+  //! Rank d's forward of the rows sources [first, first + sources) send it: one GEMM per source and
+  //! expert (the smart schedule's unit of a round).
+  [[nodiscard]] double unit_forward(step const& s, std::vector<std::uint8_t> const& home, std::int32_t d, std::int32_t first,
+                                    std::int32_t sources) const {
+    std::int32_t const L = local_experts();
+    double t = 0;
+    for (std::int32_t r = first; r < first + sources; ++r)
+      for (std::int32_t e = d * L; e < (d + 1) * L; ++e)
+        if (!home[at(r, e)]) t += expert_forward(s.counts[at(r, e)]);
+    return t;
+  }
+
+  //! Broadcasts out and reduces back of `n` replicated experts' parameters, one chain each.
+  [[nodiscard]] double replica_seconds(std::size_t n) const { return 2.0 * static_cast<double>(n) * expert_chain_seconds_; }
+
+  //! The iteration around `p.layer_seconds`.
+  void finish(pattern_prediction& p) const {
+    double const expert_parameters = local_experts() * 2.0 * static_cast<double>(hidden()) * static_cast<double>(moe_.expert_ffn);
+    p.iteration_seconds = iteration_.iteration_seconds(p.layer_seconds, expert_parameters);
+  }
+
+  //! A step whose exchanges are `x` (forward and, alike, backward) and whose experts wait for them.
+  [[nodiscard]] pattern_prediction layered(char const* pattern, std::string setting, exchange_prediction const& x, step const& s,
+                                           std::vector<std::uint8_t> const& home, std::int32_t replicated) const {
+    std::int32_t const R = links_.ranks();
+    pattern_prediction p{pattern, std::move(setting), replicated};
+    double busiest = 0;
+    for (std::int32_t d = 0; d < R; ++d) busiest = std::max(busiest, rank_forward(s, home, d));
+    p.exchange_seconds = x.route_seconds + 2 * (x.dispatch_seconds + x.combine_seconds) +
+                         (replicated > 0 ? links_.launches(exchange_adviser::plan_kernels) : 0.0);
+    p.compute_seconds = 3 * busiest;
+    p.replica_seconds = replica_seconds(replicated_count(home, R, moe_.num_experts));
+    p.layer_seconds = p.exchange_seconds + p.compute_seconds + p.replica_seconds;
+    finish(p);
+    return p;
+  }
+
+  //! The smart schedule with groups of `g` (see the file comment), `home` computed first on the lane.
+  [[nodiscard]] pattern_prediction pipelined(char const* pattern, std::int32_t g, step const& s, std::vector<std::uint8_t> const& home,
+                                             std::int32_t replicated) const {
+    std::int32_t const R = links_.ranks(), G = R / g, L = local_experts();
+    pattern_prediction p{pattern, "smart_schedule{" + std::to_string(g) + "}", replicated};
+    // The slot rows each rank sends each other (its own included), the replicas' taken out.
+    link_model::matrix rows = links_.zeros();
+    for (std::int32_t r = 0; r < R; ++r)
+      for (std::int32_t e = 0; e < moe_.num_experts; ++e)
+        if (!home[at(r, e)]) rows[links_.cell(r, e / L)] += s.counts[at(r, e)];
+    // Round j: group q sends group q + j; its rows return in round (G - j) mod G.
+    std::vector<double> there(static_cast<std::size_t>(G)), back(static_cast<std::size_t>(G));
+    for (std::int32_t j = 0; j < G; ++j) {
+      link_model::matrix out = links_.zeros(), in = links_.zeros();
+      for (std::int32_t r = 0; r < R; ++r)
+        for (std::int32_t i = 0; i < g; ++i) {
+          std::int32_t const d = ((r / g + j) % G) * g + i;
+          out[links_.cell(r, d)] = rows[links_.cell(r, d)] * row_bytes();
+          in[links_.cell(d, r)] = out[links_.cell(r, d)];
+        }
+      there[static_cast<std::size_t>(j)] = links_.round_seconds(out);
+      back[static_cast<std::size_t>((G - j) % G)] = links_.round_seconds(in);
+    }
+    // Per direction (forward, backward): the rounds go out one after the other, after the self
+    // block's copy; each rank's lane computes its replicas, then each round's rows once they are
+    // in; round j's results return once every rank has computed them and round j - 1's are back.
+    double span[2] = {0, 0};
+    for (int backward = 0; backward < 2; ++backward) {
+      double const factor = backward ? 2.0 : 1.0;  // the backward's FLOPs
+      std::vector<double> computed(static_cast<std::size_t>(G), 0.0);  // round j's rows computed on every rank
+      double dispatched = 0;
+      for (std::int32_t d = 0; d < R; ++d) {
+        double arrived = links_.memory_seconds(2 * rows[links_.cell(d, d)] * row_bytes());
+        double lane = factor * home_forward(s, home, d);
+        for (std::int32_t j = 0; j < G; ++j) {
+          arrived += there[static_cast<std::size_t>(j)];
+          lane = std::max(lane, arrived) + factor * unit_forward(s, home, d, ((d / g - j + G) % G) * g, g);
+          computed[static_cast<std::size_t>(j)] = std::max(computed[static_cast<std::size_t>(j)], lane);
+        }
+        dispatched = std::max(dispatched, arrived);
+      }
+      double returned = dispatched;
+      for (std::int32_t j = 0; j < G; ++j)
+        returned = std::max(returned, computed[static_cast<std::size_t>(j)]) + back[static_cast<std::size_t>(j)];
+      span[backward] = returned;
+    }
+    double passes = 0;  // permute or unpermute (or their gradients) on the busiest rank
+    for (std::int32_t d = 0; d < R; ++d) {
+      double sent = 0;
+      for (std::int32_t r = 0; r < R; ++r) sent += rows[links_.cell(d, r)];
+      passes = std::max(passes, links_.memory_seconds((s.tokens[static_cast<std::size_t>(d)] + sent) * row_bytes()));
+      p.compute_seconds = std::max(p.compute_seconds, 3 * rank_forward(s, home, d));
+    }
+    double const route = links_.allgather_seconds(8.0 * moe_.num_experts) +
+                         links_.launches(exchange_adviser::plan_kernels * (replicated > 0 ? 2 : 1));
+    double rounds = 0;
+    for (std::int32_t j = 0; j < G; ++j) rounds += there[static_cast<std::size_t>(j)] + back[static_cast<std::size_t>(j)];
+    p.exchange_seconds = route + 4 * passes + 2 * rounds;
+    p.replica_seconds = replica_seconds(replicated_count(home, R, moe_.num_experts));
+    p.layer_seconds = route + 4 * passes + span[0] + span[1] + p.replica_seconds;
+    finish(p);
+    return p;
+  }
+
+  link_model links_;
+  exchange_adviser exchanges_;
+  iteration_model iteration_;
+  moe_layer_shape moe_;
+  double expert_chain_seconds_ = 0;  //!< one expert's parameters broadcast (or its gradients reduced) over every rank
+};
+
+MOECOMM_NAMESPACE_END

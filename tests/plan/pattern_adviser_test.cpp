@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pattern adviser (plan/pattern_adviser.hpp) and the link model under it (plan/link_model.hpp)
+// on hand-computed cases, and errors that name the argument. Its agreement with the simulation is
+// measured by bench_pattern_adviser (docs/performance.md, "The pattern adviser").
+
+#include "../support/test_support.hpp"
+
+#include <moecomm/plan/pattern_adviser.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace test {
+
+// One node of `gpus` GPUs on a 10 GB/s port; launches free, HBM so fast that its passes vanish.
+moecomm::cluster_spec one_node(std::int32_t gpus, double latency, double overhead) {
+  moecomm::cluster_spec s;
+  s.name = "one-node";
+  s.source = "a test";
+  s.nodes_per_domain = 1;
+  s.gpus_per_node = gpus;
+  s.gpu_flops = 1e12;
+  s.gemm_efficiency = 0.5;
+  s.gemm_ridge_rows = 1;
+  s.hbm_bytes_per_second = 1e30;
+  s.kernel_launch_seconds = 0;
+  s.collective_overhead_seconds = overhead;
+  s.intra_node = {10e9, latency};
+  s.pcie = {10e9, latency};
+  s.nic = {10e9, latency};
+  return s;
+}
+
+// Two nodes of two GPUs: ports of 40 GB/s, PCIe links and NICs of 12 and 20 GB/s.
+moecomm::cluster_spec two_nodes(double latency) {
+  moecomm::cluster_spec s = one_node(2, latency, 0);
+  s.name = "two-nodes";
+  s.nodes_per_domain = 2;
+  s.intra_node = {40e9, latency};
+  s.pcie = {12e9, latency};
+  s.nic = {20e9, latency};
+  return s;
+}
+
+// A transformer of two MoE blocks of H = 64; the adviser's experts are 64 -> 128 -> 64 in fp32.
+moecomm::transformer_shape small_model() {
+  moecomm::transformer_shape m;
+  m.layers = m.moe_layers = 2;
+  m.hidden = 64;
+  m.sequence = 100;
+  m.tokens_per_rank = 100;
+  m.gradient_bytes = 4;
+  return m;
+}
+constexpr std::int64_t H = 64, F = 128;
+constexpr double row_bytes = H * 4.0;
+
+// Each rank's top-1 routing: `tokens[r]` tokens, all to expert `expert[r]`.
+struct top1 {
+  std::vector<std::vector<std::int32_t>> ids;
+  std::vector<moecomm::routing_view> views;
+  top1(std::vector<std::int64_t> const& tokens, std::vector<std::int32_t> const& expert) : ids(tokens.size()) {
+    for (std::size_t r = 0; r < tokens.size(); ++r) {
+      ids[r].assign(static_cast<std::size_t>(tokens[r]), expert[r]);
+      views.push_back({ids[r].data(), nullptr, tokens[r], 1});
+    }
+  }
+};
+
+moecomm::pattern_prediction find(std::vector<moecomm::pattern_prediction> const& ranking, std::string const& pattern,
+                                 std::string const& setting) {
+  for (auto const& p : ranking)
+    if (p.pattern == pattern && p.setting == setting) return p;
+  FAIL("no prediction for ", pattern, " ", setting);
+  return {};
+}
+
+TEST_CASE("link model: a broadcast is a chain of at most 64 chunks of 1 MiB, and a GEMM below its ridge pays for its weights") {
+  moecomm::link_model const links(one_node(4, 1e-6, 5e-6), moecomm::topology(4, 4));
+  double const MiB = 1 << 20, stage = 2e-6 + MiB / 10e9;  // a chunk over one port, and its route's latency
+  // 3 MiB: 3 chunks down a chain of 4 ranks, 3 + 4 - 2 stages.
+  CHECK(links.chain_seconds(3 * MiB) == doctest::Approx(5e-6 + 5 * stage).epsilon(1e-12));
+  // 200 MiB: 64 chunks of 3.125 MiB, 66 stages.
+  CHECK(links.chain_seconds(200 * MiB) == doctest::Approx(5e-6 + 66 * (2e-6 + 200 * MiB / 64 / 10e9)).epsilon(1e-12));
+  // A ring all-gather: 3 dependent steps, one overhead.
+  CHECK(links.allgather_seconds(MiB) == doctest::Approx(5e-6 + 3 * stage).epsilon(1e-12));
+  // Two nodes: the first chunk crosses a port, the network, a port; the other three follow at the
+  // network hop's pace (12 GB/s PCIe links, routes of two PCIe and two NIC latencies).
+  moecomm::link_model const chain(two_nodes(1e-6), moecomm::topology(4, 2));
+  double const port = 2e-6 + MiB / 40e9, network = 4e-6 + MiB / 12e9;
+  CHECK(chain.chain_seconds(4 * MiB) == doctest::Approx(2 * port + network + 3 * network).epsilon(1e-12));
+  moecomm::cluster_spec spec = one_node(4, 0, 0);
+  spec.gemm_ridge_rows = 100;
+  CHECK(spec.gemm_seconds(1e9) == doctest::Approx(1e9 / 0.5e12).epsilon(1e-15));
+  CHECK(spec.gemm_seconds(1e9, 1000) == doctest::Approx(1e9 / 0.5e12).epsilon(1e-15));
+  CHECK(spec.gemm_seconds(1e9, 25) == doctest::Approx(4 * 1e9 / 0.5e12).epsilon(1e-15));  // a quarter of the ridge
+  CHECK(spec.gemm_seconds(1e9, 0) == doctest::Approx(100 * 1e9 / 0.5e12).epsilon(1e-15));  // as one row
+}
+
+TEST_CASE("link model: messages share a link max-min fairly, so a flow held back elsewhere finishes after the busiest link's load") {
+  moecomm::link_model const links(two_nodes(0), moecomm::topology(4, 2));
+  moecomm::link_model::matrix bytes = links.zeros();
+  bytes[links.cell(0, 2)] = 3e9;  // to rank 2, through its 12 GB/s PCIe link
+  bytes[links.cell(1, 3)] = 1e9;  // to rank 3
+  // Both share the nodes' 20 GB/s NICs at 10 GB/s until the second finishes (0.1 s); the first's
+  // last 2 GB then go at its PCIe link's 12 GB/s. The busiest link alone (that PCIe link, 3 GB at
+  // 12 GB/s: 0.25 s) would say less.
+  CHECK(links.links_seconds(bytes) == doctest::Approx(0.1 + 2e9 / 12e9).epsilon(1e-12));
+  // Equal flows finish together, at the busiest link's load.
+  bytes[links.cell(1, 3)] = 3e9;
+  CHECK(links.links_seconds(bytes) == doctest::Approx(6e9 / 20e9).epsilon(1e-12));
+}
+
+TEST_CASE("pattern adviser: plain expert parallelism is the exchange adviser's exchange each way and the busiest rank's GEMMs") {
+  moecomm::cluster_spec const spec = one_node(2, 1e-6, 5e-6);
+  moecomm::pattern_adviser const adviser(spec, moecomm::topology(2, 2), small_model(), {2, F, 4});
+  top1 const routing({300, 100}, {1, 1});  // every token to expert 1, on rank 1
+  auto const ranking = adviser.rank(routing.views);
+  auto const exchange = moecomm::exchange_adviser(spec, moecomm::topology(2, 2)).rank(routing.views, 2, row_bytes);
+  double const forward = 4.0 * 400 * H * F / 0.5e12;  // rank 1's expert: 400 rows, two GEMMs of 2·rows·H·F
+  for (auto const& x : exchange) {
+    CAPTURE(x.algorithm);
+    auto const p = find(ranking, "expert_parallel", x.algorithm);
+    CHECK(p.exchange_seconds == doctest::Approx(x.route_seconds + 2 * (x.dispatch_seconds + x.combine_seconds)).epsilon(1e-12));
+    CHECK(p.compute_seconds == doctest::Approx(3 * forward).epsilon(1e-12));  // the backward twice the forward
+    CHECK(p.replica_seconds == 0);
+    CHECK(p.layer_seconds == doctest::Approx(p.exchange_seconds + p.compute_seconds).epsilon(1e-12));
+    moecomm::iteration_model const rest(spec, 2, small_model());
+    CHECK(p.iteration_seconds == doctest::Approx(2 * p.layer_seconds + rest.dense_seconds(2.0 * H * F)).epsilon(1e-12));
+  }
+  for (std::size_t i = 1; i < ranking.size(); ++i) CHECK(ranking[i - 1].iteration_seconds <= ranking[i].iteration_seconds);
+  // One node of 2: flat and dedup_per_rank (no second node for hierarchical_2d and dedup_per_node),
+  // smart_schedule{1} with and without shadowing, FasterMoE on flat, Pro-Prophet.
+  CHECK(ranking.size() == 2 + 2 + 1 + 1);
+}
+
+TEST_CASE("pattern adviser: the smart schedule's pipeline, by hand on two ranks") {
+  // No latency, overhead, launch or HBM time: only the rounds' bytes and the GEMMs (at 2 TFLOP/s) count.
+  moecomm::cluster_spec spec = one_node(2, 0, 0);
+  spec.gpu_flops = 4e12;
+  moecomm::pattern_adviser const adviser(spec, moecomm::topology(2, 2), small_model(), {2, F, 4});
+  top1 const routing({300, 100}, {1, 1});
+  auto const p = find(adviser.rank(routing.views), "expert_parallel", "smart_schedule{1}");
+  double const u = 4.0 * H * F / 2e12;       // one row through an expert (ridge of 1 row: linear)
+  double const X = 300 * row_bytes / 10e9;   // round 1: rank 0's 300 rows to rank 1 (and back)
+  double const route = 8.0 * 2 / 10e9;       // the counts' all-gather, one ring step
+  REQUIRE(X > 200 * u);                      // so rank 1's own rows are done before the others arrive
+  // Rank 1, forward: round 0 is its own 100 rows (no message), round 1 brings rank 0's 300 at X;
+  // those are computed at X + 300u and return by X + 300u + X. The backward computes twice as long.
+  double const forward = 2 * X + 300 * u, backward = 2 * X + 600 * u;
+  CHECK(p.layer_seconds == doctest::Approx(route + forward + backward).epsilon(1e-9));
+  CHECK(p.compute_seconds == doctest::Approx(3 * 400 * u).epsilon(1e-12));
+  // Plain flat exchanges before it computes: the rows' computation is not hidden.
+  auto const flat = find(adviser.rank(routing.views), "expert_parallel", "flat");
+  CHECK(flat.layer_seconds > p.layer_seconds);
+}
+
+TEST_CASE("pattern adviser: shadowing computes the hot expert where its tokens are, and pays one broadcast and one reduce for it") {
+  moecomm::cluster_spec const spec = one_node(4, 1e-6, 5e-6);
+  moecomm::pattern_adviser const adviser(spec, moecomm::topology(4, 4), small_model(), {4, F, 4});
+  std::int64_t const T = 20000;
+  top1 const routing({T, T, T, T}, {0, 0, 0, 0});  // every rank's tokens to expert 0
+  auto const ranking = adviser.rank(routing.views);
+  std::vector<std::int64_t> counts(16, 0);
+  for (std::size_t r = 0; r < 4; ++r) counts[r * 4] = T;
+  auto const decision = moecomm::select_shadowed_experts(moecomm::fastermoe_cost_model(adviser.fastermoe_params()), moecomm::topology(4, 4),
+                                                         std::vector<std::int32_t>{0, 1, 2, 3}, {counts.data(), 16});
+  REQUIRE(decision.shadowed == std::vector<std::int32_t>{0});
+  auto const shadowed = find(ranking, "fastermoe", "flat");
+  CHECK(shadowed.replicated == 1);
+  moecomm::link_model const links(spec, moecomm::topology(4, 4));
+  CHECK(shadowed.replica_seconds == doctest::Approx(2 * links.chain_seconds(2.0 * H * F * 4)).epsilon(1e-12));
+  CHECK(shadowed.compute_seconds == doctest::Approx(3 * 4.0 * T * H * F / 0.5e12).epsilon(1e-12));  // T rows on every rank
+  auto const plain = find(ranking, "expert_parallel", "flat");
+  CHECK(plain.compute_seconds == doctest::Approx(4 * shadowed.compute_seconds).epsilon(1e-12));  // 4T rows on rank 0
+  CHECK(ranking.front().pattern != "expert_parallel");
+}
+
+TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a multiple of the ranks, or an error naming them") {
+  moecomm::cluster_spec const spec = one_node(2, 0, 0);
+  moecomm::topology const topo(2, 2);
+  CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, small_model(), {3, F, 4}), doctest::Contains("moe.num_experts = 3"));
+  CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, small_model(), {2, 0, 4}), doctest::Contains("moe.expert_ffn = 0"));
+  CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, small_model(), {2, F, 0}), doctest::Contains("moe.element_bytes = 0"));
+  moecomm::transformer_shape bad = small_model();
+  bad.tokens_per_rank = 150;
+  CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, bad, {2, F, 4}), doctest::Contains("tokens_per_rank = 150"));
+  moecomm::pattern_adviser const adviser(spec, topo, small_model(), {2, F, 4});
+  top1 const one({5}, {0});
+  CHECK_THROWS_WITH((void)adviser.rank(one.views), doctest::Contains("argument 'routing' has 1 ranks' routings"));
+  top1 const out_of_range({5, 5}, {0, 2});
+  CHECK_THROWS_WITH((void)adviser.rank(out_of_range.views), doctest::Contains("routing[1] token 0 slot 0 names expert 2"));
+}
+
+}  // namespace test
