@@ -235,17 +235,6 @@ class pattern_adviser {
     return h;
   }
 
-  [[nodiscard]] static std::size_t replicated_count(std::vector<std::uint8_t> const& home, std::int32_t R, std::int32_t E) {
-    std::size_t n = 0;
-    for (std::int32_t e = 0; e < E; ++e)
-      for (std::int32_t s = 0; s < R; ++s)
-        if (home[static_cast<std::size_t>(s) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)]) {
-          ++n;
-          break;
-        }
-    return n;
-  }
-
   //! `flat`'s exchange of `routing` with the slots a rank computes itself (`home`) taken out.
   [[nodiscard]] exchange_prediction exchange_without(std::vector<routing_view> const& routing, std::vector<std::uint8_t> const& home) const {
     std::vector<std::vector<std::int32_t>> ids(routing.size());
@@ -302,8 +291,9 @@ class pattern_adviser {
     return t;
   }
 
-  //! Broadcasts out and reduces back of `n` replicated experts' parameters, one chain each.
-  [[nodiscard]] double replica_seconds(std::size_t n) const { return 2.0 * static_cast<double>(n) * expert_chain_seconds_; }
+  //! Broadcasts out and reduces back of `n` replicated experts' parameters, one chain each over
+  //! every rank (`collective_path`, whatever the subsets).
+  [[nodiscard]] double replica_seconds(std::int32_t n) const { return 2.0 * n * expert_chain_seconds_; }
 
   //! The iteration around `p.layer_seconds`.
   void finish(pattern_prediction& p) const {
@@ -321,7 +311,7 @@ class pattern_adviser {
     p.exchange_seconds = x.route_seconds + 2 * (x.dispatch_seconds + x.combine_seconds) +
                          (replicated > 0 ? links_.launches(exchange_adviser::plan_kernels) : 0.0);
     p.compute_seconds = 3 * busiest;
-    p.replica_seconds = replica_seconds(replicated_count(home, R, moe_.num_experts));
+    p.replica_seconds = replica_seconds(replicated);
     p.layer_seconds = p.exchange_seconds + p.compute_seconds + p.replica_seconds;
     finish(p);
     return p;
@@ -385,7 +375,7 @@ class pattern_adviser {
     double rounds = 0;
     for (std::int32_t j = 0; j < G; ++j) rounds += there[static_cast<std::size_t>(j)] + back[static_cast<std::size_t>(j)];
     p.exchange_seconds = route + 4 * passes + 2 * rounds;
-    p.replica_seconds = replica_seconds(replicated_count(home, R, moe_.num_experts));
+    p.replica_seconds = replica_seconds(replicated);
     p.layer_seconds = route + 4 * passes + span[0] + span[1] + p.replica_seconds;
     finish(p);
     return p;
