@@ -115,16 +115,12 @@ moecomm::simulation_scale scale() {
   return s;
 }
 
-//! The experts of `slots` slots whose slot l holds expert `expert_of(l)`'s parameters (random, by
-//! expert id, so that every pattern computes every expert alike), and an Adam-sized state.
+//! The experts of `slots` slots whose slot l holds expert `expert_of(l)`'s parameters
+//! (`experts_by_id`), and an Adam-sized state.
 struct slot_experts : moecomm_bench::mlp_experts {
   std::vector<float> state;
   template <class ExpertOf>
-  slot_experts(std::int32_t slots, ExpertOf expert_of) : mlp_experts(slots, real_hidden, real_ffn, 0) {
-    for (std::int32_t l = 0; l < slots; ++l) {
-      std::vector<float> const p = moecomm_bench::random_rows(parameter_count(), 1000 + std::max(expert_of(l), 0));
-      std::copy(p.begin(), p.end(), parameters(l));
-    }
+  slot_experts(std::int32_t slots, ExpertOf expert_of) : mlp_experts(moecomm_bench::experts_by_id(slots, real_hidden, real_ffn, expert_of)) {
     state.assign(static_cast<std::size_t>(slots * parameter_count() * state_per_parameter), 0.0f);
   }
   [[nodiscard]] std::int64_t state_count() const { return parameter_count() * state_per_parameter; }

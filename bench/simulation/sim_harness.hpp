@@ -260,6 +260,19 @@ struct mlp_experts {
   }
 };
 
+//! Experts of `slots` slots, slot l holding expert `expert_of(l)`'s parameters (random, seeded by
+//! the expert's id; an empty slot, -1, by 0): every pattern computes an expert alike wherever it
+//! holds it.
+template <class ExpertOf>
+mlp_experts experts_by_id(std::int32_t slots, std::int64_t hidden, std::int64_t ffn, ExpertOf expert_of) {
+  mlp_experts m(slots, hidden, ffn, 0);
+  for (std::int32_t l = 0; l < slots; ++l) {
+    std::vector<float> const p = random_rows(m.parameter_count(), 1000 + static_cast<std::uint64_t>(std::max(expert_of(l), 0)));
+    std::copy(p.begin(), p.end(), m.parameters(l));
+  }
+  return m;
+}
+
 //! The scale under which `mlp_experts` real_hidden -> real_ffn -> real_hidden of `real_bytes`
 //! elements stand for the model's experts model_hidden -> model_ffn -> model_hidden of
 //! `model_bytes`, both without biases (`mlp_simulation_scale`).

@@ -7,6 +7,7 @@
 
 #include <moecomm/plan/pattern_adviser.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -112,6 +113,25 @@ TEST_CASE("link model: messages share a link max-min fairly, so a flow held back
   CHECK(links.links_seconds(bytes) == doctest::Approx(6e9 / 20e9).epsilon(1e-12));
 }
 
+TEST_CASE("link model: ring all-reduces over disjoint groups run side by side, 2(n - 1) steps of 1 / n of the bytes") {
+  moecomm::link_model const links(one_node(4, 1e-6, 5e-6), moecomm::topology(4, 4));
+  double const MiB = 1 << 20;
+  // Two pairs: 2 steps in which each rank sends half the bytes to its partner over its own port.
+  CHECK(links.allreduce_seconds({{0, 1}, {2, 3}}, MiB) == doctest::Approx(5e-6 + 2 * (2e-6 + MiB / 2 / 10e9)).epsilon(1e-12));
+  // One ring of four: 6 steps of a quarter.
+  CHECK(links.allreduce_seconds({{0, 1, 2, 3}}, MiB) == doctest::Approx(5e-6 + 6 * (2e-6 + MiB / 4 / 10e9)).epsilon(1e-12));
+  // A pair beside a ring of four, on ports of their own: the four's 6 steps of a quarter are the longer.
+  moecomm::link_model const six(one_node(6, 1e-6, 5e-6), moecomm::topology(6, 6));
+  CHECK(six.allreduce_seconds({{0, 1}, {2, 3, 4, 5}}, MiB) == doctest::Approx(5e-6 + 6 * (2e-6 + MiB / 4 / 10e9)).epsilon(1e-12));
+  // Rings that share a link share its bandwidth: across two nodes, pairs (0, 2) and (1, 3) both
+  // cross the nodes' 20 GB/s NICs, B each way per edge, at 10 GB/s each.
+  moecomm::link_model const two(two_nodes(1e-6), moecomm::topology(4, 2));
+  CHECK(two.allreduce_seconds({{0, 2}, {1, 3}}, MiB) == doctest::Approx(2 * 4e-6 + MiB / 10e9).epsilon(1e-12));
+  // Nothing to reduce with.
+  CHECK(links.allreduce_seconds({{0}, {3}}, MiB) == 0);
+  CHECK(links.allreduce_seconds({}, MiB) == 0);
+}
+
 TEST_CASE("pattern adviser: plain expert parallelism is the exchange adviser's exchange each way and the busiest rank's GEMMs") {
   moecomm::cluster_spec const spec = one_node(2, 1e-6, 5e-6);
   moecomm::pattern_adviser const adviser(spec, moecomm::topology(2, 2), small_model(), {2, F, 4});
@@ -177,15 +197,77 @@ TEST_CASE("pattern adviser: shadowing computes the hot expert where its tokens a
   CHECK(ranking.front().pattern != "expert_parallel");
 }
 
+TEST_CASE("pattern adviser: with memory for two copies, expert data parallelism, FineMoE and FlexMoE, by hand on two ranks") {
+  moecomm::cluster_spec const spec = one_node(2, 1e-6, 5e-6);
+  moecomm::topology const topo(2, 2);
+  moecomm::pattern_adviser const adviser(spec, topo, small_model(), {2, F, 4, 2});
+  top1 const routing({300, 100}, {1, 1});  // 400 rows of expert 1, 300 of them on rank 0
+  auto const ranking = adviser.rank(routing.views);
+  moecomm::link_model const links(spec, topo);
+  moecomm::iteration_model const rest(spec, 2, small_model());
+  double const row = 4.0 * H * F / 0.5e12, sync = links.allreduce_seconds({{0, 1}}, 2.0 * H * F * 4);
+  auto const find_placed = [&](std::string const& pattern, std::string const& placement) {
+    for (auto const& p : ranking)
+      if (p.pattern == pattern && p.setting == "flat" && p.placement == placement) return p;
+    FAIL("no prediction for ", pattern, " flat ", placement);
+    return moecomm::pattern_prediction{};
+  };
+
+  // EP 1 x EDP 2: each rank holds both experts and computes its own tokens; nothing crosses. Each
+  // expert's gradient is all-reduced over both ranks once per iteration, one slot row after the other.
+  auto const edp = find_placed("expert_data_parallel", "EP 1 x EDP 2");
+  CHECK(edp.ep_size == 1);
+  CHECK(edp.slot_experts == std::vector<std::int32_t>{0, 1, 0, 1});
+  CHECK(edp.replicated == 2);
+  CHECK(edp.compute_seconds == doctest::Approx(3 * 300 * row).epsilon(1e-12));
+  CHECK(edp.gradient_sync_seconds == doctest::Approx(2 * sync).epsilon(1e-12));
+  std::vector<std::int32_t> const home0(300, 1), home1(100, 3);  // slot ids rank * S + local index
+  std::vector<moecomm::routing_view> const by_slot{{home0.data(), nullptr, 300, 1}, {home1.data(), nullptr, 100, 1}};
+  auto const x = moecomm::exchange_adviser(spec, topo).rank(by_slot, 4, row_bytes);
+  auto const flat = std::find_if(x.begin(), x.end(), [](auto const& e) { return e.algorithm == "flat"; });
+  REQUIRE(flat != x.end());
+  CHECK(edp.exchange_seconds == doctest::Approx(flat->route_seconds + 2 * (flat->dispatch_seconds + flat->combine_seconds)).epsilon(1e-12));
+  CHECK(edp.iteration_seconds == doctest::Approx(2 * (edp.layer_seconds + edp.gradient_sync_seconds) + rest.dense_seconds(2 * 2.0 * H * F)).epsilon(1e-12));
+
+  // FineMoE, both experts on both ranks: the min-max split gives each replica of expert 1 200 rows;
+  // Algorithm 1 keeps each rank's own first, so only rank 0's last 100 cross.
+  auto const fine = find_placed("finemoe", "symmetric");
+  CHECK(fine.compute_seconds == doctest::Approx(3 * 200 * row).epsilon(1e-12));
+  CHECK(fine.gradient_sync_seconds == doctest::Approx(2 * sync).epsilon(1e-12));
+  // FlexMoE, the same placement (its planner sees the ranks balanced): each rank's tokens split
+  // evenly, 150 + 50 rows cross for the same 200 per rank.
+  auto const flex = find_placed("flexmoe", "planned");
+  CHECK(flex.slot_experts == fine.slot_experts);
+  CHECK(flex.compute_seconds == doctest::Approx(fine.compute_seconds).epsilon(1e-12));
+  CHECK(flex.exchange_seconds > fine.exchange_seconds);
+  // The layer's own all-gather of the counts, one ring step of 2 experts' 8 bytes, beyond the slots' exchange.
+  CHECK(fine.exchange_seconds > edp.exchange_seconds + 5e-6 + 2e-6);
+  CHECK(find_placed("finemoe", "asymmetric").compute_seconds <= doctest::Approx(fine.compute_seconds));
+  // Four micro-batches an iteration: four steps per layer, one sync.
+  moecomm::transformer_shape accumulated = small_model();
+  accumulated.micro_batches = 4;
+  auto const four = moecomm::pattern_adviser(spec, topo, accumulated, {2, F, 4, 2}).rank(routing.views);
+  auto const edp4 = std::find_if(four.begin(), four.end(), [](auto const& p) { return p.pattern == "expert_data_parallel" && p.setting == "flat"; });
+  REQUIRE(edp4 != four.end());
+  CHECK(edp4->iteration_seconds == doctest::Approx(2 * (4 * edp.layer_seconds + edp.gradient_sync_seconds) +
+                                                   moecomm::iteration_model(spec, 2, accumulated).dense_seconds(2 * 2.0 * H * F)).epsilon(1e-12));
+  // Every expert once: plain EP with the slots it does not need left empty.
+  CHECK(find(ranking, "expert_parallel", "flat").gradient_sync_seconds == 0);
+}
+
 TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a multiple of the ranks, or an error naming them") {
   moecomm::cluster_spec const spec = one_node(2, 0, 0);
   moecomm::topology const topo(2, 2);
   CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, small_model(), {3, F, 4}), doctest::Contains("moe.num_experts = 3"));
   CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, small_model(), {2, 0, 4}), doctest::Contains("moe.expert_ffn = 0"));
   CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, small_model(), {2, F, 0}), doctest::Contains("moe.element_bytes = 0"));
+  CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, small_model(), {2, F, 4, 3}), doctest::Contains("moe.slots_per_rank = 3"));
   moecomm::transformer_shape bad = small_model();
   bad.tokens_per_rank = 150;
   CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, bad, {2, F, 4}), doctest::Contains("tokens_per_rank = 150"));
+  bad = small_model();
+  bad.micro_batches = 0;
+  CHECK_THROWS_WITH(moecomm::pattern_adviser(spec, topo, bad, {2, F, 4}), doctest::Contains("micro_batches = 0"));
   moecomm::pattern_adviser const adviser(spec, topo, small_model(), {2, F, 4});
   top1 const one({5}, {0});
   CHECK_THROWS_WITH((void)adviser.rank(one.views), doctest::Contains("argument 'routing' has 1 ranks' routings"));

@@ -67,7 +67,7 @@ TEST_CASE("iteration: a transformer's FLOPs and dense parameters, by hand, and i
                        moecomm::error);
 }
 
-TEST_CASE("iteration: the model's dense part equals the simulated one, inside a node and across nodes") {
+TEST_CASE("iteration: the model's dense part equals the simulated one, inside a node and across nodes and over two micro-batches") {
   // GPT-2 medium's blocks at a reduced scale: big enough that the all-reduce is bandwidth-bound.
   moecomm::transformer_shape shape;
   shape.layers = 4;
@@ -80,6 +80,7 @@ TEST_CASE("iteration: the model's dense part equals the simulated one, inside a 
   double const experts = 2 * 2 * 1024.0 * 4096;  // two local experts' weights
   for (int const ranks : {4, 8}) {  // 4: one node (NVLink ring); 8: two nodes (the NIC is the slowest ring link)
     CAPTURE(ranks);
+    shape.micro_batches = ranks / 4;  // and two micro-batches: twice the compute, one all-reduce
     moecomm::iteration_model const model(two_nodes_of_four(), ranks, shape);
     double span = 0;
     moecomm::simgrid_world world = sim_world(ranks, 4);
@@ -94,9 +95,10 @@ TEST_CASE("iteration: the model's dense part equals the simulated one, inside a 
     MESSAGE(ranks << " ranks: simulated " << span * 1e3 << " ms, model " << predicted * 1e3 << " ms (compute "
                   << model.compute_seconds() * 1e3 << ", all-reduce " << model.allreduce_seconds() * 1e3 << ", optimizer "
                   << model.optimizer_seconds(experts) * 1e3 << ")");
-    CHECK(model.allreduce_seconds() > (ranks == 8 ? 0.3 : 0.05) * predicted);  // it matters, most across the NIC
+    CHECK(model.allreduce_seconds() > (ranks == 8 ? 0.25 : 0.05) * predicted);  // it matters, most across the NIC
     CHECK(span == relatively(predicted, 0.01));
-    CHECK(model.iteration_seconds(1e-3, experts) == relatively(predicted + 2e-3, 1e-12));
+    CHECK(model.iteration_seconds(1e-3, experts) == relatively(predicted + shape.micro_batches * 2e-3, 1e-12));
+    CHECK(model.iteration_seconds(1e-3, experts, 5e-4) == relatively(predicted + shape.micro_batches * 2e-3 + 1e-3, 1e-12));
   }
 }
 

@@ -12,8 +12,9 @@
 //! double const iteration = model.iteration_seconds(moe_layer_step_seconds, experts_parameters_per_rank);
 //! @endcode
 //!
-//! The model, per rank (every rank of the data-parallel group does the same):
-//! - compute: forward FLOPs per block `8·T·H²` (the Q, K, V and output projections) + `4·T·S·H`
+//! The model, per rank (every rank of the data-parallel group does the same), for an iteration of
+//! `micro_batches` forward and backward passes (gradient accumulation) and one optimizer step:
+//! - compute: forward FLOPs per micro-batch and block `8·T·H²` (the Q, K, V and output projections) + `4·T·S·H`
 //!   (scores and context, causal masking not subtracted), a dense block's FFN `4·T·H·F`, the LM
 //!   head `2·T·H·V`; the backward twice the forward. At the platform's large-GEMM rate
 //!   (`cluster_spec::gemm_flops`). Attention without tensor parallelism: each rank holds whole heads.
@@ -52,9 +53,13 @@ struct transformer_shape {
   //! Adam with fp32 master weights and moments: reads weight, gradient and two moments, writes
   //! weight, moments and the half-precision copy: about 32 bytes a parameter.
   double optimizer_bytes_per_parameter = 32;
+  //! Micro-batches of `tokens_per_rank` tokens per iteration (gradient accumulation, as Megatron
+  //! splits its global batch): each runs the forward and backward; the gradients are all-reduced
+  //! and the optimizer steps once per iteration.
+  std::int32_t micro_batches = 1;
 
   //! @throws error (invalid_argument) naming the field: counts and sizes positive (`dense_ffn` when a
-  //!   block is dense), `moe_layers <= layers`, `tokens_per_rank` a multiple of `sequence`.
+  //!   block is dense, `micro_batches`), `moe_layers <= layers`, `tokens_per_rank` a multiple of `sequence`.
   void validate() const {
     char const* const op = "transformer_shape";
     detail::require(layers > 0, op, "layers = ", layers, " must be positive");
@@ -69,9 +74,10 @@ struct transformer_shape {
     detail::require(vocabulary >= 0, op, "vocabulary = ", vocabulary, " must be >= 0");
     detail::require(gradient_bytes > 0 && optimizer_bytes_per_parameter > 0, op, "gradient_bytes = ", gradient_bytes,
                     " and optimizer_bytes_per_parameter = ", optimizer_bytes_per_parameter, " must be positive");
+    detail::require(micro_batches > 0, op, "micro_batches = ", micro_batches, " must be positive");
   }
 
-  //! Forward FLOPs of one rank outside the MoE layers (see the file comment).
+  //! Forward FLOPs of one rank outside the MoE layers, per micro-batch (see the file comment).
   [[nodiscard]] double dense_forward_flops() const {
     double const T = static_cast<double>(tokens_per_rank), H = static_cast<double>(hidden);
     double const attention = 8 * T * H * H + 4 * T * static_cast<double>(sequence) * H;
@@ -102,8 +108,10 @@ class iteration_model {
                     " must be in [1, the platform's ", spec.num_gpus(), " GPUs]");
   }
 
-  //! The forward and backward outside the MoE layers.
-  [[nodiscard]] double compute_seconds() const { return 3 * shape_.dense_forward_flops() / spec_.gemm_flops(); }
+  //! The forward and backward outside the MoE layers, of every micro-batch.
+  [[nodiscard]] double compute_seconds() const {
+    return shape_.micro_batches * 3 * shape_.dense_forward_flops() / spec_.gemm_flops();
+  }
 
   //! The ring all-reduce of the dense gradients over the ranks.
   [[nodiscard]] double allreduce_seconds() const {
@@ -127,10 +135,11 @@ class iteration_model {
     return compute_seconds() + allreduce_seconds() + optimizer_seconds(expert_parameters);
   }
 
-  //! One iteration: `moe_layers` MoE layer steps (forward and backward) of `moe_step_seconds` each,
-  //! and the rest.
-  [[nodiscard]] double iteration_seconds(double moe_step_seconds, double expert_parameters) const {
-    return shape_.moe_layers * moe_step_seconds + dense_seconds(expert_parameters);
+  //! One iteration: per MoE layer, a step (forward and backward) of `moe_step_seconds` per
+  //! micro-batch and, once, `moe_sync_seconds` (the sum of replicated experts' gradients over their
+  //! replicas, when the layout has any); and the rest.
+  [[nodiscard]] double iteration_seconds(double moe_step_seconds, double expert_parameters, double moe_sync_seconds = 0) const {
+    return shape_.moe_layers * (shape_.micro_batches * moe_step_seconds + moe_sync_seconds) + dense_seconds(expert_parameters);
   }
 
   [[nodiscard]] transformer_shape const& shape() const noexcept { return shape_; }

@@ -17,7 +17,9 @@
 //! - a ring all-gather is n - 1 dependent steps of one block to the next rank, paying the overhead
 //!   once; a broadcast or reduce is a chain through the ranks in order, pipelined in chunks of at
 //!   most 1 MiB (at most 64), as `simgrid_communicator` runs them: the first chunk crosses each hop
-//!   in turn, the others follow at the slowest hop's pace;
+//!   in turn, the others follow at the slowest hop's pace; ring all-reduces over disjoint groups
+//!   (expert data parallelism, replica groups) run side by side, each ring edge one fluid flow of
+//!   its whole traffic, plus its 2(n - 1) hop latencies;
 //! - a memory kernel moves its bytes at HBM bandwidth after its launch; a GEMM runs at
 //!   `cluster_spec::gemm_seconds`.
 //! What it leaves out: the SMs communication takes from concurrent compute (`comm_sm_share`), and
@@ -170,51 +172,11 @@ class link_model {
   //! it when a link's flows are held back elsewhere (a hot rank's PCIe link, say, while its node's
   //! NICs are shared with every other flow into the node).
   [[nodiscard]] double links_seconds(matrix const& bytes) const {
-    std::int32_t const R = topo_.num_ranks(), N = topo_.num_nodes(), D = topo_.num_domains();
-    // Links: a GPU's port out and in, its PCIe out and in; a node's NICs out and in; a domain's
-    // fabric and WAN uplink out and in. A bandwidth of 0 (a non-blocking fabric) limits nothing.
-    std::int32_t const port_out = 0, port_in = R, pcie_out = 2 * R, pcie_in = 3 * R, nic_out = 4 * R, nic_in = 4 * R + N,
-                       fabric = 4 * R + 2 * N, wan_out = fabric + D, wan_in = fabric + 2 * D, links = fabric + 3 * D;
-    std::vector<double> capacity(static_cast<std::size_t>(links), 0.0);
-    auto set = [&](std::int32_t first, std::int32_t count, double bandwidth) {
-      for (std::int32_t l = first; l < first + count; ++l) capacity[static_cast<std::size_t>(l)] = bandwidth;
-    };
-    link_spec const& port = spec_.intra_node_over_pcie ? spec_.pcie : spec_.intra_node;
-    set(port_out, 2 * R, spec_.intra_node.bytes_per_second);
-    set(pcie_out, 2 * R, spec_.pcie.bytes_per_second);
-    set(nic_out, 2 * N, spec_.nics_per_node * spec_.nic.bytes_per_second);
-    set(fabric, D, spec_.fabric.bytes_per_second);
-    set(wan_out, 2 * D, spec_.inter_domain.bytes_per_second);
-    detail::fluid_flows flows;
     double latency = 0;
-    for (std::int32_t s = 0; s < R; ++s)
-      for (std::int32_t d = 0; d < R; ++d) {
-        double const b = bytes[cell(s, d)];
-        if (s == d || b <= 0) continue;
-        std::int32_t path[7];
-        int n = 0;
-        if (topo_.same_node(s, d)) {
-          path[n++] = (spec_.intra_node_over_pcie ? pcie_out : port_out) + s;
-          path[n++] = (spec_.intra_node_over_pcie ? pcie_in : port_in) + d;
-          latency = std::max(latency, 2 * port.latency_seconds);
-        } else {
-          path[n++] = pcie_out + s;
-          path[n++] = pcie_in + d;
-          path[n++] = nic_out + topo_.node_of(s);
-          path[n++] = nic_in + topo_.node_of(d);
-          double route = 2 * (spec_.pcie.latency_seconds + spec_.nic.latency_seconds) + spec_.fabric.latency_seconds;
-          if (topo_.same_domain(s, d)) {
-            path[n++] = fabric + topo_.domain_of(s);
-          } else {
-            path[n++] = wan_out + topo_.domain_of(s);
-            path[n++] = wan_in + topo_.domain_of(d);
-            route += spec_.fabric.latency_seconds + 2 * spec_.inter_domain.latency_seconds;
-          }
-          latency = std::max(latency, route);
-        }
-        flows.add(b, path, n, capacity);
-      }
-    return latency + flows.makespan(capacity);
+    for (std::int32_t s = 0; s < ranks(); ++s)
+      for (std::int32_t d = 0; d < ranks(); ++d)
+        if (s != d && bytes[cell(s, d)] > 0) latency = std::max(latency, route_latency(s, d));
+    return latency + makespan(bytes);
   }
 
   //! The ring all-gather of `bytes` per rank over every rank (or, `in_node`, over each node's ranks
@@ -244,6 +206,31 @@ class link_model {
     return spec_.collective_overhead_seconds + first + (chunks - 1) * slowest;
   }
 
+  //! Ring all-reduces of `bytes` each, one over each of `groups` (disjoint sets of ranks, each in
+  //! its ring's order), all at once, as NCCL runs one per group: a reduce-scatter then an
+  //! all-gather, 2(n - 1) steps in which every rank of a group of n sends `bytes / n` to the next.
+  //! The groups run independently: each ring edge is one fluid flow of its 2(n - 1) · bytes / n,
+  //! the flows of every group sharing the links max-min fairly, plus the longest group's 2(n - 1)
+  //! hop latencies; the overhead once. Groups of one rank cost nothing.
+  [[nodiscard]] double allreduce_seconds(std::vector<std::vector<std::int32_t>> const& groups, double bytes) const {
+    matrix edges = zeros();
+    double latency = 0;
+    bool any = false;
+    for (auto const& g : groups) {
+      if (g.size() < 2) continue;
+      any = true;
+      double const n = static_cast<double>(g.size()), steps = 2 * (n - 1);
+      double hop = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        std::int32_t const next = g[(i + 1) % g.size()];
+        edges[cell(g[i], next)] = steps * bytes / n;
+        hop = std::max(hop, route_latency(g[i], next));
+      }
+      latency = std::max(latency, steps * hop);
+    }
+    return any ? spec_.collective_overhead_seconds + latency + makespan(edges) : 0.0;
+  }
+
   //! `kernels` launches.
   [[nodiscard]] double launches(int kernels) const { return kernels * spec_.kernel_launch_seconds; }
 
@@ -256,6 +243,59 @@ class link_model {
   [[nodiscard]] double gemm_seconds(double flops, double rows) const { return spec_.gemm_seconds(flops, rows); }
 
  private:
+  //! The latency of the route from s to d: two ports inside a node; PCIe, NIC, the fabric, NIC and
+  //! PCIe between nodes, and the WAN uplinks and a second fabric between domains.
+  [[nodiscard]] double route_latency(std::int32_t s, std::int32_t d) const {
+    if (topo_.same_node(s, d)) return 2 * (spec_.intra_node_over_pcie ? spec_.pcie : spec_.intra_node).latency_seconds;
+    double route = 2 * (spec_.pcie.latency_seconds + spec_.nic.latency_seconds) + spec_.fabric.latency_seconds;
+    if (!topo_.same_domain(s, d)) route += spec_.fabric.latency_seconds + 2 * spec_.inter_domain.latency_seconds;
+    return route;
+  }
+
+  //! The time `bytes[s][d]` take as fluid flows over the links they cross, sharing each link
+  //! max-min fairly (the diagonal is a local copy, not a message). The links: a GPU's port out and
+  //! in, its PCIe out and in; a node's NICs out and in; a domain's fabric and WAN uplink out and in.
+  //! A bandwidth of 0 (a non-blocking fabric) limits nothing.
+  [[nodiscard]] double makespan(matrix const& bytes) const {
+    std::int32_t const R = topo_.num_ranks(), N = topo_.num_nodes(), D = topo_.num_domains();
+    std::int32_t const port_out = 0, port_in = R, pcie_out = 2 * R, pcie_in = 3 * R, nic_out = 4 * R, nic_in = 4 * R + N,
+                       fabric = 4 * R + 2 * N, wan_out = fabric + D, wan_in = fabric + 2 * D, links = fabric + 3 * D;
+    std::vector<double> capacity(static_cast<std::size_t>(links), 0.0);
+    auto set = [&](std::int32_t first, std::int32_t count, double bandwidth) {
+      for (std::int32_t l = first; l < first + count; ++l) capacity[static_cast<std::size_t>(l)] = bandwidth;
+    };
+    set(port_out, 2 * R, spec_.intra_node.bytes_per_second);
+    set(pcie_out, 2 * R, spec_.pcie.bytes_per_second);
+    set(nic_out, 2 * N, spec_.nics_per_node * spec_.nic.bytes_per_second);
+    set(fabric, D, spec_.fabric.bytes_per_second);
+    set(wan_out, 2 * D, spec_.inter_domain.bytes_per_second);
+    detail::fluid_flows flows;
+    for (std::int32_t s = 0; s < R; ++s)
+      for (std::int32_t d = 0; d < R; ++d) {
+        double const b = bytes[cell(s, d)];
+        if (s == d || b <= 0) continue;
+        std::int32_t path[7];
+        int n = 0;
+        if (topo_.same_node(s, d)) {
+          path[n++] = (spec_.intra_node_over_pcie ? pcie_out : port_out) + s;
+          path[n++] = (spec_.intra_node_over_pcie ? pcie_in : port_in) + d;
+        } else {
+          path[n++] = pcie_out + s;
+          path[n++] = pcie_in + d;
+          path[n++] = nic_out + topo_.node_of(s);
+          path[n++] = nic_in + topo_.node_of(d);
+          if (topo_.same_domain(s, d)) {
+            path[n++] = fabric + topo_.domain_of(s);
+          } else {
+            path[n++] = wan_out + topo_.domain_of(s);
+            path[n++] = wan_in + topo_.domain_of(d);
+          }
+        }
+        flows.add(b, path, n, capacity);
+      }
+    return flows.makespan(capacity);
+  }
+
   //! Every rank sends `bytes` to the next (over all ranks, or inside each node).
   [[nodiscard]] matrix ring(double bytes, bool in_node) const {
     std::int32_t const R = topo_.num_ranks(), n = in_node ? topo_.ranks_per_node() : R;

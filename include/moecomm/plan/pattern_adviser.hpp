@@ -7,11 +7,11 @@
 //! run their own exchange; this compares the published patterns on one cost model.
 //!
 //! @code
-//! moecomm::pattern_adviser const adviser(platform.spec(), moecomm::topology(64, 8), gpt, {256, 2048, 2});
+//! moecomm::pattern_adviser const adviser(platform.spec(), moecomm::topology(64, 8), gpt, {256, 2048, 2, 8});  // 8 slots a GPU
 //! for (auto const& p : adviser.rank(routing_of_every_rank)) std::cout << p.pattern << " " << p.setting << "\n";
 //! @endcode
 //!
-//! The candidates, on the same experts (E / R per rank, expert e on rank e / (E / R)):
+//! The candidates that hold every expert once (E / R per rank, expert e on rank e / (E / R)):
 //! - `expert_parallel` with each exchange `exchange_adviser` ranks (`flat`, `hierarchical_2d`,
 //!   `dedup_per_rank`, `dedup_per_node`), and with the smart schedule (FasterMoE §4.2,
 //!   `smart_schedule{g}`) for each group size g that divides R (powers of two below R);
@@ -19,35 +19,57 @@
 //!   smart schedule, its replicas moved on `collective_path`;
 //! - `pro_prophet`: Pro-Prophet's planner (replicas on subsets, `proprophet_params()`), `flat`, its
 //!   transfers exposed (the planner without the block-wise scheduler).
-//! Each is priced as the layer runs it (`expert_parallel_layer`), on `link_model`:
+//! When `moe.slots_per_rank` gives a rank room for more than E / R experts, the layouts that hold
+//! experts several times, each with every exchange:
+//! - `expert_data_parallel`: Megatron-LM's EP x expert-DP, plain EP inside groups of P consecutive
+//!   ranks (each its own communicator), every group holding every expert, for each P that fits;
+//! - `finemoe`: FineMoE's exact min-max split over its `symmetric` placement (`cyclic`, when R·S / E
+//!   divides R) and its `asymmetric` one (`from_loads` on this step's loads, its re-placement's
+//!   steady state);
+//! - `flexmoe`: FlexMoE's even split over the placement its planner settles on for this step's loads
+//!   (`flexmoe_options()`, from `from_loads` on equal loads; the moves themselves are not priced).
+//! Each is priced as the layer runs it (`expert_parallel_layer`, `replicated_expert_layer`), on
+//! `link_model`:
 //! - a non-pipelined step is `route`, then dispatch, the experts' forward and combine, then the
 //!   backward's dispatch, the experts' backward and combine; the exchanges are `exchange_adviser`'s
-//!   (the backward's equal the forward's), the experts the busiest rank's GEMMs, one per expert at
-//!   its rows' roofline (`cluster_spec::gemm_seconds`), the backward twice the forward's FLOPs;
+//!   (the backward's equal the forward's), the experts the busiest rank's GEMMs, one per expert (per
+//!   slot) at its rows' roofline (`cluster_spec::gemm_seconds`), the backward twice the forward's FLOPs;
 //! - a shadowed step adds the plan's rebuild, one broadcast (forward) and one reduce (backward) per
 //!   replicated expert over every rank (`link_model::chain_seconds`), and drops the replicated
 //!   experts' rows from the exchange: each rank that holds a replica computes its own rows of it;
+//! - a replicated layout's step is the exchange of its slots (each slot relabeled to the replica its
+//!   split gives it, as the layer's runs do), after the layer's all-gather of the real counts and
+//!   their plan; each expert's gradient is all-reduced over its replicas once per iteration (the
+//!   trainer's expert-DP reduction, `replica_gradients::left_to_trainer`), the replica groups of a
+//!   slot row side by side (`link_model::allreduce_seconds`), one row after the other;
 //! - the smart schedule's R / g pairwise rounds run one after the other while a lane computes each
 //!   round's rows (one GEMM per source rank and expert) as soon as they arrive, then each round's
 //!   results return as soon as they are computed; the adviser runs that pipeline per rank.
-//! - the iteration is `moe_layers` layer steps and `iteration_model`'s rest (the dense compute, the
-//!   gradients' all-reduce, the optimizer over the rank's share of the experts).
+//! - the iteration is, per MoE layer, a step per micro-batch and one gradient sync, and
+//!   `iteration_model`'s rest (the dense compute, the gradients' all-reduce, the optimizer over the
+//!   rank's experts or slots): the more micro-batches an iteration accumulates, the less the
+//!   replicated layouts' sync weighs.
 //! What it leaves out: everything `link_model` leaves out (notably the SMs communication takes from
 //! overlapped compute), FasterMoE's and Pro-Prophet's overlap of the replicas' transfers with other
-//! blocks, and the patterns on other layouts (Parm's MP x EP x ESP, HybridEP's domains, FlexMoE's and
-//! FineMoE's replica placements); docs/performance.md, "The pattern adviser", validates the rest
+//! blocks, FlexMoE's and FineMoE's replica moves (amortised over their intervals), the memory the
+//! replicas' optimizer state takes beyond the slots, and the patterns on other layouts (Parm's MP x
+//! EP x ESP, HybridEP's domains); docs/performance.md, "The pattern adviser", validates the rest
 //! against the simulation.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/placement.hpp>
+#include <moecomm/core/replica_placement.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/plan/cost_model.hpp>
 #include <moecomm/plan/exchange_adviser.hpp>
+#include <moecomm/plan/flexmoe_planner.hpp>
 #include <moecomm/plan/iteration_model.hpp>
 #include <moecomm/plan/link_model.hpp>
 #include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/plan/replica_assignment.hpp>
+#include <moecomm/plan/replica_schedule.hpp>
 #include <moecomm/plan/shadow_selection.hpp>
 
 #include <algorithm>
@@ -64,20 +86,36 @@ struct moe_layer_shape {
   std::int32_t num_experts = 0;
   std::int64_t expert_ffn = 0;
   double element_bytes = 2;
+  //! S, the expert slots of memory a rank gives each MoE layer, in [E / R, E]; 0 means E / R (each
+  //! expert held once). Above E / R, the layouts that replicate experts become candidates.
+  std::int32_t slots_per_rank = 0;
 };
 
 //! One candidate's predicted times (seconds).
 struct pattern_prediction {
-  std::string pattern;        //!< the layer's shadowing: "expert_parallel" (none), "fastermoe", "pro_prophet"
+  //! "expert_parallel", "fastermoe", "pro_prophet" (every expert held once, the last two shadowing
+  //! some), "expert_data_parallel", "finemoe", "flexmoe" (experts replicated in `slots_per_rank`)
+  std::string pattern;
   std::string setting;        //!< its exchange: "flat", "hierarchical_2d", "dedup_per_rank", "dedup_per_node", "smart_schedule{4}"
-  std::int32_t replicated = 0;  //!< experts the planner replicated (shadowing patterns)
+  //! How the replicated layouts hold the experts: "EP 8 x EDP 2" (`expert_data_parallel`),
+  //! "symmetric" or "asymmetric" (`finemoe`), "planned" (`flexmoe`); empty for the others.
+  std::string placement;
+  std::int32_t ep_size = 0;     //!< ranks of an expert-parallel group: R, or `expert_data_parallel`'s P
+  //! The replicated layouts' slot table `[rank * S + local]` (`replica_placement::slot_experts`;
+  //! the expert in each slot, -1 empty); empty when every expert is held once.
+  std::vector<std::int32_t> slot_experts;
+  std::int32_t replicated = 0;  //!< experts held more than once (the shadowing patterns': those the planner replicated)
   double exchange_seconds = 0;  //!< route and the row exchanges of forward and backward, with their memory passes
   double compute_seconds = 0;   //!< the experts' forward and backward on the busiest rank
   double replica_seconds = 0;   //!< the replicas' parameters out and gradients back
   //! One MoE layer step, forward and backward: the parts' sum, or less when the smart schedule
   //! overlaps the exchange with the experts.
   double layer_seconds = 0;
-  double iteration_seconds = 0; //!< `moe_layers` layer steps and the rest of the iteration
+  //! The replicated layouts: each expert's gradient all-reduced over its replicas, once per
+  //! iteration and MoE layer (the trainer's expert-data-parallel reduction, outside the layer step).
+  double gradient_sync_seconds = 0;
+  //! `moe_layers` times (`micro_batches` layer steps and one gradient sync), and the rest of the iteration
+  double iteration_seconds = 0;
 };
 
 class pattern_adviser {
@@ -93,7 +131,10 @@ class pattern_adviser {
                     " must be a positive multiple of the ", R, " ranks");
     detail::require(moe.expert_ffn > 0, op, "moe.expert_ffn = ", moe.expert_ffn, " must be positive");
     detail::require(moe.element_bytes > 0, op, "moe.element_bytes = ", moe.element_bytes, " must be positive");
-    expert_chain_seconds_ = links_.chain_seconds(2.0 * static_cast<double>(hidden()) * static_cast<double>(moe.expert_ffn) * moe.element_bytes);
+    detail::require(moe.slots_per_rank == 0 || (moe.slots_per_rank >= moe.num_experts / R && moe.slots_per_rank <= moe.num_experts), op,
+                    "moe.slots_per_rank = ", moe.slots_per_rank, " must be 0 or in [num_experts / ranks = ", moe.num_experts / R,
+                    ", num_experts = ", moe.num_experts, "]");
+    expert_chain_seconds_ = links_.chain_seconds(expert_parameters() * moe.element_bytes);
   }
 
   //! FasterMoE's model as the adviser plans shadowing with it: the experts' shape, GEMMs at the
@@ -158,32 +199,86 @@ class pattern_adviser {
     std::vector<pattern_prediction> out;
     std::vector<std::uint8_t> const none(static_cast<std::size_t>(R) * static_cast<std::size_t>(E), 0);
     for (exchange_prediction const& x : exchanges_.rank(routing, E, row_bytes()))
-      out.push_back(layered("expert_parallel", x.algorithm, x, s, none, 0));
+      out.push_back(shadowed("expert_parallel", x.algorithm, x, s, none, 0));
     for (std::int32_t g : group_sizes()) out.push_back(pipelined("expert_parallel", g, s, none, 0));
 
-    std::vector<std::int64_t> counts(static_cast<std::size_t>(R) * static_cast<std::size_t>(E));
-    for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = s.counts[i];
-    array_view<std::int64_t const> const counts_view{counts.data(), static_cast<std::int64_t>(counts.size())};
+    array_view<std::int64_t const> const counts_view{s.slots.data(), static_cast<std::int64_t>(s.slots.size())};
     std::vector<std::int32_t> owner(static_cast<std::size_t>(E));
     for (std::int32_t e = 0; e < E; ++e) owner[static_cast<std::size_t>(e)] = e / (E / R);
 
     shadow_decision const faster = select_shadowed_experts(fastermoe_cost_model(fastermoe_params()), links_.topo(), owner, counts_view);
-    std::vector<std::uint8_t> const shadowed = holders(faster);
+    std::vector<std::uint8_t> const faster_home = holders(faster);
     auto const n_faster = static_cast<std::int32_t>(faster.shadowed.size());
-    out.push_back(layered("fastermoe", "flat", exchange_without(routing, shadowed), s, shadowed, n_faster));
-    for (std::int32_t g : group_sizes()) out.push_back(pipelined("fastermoe", g, s, shadowed, n_faster));
+    out.push_back(shadowed("fastermoe", "flat", exchange_without(routing, faster_home), s, faster_home, n_faster));
+    for (std::int32_t g : group_sizes()) out.push_back(pipelined("fastermoe", g, s, faster_home, n_faster));
 
     shadow_decision const prophet = select_proprophet_replicas(proprophet_cost_model(proprophet_params()), links_.topo(), owner,
                                                                counts_view, proprophet_options());
-    std::vector<std::uint8_t> const replicated = holders(prophet);
-    out.push_back(layered("pro_prophet", "flat", exchange_without(routing, replicated), s, replicated,
-                          static_cast<std::int32_t>(prophet.shadowed.size())));
+    std::vector<std::uint8_t> const prophet_home = holders(prophet);
+    out.push_back(shadowed("pro_prophet", "flat", exchange_without(routing, prophet_home), s, prophet_home,
+                           static_cast<std::int32_t>(prophet.shadowed.size())));
+
+    std::int32_t const S = slots();
+    if (S > local_experts()) {
+      for (std::int32_t P : ep_group_sizes())
+        add_replicated(out, routing, s, "expert_data_parallel", "EP " + std::to_string(P) + " x EDP " + std::to_string(R / P),
+                       replica_placement::per_domain(R, E / P, P), split::in_group, P);
+      if ((R * S) % E == 0 && R % (R * S / E) == 0)
+        add_replicated(out, routing, s, "finemoe", "symmetric", replica_placement::cyclic(R, S, R * S / E), split::min_max, R);
+      std::vector<double> const loads(s.loads.begin(), s.loads.end());
+      add_replicated(out, routing, s, "finemoe", "asymmetric", replica_placement::from_loads(R, S, loads, placement_seed), split::min_max, R);
+      add_replicated(out, routing, s, "flexmoe", "planned", flexmoe_placement(s.loads), split::even, R);
+    }
 
     std::stable_sort(out.begin(), out.end(), [](auto const& a, auto const& b) { return a.iteration_seconds < b.iteration_seconds; });
     return out;
   }
 
+  //! FlexMoE's planner options as the adviser plans with them: a token row's GEMMs (forward and
+  //! backward, at the large-GEMM rate) and its four crossings at a GPU's share of the links (as
+  //! `proprophet_params`), an expert's parameters and Adam's 12 bytes of state each moved at that
+  //! share, FlexMoE's interval of 50 steps.
+  [[nodiscard]] flexmoe_planner_options flexmoe_options() const {
+    proprophet_cost_params const shares = proprophet_params();
+    flexmoe_planner_options o;
+    double const row_flops = 4.0 * static_cast<double>(hidden()) * static_cast<double>(moe_.expert_ffn);
+    o.seconds_per_row = 3 * row_flops / links_.spec().gemm_flops() + 4 * row_bytes() / shares.trans_bandwidth;
+    o.bytes_per_replica = expert_parameters() * (moe_.element_bytes + 12);
+    o.move_bytes_per_second = shares.trans_bandwidth;
+    return o;
+  }
+
+  //! FlexMoE's placement once its planner has settled on `loads` (`[E]`, each expert's slots in
+  //! a step): from every expert replicated alike (`from_loads` on equal loads), each interval's
+  //! moves applied, until an interval plans none (at most `flexmoe_intervals`).
+  [[nodiscard]] replica_placement flexmoe_placement(std::vector<std::int64_t> const& loads) const {
+    std::int32_t const E = moe_.num_experts;
+    replica_placement p = replica_placement::from_loads(links_.ranks(), slots(), std::vector<double>(static_cast<std::size_t>(E), 1.0), placement_seed);
+    flexmoe_planner_options const options = flexmoe_options();
+    for (int i = 0; i < flexmoe_intervals; ++i) {
+      placement_decision const d = plan_replica_moves(p, {loads.data(), E}, options);
+      if (d.moves.empty()) break;
+      p = apply_replica_moves(p, {d.moves.data(), static_cast<std::int64_t>(d.moves.size())});
+    }
+    return p;
+  }
+
+  //! `expert_data_parallel`'s EP group sizes: the divisors P < R of R that divide E with E / P
+  //! experts fitting in `slots_per_rank`.
+  [[nodiscard]] std::vector<std::int32_t> ep_group_sizes() const {
+    std::vector<std::int32_t> sizes;
+    for (std::int32_t P = 1; P < links_.ranks(); ++P)
+      if (links_.ranks() % P == 0 && moe_.num_experts % P == 0 && moe_.num_experts / P <= slots()) sizes.push_back(P);
+    return sizes;
+  }
+
+  //! S: `moe.slots_per_rank`, or E / R when it is 0.
+  [[nodiscard]] std::int32_t slots() const { return moe_.slots_per_rank > 0 ? moe_.slots_per_rank : local_experts(); }
+
   [[nodiscard]] iteration_model const& iteration() const noexcept { return iteration_; }
+
+  static constexpr std::uint64_t placement_seed = 1;  //!< `from_loads`' draw, for FineMoE's asymmetric and FlexMoE's first placements
+  static constexpr int flexmoe_intervals = 16;
 
  private:
   static constexpr char const* op = "pattern_adviser";
@@ -191,6 +286,8 @@ class pattern_adviser {
   //! One routing step: `counts[s][e]`, the slots rank s routes to expert e, and each rank's tokens.
   struct step {
     std::vector<double> counts, tokens;
+    std::vector<std::int64_t> slots;  //!< `counts` as integers, for the planners
+    std::vector<std::int64_t> loads;  //!< `[E]`: every rank's slots of each expert
   };
 
   [[nodiscard]] std::int64_t hidden() const { return iteration_.shape().hidden; }
@@ -202,7 +299,9 @@ class pattern_adviser {
 
   [[nodiscard]] step count(std::vector<routing_view> const& routing) const {
     std::int32_t const R = links_.ranks(), E = moe_.num_experts;
-    step s{std::vector<double>(static_cast<std::size_t>(R) * static_cast<std::size_t>(E), 0.0), std::vector<double>(static_cast<std::size_t>(R), 0.0)};
+    std::size_t const cells = static_cast<std::size_t>(R) * static_cast<std::size_t>(E);
+    step s{std::vector<double>(cells, 0.0), std::vector<double>(static_cast<std::size_t>(R), 0.0), std::vector<std::int64_t>(cells, 0),
+           std::vector<std::int64_t>(static_cast<std::size_t>(E), 0)};
     for (std::int32_t r = 0; r < R; ++r) {
       routing_view const& v = routing[static_cast<std::size_t>(r)];
       detail::require(v.top_k > 0 && v.top_k == routing[0].top_k, op, "routing[", r, "].top_k = ", v.top_k,
@@ -214,7 +313,7 @@ class pattern_adviser {
         std::int32_t const e = v.topk_idx[i];
         detail::require(e >= -1 && e < E, op, "routing[", r, "] token ", i / v.top_k, " slot ", i % v.top_k, " names expert ",
                         e, ", not one of the ", E, " (or -1)");
-        if (e >= 0) s.counts[at(r, e)] += 1;
+        if (e >= 0) s.counts[at(r, e)] += 1, s.slots[at(r, e)] += 1, s.loads[static_cast<std::size_t>(e)] += 1;
       }
     }
     return s;
@@ -295,33 +394,138 @@ class pattern_adviser {
   //! every rank (`collective_path`, whatever the subsets).
   [[nodiscard]] double replica_seconds(std::int32_t n) const { return 2.0 * n * expert_chain_seconds_; }
 
-  //! The iteration around `p.layer_seconds`.
-  void finish(pattern_prediction& p) const {
-    double const expert_parameters = local_experts() * 2.0 * static_cast<double>(hidden()) * static_cast<double>(moe_.expert_ffn);
-    p.iteration_seconds = iteration_.iteration_seconds(p.layer_seconds, expert_parameters);
+  //! One expert's parameters: two H x F matrices.
+  [[nodiscard]] double expert_parameters() const { return 2.0 * static_cast<double>(hidden()) * static_cast<double>(moe_.expert_ffn); }
+
+  //! The iteration around `p.layer_seconds` and `p.gradient_sync_seconds`, a rank holding `slots` experts.
+  void finish(pattern_prediction& p, std::int32_t slots) const {
+    p.iteration_seconds = iteration_.iteration_seconds(p.layer_seconds, slots * expert_parameters(), p.gradient_sync_seconds);
   }
 
-  //! A step whose exchanges are `x` (forward and, alike, backward) and whose experts wait for them.
-  [[nodiscard]] pattern_prediction layered(char const* pattern, std::string setting, exchange_prediction const& x, step const& s,
-                                           std::vector<std::uint8_t> const& home, std::int32_t replicated) const {
-    std::int32_t const R = links_.ranks();
-    pattern_prediction p{pattern, std::move(setting), replicated};
+  //! The busiest rank's forward when the ranks marked in `home` compute their own rows of an expert.
+  [[nodiscard]] double busiest_forward(step const& s, std::vector<std::uint8_t> const& home) const {
     double busiest = 0;
-    for (std::int32_t d = 0; d < R; ++d) busiest = std::max(busiest, rank_forward(s, home, d));
-    p.exchange_seconds = x.route_seconds + 2 * (x.dispatch_seconds + x.combine_seconds) +
-                         (replicated > 0 ? links_.launches(exchange_adviser::plan_kernels) : 0.0);
+    for (std::int32_t d = 0; d < links_.ranks(); ++d) busiest = std::max(busiest, rank_forward(s, home, d));
+    return busiest;
+  }
+
+  //! A step whose exchanges are `x` (forward and, alike, backward) and whose experts wait for them:
+  //! `busiest` the busiest rank's forward, `plans` the route's launches beyond the exchange's, `replicas`
+  //! the replicas' broadcasts and reduces.
+  [[nodiscard]] pattern_prediction layered(char const* pattern, std::string setting, exchange_prediction const& x, double busiest,
+                                           double plans, double replicas) const {
+    pattern_prediction p;
+    p.pattern = pattern;
+    p.setting = std::move(setting);
+    p.ep_size = links_.ranks();
+    p.exchange_seconds = x.route_seconds + 2 * (x.dispatch_seconds + x.combine_seconds) + plans;
     p.compute_seconds = 3 * busiest;
-    p.replica_seconds = replica_seconds(replicated);
+    p.replica_seconds = replicas;
     p.layer_seconds = p.exchange_seconds + p.compute_seconds + p.replica_seconds;
-    finish(p);
     return p;
+  }
+
+  //! A shadowing pattern's (or plain EP's, `replicated` = 0) layered step: the plan rebuilt when
+  //! experts are replicated, their chains out and back.
+  [[nodiscard]] pattern_prediction shadowed(char const* pattern, std::string setting, exchange_prediction const& x, step const& s,
+                                            std::vector<std::uint8_t> const& home, std::int32_t replicated) const {
+    pattern_prediction p = layered(pattern, std::move(setting), x, busiest_forward(s, home),
+                                   replicated > 0 ? links_.launches(exchange_adviser::plan_kernels) : 0.0, replica_seconds(replicated));
+    p.replicated = replicated;
+    finish(p, local_experts());
+    return p;
+  }
+
+  //! How a replicated layout splits each expert's tokens over its replicas.
+  enum class split {
+    min_max,  //!< FineMoE's exact min-max schedule and Algorithm 1
+    even,     //!< FlexMoE's: each rank's tokens shared evenly
+    in_group  //!< Megatron's expert data parallelism: each rank's tokens to its own EP group's replica
+  };
+
+  //! The candidates of a layout that holds experts in `placement`'s slots, one per exchange, each
+  //! priced as `replicated_expert_layer` runs it (the real counts' all-gather and plan, the split,
+  //! the slots' exchange, one GEMM per slot), or, `in_group`, as plain EP on each group's own
+  //! communicator, the groups side by side. The replicas' gradients are summed once per iteration.
+  void add_replicated(std::vector<pattern_prediction>& out, std::vector<routing_view> const& routing, step const& s, char const* pattern,
+                      std::string const& name, replica_placement const& placement, split how, std::int32_t ep_size) const {
+    std::int32_t const R = links_.ranks(), E = moe_.num_experts, S = placement.slots_per_rank();
+    replica_sets const sets = replica_sets_of(placement);
+    array_view<std::int64_t const> const counts_view{s.slots.data(), static_cast<std::int64_t>(s.slots.size())};
+    replica_assignment a;
+    if (how == split::min_max) assign_tokens_finemoe(sets, counts_view, schedule_replicas(sets, s.loads).split, a);
+    if (how == split::even) assign_tokens_evenly(sets, counts_view, a);
+    if (how == split::in_group) assign_tokens_in_domain(sets, counts_view, [ep_size](std::int32_t r) { return r / ep_size; }, a);
+    // Each slot relabeled to its replica's slot id (the layer's runs: a rank's rows of an expert
+    // in (token, slot) order, its own replica's first).
+    std::vector<std::vector<std::int32_t>> ids(routing.size());
+    std::vector<routing_view> by_slot(routing);
+    std::vector<std::int64_t> position(static_cast<std::size_t>(E));
+    for (std::int32_t r = 0; r < R; ++r) {
+      routing_view const& v = routing[static_cast<std::size_t>(r)];
+      std::vector<std::int32_t>& id = ids[static_cast<std::size_t>(r)];
+      id.assign(v.topk_idx, v.topk_idx + v.num_tokens * v.top_k);
+      std::fill(position.begin(), position.end(), 0);
+      for (std::int32_t& e : id) {
+        if (e < 0) continue;
+        std::int32_t const j = a.replica_of(sets, r, e, position[static_cast<std::size_t>(e)]++);
+        e = sets.ranks[static_cast<std::size_t>(sets.offsets[static_cast<std::size_t>(e)] + j)] * S + placement.local_index_of(e);
+      }
+      by_slot[static_cast<std::size_t>(r)].topk_idx = id.data();
+    }
+    // The rows each slot computes; the busiest rank's forward, one GEMM per slot.
+    std::vector<double> slot_rows(static_cast<std::size_t>(R) * static_cast<std::size_t>(S), 0.0);
+    std::size_t const K = sets.ranks.size();
+    for (std::int32_t e = 0; e < E; ++e)
+      for (std::int32_t k = sets.offsets[static_cast<std::size_t>(e)]; k < sets.offsets[static_cast<std::size_t>(e) + 1]; ++k)
+        for (std::int32_t r = 0; r < R; ++r)
+          slot_rows[static_cast<std::size_t>(sets.ranks[static_cast<std::size_t>(k)] * S + placement.local_index_of(e))] +=
+              static_cast<double>(a.take[static_cast<std::size_t>(r) * K + static_cast<std::size_t>(k)]);
+    double busiest = 0;
+    for (std::int32_t d = 0; d < R; ++d) {
+      double t = 0;
+      for (std::int32_t l = 0; l < S; ++l) t += expert_forward(slot_rows[static_cast<std::size_t>(d * S + l)]);
+      busiest = std::max(busiest, t);
+    }
+    // The gradients' sync: per slot row, the replica groups of its experts side by side.
+    double sync = 0;
+    std::int32_t replicated = 0;
+    double const gradient_bytes = expert_parameters() * iteration_.shape().gradient_bytes;
+    for (std::int32_t l = 0; l < S; ++l) {
+      std::vector<std::vector<std::int32_t>> groups;
+      for (std::int32_t e = 0; e < E; ++e)
+        if (placement.local_index_of(e) == l && placement.replica_count(e) > 1)
+          groups.emplace_back(sets.ranks.begin() + sets.offsets[static_cast<std::size_t>(e)],
+                              sets.ranks.begin() + sets.offsets[static_cast<std::size_t>(e) + 1]);
+      replicated += static_cast<std::int32_t>(groups.size());
+      sync += links_.allreduce_seconds(groups, gradient_bytes);
+    }
+    // In groups, each group's plain EP routes its own counts; replicated, the layer first
+    // all-gathers the real counts and builds their plan.
+    double const plans = how == split::in_group ? 0.0 : links_.allgather_seconds(8.0 * E) + links_.launches(exchange_adviser::plan_kernels);
+    bool const group_in_node = ep_size <= links_.topo().ranks_per_node();
+    for (exchange_prediction const& x : exchanges_.rank(by_slot, R * S, row_bytes())) {
+      if (how == split::in_group && group_in_node && (x.algorithm == "hierarchical_2d" || x.algorithm == "dedup_per_node")) continue;
+      pattern_prediction p = layered(pattern, x.algorithm, x, busiest, plans, 0.0);
+      p.placement = name;
+      p.ep_size = ep_size;
+      p.slot_experts = placement.slot_experts();
+      p.replicated = replicated;
+      p.gradient_sync_seconds = sync;
+      finish(p, S);
+      out.push_back(std::move(p));
+    }
   }
 
   //! The smart schedule with groups of `g` (see the file comment), `home` computed first on the lane.
   [[nodiscard]] pattern_prediction pipelined(char const* pattern, std::int32_t g, step const& s, std::vector<std::uint8_t> const& home,
                                              std::int32_t replicated) const {
     std::int32_t const R = links_.ranks(), G = R / g, L = local_experts();
-    pattern_prediction p{pattern, "smart_schedule{" + std::to_string(g) + "}", replicated};
+    pattern_prediction p;
+    p.pattern = pattern;
+    p.setting = "smart_schedule{" + std::to_string(g) + "}";
+    p.ep_size = R;
+    p.replicated = replicated;
     // The slot rows each rank sends each other (its own included), the replicas' taken out.
     link_model::matrix rows = links_.zeros();
     for (std::int32_t r = 0; r < R; ++r)
@@ -377,7 +581,7 @@ class pattern_adviser {
     p.exchange_seconds = route + 4 * passes + 2 * rounds;
     p.replica_seconds = replica_seconds(replicated);
     p.layer_seconds = route + 4 * passes + span[0] + span[1] + p.replica_seconds;
-    finish(p);
+    finish(p, L);
     return p;
   }
 

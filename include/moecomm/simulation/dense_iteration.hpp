@@ -23,11 +23,11 @@
 
 MOECOMM_NAMESPACE_BEGIN
 
-//! Charges this rank with the forward and backward outside `shape`'s MoE layers.
+//! Charges this rank with the forward and backward outside `shape`'s MoE layers, every micro-batch's.
 //! @throws error (invalid_argument) from `shape.validate()`.
 inline void simulate_dense_compute(transformer_shape const& shape) {
   shape.validate();
-  detail::charge_flops(3 * shape.dense_forward_flops());
+  detail::charge_flops(shape.micro_batches * 3 * shape.dense_forward_flops());
 }
 
 //! The end of an iteration on this rank: the all-reduce of `shape`'s dense gradients on `comm`,
