@@ -273,6 +273,8 @@ TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a mult
   CHECK_THROWS_WITH((void)adviser.rank(one.views), doctest::Contains("argument 'routing' has 1 ranks' routings"));
   top1 const out_of_range({5, 5}, {0, 2});
   CHECK_THROWS_WITH((void)adviser.rank(out_of_range.views), doctest::Contains("routing[1] token 0 slot 0 names expert 2"));
+  CHECK_THROWS_WITH((void)moecomm::pattern_adviser(spec, topo, small_model(), {2, F, 4, 2}).flexmoe_placement({5}),
+                    doctest::Contains("argument 'loads' has 1 entries; the layer has 2 experts"));
 }
 
 }  // namespace test

@@ -202,18 +202,17 @@ class pattern_adviser {
       out.push_back(shadowed("expert_parallel", x.algorithm, x, s, none, 0));
     for (std::int32_t g : group_sizes()) out.push_back(pipelined("expert_parallel", g, s, none, 0));
 
-    array_view<std::int64_t const> const counts_view{s.slots.data(), static_cast<std::int64_t>(s.slots.size())};
     std::vector<std::int32_t> owner(static_cast<std::size_t>(E));
     for (std::int32_t e = 0; e < E; ++e) owner[static_cast<std::size_t>(e)] = e / (E / R);
 
-    shadow_decision const faster = select_shadowed_experts(fastermoe_cost_model(fastermoe_params()), links_.topo(), owner, counts_view);
+    shadow_decision const faster = select_shadowed_experts(fastermoe_cost_model(fastermoe_params()), links_.topo(), owner, s.counts_view());
     std::vector<std::uint8_t> const faster_home = holders(faster);
     auto const n_faster = static_cast<std::int32_t>(faster.shadowed.size());
     out.push_back(shadowed("fastermoe", "flat", exchange_without(routing, faster_home), s, faster_home, n_faster));
     for (std::int32_t g : group_sizes()) out.push_back(pipelined("fastermoe", g, s, faster_home, n_faster));
 
     shadow_decision const prophet = select_proprophet_replicas(proprophet_cost_model(proprophet_params()), links_.topo(), owner,
-                                                               counts_view, proprophet_options());
+                                                               s.counts_view(), proprophet_options());
     std::vector<std::uint8_t> const prophet_home = holders(prophet);
     out.push_back(shadowed("pro_prophet", "flat", exchange_without(routing, prophet_home), s, prophet_home,
                            static_cast<std::int32_t>(prophet.shadowed.size())));
@@ -251,8 +250,12 @@ class pattern_adviser {
   //! FlexMoE's placement once its planner has settled on `loads` (`[E]`, each expert's slots in
   //! a step): from every expert replicated alike (`from_loads` on equal loads), each interval's
   //! moves applied, until an interval plans none (at most `flexmoe_intervals`).
+  //! @throws error (invalid_argument) naming `loads` when it has not one entry per expert (a negative
+  //!   one: `plan_replica_moves`' error).
   [[nodiscard]] replica_placement flexmoe_placement(std::vector<std::int64_t> const& loads) const {
     std::int32_t const E = moe_.num_experts;
+    detail::require(loads.size() == static_cast<std::size_t>(E), "pattern_adviser::flexmoe_placement", "argument 'loads' has ",
+                    loads.size(), " entries; the layer has ", E, " experts");
     replica_placement p = replica_placement::from_loads(links_.ranks(), slots(), std::vector<double>(static_cast<std::size_t>(E), 1.0), placement_seed);
     flexmoe_planner_options const options = flexmoe_options();
     for (int i = 0; i < flexmoe_intervals; ++i) {
@@ -283,12 +286,16 @@ class pattern_adviser {
  private:
   static constexpr char const* op = "pattern_adviser";
 
-  //! One routing step: `counts[s][e]`, the slots rank s routes to expert e, and each rank's tokens.
+  //! One routing step: `counts[s][e]`, the slots rank s routes to expert e; `loads[e]`, every
+  //! rank's slots of expert e; each rank's tokens.
   struct step {
-    std::vector<double> counts, tokens;
-    std::vector<std::int64_t> slots;  //!< `counts` as integers, for the planners
-    std::vector<std::int64_t> loads;  //!< `[E]`: every rank's slots of each expert
+    std::vector<std::int64_t> counts, loads;
+    std::vector<double> tokens;
+    [[nodiscard]] array_view<std::int64_t const> counts_view() const { return {counts.data(), static_cast<std::int64_t>(counts.size())}; }
   };
+
+  //! `s.counts[r][e]` as rows to price.
+  [[nodiscard]] double rows(step const& s, std::int32_t r, std::int32_t e) const { return static_cast<double>(s.counts[at(r, e)]); }
 
   [[nodiscard]] std::int64_t hidden() const { return iteration_.shape().hidden; }
   [[nodiscard]] double row_bytes() const { return static_cast<double>(hidden()) * moe_.element_bytes; }
@@ -300,8 +307,8 @@ class pattern_adviser {
   [[nodiscard]] step count(std::vector<routing_view> const& routing) const {
     std::int32_t const R = links_.ranks(), E = moe_.num_experts;
     std::size_t const cells = static_cast<std::size_t>(R) * static_cast<std::size_t>(E);
-    step s{std::vector<double>(cells, 0.0), std::vector<double>(static_cast<std::size_t>(R), 0.0), std::vector<std::int64_t>(cells, 0),
-           std::vector<std::int64_t>(static_cast<std::size_t>(E), 0)};
+    step s{std::vector<std::int64_t>(cells, 0), std::vector<std::int64_t>(static_cast<std::size_t>(E), 0),
+           std::vector<double>(static_cast<std::size_t>(R), 0.0)};
     for (std::int32_t r = 0; r < R; ++r) {
       routing_view const& v = routing[static_cast<std::size_t>(r)];
       detail::require(v.top_k > 0 && v.top_k == routing[0].top_k, op, "routing[", r, "].top_k = ", v.top_k,
@@ -313,7 +320,7 @@ class pattern_adviser {
         std::int32_t const e = v.topk_idx[i];
         detail::require(e >= -1 && e < E, op, "routing[", r, "] token ", i / v.top_k, " slot ", i % v.top_k, " names expert ",
                         e, ", not one of the ", E, " (or -1)");
-        if (e >= 0) s.counts[at(r, e)] += 1, s.slots[at(r, e)] += 1, s.loads[static_cast<std::size_t>(e)] += 1;
+        if (e >= 0) ++s.counts[at(r, e)], ++s.loads[static_cast<std::size_t>(e)];
       }
     }
     return s;
@@ -362,10 +369,10 @@ class pattern_adviser {
     std::int32_t const L = local_experts(), R = links_.ranks();
     double t = home_forward(s, home, d);
     for (std::int32_t e = d * L; e < (d + 1) * L; ++e) {
-      double rows = 0;
+      double sum = 0;
       for (std::int32_t r = 0; r < R; ++r)
-        if (!home[at(r, e)]) rows += s.counts[at(r, e)];
-      t += expert_forward(rows);
+        if (!home[at(r, e)]) sum += rows(s, r, e);
+      t += expert_forward(sum);
     }
     return t;
   }
@@ -374,7 +381,7 @@ class pattern_adviser {
   [[nodiscard]] double home_forward(step const& s, std::vector<std::uint8_t> const& home, std::int32_t d) const {
     double t = 0;
     for (std::int32_t e = 0; e < moe_.num_experts; ++e)
-      if (home[at(d, e)]) t += expert_forward(s.counts[at(d, e)]);
+      if (home[at(d, e)]) t += expert_forward(rows(s, d, e));
     return t;
   }
 
@@ -386,7 +393,7 @@ class pattern_adviser {
     double t = 0;
     for (std::int32_t r = first; r < first + sources; ++r)
       for (std::int32_t e = d * L; e < (d + 1) * L; ++e)
-        if (!home[at(r, e)]) t += expert_forward(s.counts[at(r, e)]);
+        if (!home[at(r, e)]) t += expert_forward(rows(s, r, e));
     return t;
   }
 
@@ -451,7 +458,7 @@ class pattern_adviser {
                       std::string const& name, replica_placement const& placement, split how, std::int32_t ep_size) const {
     std::int32_t const R = links_.ranks(), E = moe_.num_experts, S = placement.slots_per_rank();
     replica_sets const sets = replica_sets_of(placement);
-    array_view<std::int64_t const> const counts_view{s.slots.data(), static_cast<std::int64_t>(s.slots.size())};
+    array_view<std::int64_t const> const counts_view = s.counts_view();
     replica_assignment a;
     if (how == split::min_max) assign_tokens_finemoe(sets, counts_view, schedule_replicas(sets, s.loads).split, a);
     if (how == split::even) assign_tokens_evenly(sets, counts_view, a);
@@ -527,10 +534,10 @@ class pattern_adviser {
     p.ep_size = R;
     p.replicated = replicated;
     // The slot rows each rank sends each other (its own included), the replicas' taken out.
-    link_model::matrix rows = links_.zeros();
+    link_model::matrix moved = links_.zeros();
     for (std::int32_t r = 0; r < R; ++r)
       for (std::int32_t e = 0; e < moe_.num_experts; ++e)
-        if (!home[at(r, e)]) rows[links_.cell(r, e / L)] += s.counts[at(r, e)];
+        if (!home[at(r, e)]) moved[links_.cell(r, e / L)] += rows(s, r, e);
     // Round j: group q sends group q + j; its rows return in round (G - j) mod G.
     std::vector<double> there(static_cast<std::size_t>(G)), back(static_cast<std::size_t>(G));
     for (std::int32_t j = 0; j < G; ++j) {
@@ -538,7 +545,7 @@ class pattern_adviser {
       for (std::int32_t r = 0; r < R; ++r)
         for (std::int32_t i = 0; i < g; ++i) {
           std::int32_t const d = ((r / g + j) % G) * g + i;
-          out[links_.cell(r, d)] = rows[links_.cell(r, d)] * row_bytes();
+          out[links_.cell(r, d)] = moved[links_.cell(r, d)] * row_bytes();
           in[links_.cell(d, r)] = out[links_.cell(r, d)];
         }
       there[static_cast<std::size_t>(j)] = links_.round_seconds(out);
@@ -553,7 +560,7 @@ class pattern_adviser {
       std::vector<double> computed(static_cast<std::size_t>(G), 0.0);  // round j's rows computed on every rank
       double dispatched = 0;
       for (std::int32_t d = 0; d < R; ++d) {
-        double arrived = links_.memory_seconds(2 * rows[links_.cell(d, d)] * row_bytes());
+        double arrived = links_.memory_seconds(2 * moved[links_.cell(d, d)] * row_bytes());
         double lane = factor * home_forward(s, home, d);
         for (std::int32_t j = 0; j < G; ++j) {
           arrived += there[static_cast<std::size_t>(j)];
@@ -570,7 +577,7 @@ class pattern_adviser {
     double passes = 0;  // permute or unpermute (or their gradients) on the busiest rank
     for (std::int32_t d = 0; d < R; ++d) {
       double sent = 0;
-      for (std::int32_t r = 0; r < R; ++r) sent += rows[links_.cell(d, r)];
+      for (std::int32_t r = 0; r < R; ++r) sent += moved[links_.cell(d, r)];
       passes = std::max(passes, links_.memory_seconds((s.tokens[static_cast<std::size_t>(d)] + sent) * row_bytes()));
       p.compute_seconds = std::max(p.compute_seconds, 3 * rank_forward(s, home, d));
     }
