@@ -26,12 +26,16 @@
 //! - flexmoe-a100: 16 ranks, GPT-350M-like (E = 16, H = 1024, F = 4096, bf16), top-1, 8192 tokens
 //!   per GPU (assumed); S = 4 (SYMI: 16 experts × 4 slots per GPU).
 //! - Replica gradients are left to the trainer's once-per-iteration reduction in every pattern
-//!   (Megatron's expert-DP all-reduce runs once per iteration as well), so no step pays it, and the
-//!   iterations below leave it out for every pattern alike.
+//!   (Megatron's expert-DP all-reduce runs once per iteration as well), so no step pays it; each
+//!   iteration pays it once per MoE layer, for every pattern alike (issue 25, F6): after the run,
+//!   every slot row's replica groups all-reduce an expert's bf16 gradient side by side, on the
+//!   placement the run ends with (`sync_replica_gradients`, as `pattern_adviser` prices it).
+//!   Megatron's and FasterMoE's replicas are their expert-DP groups (E / S ranks apart).
 //! - Iterations: the model's transformer (finemoe-h100: GPT 1.3B's 24 blocks, H 2048, sequences of
 //!   2048; flexmoe-a100: GPT-350M's 24 blocks, H 1024, sequences of 1024; both an MoE FFN every
 //!   other block, as DeepSpeed-MoE and the papers' GPT-MoE models, GPT-2's vocabulary, bf16): 12
-//!   mean layer steps plus the rest (`simulate_dense_iteration`, simulated once), per pattern.
+//!   mean layer steps and 12 replica syncs plus the rest (`simulate_dense_iteration`, simulated
+//!   once), per pattern; one micro-batch per iteration.
 //! - Real rows of 4 floats (MLP 4 -> 16 -> 4) stand for the model's (`simulation_scale`).
 //! Measured per step: simulated time (forward + backward, plus FlexMoE's moves), max/mean rows per
 //! rank, bytes of tokens, parameters and optimizer state moved (model-sized). Check: every pattern's
@@ -150,13 +154,19 @@ struct step_result {
   double seconds = 0, move_seconds = 0, imbalance = 0, token_bytes = 0, parameter_bytes = 0, state_bytes = 0, checksum = 0,
          magnitude = 0;
 };
-//! Per (trace, pattern): every step.
-std::map<std::string, std::vector<step_result>> g_runs;
+//! One pattern's run under one trace: every step, and the replicas' gradient sync after the last.
+struct run_record {
+  std::vector<step_result> steps;
+  double sync_seconds = 0;
+};
+//! Per (trace, pattern).
+std::map<std::string, run_record> g_runs;
 
 std::string key(char const* trace, char const* pattern) { return std::string(trace) + "/" + pattern; }
 
 //! Simulated run of one pattern under one trace; `make` builds the layer on each rank.
-void run(moecomm::simulated_platform const& platform, char const* trace, char const* pattern, std::vector<step_result>& steps) {
+void run(moecomm::simulated_platform const& platform, char const* trace, char const* pattern, run_record& record) {
+  std::vector<step_result>& steps = record.steps;
   std::int32_t const R = g_work.ranks, E = g_work.experts, S = g_work.slots, ep = E / S;
   std::string const name = pattern;
   backend const be(moecomm::host_backend{}, scale());
@@ -170,7 +180,8 @@ void run(moecomm::simulated_platform const& platform, char const* trace, char co
   auto const& spec = platform.spec();
   double const link = per_node > 1 ? spec.intra_node.bytes_per_second : spec.nic.bytes_per_second;
   double const row_flops = 4.0 * g_work.hidden * g_work.ffn;  // one row through the MLP, forward
-  double const expert_bytes = 2.0 * g_work.hidden * g_work.ffn * bf16;
+  double const expert_bytes = 2.0 * g_work.hidden * g_work.ffn * bf16;  // its parameters, and its bf16 gradient
+  moecomm_bench::step_span synced(R);
 
   moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, R);
   world.run([&](comm_t comm) {
@@ -318,7 +329,10 @@ void run(moecomm::simulated_platform const& platform, char const* trace, char co
         s.magnitude = std::accumulate(magnitudes.begin(), magnitudes.end(), 0.0);
       }
     }
+    moecomm::replica_placement const* const placed = flex ? &flex->placement() : fine ? &fine->placement() : fine_dedup ? &fine_dedup->placement() : nullptr;
+    moecomm_bench::sync_replica_gradients(comm, S, E, expert_bytes, slot(placed), synced);
   });
+  record.sync_seconds = synced.seconds();
 }
 
 double mean_of(std::vector<step_result> const& steps, double step_result::*field) {
@@ -330,25 +344,27 @@ double mean_of(std::vector<step_result> const& steps, double step_result::*field
 void register_run(moecomm::simulated_platform const& platform, char const* trace, char const* pattern) {
   std::string const name = std::string("load_balancing/") + trace + "/" + pattern;
   moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, trace, pattern](benchmark::State& state) {
-    std::vector<step_result>& steps = g_runs[key(trace, pattern)];
+    run_record& record = g_runs[key(trace, pattern)];
+    std::vector<step_result> const& steps = record.steps;
     for (auto _ : state) {
-      run(platform, trace, pattern, steps);
+      run(platform, trace, pattern, record);
       state.SetIterationTime(mean_of(steps, &step_result::seconds));
     }
     auto const base = g_runs.find(key(trace, "megatron"));
-    if (base == g_runs.end() || base->second.size() != steps.size())
+    if (base == g_runs.end() || base->second.steps.size() != steps.size())
       return moecomm_bench::fail(state, "megatron must run before the other patterns");
     // Bit for bit; with dedup_per_rank a token's partial sums per rank change the last bits
     // (semantics §10a), so within 1e-5 of the results' magnitude.
     bool const deduplicated = std::string(pattern).find("_dedup") != std::string::npos;
     for (std::size_t i = 0; i < steps.size(); ++i) {
-      double const allowed = deduplicated ? 1e-5 * base->second[i].magnitude : 0.0;
-      if (!(std::fabs(steps[i].checksum - base->second[i].checksum) <= allowed))
+      double const allowed = deduplicated ? 1e-5 * base->second.steps[i].magnitude : 0.0;
+      if (!(std::fabs(steps[i].checksum - base->second.steps[i].checksum) <= allowed))
         return moecomm_bench::fail(state, std::string(pattern) + ": outputs differ from megatron's at step " + std::to_string(i));
     }
     state.counters["step_ms"] = mean_of(steps, &step_result::seconds) * 1e3;
     state.counters["imbalance"] = mean_of(steps, &step_result::imbalance);
-    state.counters["vs_megatron"] = mean_of(base->second, &step_result::seconds) / mean_of(steps, &step_result::seconds);
+    state.counters["vs_megatron"] = mean_of(base->second.steps, &step_result::seconds) / mean_of(steps, &step_result::seconds);
+    state.counters["sync_ms"] = record.sync_seconds * 1e3;
   });
 }
 
@@ -358,20 +374,20 @@ void print_summary(moecomm::simulated_platform const& platform) {
   moecomm_bench::dense_times const dense = moecomm_bench::simulate_dense(platform, g_work.ranks, shape, experts);
   std::printf("\n%s, %d ranks, %s: %d steps, simulated (SimGrid 3.32, CM02), FlexMoE rebalancing every %d steps, FineMoE re-placing every 50\n",
               platform.name().c_str(), g_work.ranks, g_work.model, g_steps, g_interval);
-  std::printf("An iteration: %d mean steps and the rest of the model (%d blocks: attention, dense FFNs, LM head, the dense "
-              "gradients' all-reduce, Adam), %.1f ms simulated (model: %.1f ms)\n",
-              shape.moe_layers, shape.layers, dense.simulated * 1e3, dense.predicted * 1e3);
-  std::printf("%-6s %-14s %10s %9s %10s %11s %12s %12s %12s %10s %9s\n", "trace", "pattern", "step (ms)", "vs Megat.", "max/mean",
-              "moves (ms)", "tokens (GB)", "params (GB)", "state (GB)", "iter (ms)", "vs Megat.");
-  auto const iteration = [&](std::vector<step_result> const& steps) {
-    return shape.moe_layers * mean_of(steps, &step_result::seconds) + dense.simulated;
+  std::printf("An iteration: %d mean steps, %d replica gradient syncs and the rest of the model (%d blocks: attention, dense "
+              "FFNs, LM head, the dense gradients' all-reduce, Adam), %.1f ms simulated (model: %.1f ms)\n",
+              shape.moe_layers, shape.moe_layers, shape.layers, dense.simulated * 1e3, dense.predicted * 1e3);
+  std::printf("%-6s %-14s %10s %9s %10s %11s %12s %12s %12s %10s %10s %9s\n", "trace", "pattern", "step (ms)", "vs Megat.", "max/mean",
+              "moves (ms)", "tokens (GB)", "params (GB)", "state (GB)", "sync (ms)", "iter (ms)", "vs Megat.");
+  auto const iteration = [&](run_record const& r) {
+    return shape.moe_layers * (mean_of(r.steps, &step_result::seconds) + r.sync_seconds) + dense.simulated;
   };
   for (char const* trace : traces) {
     auto const base = g_runs.find(key(trace, "megatron"));
     for (char const* pattern : patterns) {
       auto const it = g_runs.find(key(trace, pattern));
       if (it == g_runs.end() || base == g_runs.end()) continue;
-      auto const& s = it->second;
+      auto const& s = it->second.steps;
       double total_moves = 0, tokens = 0, params = 0, states = 0;
       for (step_result const& r : s) {
         total_moves += r.move_seconds;
@@ -379,10 +395,11 @@ void print_summary(moecomm::simulated_platform const& platform) {
         params += r.parameter_bytes;
         states += r.state_bytes;
       }
-      std::printf("%-6s %-14s %10.3f %8.3fx %10.3f %11.2f %12.1f %12.2f %12.2f %10.1f %8.3fx\n", trace, pattern,
-                  mean_of(s, &step_result::seconds) * 1e3, mean_of(base->second, &step_result::seconds) / mean_of(s, &step_result::seconds),
+      std::printf("%-6s %-14s %10.3f %8.3fx %10.3f %11.2f %12.1f %12.2f %12.2f %10.3f %10.1f %8.3fx\n", trace, pattern,
+                  mean_of(s, &step_result::seconds) * 1e3,
+                  mean_of(base->second.steps, &step_result::seconds) / mean_of(s, &step_result::seconds),
                   mean_of(s, &step_result::imbalance), total_moves * 1e3, tokens / 1e9, params / 1e9, states / 1e9,
-                  iteration(s) * 1e3, iteration(base->second) / iteration(s));
+                  it->second.sync_seconds * 1e3, iteration(it->second) * 1e3, iteration(base->second) / iteration(it->second));
     }
   }
   std::printf("(papers, whole training iterations on their own hardware: %s)\n", g_work.papers);
@@ -395,8 +412,8 @@ void write_csv(std::string const& path, moecomm::simulated_platform const& platf
     for (char const* pattern : patterns) {
       auto const it = g_runs.find(key(trace, pattern));
       if (it == g_runs.end()) continue;
-      for (std::size_t i = 0; i < it->second.size(); ++i) {
-        step_result const& s = it->second[i];
+      for (std::size_t i = 0; i < it->second.steps.size(); ++i) {
+        step_result const& s = it->second.steps[i];
         f << platform.name() << ',' << trace << ',' << pattern << ',' << i << ',' << s.seconds << ',' << s.move_seconds << ','
           << s.imbalance << ',' << s.token_bytes << ',' << s.parameter_bytes << ',' << s.state_bytes << '\n';
       }

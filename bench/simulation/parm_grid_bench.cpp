@@ -67,15 +67,7 @@ constexpr std::int64_t real_hidden = 4, real_ffn = 8;
 constexpr double fp32 = 4.0, fp16 = 2.0;
 constexpr std::int32_t top_k = 2, pieces = 4;
 
-//! The bench's MLPs (sim_harness.hpp) cut along F: without biases, slice s of N is the MLP of
-//! columns [s·F/N, (s+1)·F/N) of W1 and the same rows of W2, and its output is a partial sum.
-struct sliced_mlp : moecomm_bench::mlp_experts {
-  std::int32_t part, parts;
-  sliced_mlp(std::int32_t local, std::int32_t slice, std::int32_t slices, std::uint64_t seed)
-      : mlp_experts(local, real_hidden, real_ffn / slices, seed), part(slice), parts(slices) {}
-  [[nodiscard]] std::int32_t slices() const { return parts; }
-  [[nodiscard]] std::int32_t slice() const { return part; }
-};
+using moecomm_bench::sliced_mlp;
 
 struct layer_shape {
   std::int32_t batch, sequence;
@@ -105,11 +97,11 @@ moecomm::replica_gradients g_gradients = moecomm::replica_gradients::left_to_tra
 //! those slices concatenated along F.
 sliced_mlp experts_of(std::int32_t locals, std::int32_t ep, std::int32_t esp, std::int32_t slices, std::int32_t grid_slices) {
   auto const seed = [&](std::int32_t slice) { return 100 + static_cast<std::uint64_t>(ep * 8 + slice); };
-  if (slices == grid_slices) return sliced_mlp(locals, esp, slices, seed(esp));
-  sliced_mlp whole(locals, 0, 1, 0);
+  if (slices == grid_slices) return sliced_mlp(locals, real_hidden, real_ffn / slices, esp, slices, seed(esp));
+  sliced_mlp whole(locals, real_hidden, real_ffn, 0, 1, 0);
   std::int64_t const h = real_hidden, f = real_ffn / grid_slices;
   for (std::int32_t part = 0; part < grid_slices; ++part) {
-    sliced_mlp const slice(locals, part, grid_slices, seed(part));
+    sliced_mlp const slice(locals, real_hidden, real_ffn / grid_slices, part, grid_slices, seed(part));
     for (std::int32_t l = 0; l < locals; ++l) {
       float const* const from = slice.params.data() + l * slice.parameter_count();
       float* const to = whole.parameters(l);

@@ -7,9 +7,9 @@
 //! step: whether the adviser's first choice is the simulated fastest, how much slower it is when
 //! not, and each candidate's predicted and simulated layer step and sync.
 //!
-//!     bench_pattern_adviser [--platform=fastermoe-v100-pcie] [--grid=main|holdout] [--ranks=16]
+//!     bench_pattern_adviser [--platform=fastermoe-v100-pcie] [--grid=main|holdout|parm] [--ranks=16]
 //!     bench_pattern_adviser --platform=P --advise [--ranks=N --model=MoE-GPT --tokens=4096
-//!         --experts_per_rank=16 --slots_per_rank=32 --micro_batches=8 --top_k=2 --zipf=1.2]
+//!         --experts_per_rank=16 --slots_per_rank=32 --micro_batches=8 --top_k=2 --zipf=1.2 --model_parallel=1]
 //!                                                   the ranking alone (no simulation)
 //!
 //! Models (FasterMoE's, §5): MoE-GPT-S / MoE-GPT / MoE-GPT-L, H = 1024 / 2048 / 4096, experts
@@ -31,6 +31,7 @@
 
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/patterns/parm.hpp>
 #include <moecomm/plan/pattern_adviser.hpp>
 #include <moecomm/plan/proprophet_planner.hpp>
 
@@ -45,6 +46,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -70,6 +72,7 @@ struct step_case {
   std::uint32_t seed;
   std::int32_t slots_per_rank = 0;  //!< expert slots of memory per rank (0: E / R)
   std::int32_t micro_batches = 8;   //!< per iteration (gradient accumulation)
+  std::int32_t model_parallel = 1;  //!< M: MP groups of M consecutive ranks (Parm's layouts)
   [[nodiscard]] std::int32_t experts() const { return ranks * experts_per_rank; }
 };
 
@@ -83,7 +86,17 @@ moecomm::transformer_shape transformer(step_case const& c) {
   s.gradient_bytes = fp32;
   s.optimizer_bytes_per_parameter = 28;  // fp32 Adam
   s.micro_batches = c.micro_batches;
+  s.model_parallel = c.model_parallel;
   return s;
+}
+
+//! Every rank's routing: each MP group's tokens drawn once (every rank's, without model
+//! parallelism), the same on the group's ranks.
+std::vector<moecomm_bench::rank_routing> routing_of(step_case const& c) {
+  auto const groups = moecomm_bench::skewed_routing(c.ranks / c.model_parallel, c.tokens, c.top_k, c.experts(), c.zipf, c.seed);
+  std::vector<moecomm_bench::rank_routing> routing;
+  for (std::int32_t r = 0; r < c.ranks; ++r) routing.push_back(groups[static_cast<std::size_t>(r / c.model_parallel)]);
+  return routing;
 }
 
 moecomm::pattern_adviser adviser_for(moecomm::cluster_spec const& spec, step_case const& c) {
@@ -112,9 +125,8 @@ double expert_gradient_bytes(step_case const& c) { return 2.0 * double(c.model.h
 //! One layer step on every rank, `make(be, groups)` building the layer over EP groups of `ep`
 //! consecutive ranks (each group its own communicator; `ep` = R: the world), rank r's slot l
 //! holding expert `expert_of(r, l)`'s parameters; `replicated(layer)` counts the experts the layer
-//! chose to replicate, if it chooses. Then, `sync`, the trainer's reduction of the replicas' gradients: each slot
-//! row's replica groups all-reduce side by side (`simgrid_communicator::allreduce`, a ring), one
-//! row after the other, as the adviser prices it.
+//! chose to replicate, if it chooses. Then, `sync`, the trainer's reduction of the replicas'
+//! gradients (`sync_replica_gradients`, as the adviser prices it).
 template <class ExpertOf, class Make, class Replicated>
 simulated_step run_layer(moecomm::simulated_platform const& platform, step_case const& c, std::vector<moecomm_bench::rank_routing> const& routing,
                          std::int32_t ep, std::int32_t slots, ExpertOf expert_of, Make&& make, Replicated&& replicated, bool sync) {
@@ -134,21 +146,9 @@ simulated_step run_layer(moecomm::simulated_platform const& platform, step_case 
     o.checksum += r.checksum;  // actors run one at a time
     o.magnitude += r.magnitude;
     if (me == 0) o.replicated = replicated(layer);
-    if (!sync) return;
-    std::vector<comm_t> rows;  // per slot row, this rank's replica group (an empty slot: alone)
-    for (std::int32_t l = 0; l < slots; ++l) {
-      std::int32_t const e = expert_of(me, l);
-      rows.push_back(comm.split(e >= 0 ? e : c.experts() + me, me));
-    }
-    comm.barrier();
-    synced.start[static_cast<std::size_t>(me)] = moecomm::simulated_seconds{}();
-    for (comm_t& row : rows) {
-      if (row.size() == 1) continue;
-      std::vector<float> gradient(static_cast<std::size_t>(64 * row.size()), 1.0f), sum(gradient.size());
-      moecomm::detail::actor_payload_scope const scale(expert_gradient_bytes(c) / (double(gradient.size()) * sizeof(float)));
-      row.allreduce(gradient.data(), sum.data(), static_cast<std::int64_t>(gradient.size()), moecomm::reduce_op::sum);
-    }
-    synced.end[static_cast<std::size_t>(me)] = moecomm::simulated_seconds{}();
+    if (sync)
+      moecomm_bench::sync_replica_gradients(comm, slots, c.experts(), expert_gradient_bytes(c), [&](std::int32_t l) { return expert_of(me, l); },
+                                            synced);
   });
   o.seconds = span.seconds();
   if (sync) o.sync_seconds = synced.seconds();
@@ -195,6 +195,39 @@ simulated_step run_replicated(moecomm::simulated_platform const& platform, step_
       true);
 }
 
+//! A Parm layout (`parm_layer`, DP 1: EP over the R / M MP groups, `Schedule` on slices of G of
+//! the experts by id); PauseMP's replicas' gradients left to the trainer, and their sync after it
+//! (each local expert's slice over the M / G ranks holding it), as the adviser prices it.
+template <class Schedule>
+simulated_step run_parm(moecomm::simulated_platform const& platform, step_case const& c, std::vector<moecomm_bench::rank_routing> const& routing,
+                        Schedule schedule, std::int32_t G) {
+  std::int32_t const M = c.model_parallel, P = c.ranks / M, L = c.experts() / P;
+  bool const sync = !std::is_same_v<Schedule, moecomm::deepspeed_mp> && M / G > 1;
+  backend const be(moecomm::host_backend{},
+                   moecomm_bench::model_scale(double(c.model.hidden), 2.0 * double(c.model.hidden), fp32, real_hidden, real_ffn, fp32));
+  moecomm_bench::step_span span(c.ranks), synced(c.ranks);
+  simulated_step o;
+  moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, c.ranks);
+  world.run([&](comm_t comm) {
+    std::int32_t const me = comm.rank();
+    moecomm::parallel_groups<comm_t> groups(comm, {M, P, G}, moecomm::topology(c.ranks, platform.gpus_per_node()));
+    auto const at = groups.coordinates();
+    moecomm::parm_layer<float, backend, comm_t, Schedule> layer(be, groups, c.experts(), real_hidden, schedule);
+    moecomm_bench::sliced_mlp mlp =
+        moecomm_bench::slices_by_id(L, real_hidden, real_ffn, at.esp, G, [&](std::int32_t l) { return at.ep * L + l; });
+    moecomm_bench::step_result const r =
+        moecomm_bench::warm_then_timed_step(layer, comm, routing[static_cast<std::size_t>(me)], real_hidden, mlp, span, me - me % M);
+    o.checksum += r.checksum;  // actors run one at a time
+    o.magnitude += r.magnitude;
+    if (sync)
+      moecomm_bench::sync_replica_gradients(comm, L, c.experts() * G, expert_gradient_bytes(c) / G,
+                                            [&](std::int32_t l) { return (at.ep * L + l) * G + at.esp; }, synced);
+  });
+  o.seconds = span.seconds();
+  if (sync) o.sync_seconds = synced.seconds();
+  return o;
+}
+
 //! `f` called with the exchange algorithm named `setting`.
 template <class F>
 simulated_step by_exchange(std::string const& setting, F&& f) {
@@ -220,6 +253,13 @@ simulated_step simulate(moecomm::simulated_platform const& platform, step_case c
     policy.planner.model = moecomm::proprophet_cost_model(adviser.proprophet_params());
     policy.planner.options = moecomm::pattern_adviser::proprophet_options();
     return run(platform, c, routing, moecomm::flat{}, policy);
+  }
+  int G = 1, W = 1;
+  if (std::sscanf(p.setting.c_str(), "ESP %d, %d pieces", &G, &W) >= 1) {
+    auto const left = moecomm::replica_gradients::left_to_trainer;
+    if (p.pattern == "deepspeed_mp") return run_parm(platform, c, routing, moecomm::deepspeed_mp{}, G);
+    if (p.pattern == "drop_tokens" || p.pattern == "parm_s1") return run_parm(platform, c, routing, moecomm::parm_s1{left}, G);
+    if (p.pattern == "parm_s2") return run_parm(platform, c, routing, moecomm::parm_s2{W, left}, G);
   }
   if (p.pattern == "expert_parallel" || p.pattern == "expert_data_parallel")
     return by_exchange(p.setting, [&](auto a) { return run(platform, c, routing, a, moecomm::no_shadowing{}, p.ep_size); });
@@ -258,74 +298,99 @@ struct grid {
 grid const main_grid{{&models[0], &models[1]}, {16, 2}, {1, 2}, {0.0, 1.2}, 4096, 5};
 grid const holdout_grid{{&models[2], nullptr}, {4, 0}, {2, 4}, {0.8, 1.6}, 2048, 17};
 
+//! One step of a grid: the adviser's ranking, every candidate simulated, and the checks.
+void register_step(moecomm::simulated_platform const& platform, step_case const& c) {
+  char name[160];
+  std::string const mp = c.model_parallel > 1 ? "/MP:" + std::to_string(c.model_parallel) : "";
+  std::snprintf(name, sizeof name, "advise/R:%d/%s%s/E:%d/S:%d/top%d/zipf:%g/T:%lld", c.ranks, c.model.name, mp.c_str(), c.experts(),
+                c.slots_per_rank, c.top_k, c.zipf, static_cast<long long>(c.tokens));
+  moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, c, n = std::string(name)](benchmark::State& state) {
+    auto const routing = routing_of(c);
+    moecomm::pattern_adviser const adviser = adviser_for(platform.spec(), c);
+    auto const start = std::chrono::steady_clock::now();
+    auto const ranking = adviser.rank(views(routing));
+    double const advise_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    std::map<std::string, simulated_step> sim;
+    for (auto _ : state) {
+      for (auto const& p : ranking) sim[label(p)] = simulate(platform, c, routing, adviser, p);
+      state.SetIterationTime(sim.at(label(ranking.front())).seconds);
+    }
+    // The reference: plain flat, or with model parallelism DeepSpeed-MoE's layout on the MP
+    // group's slices (ESP = MP), which every layout's results equal up to the order of the
+    // slices' partial sums.
+    std::string const reference = c.model_parallel > 1 ? "deepspeed_mp ESP " + std::to_string(c.model_parallel) + " (MP " +
+                                                             std::to_string(c.model_parallel) + " x EP " +
+                                                             std::to_string(c.ranks / c.model_parallel) + ")"
+                                                       : "expert_parallel flat";
+    double const tolerance = c.model_parallel > 1 ? 1e-5 : 1e-6;
+    simulated_step const& plain = sim.at(reference);
+    // What the candidates differ by per iteration: the MoE layers' steps and gradient syncs
+    // (simulated), and the optimizer over the rank's experts (the adviser's model: the rest
+    // of the iteration, the same for every candidate, left out).
+    moecomm::iteration_model const& it = adviser.iteration();
+    double const layers = it.shape().moe_layers, micro = it.shape().micro_batches;
+    double const common = it.compute_seconds() + it.tensor_parallel_seconds() + it.allreduce_seconds();
+    auto const simulated_part = [&](moecomm::pattern_prediction const& p) {
+      simulated_step const& s = sim.at(label(p));
+      return p.iteration_seconds - layers * (micro * p.layer_seconds + p.gradient_sync_seconds) - common +
+             layers * (micro * s.seconds + s.sync_seconds);
+    };
+    outcome o{n, label(ranking.front()), label(ranking.front()), 0, {}, {}};
+    double best = simulated_part(ranking.front());
+    for (auto const& p : ranking) {
+      simulated_step const& s = sim.at(label(p));
+      if (std::fabs(s.checksum - plain.checksum) > tolerance * plain.magnitude)
+        return moecomm_bench::fail(state, n + ": " + label(p) + "'s results differ from " + reference + "'s");
+      if (s.replicated && *s.replicated != p.replicated)
+        return moecomm_bench::fail(state, n + ": " + label(p) + " replicated " + std::to_string(*s.replicated) +
+                                              " experts; the adviser predicted " + std::to_string(p.replicated));
+      if (simulated_part(p) < best) {
+        best = simulated_part(p);
+        o.best = label(p);
+      }
+      // A predicted part against its simulation: its error kept, its counters set; false past 25 %.
+      auto const within = [&](char const* what, std::string const& key, double predicted, double simulated, std::vector<double>& errors) {
+        errors.push_back(predicted / simulated - 1);
+        state.counters[label(p) + " " + key + "pred_ms"] = predicted * 1e3;
+        state.counters[label(p) + " " + key + "sim_ms"] = simulated * 1e3;
+        if (std::fabs(errors.back()) <= max_error) return true;
+        moecomm_bench::fail(state, n + ": " + label(p) + "'s predicted " + what + " " + std::to_string(predicted) +
+                                       " s is not within 25 % of the simulated " + std::to_string(simulated) + " s");
+        return false;
+      };
+      if (!within("step", "", p.layer_seconds, s.seconds, o.errors)) return;
+      bool const syncs = s.sync_seconds > 0 || p.gradient_sync_seconds > 0;
+      if (syncs && !within("gradient sync", "sync_", p.gradient_sync_seconds, s.sync_seconds, o.sync_errors)) return;
+    }
+    o.loss = simulated_part(ranking.front()) / best - 1;
+    state.counters["agree"] = o.chosen == o.best ? 1 : 0;
+    state.counters["loss_pct"] = 100 * o.loss;
+    state.counters["advise_us"] = advise_us;
+    state.counters["reference_sim_ms"] = plain.seconds * 1e3;
+    state.SetLabel("chose " + o.chosen + ", best " + o.best);
+    outcomes.push_back(o);
+  });
+}
+
 void register_grid(moecomm::simulated_platform const& platform, grid const& g, std::int32_t ranks) {
   for (model_size const* m : g.models)
     for (std::int32_t per_rank : g.experts_per_rank)
       for (std::int32_t top_k : g.top_k)
-        for (double zipf : g.zipf) {
-          if (m == nullptr || per_rank == 0) continue;
-          step_case const c{*m, ranks, per_rank, top_k, g.tokens, zipf, g.seed, 2 * per_rank};
-          char name[160];
-          std::snprintf(name, sizeof name, "advise/R:%d/%s/E:%d/S:%d/top%d/zipf:%g/T:%lld", ranks, m->name, c.experts(), c.slots_per_rank,
-                        top_k, zipf, static_cast<long long>(c.tokens));
-          moecomm_bench::register_simulated(name, benchmark::kMillisecond, [&platform, c, n = std::string(name)](benchmark::State& state) {
-            auto const routing = moecomm_bench::skewed_routing(c.ranks, c.tokens, c.top_k, c.experts(), c.zipf, c.seed);
-            moecomm::pattern_adviser const adviser = adviser_for(platform.spec(), c);
-            auto const start = std::chrono::steady_clock::now();
-            auto const ranking = adviser.rank(views(routing));
-            double const advise_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-            std::map<std::string, simulated_step> sim;
-            for (auto _ : state) {
-              for (auto const& p : ranking) sim[label(p)] = simulate(platform, c, routing, adviser, p);
-              state.SetIterationTime(sim.at(label(ranking.front())).seconds);
-            }
-            simulated_step const& plain = sim.at("expert_parallel flat");
-            // What the candidates differ by per iteration: the MoE layers' steps and gradient syncs
-            // (simulated), and the optimizer over the rank's experts (the adviser's model: the rest
-            // of the iteration, the same for every candidate, left out).
-            moecomm::iteration_model const& it = adviser.iteration();
-            double const layers = it.shape().moe_layers, micro = it.shape().micro_batches;
-            double const common = it.compute_seconds() + it.allreduce_seconds();
-            auto const simulated_part = [&](moecomm::pattern_prediction const& p) {
-              simulated_step const& s = sim.at(label(p));
-              return p.iteration_seconds - layers * (micro * p.layer_seconds + p.gradient_sync_seconds) - common +
-                     layers * (micro * s.seconds + s.sync_seconds);
-            };
-            outcome o{n, label(ranking.front()), label(ranking.front()), 0, {}, {}};
-            double best = simulated_part(ranking.front());
-            for (auto const& p : ranking) {
-              simulated_step const& s = sim.at(label(p));
-              if (std::fabs(s.checksum - plain.checksum) > 1e-6 * plain.magnitude)
-                return moecomm_bench::fail(state, n + ": " + label(p) + "'s results differ from plain flat's");
-              if (s.replicated && *s.replicated != p.replicated)
-                return moecomm_bench::fail(state, n + ": " + label(p) + " replicated " + std::to_string(*s.replicated) +
-                                                      " experts; the adviser predicted " + std::to_string(p.replicated));
-              if (simulated_part(p) < best) {
-                best = simulated_part(p);
-                o.best = label(p);
-              }
-              // A predicted part against its simulation: its error kept, its counters set; false past 25 %.
-              auto const within = [&](char const* what, std::string const& key, double predicted, double simulated, std::vector<double>& errors) {
-                errors.push_back(predicted / simulated - 1);
-                state.counters[label(p) + " " + key + "pred_ms"] = predicted * 1e3;
-                state.counters[label(p) + " " + key + "sim_ms"] = simulated * 1e3;
-                if (std::fabs(errors.back()) <= max_error) return true;
-                moecomm_bench::fail(state, n + ": " + label(p) + "'s predicted " + what + " " + std::to_string(predicted) +
-                                               " s is not within 25 % of the simulated " + std::to_string(simulated) + " s");
-                return false;
-              };
-              if (!within("step", "", p.layer_seconds, s.seconds, o.errors)) return;
-              bool const syncs = s.sync_seconds > 0 || p.gradient_sync_seconds > 0;
-              if (syncs && !within("gradient sync", "sync_", p.gradient_sync_seconds, s.sync_seconds, o.sync_errors)) return;
-            }
-            o.loss = simulated_part(ranking.front()) / best - 1;
-            state.counters["agree"] = o.chosen == o.best ? 1 : 0;
-            state.counters["loss_pct"] = 100 * o.loss;
-            state.counters["advise_us"] = advise_us;
-            state.counters["plain_flat_sim_ms"] = plain.seconds * 1e3;
-            state.SetLabel("chose " + o.chosen + ", best " + o.best);
-            outcomes.push_back(o);
-          });
+        for (double zipf : g.zipf)
+          if (m != nullptr && per_rank > 0) register_step(platform, {*m, ranks, per_rank, top_k, g.tokens, zipf, g.seed, 2 * per_rank});
+}
+
+//! Grid `parm`: Parm's layouts under tensor parallelism, MP 2 and 4 (inside a node), one expert
+//! per rank (E = R, as Parm's grid), top-2, 2048 tokens per MP group, uniform and Zipf(1.2) routing,
+//! MoE-GPT-S and MoE-GPT; memory for the slices of ESP = MP only (S = E / R), or for whole experts.
+void register_parm_grid(moecomm::simulated_platform const& platform, std::int32_t ranks) {
+  for (model_size const* m : {&models[0], &models[1]})
+    for (std::int32_t M : {2, 4})
+      for (double zipf : {0.0, 1.2})
+        for (std::int32_t slots : {1, M}) {
+          step_case c{*m, ranks, 1, 2, 2048, zipf, 5, slots};
+          c.model_parallel = M;
+          register_step(platform, c);
         }
 }
 
@@ -377,38 +442,43 @@ int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
   c.micro_batches = std::stoi(flag("--micro_batches=", "8"));
   c.top_k = std::stoi(flag("--top_k=", "2"));
   c.zipf = std::stod(flag("--zipf=", "1.2"));
+  c.model_parallel = std::stoi(flag("--model_parallel=", "1"));
   if (argc > 1) {
     std::fprintf(stderr, "scripts/advise: unknown argument '%s'\n", argv[1]);
     return 2;
   }
-  auto const routing = moecomm_bench::skewed_routing(c.ranks, c.tokens, c.top_k, c.experts(), c.zipf, c.seed);
+  auto const routing = routing_of(c);
   moecomm::pattern_adviser const adviser = adviser_for(spec, c);
   auto const start = std::chrono::steady_clock::now();
   auto const ranking = adviser.rank(views(routing));
   double const host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   moecomm::iteration_model const& it = adviser.iteration();
   std::printf("pattern adviser: %s (%s), first %d GPUs;\n%s (12 blocks, all MoE, H %lld, experts H->2H->H fp32), %d experts, "
-              "%d expert slots of memory per GPU, top-%d, Zipf(%g), %d micro-batches of %lld tokens per rank.\nPredicted from the platform's figures alone "
+              "%d expert slots of memory per GPU, top-%d, Zipf(%g), %d micro-batches of %lld tokens per %s.\nPredicted from the platform's figures alone "
               "(a model, not a measurement; %.0f us of host time). Per iteration, the rest of the model: %.2f ms.\n\n",
               spec.name.c_str(), spec.source.c_str(), c.ranks, c.model.name, static_cast<long long>(c.model.hidden), c.experts(),
-              adviser.slots(), c.top_k, c.zipf, c.micro_batches, static_cast<long long>(c.tokens), host_us,
+              adviser.slots(), c.top_k, c.zipf, c.micro_batches, static_cast<long long>(c.tokens),
+              c.model_parallel > 1 ? ("MP group of " + std::to_string(c.model_parallel) + " GPUs").c_str() : "rank", host_us,
               1e3 * it.dense_seconds(c.experts_per_rank * 4.0 * double(c.model.hidden) * double(c.model.hidden)));
-  std::printf("  %-20s %-18s %-13s %8s %11s %11s %11s %11s %11s %12s %8s\n", "pattern", "setting", "placement", "replicas", "layer step",
+  std::printf("  %-20s %-18s %-14s %8s %11s %11s %11s %11s %11s %12s %8s\n", "pattern", "setting", "placement", "replicas", "layer step",
               "exchange", "experts", "replicas", "grad sync", "iteration", "speedup");
   // The strongest baseline: plain expert parallelism (Megatron's EP x EDP included) with its
-  // fastest exchange and EP size, no smart schedule.
+  // fastest exchange and EP size, no smart schedule; with model parallelism DeepSpeed-MoE's
+  // fastest layout (`drop_tokens` when whole experts fit).
+  auto const is_baseline = [&](moecomm::pattern_prediction const& p) {
+    if (c.model_parallel > 1) return p.pattern == "drop_tokens" || p.pattern == "deepspeed_mp";
+    return (p.pattern == "expert_parallel" || p.pattern == "expert_data_parallel") && p.setting.rfind("smart_schedule", 0) != 0;
+  };
   moecomm::pattern_prediction const* baseline = nullptr;
   for (auto const& p : ranking)
-    if ((p.pattern == "expert_parallel" || p.pattern == "expert_data_parallel") && p.setting.rfind("smart_schedule", 0) != 0 &&
-        baseline == nullptr)
-      baseline = &p;
+    if (is_baseline(p) && baseline == nullptr) baseline = &p;
   for (auto const& p : ranking)
-    std::printf("  %-20s %-18s %-13s %8d %8.2f ms %8.2f ms %8.2f ms %8.2f ms %8.2f ms %9.2f ms %7.2fx\n", p.pattern.c_str(), p.setting.c_str(),
+    std::printf("  %-20s %-18s %-14s %8d %8.2f ms %8.2f ms %8.2f ms %8.2f ms %8.2f ms %9.2f ms %7.2fx\n", p.pattern.c_str(), p.setting.c_str(),
                 p.placement.empty() ? "-" : p.placement.c_str(), p.replicated, 1e3 * p.layer_seconds, 1e3 * p.exchange_seconds,
                 1e3 * p.compute_seconds, 1e3 * p.replica_seconds, 1e3 * p.gradient_sync_seconds, 1e3 * p.iteration_seconds,
                 baseline->iteration_seconds / p.iteration_seconds);
-  std::printf("\n  use: %s; speedup per iteration over the strongest baseline, %s (plain EP, its fastest exchange and EP size)\n",
-              label(ranking.front()).c_str(), label(*baseline).c_str());
+  std::printf("\n  use: %s; speedup per iteration over the strongest baseline, %s (%s)\n", label(ranking.front()).c_str(),
+              label(*baseline).c_str(), c.model_parallel > 1 ? "DeepSpeed-MoE's fastest layout" : "plain EP, its fastest exchange and EP size");
   return 0;
 }
 
@@ -423,6 +493,8 @@ int main(int argc, char** argv) {
   std::string const ranks = moecomm_bench::take_flag(argc, argv, "--ranks=", "16");
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
-  register_grid(platform, grid_name == "holdout" ? holdout_grid : main_grid, std::min(std::stoi(ranks), platform.spec().num_gpus()));
+  std::int32_t const R = std::min(std::stoi(ranks), platform.spec().num_gpus());
+  if (grid_name == "parm") register_parm_grid(platform, R);
+  else register_grid(platform, grid_name == "holdout" ? holdout_grid : main_grid, R);
   return moecomm_bench::finish("bench_pattern_adviser", [&] { print_summary(platform.name()); });
 }

@@ -273,6 +273,34 @@ mlp_experts experts_by_id(std::int32_t slots, std::int64_t hidden, std::int64_t 
   return m;
 }
 
+//! `mlp_experts` that hold slice `slice()` of `slices()` of each expert (patterns/experts.hpp, 3.),
+//! cut along F: slice s of N is the MLP of columns [s·F/N, (s+1)·F/N) of W1 and the same rows of
+//! W2, and its output is a partial sum (no biases). `ffn` is the slice's width.
+struct sliced_mlp : mlp_experts {
+  std::int32_t part, parts;
+  sliced_mlp(std::int32_t local_experts, std::int64_t h, std::int64_t ffn_slice, std::int32_t slice, std::int32_t slices, std::uint64_t seed)
+      : mlp_experts(local_experts, h, ffn_slice, seed), part(slice), parts(slices) {}
+  [[nodiscard]] std::int32_t slices() const { return parts; }
+  [[nodiscard]] std::int32_t slice() const { return part; }
+};
+
+//! Slice `slice` of `slices` of the experts `experts_by_id` holds (local expert l is expert
+//! `expert_of(l)`, H -> `ffn` -> H): any slicing of an expert sums to the same function.
+template <class ExpertOf>
+sliced_mlp slices_by_id(std::int32_t locals, std::int64_t hidden, std::int64_t ffn, std::int32_t slice, std::int32_t slices,
+                        ExpertOf expert_of) {
+  mlp_experts whole = experts_by_id(locals, hidden, ffn, expert_of);
+  std::int64_t const f = ffn / slices;
+  sliced_mlp part(locals, hidden, f, slice, slices, 0);
+  for (std::int32_t l = 0; l < locals; ++l) {
+    float const* const from = whole.parameters(l);
+    float* const to = part.parameters(l);
+    for (std::int64_t r = 0; r < hidden; ++r) std::copy_n(from + r * ffn + slice * f, f, to + r * f);  // W1 [H][F]: the slice's columns
+    std::copy_n(from + hidden * ffn + slice * f * hidden, f * hidden, to + hidden * f);                // W2 [F][H]: its rows
+  }
+  return part;
+}
+
 //! The scale under which `mlp_experts` real_hidden -> real_ffn -> real_hidden of `real_bytes`
 //! elements stand for the model's experts model_hidden -> model_ffn -> model_hidden of
 //! `model_bytes`, both without biases (`mlp_simulation_scale`).
@@ -312,14 +340,16 @@ struct step_result {
 };
 
 //! This rank's layer steps, forward and backward, on its routing and random rows of `hidden` real
-//! floats (seeded by rank): a warm-up step (buffers grow, lanes start), then the timed one, whose
-//! simulated start and end go to `span`. Collective.
+//! floats (seeded by `rows_of`, -1: this rank; the ranks of an MP group pass their group's first):
+//! a warm-up step (buffers grow, lanes start), then the timed one, whose simulated start and end go
+//! to `span`. Collective.
 template <class Layer, class Experts>
 step_result warm_then_timed_step(Layer& layer, moecomm::simgrid_communicator& comm, rank_routing const& routing, std::int64_t hidden,
-                                 Experts& experts, step_span& span) {
+                                 Experts& experts, step_span& span, std::int32_t rows_of = -1) {
   auto const me = static_cast<std::size_t>(comm.rank());
+  auto const seed = static_cast<std::uint64_t>(rows_of >= 0 ? rows_of : comm.rank());
   std::int64_t const tokens = routing.tokens;
-  std::vector<float> const x = random_rows(tokens * hidden, 200 + me), d_out = random_rows(tokens * hidden, 300 + me);
+  std::vector<float> const x = random_rows(tokens * hidden, 200 + seed), d_out = random_rows(tokens * hidden, 300 + seed);
   std::vector<float> out(x.size()), d_x(x.size()), d_w(routing.idx.size());
   for (int step = 0; step < 2; ++step) {
     comm.barrier();
@@ -332,6 +362,32 @@ step_result warm_then_timed_step(Layer& layer, moecomm::simgrid_communicator& co
   return {checksum(out, d_x), magnitude(out, d_x)};
 }
 
+//! The trainer's reduction of replicated experts' gradients (`replica_gradients::left_to_trainer`),
+//! on this rank's actor, timed into `span`: per slot row l, the ranks whose slot l holds the same
+//! expert (`expert_of(l)`, -1: an empty slot) all-reduce one expert's gradient of `gradient_bytes`
+//! (model-sized, `actor_payload_scope`), every replica group of the row side by side and the rows
+//! one after the other, as `pattern_adviser` prices it (`link_model::allreduce_seconds`). An expert
+//! held once costs nothing. Collective over `comm`; `experts` is E (empty slots get groups of their own).
+template <class ExpertOf>
+void sync_replica_gradients(moecomm::simgrid_communicator& comm, std::int32_t slots, std::int32_t experts, double gradient_bytes,
+                            ExpertOf expert_of, step_span& span) {
+  std::int32_t const me = comm.rank();
+  std::vector<moecomm::simgrid_communicator> rows;  // per slot row, this rank's replica group
+  for (std::int32_t l = 0; l < slots; ++l) {
+    std::int32_t const e = expert_of(l);
+    rows.push_back(comm.split(e >= 0 ? e : experts + me, me));
+  }
+  comm.barrier();
+  span.start[static_cast<std::size_t>(me)] = moecomm::simulated_seconds{}();
+  for (moecomm::simgrid_communicator& row : rows) {
+    if (row.size() == 1) continue;
+    std::vector<float> gradient(static_cast<std::size_t>(64 * row.size()), 1.0f), sum(gradient.size());
+    moecomm::detail::actor_payload_scope const scale(gradient_bytes / (double(gradient.size()) * sizeof(float)));
+    row.allreduce(gradient.data(), sum.data(), static_cast<std::int64_t>(gradient.size()), moecomm::reduce_op::sum);
+  }
+  span.end[static_cast<std::size_t>(me)] = moecomm::simulated_seconds{}();
+}
+
 //! Ranks 0..n-1 on the platform's first n GPUs.
 inline moecomm::simgrid_world first_gpus(moecomm::simulated_platform const& platform, std::int32_t n) {
   std::vector<std::int32_t> gpus(static_cast<std::size_t>(n));
@@ -342,7 +398,8 @@ inline moecomm::simgrid_world first_gpus(moecomm::simulated_platform const& plat
 //! The iteration around the MoE layers on the platform's first n ranks, each holding
 //! `expert_parameters` of experts: simulated seconds over all ranks, and the analytic model's
 //! prediction beside it. `with_compute`: the dense forward and backward too
-//! (`simulate_dense_iteration`); else only the gradients' all-reduce and the optimizer
+//! (`simulate_dense_iteration`, over MP and DP groups with `shape.model_parallel` > 1); else only
+//! the gradients' all-reduce and the optimizer
 //! (`simulate_gradient_step`), for benches whose blocks charge their dense compute themselves.
 struct dense_times {
   double simulated = 0, predicted = 0;
@@ -353,16 +410,20 @@ inline dense_times simulate_dense(moecomm::simulated_platform const& platform, s
   step_span span(n);
   moecomm::simgrid_world world = first_gpus(platform, n);
   world.run([&](moecomm::simgrid_communicator comm) {
-    auto const me = static_cast<std::size_t>(comm.rank());
+    std::int32_t const me = comm.rank(), M = shape.model_parallel;
+    moecomm::simgrid_communicator mp = M > 1 ? comm.split(me / M, me) : comm, dp = M > 1 ? comm.split(me % M, me) : comm;
     comm.barrier();
-    span.start[me] = moecomm::simulated_seconds{}();
-    if (with_compute) moecomm::simulate_dense_compute(shape);
-    moecomm::simulate_gradient_step(comm, shape, expert_parameters);
-    span.end[me] = moecomm::simulated_seconds{}();
+    span.start[static_cast<std::size_t>(me)] = moecomm::simulated_seconds{}();
+    if (with_compute) {
+      moecomm::simulate_dense_compute(shape);
+      if (M > 1) moecomm::simulate_tensor_parallel(mp, shape);
+    }
+    moecomm::simulate_gradient_step(dp, shape, expert_parameters);
+    span.end[static_cast<std::size_t>(me)] = moecomm::simulated_seconds{}();
   });
   moecomm::iteration_model const model(platform.spec(), n, shape);
   double const predicted = model.allreduce_seconds() + model.optimizer_seconds(expert_parameters);
-  return {span.seconds(), predicted + (with_compute ? model.compute_seconds() : 0.0)};
+  return {span.seconds(), predicted + (with_compute ? model.compute_seconds() + model.tensor_parallel_seconds() : 0.0)};
 }
 
 //! One routing step's exchange on the platform's first n ranks, simulated: the dispatcher's `route`,

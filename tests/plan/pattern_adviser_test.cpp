@@ -255,6 +255,67 @@ TEST_CASE("pattern adviser: with memory for two copies, expert data parallelism,
   CHECK(find(ranking, "expert_parallel", "flat").gradient_sync_seconds == 0);
 }
 
+TEST_CASE("pattern adviser: with tensor parallelism, Parm's layouts that fit, by hand on two MP groups of two") {
+  moecomm::cluster_spec const spec = one_node(4, 1e-6, 5e-6);
+  moecomm::topology const topo(4, 4);
+  moecomm::transformer_shape model = small_model();
+  model.model_parallel = 2;  // MP groups {0, 1}, {2, 3}; EP groups {0, 2}, {1, 3}; 2 local experts a rank
+  // Every token of both groups to expert 2, held by the second group (rank 2 + the MP rank).
+  top1 const routing({100, 100, 100, 100}, {2, 2, 2, 2});
+  moecomm::link_model const links(spec, topo);
+  double const row = 4.0 * H * F / 0.5e12, b = row_bytes;
+  auto const names = [](std::vector<moecomm::pattern_prediction> const& ranking) {
+    std::vector<std::string> n;
+    for (auto const& p : ranking) n.push_back(p.pattern + " " + p.setting);
+    std::sort(n.begin(), n.end());
+    return n;
+  };
+  // One slot a rank (E / R): only the halves of two experts fit, ESP 2.
+  auto const sliced = moecomm::pattern_adviser(spec, topo, model, {4, F, 4}).rank(routing.views);
+  CHECK(names(sliced) == std::vector<std::string>{"deepspeed_mp ESP 2", "parm_s1 ESP 2", "parm_s2 ESP 2, 2 pieces", "parm_s2 ESP 2, 4 pieces"});
+  // Two slots: whole experts too.
+  auto const ranking = moecomm::pattern_adviser(spec, topo, model, {4, F, 4, 2}).rank(routing.views);
+  CHECK(names(ranking) == std::vector<std::string>{"deepspeed_mp ESP 1", "deepspeed_mp ESP 2", "drop_tokens ESP 1", "parm_s1 ESP 2",
+                                                   "parm_s2 ESP 2, 2 pieces", "parm_s2 ESP 2, 4 pieces"});
+  auto const s1 = find(ranking, "parm_s1", "ESP 2");
+  CHECK(s1.placement == "MP 2 x EP 2");
+  CHECK(s1.ep_size == 2);
+  // S1: ranks 0 and 1 send their 50 tokens' rows to ranks 2 and 3 (2 and 3 keep theirs); each of
+  // 2 and 3 all-gathers its 100 rows to the other and computes half of expert 2 on all 200; the
+  // reduce-scatter and the all-to-all back; each MP pair all-gathers its 50 combined rows. Memory
+  // passes are free on this platform; the route all-gathers the counts over the EP groups, and the
+  // blocks' counts over the ESP groups.
+  moecomm::link_model::matrix there = links.zeros(), members = links.zeros(), slices = links.zeros();
+  there[links.cell(0, 2)] = there[links.cell(1, 3)] = 50 * b;
+  members[links.cell(2, 3)] = members[links.cell(3, 2)] = 100 * b;
+  for (std::int32_t r = 0; r < 4; ++r) slices[links.cell(r, r ^ 1)] = 50 * b;
+  moecomm::link_model::matrix back = links.zeros();
+  back[links.cell(2, 0)] = back[links.cell(3, 1)] = 50 * b;
+  double const route = links.allgather_seconds({{0, 2}, {1, 3}}, 8.0 * 4) + links.allgather_seconds({{0, 1}, {2, 3}}, 8.0 * 2 * 2);
+  double const one_way = links.round_seconds(there) + 2 * links.round_seconds(members) + links.round_seconds(back) + links.round_seconds(slices);
+  CHECK(s1.exchange_seconds == doctest::Approx(route + 2 * one_way).epsilon(1e-9));
+  CHECK(s1.compute_seconds == doctest::Approx(3 * 200 * row / 2).epsilon(1e-12));
+  CHECK(s1.gradient_sync_seconds == 0);  // ESP = MP: no two ranks hold the same slice
+  CHECK(s1.iteration_seconds == doctest::Approx(moecomm::iteration_model(spec, 4, model).iteration_seconds(s1.layer_seconds, 2.0 * H * F)).epsilon(1e-12));
+  // drop_tokens: the same rows on whole experts, no ESP collectives; the MP pair's gradients of
+  // both local experts summed once per iteration, one expert after the other.
+  auto const drop = find(ranking, "drop_tokens", "ESP 1");
+  CHECK(drop.compute_seconds == doctest::Approx(3 * 100 * row).epsilon(1e-12));
+  CHECK(drop.gradient_sync_seconds == doctest::Approx(2 * links.allreduce_seconds({{0, 1}, {2, 3}}, 2.0 * H * F * 4)).epsilon(1e-12));
+  CHECK(drop.exchange_seconds < s1.exchange_seconds);
+  // deepspeed_mp: every MP rank dispatches its group's 100 tokens, so ranks 2 and 3 compute 200 rows
+  // each: twice drop_tokens' on whole experts; sliced in two, as S1. Its MP peers' gradients agree.
+  CHECK(find(ranking, "deepspeed_mp", "ESP 1").compute_seconds == doctest::Approx(3 * 200 * row).epsilon(1e-12));
+  CHECK(find(ranking, "deepspeed_mp", "ESP 2").compute_seconds == doctest::Approx(s1.compute_seconds).epsilon(1e-12));
+  CHECK(find(ranking, "deepspeed_mp", "ESP 1").gradient_sync_seconds == 0);
+  // S2 moves S1's rows in pieces: the same compute.
+  CHECK(find(ranking, "parm_s2", "ESP 2, 4 pieces").compute_seconds == doctest::Approx(s1.compute_seconds).epsilon(1e-12));
+  // The ranks of an MP group must hold the same tokens.
+  top1 const differs({100, 100, 100, 100}, {2, 3, 2, 2});
+  CHECK_THROWS_WITH((void)moecomm::pattern_adviser(spec, topo, model, {4, F, 4}).rank(differs.views),
+                    doctest::Contains("routing[1] differs from routing[0]"));
+}
+
 TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a multiple of the ranks, or an error naming them") {
   moecomm::cluster_spec const spec = one_node(2, 0, 0);
   moecomm::topology const topo(2, 2);

@@ -9,8 +9,10 @@
 #include <moecomm/plan/iteration_model.hpp>
 #include <moecomm/simulation/dense_iteration.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace test {
 
@@ -65,6 +67,20 @@ TEST_CASE("iteration: a transformer's FLOPs and dense parameters, by hand, and i
                        doctest::Contains("expert_parameters = -1 must be finite and >= 0"), moecomm::error);
   CHECK_THROWS_WITH_AS(moecomm::iteration_model(two_nodes_of_four(), 9, s), doctest::Contains("ranks = 9 must be in [1, the platform's 8 GPUs]"),
                        moecomm::error);
+  bad = s;
+  bad.model_parallel = 0;
+  CHECK(shape_error(bad).find("model_parallel = 0 must be positive") != std::string::npos);
+  bad.model_parallel = 4;
+  CHECK_THROWS_WITH_AS(moecomm::iteration_model(two_nodes_of_four(), 6, bad),
+                       doctest::Contains("ranks = 6 must be a multiple of shape.model_parallel = 4"), moecomm::error);
+  // Tensor parallelism: attention's two all-reduces in both blocks, the dense FFN's two; a rank's
+  // quarter of the FLOPs and of the dense parameters.
+  CHECK(s.tensor_parallel_allreduces() == 0);
+  CHECK(bad.tensor_parallel_allreduces() == 2 * 2 + 2 * 1);
+  moecomm::iteration_model const whole(two_nodes_of_four(), 8, s), quarter(two_nodes_of_four(), 8, bad);
+  CHECK(quarter.compute_seconds() == relatively(whole.compute_seconds() / 4, 1e-12));
+  CHECK(whole.tensor_parallel_seconds() == 0);
+  CHECK(quarter.tensor_parallel_seconds() > 0);
 }
 
 TEST_CASE("iteration: the model's dense part equals the simulated one, inside a node and across nodes and over two micro-batches") {
@@ -99,6 +115,49 @@ TEST_CASE("iteration: the model's dense part equals the simulated one, inside a 
     CHECK(span == relatively(predicted, 0.01));
     CHECK(model.iteration_seconds(1e-3, experts) == relatively(predicted + shape.micro_batches * 2e-3, 1e-12));
     CHECK(model.iteration_seconds(1e-3, experts, 5e-4) == relatively(predicted + shape.micro_batches * 2e-3 + 1e-3, 1e-12));
+  }
+}
+
+TEST_CASE("iteration: with tensor parallelism the model's dense part equals the simulated one (MP 2 and 4 over two nodes)") {
+  moecomm::transformer_shape shape;
+  shape.layers = 4;
+  shape.moe_layers = 2;
+  shape.hidden = 1024;
+  shape.dense_ffn = 4096;
+  shape.sequence = 512;
+  shape.tokens_per_rank = 1024;
+  shape.vocabulary = 50257;
+  double const experts = 2 * 2 * 1024.0 * 4096;
+  for (int const M : {2, 4}) {  // the MP groups inside a node; the DP groups across both, M of them sharing each node's NIC
+    CAPTURE(M);
+    shape.model_parallel = M;
+    moecomm::iteration_model const model(two_nodes_of_four(), 8, shape);
+    double span = 0, tensor_parallel = 0;
+    std::vector<double> started(8), finished(8);  // the MP all-reduces alone, per rank (no barrier after them)
+    moecomm::simgrid_world world = sim_world(8, 4);
+    world.run([&](moecomm::simgrid_communicator comm) {
+      std::int32_t const me = comm.rank();
+      moecomm::simgrid_communicator mp = comm.split(me / M, me), dp = comm.split(me % M, me);
+      CHECK_THROWS_WITH_AS(moecomm::simulate_dense_iteration(comm, shape, experts), doctest::Contains("shape.model_parallel = "),
+                           moecomm::error);
+      comm.barrier();
+      double const start = moecomm::simulated_seconds{}();
+      moecomm::simulate_dense_iteration(mp, dp, shape, experts);
+      comm.barrier();
+      double const middle = moecomm::simulated_seconds{}();
+      if (me == 0) span = middle - start;
+      started[static_cast<std::size_t>(me)] = middle;
+      moecomm::simulate_tensor_parallel(mp, shape);  // alone: a small part of the whole
+      finished[static_cast<std::size_t>(me)] = moecomm::simulated_seconds{}();
+    });
+    tensor_parallel = *std::max_element(finished.begin(), finished.end()) - *std::min_element(started.begin(), started.end());
+    double const predicted = model.dense_seconds(experts);
+    MESSAGE("MP " << M << ": simulated " << span * 1e3 << " ms, model " << predicted * 1e3 << " ms (MP all-reduces "
+                  << model.tensor_parallel_seconds() * 1e3 << ", simulated " << tensor_parallel * 1e3 << "; DP all-reduce "
+                  << model.allreduce_seconds() * 1e3 << ")");
+    CHECK(model.allreduce_seconds() > 0.25 * predicted);  // across the NIC, M rings sharing it
+    CHECK(span == relatively(predicted, 0.01));
+    CHECK(tensor_parallel == relatively(model.tensor_parallel_seconds(), 0.02));
   }
 }
 

@@ -16,6 +16,10 @@
 //! with ESP < MP only the ESP group gathers (the rest of the MP group holds the same slices and
 //! computes other tokens). PauseMP divides the rows each rank dispatches by MP and the rows each
 //! rank computes by MP / ESP; it adds the MP all-gather of the output.
+//! The gathered rows arrive by (ESP member, source); with several local experts PauseMP reorders
+//! them by expert (`sort_chunks`, and back before the reduce-scatter), so that each expert runs
+//! once over all its rows, as in the baseline, rather than once per (member, source) segment,
+//! each a GEMM that reads the whole expert.
 //!
 //! Equal by construction, and tested bit for bit: every schedule gives the baseline's output, input
 //! gradient and weight gradient, because every token's slots are combined by the same unpermute in
@@ -51,6 +55,7 @@
 #include <moecomm/ops/ordered_allreduce.hpp>
 #include <moecomm/ops/pipelined_collectives.hpp>
 #include <moecomm/ops/row_collectives.hpp>
+#include <moecomm/ops/sort_chunks.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/replica_gradients.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
@@ -210,6 +215,12 @@ class parm_layer : public detail::layer_mode {
       build_kept_permute_plan(be(), all_plan_, largest.view(), kept_plan_, scratch_, unchecked_routing);
     }
     for (rows_t* b : {&expert_in_, &partial_out_, &d_expert_out_, &d_partial_in_}) grow_rows(*b, gathered);
+    if (pauses_mp && dispatcher_.num_local_experts() > 1) {  // the chunks' reordering: its rows and its table
+      grow_rows(gathered_, gathered);
+      std::int64_t const chunks = std::int64_t{esp_size()} * groups_->ep().size() * dispatcher_.num_local_experts();
+      (void)sort_scratch_.template host<std::int64_t>(4 * chunks + 1);
+      (void)sort_scratch_.template get<std::int64_t>(be(), 2 * chunks + 1);
+    }
     for (rows_t* b : {&expert_out_, &d_expert_in_, &esp_slice_}) grow_rows(*b, received);
     for (rows_t* b : {&out_slice_, &d_x_slice_, &d_x_unwanted_}) grow_rows(*b, bounds.max_tokens);
     grow_rows(d_returned_, slots);
@@ -400,15 +411,20 @@ class parm_layer : public detail::layer_mode {
     report_.rows_dispatched = sent.rows;
     std::int64_t const rows = gathered_rows_;
     report_.rows_computed = rows;
-    alltoall_allgather(be(), groups_->ep(), groups_->esp(), sent, send_rows(), recv_rows(), view(grow_rows(expert_in_, rows), rows),
-                       pipe_, pieces());
-    for_each_segment([&](std::int32_t l, std::int64_t b, std::int64_t n) {
-      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, b, n), rows_at(grow_rows(partial_out_, rows), b, n), be());
+    matrix_view<T> const in = view(grow_rows(expert_in_, rows), rows);  // expert-major, kept for the backward
+    matrix_view<T> const arrived = rank_major_rows(in);
+    alltoall_allgather(be(), groups_->ep(), groups_->esp(), sent, send_rows(), recv_rows(), arrived, pipe_, pieces());
+    reorder_chunks(arrived, in, chunk_order::rank_major_to_expert_major);
+    matrix_view<T> const partial = view(grow_rows(partial_out_, rows), rows);
+    for_each_local_expert([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      detail::run_local_expert<T>(experts, l, rows_at(expert_in_, b, n), rows_at(partial_out_, b, n), be());
       detail::charge_expert_flops(be(), experts, n, 1);
     });
+    matrix_view<T> const leaving = rank_major_rows(partial);
+    reorder_chunks(partial, leaving, chunk_order::expert_major_to_rank_major);
     matrix_view<T> const returned = dispatcher_.template returned_rows<T>(hidden_);
-    reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(view(partial_out_, rows)), recv_rows(),
-                            send_rows(), returned, pipe_, pieces());
+    reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(leaving), recv_rows(), send_rows(), returned,
+                            pipe_, pieces());
     matrix_view<T> const out_mine = view(grow_rows(out_slice_, mine.count), mine.count);
     dispatcher_.template combine_returned<Weighting, T>(out_mine);
     record_paused_traffic();
@@ -451,12 +467,15 @@ class parm_layer : public detail::layer_mode {
     matrix_view<T const> const d_sent = dispatcher_.template combine_gradient<Weighting, T>(
         d_out_mine, d_weights.wanted() ? optional_output<array_view<float>>(array_view<float>{d_w_mine, mine.count * k})
                                        : optional_output<array_view<float>>(not_needed));
-    alltoall_allgather(be(), groups_->ep(), groups_->esp(), d_sent, send_rows(), recv_rows(),
-                       view(grow_rows(d_expert_out_, rows), rows), pipe_, pieces());
+    matrix_view<T> const d_expert_out = view(grow_rows(d_expert_out_, rows), rows);
+    matrix_view<T> const d_arrived = rank_major_rows(d_expert_out);
+    alltoall_allgather(be(), groups_->ep(), groups_->esp(), d_sent, send_rows(), recv_rows(), d_arrived, pipe_, pieces());
+    reorder_chunks(d_arrived, d_expert_out, chunk_order::rank_major_to_expert_major);
     bool const replicated = sums_replica_gradients();
     stage_gradients(experts, replicated);
-    for_each_segment([&](std::int32_t l, std::int64_t b, std::int64_t n) {
-      matrix_view<T> const d_in = rows_at(grow_rows(d_partial_in_, rows), b, n);
+    matrix_view<T> const d_partial_in = view(grow_rows(d_partial_in_, rows), rows);
+    for_each_local_expert([&](std::int32_t l, std::int64_t b, std::int64_t n) {
+      matrix_view<T> const d_in = rows_at(d_partial_in_, b, n);
       if constexpr (detail::is_parametric_experts_v<Experts>) {
         detail::expert_backward<T>(experts, experts.parameters(l), rows_at(expert_in_, b, n), rows_at(d_expert_out_, b, n), d_in,
                                    replicated ? staged_gradient(experts, l) : experts.gradients(l), be());
@@ -466,8 +485,10 @@ class parm_layer : public detail::layer_mode {
       detail::charge_expert_flops(be(), experts, n, 2);
     });
     matrix_view<T> const d_returned = view(grow_rows(d_returned_, dispatcher_.plan().num_rows()), dispatcher_.plan().num_rows());
-    reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(view(d_partial_in_, rows)), recv_rows(),
-                            send_rows(), d_returned, pipe_, pieces());
+    matrix_view<T> const d_leaving = rank_major_rows(d_partial_in);
+    reorder_chunks(d_partial_in, d_leaving, chunk_order::expert_major_to_rank_major);
+    reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(d_leaving), recv_rows(), send_rows(), d_returned,
+                            pipe_, pieces());
     if (replicated) sum_gradients_over_replicas(experts);
     matrix_view<T> const d_x_mine = view(grow_rows(d_x_slice_, mine.count), mine.count);
     dispatcher_.template dispatch_gradient<T>(matrix_view<T const>(d_returned), d_x_mine);
@@ -543,8 +564,9 @@ class parm_layer : public detail::layer_mode {
     return s;
   }
 
-  //! `send_rows_` `[EP]`, and, all-gathered over the ESP group, `chunk_counts_` `[ESP][EP][L]` and
-  //! `recv_rows_` `[ESP][EP]`: what the pipelined collectives and the experts' segments need.
+  //! `send_rows_` `[EP]`, and, all-gathered over the ESP group, `chunk_counts_` `[ESP][EP][L]`,
+  //! `recv_rows_` `[ESP][EP]` and `expert_offsets_` `[L + 1]`: what the pipelined collectives, the
+  //! chunks' reordering and the experts need.
   void exchange_block_counts() {
     std::int32_t const peers = groups_->ep().size(), members = esp_size(), locals = dispatcher_.num_local_experts();
     std::int64_t const mine = std::int64_t{peers} * locals;
@@ -556,26 +578,41 @@ class parm_layer : public detail::layer_mode {
     for (std::int64_t i = 0; i < mine; ++i) own[i] = offsets[static_cast<std::size_t>(i) + 1] - offsets[static_cast<std::size_t>(i)];
     allgather_host(groups_->esp(), own, chunk_counts_.data(), mine * static_cast<std::int64_t>(sizeof(std::int64_t)));
     recv_rows_.assign(static_cast<std::size_t>(members) * peers, 0);
-    gathered_rows_ = 0;
+    expert_offsets_.assign(static_cast<std::size_t>(locals) + 1, 0);
+    sort_counts_.resize(static_cast<std::size_t>(members * mine));
     for (std::int64_t i = 0; i < members * mine; ++i) {
-      recv_rows_[static_cast<std::size_t>(i / locals)] += chunk_counts_[static_cast<std::size_t>(i)];
-      gathered_rows_ += chunk_counts_[static_cast<std::size_t>(i)];
+      std::int64_t const n = chunk_counts_[static_cast<std::size_t>(i)];
+      recv_rows_[static_cast<std::size_t>(i / locals)] += n;
+      expert_offsets_[static_cast<std::size_t>(i % locals) + 1] += n;
+      sort_counts_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n);  // <= the dispatcher's int32 rows
     }
+    for (std::int32_t l = 0; l < locals; ++l) expert_offsets_[static_cast<std::size_t>(l) + 1] += expert_offsets_[static_cast<std::size_t>(l)];
+    gathered_rows_ = expert_offsets_.back();
   }
   [[nodiscard]] array_view<std::int64_t const> send_rows() const { return {send_rows_.data(), static_cast<std::int64_t>(send_rows_.size())}; }
   [[nodiscard]] array_view<std::int64_t const> recv_rows() const { return {recv_rows_.data(), static_cast<std::int64_t>(recv_rows_.size())}; }
 
-  //! `f(l, first row, rows)` for every (ESP member, source, local expert) segment of the gathered rows.
+  //! `f(l, first row, rows)` for every local expert with rows, in the expert-major order: one call
+  //! (one GEMM) per expert over the rows of every ESP member and source, as `deepspeed_mp` runs it.
   template <class F>
-  void for_each_segment(F&& f) const {
-    std::int32_t const locals = dispatcher_.num_local_experts();
-    std::int64_t const segments = std::int64_t{esp_size()} * groups_->ep().size() * locals;
-    std::int64_t at = 0;
-    for (std::int64_t i = 0; i < segments; ++i) {
-      std::int64_t const n = chunk_counts_[static_cast<std::size_t>(i)];
-      if (n > 0) f(static_cast<std::int32_t>(i % locals), at, n);
-      at += n;
-    }
+  void for_each_local_expert(F&& f) const {
+    for (std::size_t l = 0; l + 1 < expert_offsets_.size(); ++l)
+      if (expert_offsets_[l + 1] > expert_offsets_[l])
+        f(static_cast<std::int32_t>(l), expert_offsets_[l], expert_offsets_[l + 1] - expert_offsets_[l]);
+  }
+
+  //! The collectives deliver and take the gathered rows rank-major, `[ESP][EP][L]`; the experts
+  //! want them expert-major, `[L][ESP][EP]`. With one local expert the two orders are one, and the
+  //! collectives use `expert_major` itself; otherwise `gathered_` stages the rank-major rows.
+  matrix_view<T> rank_major_rows(matrix_view<T> expert_major) {
+    if (dispatcher_.num_local_experts() == 1) return expert_major;
+    return view(grow_rows(gathered_, expert_major.rows), expert_major.rows);
+  }
+  //! `from` -> `to` in `order` (`sort_chunks`), unless they are the same rows (one local expert).
+  void reorder_chunks(matrix_view<T> from, matrix_view<T> to, chunk_order order) {
+    if (from.data == to.data) return;
+    sort_chunks(be(), matrix_view<T const>(from), array_view<std::int32_t const>{sort_counts_.data(), static_cast<std::int64_t>(sort_counts_.size())},
+                esp_size() * groups_->ep().size(), dispatcher_.num_local_experts(), to, sort_scratch_, order);
   }
 
   // ---- traffic report ---------------------------------------------------------------------------
@@ -636,15 +673,17 @@ class parm_layer : public detail::layer_mode {
   permute_plan<Backend> all_plan_;  //!< the plan of all T tokens: validation and capacity
   permute_plan<Backend> kept_plan_;  //!< the baseline's plan of the kept slots
   typename Backend::template buffer_type<std::int32_t> kept_idx_;
-  workspace<Backend> scratch_, grad_scratch_, replica_scratch_;
+  workspace<Backend> scratch_, grad_scratch_, replica_scratch_, sort_scratch_;
   pipeline_workspace<Backend> pipe_;
-  std::vector<std::int64_t> send_rows_, recv_rows_, chunk_counts_;  //!< kept between steps
+  std::vector<std::int64_t> send_rows_, recv_rows_, chunk_counts_, expert_offsets_;  //!< kept between steps
+  std::vector<std::int32_t> sort_counts_;  //!< `chunk_counts_`' gathered blocks, as `sort_chunks` takes them
   std::vector<std::int64_t> shapes_;  //!< parm_auto: `[world][3]` tokens, top-k and kept rows
   std::int32_t chosen_pieces_ = 1;    //!< parm_auto: the pieces of the schedule the last forward chose
   std::int64_t gathered_rows_ = 0, tokens_ = 0;
   std::int32_t top_k_ = 0;
   row_range slice_;  //!< this rank's tokens under PauseMP
   rows_t expert_in_, partial_out_, expert_out_, esp_slice_, out_slice_;
+  rows_t gathered_;  //!< PauseMP with several local experts: the gathered rows in the collectives' (rank-major) order
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
   rows_t d_expert_out_, d_partial_in_, d_expert_in_, d_returned_, d_x_slice_, d_x_unwanted_;
   typename Backend::template buffer_type<float> d_weights_slice_, d_weights_unwanted_;

@@ -26,8 +26,16 @@
 //!   it in buckets: then the iteration is shorter by at most `allreduce_seconds()`).
 //! - the optimizer: one memory pass of `optimizer_bytes_per_parameter` per parameter the rank
 //!   holds (dense and its experts'), at HBM bandwidth.
-//! What it leaves out: activation recomputation, pipeline and tensor parallelism, the embedding's
-//! lookup, layer norms and softmax as memory passes.
+//! - tensor (model) parallelism, `model_parallel` M > 1, as Megatron-LM splits attention and the
+//!   dense FFNs over an MP group of M consecutive ranks, which all hold the group's tokens: each
+//!   rank computes 1/M of the FLOPs above and holds 1/M of the dense parameters; each block's
+//!   attention all-reduces its output in the forward and its input gradient in the backward over
+//!   the MP group (`T·H` activations of `activation_bytes`), as does a dense FFN; the MP groups run
+//!   side by side. The dense gradients are then all-reduced over the data-parallel groups instead:
+//!   the R / M ranks M apart that hold the same shard, M rings side by side sharing their nodes' NICs.
+//! What it leaves out: activation recomputation, pipeline parallelism, the embedding's lookup (and,
+//! with M > 1, the vocabulary-parallel embedding's and loss's all-reduces), layer norms and softmax
+//! as memory passes.
 
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
@@ -47,7 +55,9 @@ struct transformer_shape {
   std::int64_t hidden = 0;           //!< H
   std::int64_t dense_ffn = 0;        //!< F of a dense block's FFN (ignored when every block is MoE)
   std::int64_t sequence = 0;         //!< S: tokens per sequence (attention's scores grow with it)
-  std::int64_t tokens_per_rank = 0;  //!< T: tokens one rank trains on per iteration (a multiple of S)
+  //! T: tokens one rank trains on per micro-batch (a multiple of S); with model parallelism, its MP
+  //! group's, which each of the group's ranks holds.
+  std::int64_t tokens_per_rank = 0;
   std::int64_t vocabulary = 0;       //!< V: the LM head and the (tied) embedding; 0 leaves them out
   double gradient_bytes = 2;         //!< bytes of one gradient element in the all-reduce (bf16: 2, fp32: 4)
   //! Adam with fp32 master weights and moments: reads weight, gradient and two moments, writes
@@ -57,6 +67,9 @@ struct transformer_shape {
   //! splits its global batch): each runs the forward and backward; the gradients are all-reduced
   //! and the optimizer steps once per iteration.
   std::int32_t micro_batches = 1;
+  //! M, Megatron-LM's tensor parallelism of attention and the dense FFNs: ranks per MP group (1: none).
+  std::int32_t model_parallel = 1;
+  double activation_bytes = 2;  //!< bytes of one activation element in the MP all-reduces (bf16: 2)
 
   //! @throws error (invalid_argument) naming the field: counts and sizes positive (`dense_ffn` when a
   //!   block is dense, `micro_batches`), `moe_layers <= layers`, `tokens_per_rank` a multiple of `sequence`.
@@ -75,9 +88,18 @@ struct transformer_shape {
     detail::require(gradient_bytes > 0 && optimizer_bytes_per_parameter > 0, op, "gradient_bytes = ", gradient_bytes,
                     " and optimizer_bytes_per_parameter = ", optimizer_bytes_per_parameter, " must be positive");
     detail::require(micro_batches > 0, op, "micro_batches = ", micro_batches, " must be positive");
+    detail::require(model_parallel > 0, op, "model_parallel = ", model_parallel, " must be positive");
+    detail::require(activation_bytes > 0, op, "activation_bytes = ", activation_bytes, " must be positive");
   }
 
-  //! Forward FLOPs of one rank outside the MoE layers, per micro-batch (see the file comment).
+  //! The all-reduces of an MP group per micro-batch: attention's forward and backward in every
+  //! block, a dense FFN's in every dense block; none without model parallelism.
+  [[nodiscard]] std::int32_t tensor_parallel_allreduces() const {
+    return model_parallel == 1 ? 0 : 2 * layers + 2 * (layers - moe_layers);
+  }
+
+  //! Forward FLOPs of one rank outside the MoE layers, per micro-batch, without model parallelism
+  //! (its MP group's with it; see the file comment).
   [[nodiscard]] double dense_forward_flops() const {
     double const T = static_cast<double>(tokens_per_rank), H = static_cast<double>(hidden);
     double const attention = 8 * T * H * H + 4 * T * static_cast<double>(sequence) * H;
@@ -97,28 +119,43 @@ struct transformer_shape {
 //! The iteration around the MoE layers on a platform (see the file comment).
 class iteration_model {
  public:
-  //! @param spec the platform (validated); @param ranks the data-parallel group: ranks 0..ranks-1,
-  //!   `gpus_per_node` to a node, as a `simgrid_world` places them; @param shape validated.
-  //! @throws error (invalid_argument) from either `validate`, or naming `ranks`.
+  //! @param spec the platform (validated); @param ranks every rank: ranks 0..ranks-1,
+  //!   `gpus_per_node` to a node, as a `simgrid_world` places them (data-parallel, or MP groups of
+  //!   `shape.model_parallel` consecutive ranks); @param shape validated.
+  //! @throws error (invalid_argument) from either `validate`, or naming `ranks` (also when
+  //!   `shape.model_parallel` does not divide it).
   iteration_model(cluster_spec const& spec, std::int32_t ranks, transformer_shape const& shape)
       : spec_(spec), ranks_(ranks), shape_(shape) {
     spec_.validate();
     shape_.validate();
     detail::require(ranks > 0 && ranks <= spec.num_gpus(), "iteration_model", "ranks = ", ranks,
                     " must be in [1, the platform's ", spec.num_gpus(), " GPUs]");
+    detail::require(ranks % shape.model_parallel == 0, "iteration_model", "ranks = ", ranks,
+                    " must be a multiple of shape.model_parallel = ", shape.model_parallel);
   }
 
-  //! The forward and backward outside the MoE layers, of every micro-batch.
+  //! The forward and backward outside the MoE layers, of every micro-batch: a rank's share.
   [[nodiscard]] double compute_seconds() const {
-    return shape_.micro_batches * 3 * shape_.dense_forward_flops() / spec_.gemm_flops();
+    return shape_.micro_batches * 3 * shape_.dense_forward_flops() / shape_.model_parallel / spec_.gemm_flops();
   }
 
-  //! The ring all-reduce of the dense gradients over the ranks.
+  //! The MP groups' all-reduces of every micro-batch (0 without model parallelism): rings over M
+  //! consecutive ranks, the groups side by side.
+  [[nodiscard]] double tensor_parallel_seconds() const {
+    std::int32_t const M = shape_.model_parallel;
+    if (M == 1) return 0;
+    double const bytes = static_cast<double>(shape_.tokens_per_rank) * static_cast<double>(shape_.hidden) * shape_.activation_bytes;
+    double const one = spec_.collective_overhead_seconds + 2.0 * (M - 1) * ring_step_seconds(bytes / M, M, 1);
+    return shape_.micro_batches * shape_.tensor_parallel_allreduces() * one;
+  }
+
+  //! The ring all-reduce of the dense gradients over each data-parallel group (every rank without
+  //! model parallelism; with it, the R / M ranks M apart holding one shard, M groups side by side).
   [[nodiscard]] double allreduce_seconds() const {
-    std::int32_t const R = ranks_;
-    if (R == 1) return 0;
-    double const step_bytes = shape_.dense_parameters() * shape_.gradient_bytes / R;
-    return spec_.collective_overhead_seconds + 2.0 * (R - 1) * ring_step_seconds(step_bytes);
+    std::int32_t const M = shape_.model_parallel, n = ranks_ / M;
+    if (n == 1) return 0;
+    double const step_bytes = shape_.dense_parameters() / M * shape_.gradient_bytes / n;
+    return spec_.collective_overhead_seconds + 2.0 * (n - 1) * ring_step_seconds(step_bytes, n, M);
   }
 
   //! The optimizer's pass over the dense parameters and `expert_parameters` (the rank's experts').
@@ -126,13 +163,13 @@ class iteration_model {
   [[nodiscard]] double optimizer_seconds(double expert_parameters) const {
     detail::require(std::isfinite(expert_parameters) && expert_parameters >= 0, "iteration_model", "expert_parameters = ",
                     expert_parameters, " must be finite and >= 0");
-    double const bytes = (shape_.dense_parameters() + expert_parameters) * shape_.optimizer_bytes_per_parameter;
+    double const bytes = (shape_.dense_parameters() / shape_.model_parallel + expert_parameters) * shape_.optimizer_bytes_per_parameter;
     return spec_.kernel_launch_seconds + bytes / spec_.hbm_bytes_per_second;
   }
 
   //! Everything but the MoE layers.
   [[nodiscard]] double dense_seconds(double expert_parameters) const {
-    return compute_seconds() + allreduce_seconds() + optimizer_seconds(expert_parameters);
+    return compute_seconds() + tensor_parallel_seconds() + allreduce_seconds() + optimizer_seconds(expert_parameters);
   }
 
   //! One iteration: per MoE layer, a step (forward and backward) of `moe_step_seconds` per
@@ -145,27 +182,29 @@ class iteration_model {
   [[nodiscard]] transformer_shape const& shape() const noexcept { return shape_; }
 
  private:
-  //! One step of the ring r -> r + 1 (mod R), every rank sending `bytes` at once: the slowest link
-  //! any step's message crosses, plus the longest route's latency. Only the ranks at a node's edge
-  //! leave it, so a node's NICs carry one flow (one per domain on the WAN uplink, one per node on a
-  //! blocking fabric).
-  [[nodiscard]] double ring_step_seconds(double bytes) const {
-    std::int32_t const G = spec_.gpus_per_node, R = ranks_;
-    std::int32_t const nodes = (R + G - 1) / G;
+  //! One step of the rings over groups of `n` ranks `stride` apart (`stride` groups side by side,
+  //! each rank in one), every rank sending `bytes` to its next at once: the slowest link any step's
+  //! message crosses, plus the longest route's latency. Only a group's ranks at a node's edge leave
+  //! it, so a node's NICs carry one flow per group with ranks in it (one per domain and group on the
+  //! WAN uplink, one per node and group on a blocking fabric).
+  [[nodiscard]] double ring_step_seconds(double bytes, std::int32_t n, std::int32_t stride) const {
+    std::int32_t const G = spec_.gpus_per_node;
+    std::int32_t const in_node = stride < G && G % stride == 0 ? std::min(n, G / stride) : 1;  // a group's ranks in one node
+    std::int32_t const nodes = (n + in_node - 1) / in_node, sharing = std::min(stride, G);
     std::int32_t const domains = (nodes + spec_.nodes_per_domain - 1) / spec_.nodes_per_domain;
     link_spec const port = spec_.intra_node_over_pcie ? spec_.pcie : spec_.intra_node;
     double slowest = std::numeric_limits<double>::infinity(), latency = 0;
-    if (std::min(R, G) > 1) {  // a step inside a node
+    if (in_node > 1) {  // a step inside a node
       slowest = port.bytes_per_second;
       latency = 2 * port.latency_seconds;
     }
     if (nodes > 1) {  // a step between nodes
-      double b = std::min(spec_.pcie.bytes_per_second, spec_.nics_per_node * spec_.nic.bytes_per_second);
+      double b = std::min(spec_.pcie.bytes_per_second, spec_.nics_per_node * spec_.nic.bytes_per_second / sharing);
       if (spec_.fabric.bytes_per_second > 0)
-        b = std::min(b, spec_.fabric.bytes_per_second / std::min(nodes, spec_.nodes_per_domain));
+        b = std::min(b, spec_.fabric.bytes_per_second / (sharing * std::min(nodes, spec_.nodes_per_domain)));
       double route = 2 * (spec_.pcie.latency_seconds + spec_.nic.latency_seconds) + spec_.fabric.latency_seconds;
       if (domains > 1) {
-        b = std::min(b, spec_.inter_domain.bytes_per_second);
+        b = std::min(b, spec_.inter_domain.bytes_per_second / sharing);
         route += spec_.fabric.latency_seconds + 2 * spec_.inter_domain.latency_seconds;
       }
       slowest = std::min(slowest, b);

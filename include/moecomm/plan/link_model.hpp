@@ -187,6 +187,21 @@ class link_model {
     return spec_.collective_overhead_seconds + (n - 1) * links_seconds(ring(bytes, in_node));
   }
 
+  //! Ring all-gathers of `bytes` per rank, one over each of `groups` (disjoint, each in its ring's
+  //! order), side by side: n - 1 dependent steps (n the largest group's size), in each every rank
+  //! sends one block to its next. Groups of one rank cost nothing.
+  [[nodiscard]] double allgather_seconds(std::vector<std::vector<std::int32_t>> const& groups, double bytes) const {
+    matrix step = zeros();
+    std::size_t n = 1;
+    for (auto const& g : groups) {
+      if (g.size() < 2) continue;
+      n = std::max(n, g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) step[cell(g[i], g[(i + 1) % g.size()])] = bytes;
+    }
+    if (n == 1) return 0;
+    return spec_.collective_overhead_seconds + static_cast<double>(n - 1) * links_seconds(step);
+  }
+
   //! A broadcast (or reduce) of `bytes` over every rank: a chain through the ranks in order (from
   //! rank 0), in chunks of at most 1 MiB (at most 64) that follow each other down it. The first
   //! chunk crosses every hop in turn; the others follow at the pace of the slowest hop.

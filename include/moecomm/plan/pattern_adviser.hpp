@@ -28,6 +28,12 @@
 //!   steady state);
 //! - `flexmoe`: FlexMoE's even split over the placement its planner settles on for this step's loads
 //!   (`flexmoe_options()`, from `from_loads` on equal loads; the moves themselves are not priced).
+//! When the model is tensor-parallel (`transformer_shape::model_parallel` M > 1, MP groups of M
+//! consecutive ranks holding the same tokens), Parm's layouts instead (patterns/parm.hpp, DP 1, EP
+//! over the R / M MP groups), each slicing G of M whose slices fit in the slots (L / G whole
+//! experts a rank, L = E·M / R): `deepspeed_mp` (every MP rank dispatches all the group's tokens),
+//! `drop_tokens` (DeepSpeed-MoE's deduplicated dispatch: `parm_s1` on whole experts, G = 1),
+//! `parm_s1` and `parm_s2` with 2 and 4 pieces, each priced by `parm_layout_model`.
 //! Each is priced as the layer runs it (`expert_parallel_layer`, `replicated_expert_layer`), on
 //! `link_model`:
 //! - a non-pipelined step is `route`, then dispatch, the experts' forward and combine, then the
@@ -52,9 +58,10 @@
 //! What it leaves out: everything `link_model` leaves out (notably the SMs communication takes from
 //! overlapped compute), FasterMoE's and Pro-Prophet's overlap of the replicas' transfers with other
 //! blocks, FlexMoE's and FineMoE's replica moves (amortised over their intervals), the memory the
-//! replicas' optimizer state takes beyond the slots, and the patterns on other layouts (Parm's MP x
-//! EP x ESP, HybridEP's domains); docs/performance.md, "The pattern adviser", validates the rest
-//! against the simulation.
+//! replicas' optimizer state takes beyond the slots, the patterns on HybridEP's domains, and, with
+//! tensor parallelism, the single-copy and replicated patterns above (they would run on each MP
+//! rank's share of the tokens, as `drop_tokens` does); docs/performance.md, "The pattern adviser",
+//! validates the rest against the simulation.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/placement.hpp>
@@ -67,6 +74,7 @@
 #include <moecomm/plan/flexmoe_planner.hpp>
 #include <moecomm/plan/iteration_model.hpp>
 #include <moecomm/plan/link_model.hpp>
+#include <moecomm/plan/parm_layout_model.hpp>
 #include <moecomm/plan/proprophet_planner.hpp>
 #include <moecomm/plan/replica_assignment.hpp>
 #include <moecomm/plan/replica_schedule.hpp>
@@ -94,11 +102,16 @@ struct moe_layer_shape {
 //! One candidate's predicted times (seconds).
 struct pattern_prediction {
   //! "expert_parallel", "fastermoe", "pro_prophet" (every expert held once, the last two shadowing
-  //! some), "expert_data_parallel", "finemoe", "flexmoe" (experts replicated in `slots_per_rank`)
+  //! some), "expert_data_parallel", "finemoe", "flexmoe" (experts replicated in `slots_per_rank`);
+  //! with tensor parallelism (`transformer_shape::model_parallel` > 1) Parm's layouts instead:
+  //! "deepspeed_mp", "drop_tokens" (`parm_s1` on whole experts), "parm_s1", "parm_s2"
   std::string pattern;
-  std::string setting;        //!< its exchange: "flat", "hierarchical_2d", "dedup_per_rank", "dedup_per_node", "smart_schedule{4}"
+  //! its exchange: "flat", "hierarchical_2d", "dedup_per_rank", "dedup_per_node", "smart_schedule{4}";
+  //! Parm's layouts: the expert slicing and S2's pieces, "ESP 2" or "ESP 2, 4 pieces"
+  std::string setting;
   //! How the replicated layouts hold the experts: "EP 8 x EDP 2" (`expert_data_parallel`),
-  //! "symmetric" or "asymmetric" (`finemoe`), "planned" (`flexmoe`); empty for the others.
+  //! "symmetric" or "asymmetric" (`finemoe`), "planned" (`flexmoe`); Parm's layouts "MP 4 x EP 4";
+  //! empty for the others.
   std::string placement;
   std::int32_t ep_size = 0;     //!< ranks of an expert-parallel group: R, or `expert_data_parallel`'s P
   //! The replicated layouts' slot table `[rank * S + local]` (`replica_placement::slot_experts`;
@@ -125,15 +138,8 @@ class pattern_adviser {
   //! @throws error (invalid_argument) naming the field that is invalid: `spec`'s, `model`'s,
   //!   `moe.num_experts` (a positive multiple of the ranks), `moe.expert_ffn`, `moe.element_bytes`.
   pattern_adviser(cluster_spec spec, topology topo, transformer_shape model, moe_layer_shape moe)
-      : links_(spec, topo), exchanges_(spec, topo), iteration_(spec, topo.num_ranks(), model), moe_(moe) {
-    std::int32_t const R = topo.num_ranks();
-    detail::require(moe.num_experts > 0 && moe.num_experts % R == 0, op, "moe.num_experts = ", moe.num_experts,
-                    " must be a positive multiple of the ", R, " ranks");
-    detail::require(moe.expert_ffn > 0, op, "moe.expert_ffn = ", moe.expert_ffn, " must be positive");
-    detail::require(moe.element_bytes > 0, op, "moe.element_bytes = ", moe.element_bytes, " must be positive");
-    detail::require(moe.slots_per_rank == 0 || (moe.slots_per_rank >= moe.num_experts / R && moe.slots_per_rank <= moe.num_experts), op,
-                    "moe.slots_per_rank = ", moe.slots_per_rank, " must be 0 or in [num_experts / ranks = ", moe.num_experts / R,
-                    ", num_experts = ", moe.num_experts, "]");
+      : links_(spec, topo), exchanges_(spec, topo), iteration_(spec, topo.num_ranks(), model), moe_(validated(moe, topo.num_ranks())),
+        parm_(links_, model.model_parallel, moe.num_experts, model.hidden, moe.expert_ffn, moe.element_bytes, model.gradient_bytes) {
     expert_chain_seconds_ = links_.chain_seconds(expert_parameters() * moe.element_bytes);
   }
 
@@ -197,6 +203,11 @@ class pattern_adviser {
                     " ranks' routings; the topology has ", R);
     step const s = count(routing);
     std::vector<pattern_prediction> out;
+    if (iteration_.shape().model_parallel > 1) {
+      add_parm(out, routing);
+      std::stable_sort(out.begin(), out.end(), [](auto const& a, auto const& b) { return a.iteration_seconds < b.iteration_seconds; });
+      return out;
+    }
     std::vector<std::uint8_t> const none(static_cast<std::size_t>(R) * static_cast<std::size_t>(E), 0);
     for (exchange_prediction const& x : exchanges_.rank(routing, E, row_bytes()))
       out.push_back(shadowed("expert_parallel", x.algorithm, x, s, none, 0));
@@ -282,9 +293,22 @@ class pattern_adviser {
 
   static constexpr std::uint64_t placement_seed = 1;  //!< `from_loads`' draw, for FineMoE's asymmetric and FlexMoE's first placements
   static constexpr int flexmoe_intervals = 16;
+  static constexpr std::int32_t parm_pieces[] = {2, 4};  //!< S2's pipeline depths the adviser tries
 
  private:
   static constexpr char const* op = "pattern_adviser";
+
+  //! `moe`, checked against the R ranks before any member uses it (see the constructor).
+  static moe_layer_shape validated(moe_layer_shape const& moe, std::int32_t R) {
+    detail::require(moe.num_experts > 0 && moe.num_experts % R == 0, op, "moe.num_experts = ", moe.num_experts,
+                    " must be a positive multiple of the ", R, " ranks");
+    detail::require(moe.expert_ffn > 0, op, "moe.expert_ffn = ", moe.expert_ffn, " must be positive");
+    detail::require(moe.element_bytes > 0, op, "moe.element_bytes = ", moe.element_bytes, " must be positive");
+    detail::require(moe.slots_per_rank == 0 || (moe.slots_per_rank >= moe.num_experts / R && moe.slots_per_rank <= moe.num_experts), op,
+                    "moe.slots_per_rank = ", moe.slots_per_rank, " must be 0 or in [num_experts / ranks = ", moe.num_experts / R,
+                    ", num_experts = ", moe.num_experts, "]");
+    return moe;
+  }
 
   //! One routing step: `counts[s][e]`, the slots rank s routes to expert e; `loads[e]`, every
   //! rank's slots of expert e; each rank's tokens.
@@ -592,10 +616,42 @@ class pattern_adviser {
     return p;
   }
 
+  //! Parm's layouts on the MP groups of `transformer_shape::model_parallel` (see the file comment):
+  //! each `deepspeed_mp` and PauseMP slicing (and S2's pieces) whose slices fit in the slots.
+  void add_parm(std::vector<pattern_prediction>& out, std::vector<routing_view> const& routing) const {
+    std::int32_t const M = iteration_.shape().model_parallel, P = links_.ranks() / M, L = parm_.local_experts();
+    parm_layout_model::step const s = parm_.count(routing);
+    auto const add = [&](char const* pattern, parm_layout const& layout) {
+      std::int32_t const G = layout.expert_slicing;
+      if (L > slots() * G) return;  // a rank holds L / G whole experts' parameters
+      parm_layout_prediction const x = parm_.predict(s, layout);
+      pattern_prediction p;
+      p.pattern = pattern;
+      p.setting = "ESP " + std::to_string(G) + (layout.pieces > 1 ? ", " + std::to_string(layout.pieces) + " pieces" : "");
+      p.placement = "MP " + std::to_string(M) + " x EP " + std::to_string(P);
+      p.ep_size = P;
+      p.exchange_seconds = x.exchange_seconds;
+      p.compute_seconds = x.compute_seconds;
+      p.layer_seconds = x.layer_seconds;
+      p.gradient_sync_seconds = x.gradient_sync_seconds;
+      p.iteration_seconds = iteration_.iteration_seconds(p.layer_seconds, static_cast<double>(L) / G * expert_parameters(), p.gradient_sync_seconds);
+      out.push_back(std::move(p));
+    };
+    for (std::int32_t G = 1; G <= M; ++G)
+      if (M % G == 0) add("deepspeed_mp", {false, G, 1});
+    add("drop_tokens", {true, 1, 1});
+    for (std::int32_t G = 2; G <= M; ++G) {
+      if (M % G != 0) continue;
+      add("parm_s1", {true, G, 1});
+      for (std::int32_t W : parm_pieces) add("parm_s2", {true, G, W});
+    }
+  }
+
   link_model links_;
   exchange_adviser exchanges_;
   iteration_model iteration_;
   moe_layer_shape moe_;
+  parm_layout_model parm_;
   double expert_chain_seconds_ = 0;  //!< one expert's parameters broadcast (or its gradients reduced) over every rank
 };
 
