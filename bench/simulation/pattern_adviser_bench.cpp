@@ -122,6 +122,22 @@ struct simulated_step {
 //! The bytes of one expert's gradient.
 double expert_gradient_bytes(step_case const& c) { return 2.0 * double(c.model.hidden) * 2.0 * double(c.model.hidden) * fp32; }
 
+//! One step on every simulated rank: `body(comm, be, span, synced, o)` runs this rank's part on a
+//! back-end whose real experts stand for the model's (`simulation_scale`), timing its layer step
+//! into `span`, its gradient sync (`sync`) into `synced`, and adding its results to `o`.
+template <class Body>
+simulated_step simulate_ranks(moecomm::simulated_platform const& platform, step_case const& c, bool sync, Body&& body) {
+  backend const be(moecomm::host_backend{},
+                   moecomm_bench::model_scale(double(c.model.hidden), 2.0 * double(c.model.hidden), fp32, real_hidden, real_ffn, fp32));
+  moecomm_bench::step_span span(c.ranks), synced(c.ranks);
+  simulated_step o;
+  moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, c.ranks);
+  world.run([&](comm_t comm) { body(comm, be, span, synced, o); });
+  o.seconds = span.seconds();
+  if (sync) o.sync_seconds = synced.seconds();
+  return o;
+}
+
 //! One layer step on every rank, `make(be, groups)` building the layer over EP groups of `ep`
 //! consecutive ranks (each group its own communicator; `ep` = R: the world), rank r's slot l
 //! holding expert `expert_of(r, l)`'s parameters; `replicated(layer)` counts the experts the layer
@@ -130,12 +146,7 @@ double expert_gradient_bytes(step_case const& c) { return 2.0 * double(c.model.h
 template <class ExpertOf, class Make, class Replicated>
 simulated_step run_layer(moecomm::simulated_platform const& platform, step_case const& c, std::vector<moecomm_bench::rank_routing> const& routing,
                          std::int32_t ep, std::int32_t slots, ExpertOf expert_of, Make&& make, Replicated&& replicated, bool sync) {
-  backend const be(moecomm::host_backend{},
-                   moecomm_bench::model_scale(double(c.model.hidden), 2.0 * double(c.model.hidden), fp32, real_hidden, real_ffn, fp32));
-  moecomm_bench::step_span span(c.ranks), synced(c.ranks);
-  simulated_step o;
-  moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, c.ranks);
-  world.run([&](comm_t comm) {
+  return simulate_ranks(platform, c, sync, [&](comm_t& comm, backend const& be, auto& span, auto& synced, simulated_step& o) {
     std::int32_t const me = comm.rank();
     comm_t group = ep < c.ranks ? comm.split(me / ep, me) : comm;
     moecomm::exchange_groups<comm_t> groups(group, moecomm::topology(ep, std::min(platform.gpus_per_node(), ep)));
@@ -150,9 +161,6 @@ simulated_step run_layer(moecomm::simulated_platform const& platform, step_case 
       moecomm_bench::sync_replica_gradients(comm, slots, c.experts(), expert_gradient_bytes(c), [&](std::int32_t l) { return expert_of(me, l); },
                                             synced);
   });
-  o.seconds = span.seconds();
-  if (sync) o.sync_seconds = synced.seconds();
-  return o;
 }
 
 template <class Algorithm, class Shadowing = moecomm::no_shadowing>
@@ -203,12 +211,7 @@ simulated_step run_parm(moecomm::simulated_platform const& platform, step_case c
                         Schedule schedule, std::int32_t G) {
   std::int32_t const M = c.model_parallel, P = c.ranks / M, L = c.experts() / P;
   bool const sync = !std::is_same_v<Schedule, moecomm::deepspeed_mp> && M / G > 1;
-  backend const be(moecomm::host_backend{},
-                   moecomm_bench::model_scale(double(c.model.hidden), 2.0 * double(c.model.hidden), fp32, real_hidden, real_ffn, fp32));
-  moecomm_bench::step_span span(c.ranks), synced(c.ranks);
-  simulated_step o;
-  moecomm::simgrid_world world = moecomm_bench::first_gpus(platform, c.ranks);
-  world.run([&](comm_t comm) {
+  return simulate_ranks(platform, c, sync, [&](comm_t& comm, backend const& be, auto& span, auto& synced, simulated_step& o) {
     std::int32_t const me = comm.rank();
     moecomm::parallel_groups<comm_t> groups(comm, {M, P, G}, moecomm::topology(c.ranks, platform.gpus_per_node()));
     auto const at = groups.coordinates();
@@ -223,9 +226,6 @@ simulated_step run_parm(moecomm::simulated_platform const& platform, step_case c
       moecomm_bench::sync_replica_gradients(comm, L, c.experts() * G, expert_gradient_bytes(c) / G,
                                             [&](std::int32_t l) { return (at.ep * L + l) * G + at.esp; }, synced);
   });
-  o.seconds = span.seconds();
-  if (sync) o.sync_seconds = synced.seconds();
-  return o;
 }
 
 //! `f` called with the exchange algorithm named `setting`.

@@ -31,6 +31,20 @@ moecomm::transformer_shape tiny_shape() {
   return s;
 }
 
+// GPT-2 medium's blocks at a reduced scale, `tokens` a rank: big enough that the all-reduce is
+// bandwidth-bound.
+moecomm::transformer_shape gpt_medium_blocks(std::int64_t tokens) {
+  moecomm::transformer_shape s;
+  s.layers = 4;
+  s.moe_layers = 2;
+  s.hidden = 1024;
+  s.dense_ffn = 4096;
+  s.sequence = 512;
+  s.tokens_per_rank = tokens;
+  s.vocabulary = 50257;
+  return s;
+}
+
 std::string shape_error(moecomm::transformer_shape const& s) {
   try {
     s.validate();
@@ -84,15 +98,7 @@ TEST_CASE("iteration: a transformer's FLOPs and dense parameters, by hand, and i
 }
 
 TEST_CASE("iteration: the model's dense part equals the simulated one, inside a node and across nodes and over two micro-batches") {
-  // GPT-2 medium's blocks at a reduced scale: big enough that the all-reduce is bandwidth-bound.
-  moecomm::transformer_shape shape;
-  shape.layers = 4;
-  shape.moe_layers = 2;
-  shape.hidden = 1024;
-  shape.dense_ffn = 4096;
-  shape.sequence = 512;
-  shape.tokens_per_rank = 512;
-  shape.vocabulary = 50257;
+  moecomm::transformer_shape shape = gpt_medium_blocks(512);
   double const experts = 2 * 2 * 1024.0 * 4096;  // two local experts' weights
   for (int const ranks : {4, 8}) {  // 4: one node (NVLink ring); 8: two nodes (the NIC is the slowest ring link)
     CAPTURE(ranks);
@@ -119,14 +125,7 @@ TEST_CASE("iteration: the model's dense part equals the simulated one, inside a 
 }
 
 TEST_CASE("iteration: with tensor parallelism the model's dense part equals the simulated one (MP 2 and 4 over two nodes)") {
-  moecomm::transformer_shape shape;
-  shape.layers = 4;
-  shape.moe_layers = 2;
-  shape.hidden = 1024;
-  shape.dense_ffn = 4096;
-  shape.sequence = 512;
-  shape.tokens_per_rank = 1024;
-  shape.vocabulary = 50257;
+  moecomm::transformer_shape shape = gpt_medium_blocks(1024);
   double const experts = 2 * 2 * 1024.0 * 4096;
   for (int const M : {2, 4}) {  // the MP groups inside a node; the DP groups across both, M of them sharing each node's NIC
     CAPTURE(M);
