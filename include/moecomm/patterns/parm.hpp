@@ -40,6 +40,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
@@ -584,7 +585,8 @@ class parm_layer : public detail::layer_mode {
       std::int64_t const n = chunk_counts_[static_cast<std::size_t>(i)];
       recv_rows_[static_cast<std::size_t>(i / locals)] += n;
       expert_offsets_[static_cast<std::size_t>(i % locals) + 1] += n;
-      sort_counts_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(n);  // <= the dispatcher's int32 rows
+      sort_counts_[static_cast<std::size_t>(i)] =
+          detail::checked_int32(n, "parm_layer", "a gathered block's rows", "sort_chunks counts rows in int32");
     }
     for (std::int32_t l = 0; l < locals; ++l) expert_offsets_[static_cast<std::size_t>(l) + 1] += expert_offsets_[static_cast<std::size_t>(l)];
     gathered_rows_ = expert_offsets_.back();
