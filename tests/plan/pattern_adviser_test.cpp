@@ -314,6 +314,14 @@ TEST_CASE("pattern adviser: with tensor parallelism, Parm's layouts that fit, by
   top1 const differs({100, 100, 100, 100}, {2, 3, 2, 2});
   CHECK_THROWS_WITH((void)moecomm::pattern_adviser(spec, topo, model, {4, F, 4}).rank(differs.views),
                     doctest::Contains("routing[1] differs from routing[0]"));
+  // The layout model's own checks, for a caller that uses it alone.
+  moecomm::parm_layout_model const layouts(links, 2, 4, H, F, 4, 4);
+  std::vector<moecomm::routing_view> missing = routing.views;
+  missing[3].topk_idx = nullptr;
+  CHECK_THROWS_WITH((void)layouts.count(missing), doctest::Contains("routing[3] has 100 tokens, top_k 1 and topk_idx null"));
+  CHECK_THROWS_WITH((void)layouts.predict({}, {}), doctest::Contains("argument 's' is not a step of 4 ranks and 4 experts"));
+  CHECK_THROWS_WITH((void)layouts.predict(layouts.count(routing.views), {true, 3, 1}), doctest::Contains("layout.expert_slicing = 3"));
+  CHECK_THROWS_WITH((void)layouts.predict(layouts.count(routing.views), {false, 2, 2}), doctest::Contains("layout.pieces = 2"));
 }
 
 TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a multiple of the ranks, or an error naming them") {

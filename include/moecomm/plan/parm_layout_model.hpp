@@ -89,8 +89,10 @@ class parm_layout_model {
     std::vector<double> group, slice, group_tokens, slice_tokens;
   };
 
-  //! `routing[r]`, rank r's routing, the same on every rank of an MP group (-1 masked).
-  //! @throws error (invalid_argument) naming the rank whose routing differs from its MP group's first.
+  //! `routing[r]`, rank r's routing (host memory), the same on every rank of an MP group (-1 masked;
+  //! ids outside [0, E) count as masked: `pattern_adviser::rank` refuses them first).
+  //! @throws error (invalid_argument) naming `routing`: one per rank, ids given for its tokens, the
+  //!   same on every rank of an MP group (naming the rank that differs).
   [[nodiscard]] step count(std::vector<routing_view> const& routing) const {
     std::int32_t const R = links_.ranks(), groups = R / M_;
     detail::require(static_cast<std::int32_t>(routing.size()) == R, op, "argument 'routing' has ", routing.size(), " ranks' routings; the topology has ", R);
@@ -99,6 +101,8 @@ class parm_layout_model {
     for (std::int32_t r = 0; r < R; ++r) {
       routing_view const& v = routing[static_cast<std::size_t>(r)];
       routing_view const& first = routing[static_cast<std::size_t>(r - r % M_)];
+      detail::require(v.num_tokens >= 0 && v.top_k > 0 && (v.num_tokens == 0 || v.topk_idx != nullptr), op, "routing[", r, "] has ",
+                      v.num_tokens, " tokens, top_k ", v.top_k, " and topk_idx ", v.topk_idx == nullptr ? "null" : "given");
       bool same = v.num_tokens == first.num_tokens && v.top_k == first.top_k;
       for (std::int64_t i = 0; same && i < v.num_tokens * v.top_k; ++i) same = v.topk_idx[i] == first.topk_idx[i];
       detail::require(same, op, "routing[", r, "] differs from routing[", r - r % M_, "]: the ranks of an MP group hold the same tokens");
@@ -116,11 +120,14 @@ class parm_layout_model {
     return s;
   }
 
-  //! `layout`'s step (see the file comment).
-  //! @throws error (invalid_argument) naming `layout.expert_slicing` unless it divides M, or
-  //!   `layout.pieces` unless it is at least 1 (1 unless PauseMP).
+  //! `layout`'s step (see the file comment) for `s`, what `count` gave.
+  //! @throws error (invalid_argument) naming `s` when it is not `count`'s shape, `layout.expert_slicing`
+  //!   unless it divides M, or `layout.pieces` unless it is at least 1 (1 unless PauseMP).
   [[nodiscard]] parm_layout_prediction predict(step const& s, parm_layout const& layout) const {
     std::int32_t const R = links_.ranks(), G = layout.expert_slicing, L = local_experts();
+    detail::require(s.slice.size() == static_cast<std::size_t>(R) * E_ && s.group.size() == static_cast<std::size_t>(R / M_) * E_ &&
+                        s.slice_tokens.size() == static_cast<std::size_t>(R) && s.group_tokens.size() == static_cast<std::size_t>(R / M_),
+                    op, "argument 's' is not a step of ", R, " ranks and ", E_, " experts (count's result)");
     detail::require(G >= 1 && M_ % G == 0, op, "layout.expert_slicing = ", G, " must divide model_parallel = ", M_);
     detail::require(layout.pieces >= 1 && (layout.pauses_mp || layout.pieces == 1), op, "layout.pieces = ", layout.pieces,
                     " must be at least 1 (and 1 for deepspeed_mp)");
