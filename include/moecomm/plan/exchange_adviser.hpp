@@ -135,14 +135,6 @@ class exchange_adviser {
     for (double& v : m) v *= factor;
     return m;
   }
-  static matrix transposed(matrix const& m, std::int32_t R) {
-    matrix t(m.size());
-    for (std::int32_t s = 0; s < R; ++s)
-      for (std::int32_t d = 0; d < R; ++d)
-        t[static_cast<std::size_t>(d) * static_cast<std::size_t>(R) + static_cast<std::size_t>(s)] =
-            m[static_cast<std::size_t>(s) * static_cast<std::size_t>(R) + static_cast<std::size_t>(d)];
-    return t;
-  }
 
   //! The largest over ranks of `per_rank(r)` rows, as bytes through one memory pass.
   template <class PerRank>
@@ -195,7 +187,7 @@ class exchange_adviser {
     std::int32_t const R = links_.topo().num_ranks();
     exchange_prediction p{name};
     p.route_seconds = links_.allgather_seconds(8.0 * num_experts) + links_.launches(plan_kernels);
-    matrix const there = scaled(r.slots, row_bytes), back = transposed(there, R);
+    matrix const there = scaled(r.slots, row_bytes), back = links_.transposed(there);
     double const exchange = two_step ? two_step_seconds(there) : links_.round_seconds(there);
     double const returned = two_step ? two_step_seconds(back) : links_.round_seconds(back);
     // hierarchical_2d stages the blocks in five reorderings (semantics §11), one copy per block or
@@ -223,7 +215,7 @@ class exchange_adviser {
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.per_rank, s); }, row_bytes);
     double const spread = busiest_pass([&](std::int32_t d) { return column_sum(r.per_rank, d) + column_sum(r.slots, d); }, row_bytes);
     p.dispatch_seconds = permute + links_.round_seconds(scaled(r.per_rank, row_bytes)) + spread;
-    p.combine_seconds = spread + links_.round_seconds(scaled(transposed(r.per_rank, R), row_bytes)) + permute;
+    p.combine_seconds = spread + links_.round_seconds(scaled(links_.transposed(r.per_rank), row_bytes)) + permute;
     traffic(r.per_rank, row_bytes, p);
     return p;
   }
@@ -241,8 +233,8 @@ class exchange_adviser {
     double const relay = busiest_pass([&](std::int32_t m) { return column_sum(r.to_relay, m) + row_sum(r.relayed, m); }, row_bytes);
     double const spread = busiest_pass([&](std::int32_t d) { return column_sum(r.relayed, d) + column_sum(r.slots, d); }, row_bytes);
     p.dispatch_seconds = permute + links_.round_seconds(scaled(r.to_relay, row_bytes)) + relay + links_.round_seconds(scaled(r.relayed, row_bytes)) + spread;
-    p.combine_seconds = spread + links_.round_seconds(scaled(transposed(r.relayed, R), row_bytes)) + relay +
-                        links_.round_seconds(scaled(transposed(r.to_relay, R), row_bytes)) + permute;
+    p.combine_seconds = spread + links_.round_seconds(scaled(links_.transposed(r.relayed), row_bytes)) + relay +
+                        links_.round_seconds(scaled(links_.transposed(r.to_relay), row_bytes)) + permute;
     traffic(r.to_relay, row_bytes, p);
     traffic(r.relayed, row_bytes, p, true);
     return p;

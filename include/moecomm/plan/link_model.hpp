@@ -161,6 +161,13 @@ class link_model {
   }
   //! An all-zero `[R][R]` matrix.
   [[nodiscard]] matrix zeros() const { return matrix(cell(ranks(), 0), 0.0); }
+  //! `m` with senders and receivers swapped: the messages of the way back.
+  [[nodiscard]] matrix transposed(matrix const& m) const {
+    matrix t = zeros();
+    for (std::int32_t s = 0; s < ranks(); ++s)
+      for (std::int32_t d = 0; d < ranks(); ++d) t[cell(d, s)] = m[cell(s, d)];
+    return t;
+  }
 
   //! One round of messages, one collective: its overhead and its links' time.
   [[nodiscard]] double round_seconds(matrix const& bytes) const { return spec_.collective_overhead_seconds + links_seconds(bytes); }

@@ -39,6 +39,7 @@
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/row_slice.hpp>
 #include <moecomm/error.hpp>
+#include <moecomm/plan/exchange_adviser.hpp>
 #include <moecomm/plan/link_model.hpp>
 
 #include <algorithm>
@@ -156,7 +157,7 @@ class parm_layout_model {
       ep_groups.emplace_back();
       for (std::int32_t r = m; r < R; r += M_) ep_groups.back().push_back(r);
     }
-    double route = links_.allgather_seconds(ep_groups, 8.0 * E_) + links_.launches(plan_kernels);
+    double route = links_.allgather_seconds(ep_groups, 8.0 * E_) + links_.launches(exchange_adviser::plan_kernels);
     parm_layout_prediction p;
     double forward_exchange = 0;  // one direction's collectives and passes (the backward's are alike)
     double busiest_gemms = 0;
@@ -172,7 +173,7 @@ class parm_layout_model {
         double const rows = *std::max_element(total.begin(), total.end()) / G * b;
         esp = 2 * round(slices) + links_.memory_seconds(2 * rows + (G + 1) * rows) + links_.memory_seconds(2 * rows);
       }
-      forward_exchange = permute + round(there) + sort + esp + sort + round(transposed(there)) + permute;
+      forward_exchange = permute + round(there) + sort + esp + sort + round(links_.transposed(there)) + permute;
     } else {
       std::vector<double> gathered(static_cast<std::size_t>(R) * L, 0.0), gathered_total(static_cast<std::size_t>(R), 0.0);
       link_model::matrix to_members = links_.zeros();  // the ESP all-gather: each member's received rows to the others
@@ -196,7 +197,7 @@ class parm_layout_model {
       copies const unpack{G * P, 2 * most}, pack{G * P + 2, 2 * most + (G + 1) * most / G};
       double const sort = L > 1 ? 2 * links_.memory_seconds(2 * most) : 0.0;
       double const W = layout.pieces;
-      link_model::matrix const back = transposed(there), from_members = transposed(to_members);
+      link_model::matrix const back = links_.transposed(there), from_members = links_.transposed(to_members);
       double const a2a = pipelined(there, to_members, unpack, W), returned = pipelined(from_members, back, pack, W, true);
       // The MP all-gather of each rank's combined slice.
       link_model::matrix slices = links_.zeros();
@@ -223,20 +224,10 @@ class parm_layout_model {
     return p;
   }
 
-  //! The launches that build one permute plan (`exchange_adviser::plan_kernels`).
-  static constexpr int plan_kernels = 6;
-
  private:
   static constexpr char const* op = "parm_layout_model";
 
   [[nodiscard]] double row_bytes() const { return static_cast<double>(H_) * element_bytes_; }
-
-  [[nodiscard]] link_model::matrix transposed(link_model::matrix const& m) const {
-    link_model::matrix t = links_.zeros();
-    for (std::int32_t s = 0; s < links_.ranks(); ++s)
-      for (std::int32_t d = 0; d < links_.ranks(); ++d) t[links_.cell(d, s)] = m[links_.cell(s, d)];
-    return t;
-  }
 
   //! The largest `rows[r]` through one memory pass of `bytes_per_row` each.
   [[nodiscard]] double busiest(std::vector<double> const& rows, double bytes_per_row) const {
