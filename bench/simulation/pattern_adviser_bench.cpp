@@ -7,7 +7,7 @@
 //! step: whether the adviser's first choice is the simulated fastest, how much slower it is when
 //! not, and each candidate's predicted and simulated layer step and sync.
 //!
-//!     bench_pattern_adviser [--platform=fastermoe-v100-pcie] [--grid=main|holdout|parm] [--ranks=16]
+//!     bench_pattern_adviser [--platform=fastermoe-v100-pcie] [--grid=main|holdout|parm|hybridep] [--ranks=16]
 //!     bench_pattern_adviser --platform=P --advise [--ranks=N --model=MoE-GPT --tokens=4096
 //!         --experts_per_rank=16 --slots_per_rank=32 --micro_batches=8 --top_k=2 --zipf=1.2 --model_parallel=1]
 //!                                                   the ranking alone (no simulation)
@@ -31,6 +31,7 @@
 
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
+#include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
 #include <moecomm/plan/pattern_adviser.hpp>
 #include <moecomm/plan/proprophet_planner.hpp>
@@ -99,9 +100,13 @@ std::vector<moecomm_bench::rank_routing> routing_of(step_case const& c) {
   return routing;
 }
 
+//! The platform's first `ranks` GPUs: their nodes, and their data centres when it has several.
+moecomm::topology topology_of(moecomm::cluster_spec const& spec, std::int32_t ranks) {
+  return moecomm::topology(ranks, spec.gpus_per_node, spec.domains > 1 ? spec.nodes_per_domain : 0);
+}
+
 moecomm::pattern_adviser adviser_for(moecomm::cluster_spec const& spec, step_case const& c) {
-  return moecomm::pattern_adviser(spec, moecomm::topology(c.ranks, spec.gpus_per_node), transformer(c),
-                                  {c.experts(), 2 * c.model.hidden, fp32, c.slots_per_rank});
+  return moecomm::pattern_adviser(spec, topology_of(spec, c.ranks), transformer(c), {c.experts(), 2 * c.model.hidden, fp32, c.slots_per_rank});
 }
 
 std::vector<moecomm::routing_view> views(std::vector<moecomm_bench::rank_routing> const& routing) {
@@ -228,6 +233,31 @@ simulated_step run_parm(moecomm::simulated_platform const& platform, step_case c
   });
 }
 
+//! HybridEP (`hybridep_layer`, `flat`) with expert domains of `S` ranks spread as `spread`, rank r
+//! owning experts [r·L, (r+1)·L): each step begins the gather, then charges the block's attention
+//! (`attention_forward_flops`), under which the gather runs, then the layer. The span less the
+//! attention is the step the adviser prices.
+simulated_step run_hybridep(moecomm::simulated_platform const& platform, step_case const& c, std::vector<moecomm_bench::rank_routing> const& routing,
+                            std::int32_t S, moecomm::expert_domain_spread spread) {
+  std::int32_t const L = c.experts() / c.ranks;
+  double const attention = transformer(c).attention_forward_flops();
+  simulated_step o = simulate_ranks(platform, c, false, [&](comm_t& comm, backend const& be, auto& span, auto&, simulated_step& sum) {
+    std::int32_t const me = comm.rank();
+    moecomm::exchange_groups<comm_t> groups(comm, topology_of(platform.spec(), c.ranks));
+    moecomm::hybridep_layer<float, backend, comm_t> layer(be, groups, c.experts(), real_hidden, moecomm::hybridep{S, spread});
+    mlp_experts mlp = moecomm_bench::experts_by_id(L, real_hidden, real_ffn, [&](std::int32_t l) { return me * L + l; });
+    moecomm_bench::step_result const r =
+        moecomm_bench::warm_then_timed_step(layer, comm, routing[static_cast<std::size_t>(me)], real_hidden, mlp, span, -1, [&] {
+          layer.begin_expert_gather(mlp);
+          be.charge_flops(attention / be.simulated_scale().flops);
+        });
+    sum.checksum += r.checksum;  // actors run one at a time
+    sum.magnitude += r.magnitude;
+  });
+  o.seconds -= attention / platform.spec().gemm_flops();
+  return o;
+}
+
 //! `f` called with the exchange algorithm named `setting`.
 template <class F>
 simulated_step by_exchange(std::string const& setting, F&& f) {
@@ -260,6 +290,11 @@ simulated_step simulate(moecomm::simulated_platform const& platform, step_case c
     if (p.pattern == "deepspeed_mp") return run_parm(platform, c, routing, moecomm::deepspeed_mp{}, G);
     if (p.pattern == "drop_tokens" || p.pattern == "parm_s1") return run_parm(platform, c, routing, moecomm::parm_s1{left}, G);
     if (p.pattern == "parm_s2") return run_parm(platform, c, routing, moecomm::parm_s2{W, left}, G);
+  }
+  if (p.pattern == "hybridep") {
+    bool const across = p.placement == "across data centres";
+    return run_hybridep(platform, c, routing, std::stoi(p.setting.substr(2)),
+                        across ? moecomm::expert_domain_spread::across_data_centres : moecomm::expert_domain_spread::within_data_centres);
   }
   if (p.pattern == "expert_parallel" || p.pattern == "expert_data_parallel")
     return by_exchange(p.setting, [&](auto a) { return run(platform, c, routing, a, moecomm::no_shadowing{}, p.ep_size); });
@@ -394,6 +429,22 @@ void register_parm_grid(moecomm::simulated_platform const& platform, std::int32_
         }
 }
 
+//! Grid `hybridep`: HybridEP's platforms (data centres of one node joined by slow links), the ranks
+//! their first data centres; MoE-GPT-S, 1 and 2 experts per rank, 4096 and 16384 tokens per rank,
+//! top-2, uniform and Zipf(1.2) routing, one micro-batch an iteration (as HybridEP's iterations);
+//! memory for a data centre's share of every expert (E·D / R slots for D data centres): EP inside
+//! each data centre with the experts data-parallel across them fits, as do expert domains of up to D.
+void register_hybridep_grid(moecomm::simulated_platform const& platform, std::int32_t ranks) {
+  std::int32_t const D = topology_of(platform.spec(), ranks).num_domains();
+  for (std::int32_t per_rank : {1, 2})
+    for (std::int64_t tokens : {4096, 16384})
+      for (double zipf : {0.0, 1.2}) {
+        step_case c{models[0], ranks, per_rank, 2, tokens, zipf, 5, per_rank * D};
+        c.micro_batches = 1;
+        register_step(platform, c);
+      }
+}
+
 //! Median and worst of |e| over `errors`.
 std::pair<double, double> median_worst(std::vector<double> errors) {
   for (double& e : errors) e = std::fabs(e);
@@ -495,6 +546,7 @@ int main(int argc, char** argv) {
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   std::int32_t const R = std::min(std::stoi(ranks), platform.spec().num_gpus());
   if (grid_name == "parm") register_parm_grid(platform, R);
+  else if (grid_name == "hybridep") register_hybridep_grid(platform, R);
   else register_grid(platform, grid_name == "holdout" ? holdout_grid : main_grid, R);
   return moecomm_bench::finish("bench_pattern_adviser", [&] { print_summary(platform.name()); });
 }

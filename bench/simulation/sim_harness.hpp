@@ -339,13 +339,19 @@ struct step_result {
   double checksum = 0, magnitude = 0;
 };
 
+//! Nothing to run before a layer's forward.
+struct no_prelude {
+  void operator()() const {}
+};
+
 //! This rank's layer steps, forward and backward, on its routing and random rows of `hidden` real
 //! floats (seeded by `rows_of`, -1: this rank; the ranks of an MP group pass their group's first):
 //! a warm-up step (buffers grow, lanes start), then the timed one, whose simulated start and end go
-//! to `span`. Collective.
-template <class Layer, class Experts>
+//! to `span`; each step runs `prelude()` first, inside the span (HybridEP's gather begun and the
+//! compute before the layer). Collective.
+template <class Layer, class Experts, class Prelude = no_prelude>
 step_result warm_then_timed_step(Layer& layer, moecomm::simgrid_communicator& comm, rank_routing const& routing, std::int64_t hidden,
-                                 Experts& experts, step_span& span, std::int32_t rows_of = -1) {
+                                 Experts& experts, step_span& span, std::int32_t rows_of = -1, Prelude&& prelude = {}) {
   auto const me = static_cast<std::size_t>(comm.rank());
   auto const seed = static_cast<std::uint64_t>(rows_of >= 0 ? rows_of : comm.rank());
   std::int64_t const tokens = routing.tokens;
@@ -354,6 +360,7 @@ step_result warm_then_timed_step(Layer& layer, moecomm::simgrid_communicator& co
   for (int step = 0; step < 2; ++step) {
     comm.barrier();
     span.start[me] = moecomm::simulated_seconds{}();
+    prelude();
     layer.forward(routing.view(), {x.data(), tokens, hidden}, {out.data(), tokens, hidden}, experts);
     layer.backward({d_out.data(), tokens, hidden}, moecomm::matrix_view<float>{d_x.data(), tokens, hidden},
                    moecomm::array_view<float>{d_w.data(), static_cast<std::int64_t>(d_w.size())}, experts);

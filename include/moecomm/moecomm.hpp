@@ -12,6 +12,7 @@
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/dtype.hpp>
+#include <moecomm/core/expert_domains.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/placement.hpp>
@@ -62,6 +63,7 @@
 #include <moecomm/plan/iteration_model.hpp>
 #include <moecomm/plan/link_model.hpp>
 #include <moecomm/plan/pattern_adviser.hpp>
+#include <moecomm/plan/hybridep_layout_model.hpp>
 #include <moecomm/plan/hybridep_planner.hpp>
 #include <moecomm/plan/parm_cost_model.hpp>
 #include <moecomm/plan/proprophet_cost_model.hpp>

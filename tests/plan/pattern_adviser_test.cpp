@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace test {
@@ -322,6 +323,71 @@ TEST_CASE("pattern adviser: with tensor parallelism, Parm's layouts that fit, by
   CHECK_THROWS_WITH((void)layouts.predict({}, {}), doctest::Contains("argument 's' is not a step of 4 ranks and 4 experts"));
   CHECK_THROWS_WITH((void)layouts.predict(layouts.count(routing.views), {true, 3, 1}), doctest::Contains("layout.expert_slicing = 3"));
   CHECK_THROWS_WITH((void)layouts.predict(layouts.count(routing.views), {false, 2, 2}), doctest::Contains("layout.pieces = 2"));
+}
+
+TEST_CASE("pattern adviser: across data centres, HybridEP's expert domains that fit, by hand on two data centres of two") {
+  // Two data centres of one node of two GPUs, joined by 1 GB/s uplinks; launches and HBM free.
+  moecomm::cluster_spec spec = one_node(2, 1e-6, 5e-6);
+  spec.domains = 2;
+  spec.inter_domain = {1e9, 2e-6};
+  moecomm::topology const topo(4, 2, 1);
+  moecomm::link_model const links(spec, topo);
+  double const row = 4.0 * H * F / 0.5e12, b = row_bytes, expert = 2.0 * H * F * 4;
+  top1 const routing({100, 100, 100, 100}, {2, 2, 2, 2});  // every token to expert 2, on rank 2
+  auto const hybrid = [](std::vector<moecomm::pattern_prediction> const& ranking) {
+    std::vector<std::string> n;
+    for (auto const& p : ranking)
+      if (p.pattern == "hybridep") n.push_back(p.setting + " " + p.placement);
+    std::sort(n.begin(), n.end());
+    return n;
+  };
+  // One slot a rank: no room for a second expert; on one data centre, never.
+  CHECK(hybrid(moecomm::pattern_adviser(spec, topo, small_model(), {4, F, 4}).rank(routing.views)).empty());
+  CHECK(hybrid(moecomm::pattern_adviser(one_node(4, 1e-6, 5e-6), moecomm::topology(4, 4), small_model(), {4, F, 4, 2}).rank(routing.views))
+            .empty());
+  auto const ranking = moecomm::pattern_adviser(spec, topo, small_model(), {4, F, 4, 2}).rank(routing.views);
+  CHECK(hybrid(ranking) == std::vector<std::string>{"S 2 across data centres", "S 2 within data centres"});
+  // Across: positions 0, 2, 1, 3 for ranks 0..3, so the expert domains are {0, 2} and {1, 3} and
+  // the same-offset groups {0, 1} and {2, 3}: tokens stay in their data centre. Rank 2's expert
+  // is gathered by rank 0, which computes rank 1's rows of it (rank 3's go to rank 2).
+  moecomm::pattern_prediction across, within;
+  for (auto const& p : ranking)
+    if (p.pattern == "hybridep") (p.placement == "across data centres" ? across : within) = p;
+  CHECK(across.ep_size == 2);
+  moecomm::link_model::matrix there = links.zeros(), members = links.zeros();
+  there[links.cell(1, 0)] = there[links.cell(3, 2)] = 100 * b;
+  for (auto [a, c] : {std::pair{0, 2}, {2, 0}, {1, 3}, {3, 1}}) members[links.cell(a, c)] = expert;
+  double const route = links.allgather_seconds({{0, 1}, {2, 3}}, 8.0 * 4), dispatch = links.round_seconds(there);
+  CHECK(across.exchange_seconds == doctest::Approx(route + 2 * (dispatch + links.round_seconds(links.transposed(there)))).epsilon(1e-9));
+  CHECK(across.compute_seconds == doctest::Approx(3 * 200 * row).epsilon(1e-12));
+  // The gather runs under the block's attention, the route and the dispatch, its messages sharing
+  // the links with the dispatch's (here none: the tokens stay inside the data centres); what is
+  // left of it, and the gradients' reduce-scatter (the same messages), are the replicas' part.
+  double const attention = (8.0 * 100 * H * H + 4.0 * 100 * 100 * H) / 0.5e12;
+  moecomm::link_model::matrix both = members;
+  for (std::size_t i = 0; i < both.size(); ++i) both[i] += there[i];
+  double const exposed = std::max(links.round_seconds(members), links.round_seconds(both)) - attention - route - dispatch;
+  CHECK(exposed > 0);
+  CHECK(across.replica_seconds == doctest::Approx(exposed + links.round_seconds(members)).epsilon(1e-9));
+  CHECK(across.layer_seconds == doctest::Approx(across.exchange_seconds + across.compute_seconds + across.replica_seconds).epsilon(1e-12));
+  CHECK(across.gradient_sync_seconds == 0);  // the owners' gradients are whole after the step
+  CHECK(across.iteration_seconds ==
+        doctest::Approx(moecomm::iteration_model(spec, 4, small_model()).iteration_seconds(across.layer_seconds, expert / 4)).epsilon(1e-12));
+  // Within: expert domains {0, 1} and {2, 3}; ranks 0 and 1 send their rows across to ranks 2 and 3.
+  CHECK(within.compute_seconds == doctest::Approx(across.compute_seconds).epsilon(1e-12));
+  CHECK(within.exchange_seconds > across.exchange_seconds);
+  // The strongest baseline is there too: EP inside each data centre, experts data-parallel across.
+  CHECK(find(ranking, "expert_data_parallel", "flat").placement == "EP 2 x EDP 2");
+  // The layout model's own checks, for a caller that uses it alone.
+  moecomm::hybridep_layout_model const model(links, 4, H, F, 4);
+  std::vector<std::int64_t> const counts(16, 1);
+  std::vector<double> const tokens(4, 1.0);
+  CHECK_THROWS_WITH((void)model.predict({counts.data(), 15}, tokens, {2}, 0), doctest::Contains("argument 'counts' has 15 entries"));
+  CHECK_THROWS_WITH((void)model.predict(counts, {1.0}, {2}, 0), doctest::Contains("argument 'tokens' has 1 entries"));
+  CHECK_THROWS_WITH((void)model.predict(counts, tokens, {3}, 0), doctest::Contains("layout.expert_domain = 3"));
+  CHECK_THROWS_WITH((void)model.predict(counts, tokens, {4, moecomm::expert_domain_spread::within_data_centres}, 0),
+                    doctest::Contains("divide the 2 ranks of a domain"));
+  CHECK_THROWS_WITH((void)model.predict(counts, tokens, {2}, -1), doctest::Contains("pre_expert_seconds = -1"));
 }
 
 TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a multiple of the ranks, or an error naming them") {

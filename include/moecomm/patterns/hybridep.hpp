@@ -52,6 +52,7 @@
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
 #include <moecomm/core/checked_math.hpp>
+#include <moecomm/core/expert_domains.hpp>
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/lane.hpp>
 #include <moecomm/core/matrix.hpp>
@@ -100,44 +101,6 @@ struct hybridep_report {
 
 namespace detail {
 
-//! HybridEP's layout of the world: each rank's position (expert domains are runs of `size`
-//! positions), and the way back.
-struct expert_domain_layout {
-  std::int32_t size = 1, ranks = 1, domains = 1, per_domain = 1;
-  expert_domain_spread spread = expert_domain_spread::across_data_centres;
-
-  static expert_domain_layout of(topology const& topo, hybridep const& policy) {
-    std::int32_t const per_domain = topo.ranks_per_domain(), ranks = topo.num_ranks(), s = policy.expert_domain;
-    for (std::int32_t r = 0; r < ranks; ++r)
-      require(topo.domain_of(r) == r / per_domain, "hybridep_layer", "rank ", r, " is in domain ", topo.domain_of(r),
-              ": HybridEP needs each domain's ranks consecutive (rank / ", per_domain, ")");
-    bool const within = policy.spread == expert_domain_spread::within_data_centres;
-    std::int32_t const limit = within ? per_domain : ranks;
-    require(s >= 1 && limit % s == 0, "hybridep_layer", "policy.expert_domain = ", s, " must be positive and divide the ",
-            limit, within ? " ranks of a domain" : " ranks");
-    return {s, ranks, topo.num_domains(), per_domain, policy.spread};
-  }
-  [[nodiscard]] std::int32_t position_of(std::int32_t rank) const {
-    if (spread == expert_domain_spread::within_data_centres) return rank;
-    return (rank % per_domain) * domains + rank / per_domain;
-  }
-  [[nodiscard]] std::int32_t rank_at(std::int32_t position) const {
-    if (spread == expert_domain_spread::within_data_centres) return position;
-    return (position % domains) * per_domain + position / domains;
-  }
-  //! World ranks of expert domain `j`, by offset; of the same-offset group of offset `o`, by expert domain.
-  [[nodiscard]] std::vector<std::int32_t> members(std::int32_t j) const {
-    std::vector<std::int32_t> m;
-    for (std::int32_t o = 0; o < size; ++o) m.push_back(rank_at(j * size + o));
-    return m;
-  }
-  [[nodiscard]] std::vector<std::int32_t> same_offset(std::int32_t o) const {
-    std::vector<std::int32_t> m;
-    for (std::int32_t j = 0; j < ranks / size; ++j) m.push_back(rank_at(j * size + o));
-    return m;
-  }
-};
-
 //! `out[e]` = expert e's id in the order of positions: owner position · L + local index.
 inline void expert_labels_by_position(expert_domain_layout const& layout, std::int32_t local_experts, std::vector<std::int32_t>& out) {
   out.resize(static_cast<std::size_t>(layout.ranks) * static_cast<std::size_t>(local_experts));
@@ -169,7 +132,7 @@ class hybridep_layer : public detail::layer_mode {
                  hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {}, Algorithm algorithm = {})
       : be_(be),
         world_(&agreed(groups.world(), policy, num_experts, hidden)),
-        layout_(detail::expert_domain_layout::of(groups.topo(), policy)),
+        layout_(detail::expert_domain_layout::of(groups.topo(), policy.expert_domain, policy.spread, "hybridep_layer", "policy.expert_domain")),
         position_(layout_.position_of(groups.world().rank())),
         same_offset_(groups.world().split(position_ % layout_.size, position_ / layout_.size)),
         expert_domain_(groups.world().split(position_ / layout_.size, position_ % layout_.size)),

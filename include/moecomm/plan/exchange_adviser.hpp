@@ -80,13 +80,30 @@ class exchange_adviser {
                       "] has ", v.num_tokens, " tokens and topk_idx ", v.topk_idx == nullptr ? "null" : "given");
     }
     rows const r = count_rows(routing, num_experts);
+    double const route = links_.allgather_seconds(8.0 * num_experts) + links_.launches(plan_kernels);
     std::vector<exchange_prediction> out;
-    out.push_back(predict_slots("flat", r, row_bytes, false, num_experts));
-    if (links_.topo().num_nodes() > 1 && links_.topo().ranks_per_node() > 1) out.push_back(predict_slots("hierarchical_2d", r, row_bytes, true, num_experts));
+    out.push_back(predict_slots("flat", r.slots, r.tokens, row_bytes, false, route));
+    if (links_.topo().num_nodes() > 1 && links_.topo().ranks_per_node() > 1)
+      out.push_back(predict_slots("hierarchical_2d", r.slots, r.tokens, row_bytes, true, route));
     out.push_back(predict_dedup_per_rank(r, row_bytes, top_k, num_experts));
     if (links_.topo().num_nodes() > 1) out.push_back(predict_dedup_per_node(r, row_bytes, top_k, num_experts));
     std::stable_sort(out.begin(), out.end(), [](auto const& a, auto const& b) { return a.seconds() < b.seconds(); });
     return out;
+  }
+
+  //! `flat`'s dispatch and combine of `slots` (`link_model::cell(s, d)`: the rows, one per (token,
+  //! expert) slot, rank s sends rank d), rank r holding `tokens[r]` tokens, after a route of
+  //! `route_seconds`: for layers that do not place expert e on rank e / (E / R), such as HybridEP's
+  //! same-offset groups side by side.
+  //! @throws error (invalid_argument) naming `slots` or `tokens` when not of the ranks' shape.
+  [[nodiscard]] exchange_prediction flat(link_model::matrix const& slots, std::vector<double> const& tokens, double row_bytes,
+                                         double route_seconds) const {
+    std::int32_t const R = links_.topo().num_ranks();
+    detail::require(slots.size() == links_.cell(R, 0), "exchange_adviser::flat", "argument 'slots' has ", slots.size(),
+                    " cells; the ", R, " ranks need ", links_.cell(R, 0));
+    detail::require(tokens.size() == static_cast<std::size_t>(R), "exchange_adviser::flat", "argument 'tokens' has ", tokens.size(),
+                    " entries; the topology has ", R, " ranks");
+    return predict_slots("flat", slots, tokens, row_bytes, false, route_seconds);
   }
 
  private:
@@ -182,23 +199,23 @@ class exchange_adviser {
   }
 
   //! `flat` or `hierarchical_2d`: a row per slot; the chunk sort on the experts' side each way.
-  [[nodiscard]] exchange_prediction predict_slots(char const* name, rows const& r, double row_bytes, bool two_step,
-                                                  std::int32_t num_experts) const {
+  [[nodiscard]] exchange_prediction predict_slots(char const* name, matrix const& slots, std::vector<double> const& tokens, double row_bytes,
+                                                  bool two_step, double route_seconds) const {
     std::int32_t const R = links_.topo().num_ranks();
     exchange_prediction p{name};
-    p.route_seconds = links_.allgather_seconds(8.0 * num_experts) + links_.launches(plan_kernels);
-    matrix const there = scaled(r.slots, row_bytes), back = links_.transposed(there);
+    p.route_seconds = route_seconds;
+    matrix const there = scaled(slots, row_bytes), back = links_.transposed(there);
     double const exchange = two_step ? two_step_seconds(there) : links_.round_seconds(there);
     double const returned = two_step ? two_step_seconds(back) : links_.round_seconds(back);
     // hierarchical_2d stages the blocks in five reorderings (semantics §11), one copy per block or
     // group: 3R + G + N copies, each a launch, each stage moving the rank's rows once (a copy
     // reads and writes them).
     double most = 0;
-    for (std::int32_t s = 0; s < R; ++s) most = std::max(most, std::max(row_sum(r.slots, s), column_sum(r.slots, s)));
+    for (std::int32_t s = 0; s < R; ++s) most = std::max(most, std::max(row_sum(slots, s), column_sum(slots, s)));
     double const copies = 3.0 * R + links_.topo().ranks_per_node() + links_.topo().num_nodes();
     double const reorders = two_step ? copies * links_.spec().kernel_launch_seconds + 5 * 2 * most * row_bytes / links_.spec().hbm_bytes_per_second : 0;
-    double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.slots, s); }, row_bytes);
-    double const sort = busiest_pass([&](std::int32_t d) { return 2 * column_sum(r.slots, d); }, row_bytes);
+    double const permute = busiest_pass([&](std::int32_t s) { return tokens[static_cast<std::size_t>(s)] + row_sum(slots, s); }, row_bytes);
+    double const sort = busiest_pass([&](std::int32_t d) { return 2 * column_sum(slots, d); }, row_bytes);
     p.dispatch_seconds = permute + exchange + reorders + sort;
     p.combine_seconds = sort + returned + reorders + permute;  // unpermute moves what permute does
     traffic(there, 1.0, p);

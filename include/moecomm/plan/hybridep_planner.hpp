@@ -60,6 +60,7 @@
 //! cross-DC traffic's share of a GPU's PCIe link when GPUs talk over PCIe, and skewed routing.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/expert_domains.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/simulation/cluster_spec.hpp>
 
@@ -110,16 +111,6 @@ struct hybridep_params {
   //! @throws error (invalid_argument) from `spec.validate()`, or naming `spec.nodes_per_domain` when
   //!         it is not 1 (the model has one link class inside a data centre: one node, as in §V).
   [[nodiscard]] static hybridep_params from_cluster(cluster_spec const& spec);
-};
-
-//! How HybridEP's expert domains lie over the data centres (patterns/hybridep.hpp).
-enum class expert_domain_spread {
-  //! Ranks taken local index first, data centre second (position `l·K + d`); an expert domain is
-  //! `S` consecutive positions: the same local rank of `S` data centres, or `S / K` local ranks of
-  //! every one. Experts cross the slow links; with `K | S` tokens stay in their data centre.
-  across_data_centres,
-  //! `S` consecutive ranks of one data centre (`S` divides `G`): experts stay on the fast links.
-  within_data_centres,
 };
 
 //! One MoE layer over `domains` data centres of `ranks_per_domain` ranks: what the model needs.

@@ -98,13 +98,19 @@ struct transformer_shape {
     return model_parallel == 1 ? 0 : 2 * layers + 2 * (layers - moe_layers);
   }
 
+  //! Forward FLOPs of one block's attention, per micro-batch, without model parallelism (its MP
+  //! group's with it): what runs before a block's MoE layer (HybridEP gathers its experts under it).
+  [[nodiscard]] double attention_forward_flops() const {
+    double const T = static_cast<double>(tokens_per_rank), H = static_cast<double>(hidden);
+    return 8 * T * H * H + 4 * T * static_cast<double>(sequence) * H;
+  }
+
   //! Forward FLOPs of one rank outside the MoE layers, per micro-batch, without model parallelism
   //! (its MP group's with it; see the file comment).
   [[nodiscard]] double dense_forward_flops() const {
     double const T = static_cast<double>(tokens_per_rank), H = static_cast<double>(hidden);
-    double const attention = 8 * T * H * H + 4 * T * static_cast<double>(sequence) * H;
     double const ffn = 4 * T * H * static_cast<double>(dense_ffn);
-    return layers * attention + (layers - moe_layers) * ffn + 2 * T * H * static_cast<double>(vocabulary);
+    return layers * attention_forward_flops() + (layers - moe_layers) * ffn + 2 * T * H * static_cast<double>(vocabulary);
   }
 
   //! Parameters every rank holds whole: attention's 4·H² (and its biases and norms, 6·H) per

@@ -19,6 +19,11 @@
 //!   smart schedule, its replicas moved on `collective_path`;
 //! - `pro_prophet`: Pro-Prophet's planner (replicas on subsets, `proprophet_params()`), `flat`, its
 //!   transfers exposed (the planner without the block-wise scheduler).
+//! When the ranks span several data centres (the topology's domains), HybridEP's expert domains
+//! (patterns/hybridep.hpp, `flat`), each size S > 1 and spread whose S·L gathered experts fit in the
+//! slots (L = E / R), priced by `hybridep_layout_model`: the gather under the block's attention
+//! (`transformer_shape::attention_forward_flops`), the route and the dispatch, the exchange over the
+//! same-offset groups, the gradients reduce-scattered to their owners in the step.
 //! When `moe.slots_per_rank` gives a rank room for more than E / R experts, the layouts that hold
 //! experts several times, each with every exchange:
 //! - `expert_data_parallel`: Megatron-LM's EP x expert-DP, plain EP inside groups of P consecutive
@@ -58,8 +63,8 @@
 //! What it leaves out: everything `link_model` leaves out (notably the SMs communication takes from
 //! overlapped compute), FasterMoE's and Pro-Prophet's overlap of the replicas' transfers with other
 //! blocks, FlexMoE's and FineMoE's replica moves (amortised over their intervals), the memory the
-//! replicas' optimizer state takes beyond the slots, the patterns on HybridEP's domains, and, with
-//! tensor parallelism, the single-copy and replicated patterns above (they would run on each MP
+//! replicas' optimizer state takes beyond the slots, HybridEP's codec and its exchanges other than
+//! `flat`, and, with tensor parallelism, the single-copy and replicated patterns above (they would run on each MP
 //! rank's share of the tokens, as `drop_tokens` does); docs/performance.md, "The pattern adviser",
 //! validates the rest against the simulation.
 
@@ -72,6 +77,7 @@
 #include <moecomm/plan/cost_model.hpp>
 #include <moecomm/plan/exchange_adviser.hpp>
 #include <moecomm/plan/flexmoe_planner.hpp>
+#include <moecomm/plan/hybridep_layout_model.hpp>
 #include <moecomm/plan/iteration_model.hpp>
 #include <moecomm/plan/link_model.hpp>
 #include <moecomm/plan/parm_layout_model.hpp>
@@ -102,25 +108,29 @@ struct moe_layer_shape {
 //! One candidate's predicted times (seconds).
 struct pattern_prediction {
   //! "expert_parallel", "fastermoe", "pro_prophet" (every expert held once, the last two shadowing
-  //! some), "expert_data_parallel", "finemoe", "flexmoe" (experts replicated in `slots_per_rank`);
+  //! some), "hybridep" (expert domains gathering each other's experts for the step),
+  //! "expert_data_parallel", "finemoe", "flexmoe" (experts replicated in `slots_per_rank`);
   //! with tensor parallelism (`transformer_shape::model_parallel` > 1) Parm's layouts instead:
   //! "deepspeed_mp", "drop_tokens" (`parm_s1` on whole experts), "parm_s1", "parm_s2"
   std::string pattern;
   //! its exchange: "flat", "hierarchical_2d", "dedup_per_rank", "dedup_per_node", "smart_schedule{4}";
-  //! Parm's layouts: the expert slicing and S2's pieces, "ESP 2" or "ESP 2, 4 pieces"
+  //! Parm's layouts: the expert slicing and S2's pieces, "ESP 2" or "ESP 2, 4 pieces"; HybridEP's:
+  //! the expert domain's size, "S 4"
   std::string setting;
   //! How the replicated layouts hold the experts: "EP 8 x EDP 2" (`expert_data_parallel`),
   //! "symmetric" or "asymmetric" (`finemoe`), "planned" (`flexmoe`); Parm's layouts "MP 4 x EP 4";
-  //! empty for the others.
+  //! HybridEP's "across data centres" or "within data centres"; empty for the others.
   std::string placement;
-  std::int32_t ep_size = 0;     //!< ranks of an expert-parallel group: R, or `expert_data_parallel`'s P
+  //! ranks of an expert-parallel group: R, `expert_data_parallel`'s P, HybridEP's R / S (a same-offset group)
+  std::int32_t ep_size = 0;
   //! The replicated layouts' slot table `[rank * S + local]` (`replica_placement::slot_experts`;
   //! the expert in each slot, -1 empty); empty when every expert is held once.
   std::vector<std::int32_t> slot_experts;
   std::int32_t replicated = 0;  //!< experts held more than once (the shadowing patterns': those the planner replicated)
   double exchange_seconds = 0;  //!< route and the row exchanges of forward and backward, with their memory passes
   double compute_seconds = 0;   //!< the experts' forward and backward on the busiest rank
-  double replica_seconds = 0;   //!< the replicas' parameters out and gradients back
+  //! the replicas' parameters out and gradients back (HybridEP: the gather's exposed part and the reduce-scatter)
+  double replica_seconds = 0;
   //! One MoE layer step, forward and backward: the parts' sum, or less when the smart schedule
   //! overlaps the exchange with the experts.
   double layer_seconds = 0;
@@ -139,7 +149,8 @@ class pattern_adviser {
   //!   `moe.num_experts` (a positive multiple of the ranks), `moe.expert_ffn`, `moe.element_bytes`.
   pattern_adviser(cluster_spec spec, topology topo, transformer_shape model, moe_layer_shape moe)
       : links_(spec, topo), exchanges_(spec, topo), iteration_(spec, topo.num_ranks(), model), moe_(validated(moe, topo.num_ranks())),
-        parm_(links_, model.model_parallel, moe.num_experts, model.hidden, moe.expert_ffn, moe.element_bytes, model.gradient_bytes) {
+        parm_(links_, model.model_parallel, moe.num_experts, model.hidden, moe.expert_ffn, moe.element_bytes, model.gradient_bytes),
+        hybridep_(links_, moe.num_experts, model.hidden, moe.expert_ffn, moe.element_bytes) {
     expert_chain_seconds_ = links_.chain_seconds(expert_parameters() * moe.element_bytes);
   }
 
@@ -227,6 +238,7 @@ class pattern_adviser {
     std::vector<std::uint8_t> const prophet_home = holders(prophet);
     out.push_back(shadowed("pro_prophet", "flat", exchange_without(routing, prophet_home), s, prophet_home,
                            static_cast<std::int32_t>(prophet.shadowed.size())));
+    if (links_.topo().num_domains() > 1) add_hybridep(out, s);
 
     std::int32_t const S = slots();
     if (S > local_experts()) {
@@ -647,11 +659,38 @@ class pattern_adviser {
     }
   }
 
+  //! HybridEP's expert domains (see the file comment): each spread and size S > 1 whose S·L
+  //! gathered experts fit in the slots.
+  void add_hybridep(std::vector<pattern_prediction>& out, step const& s) const {
+    std::int32_t const R = links_.ranks(), L = local_experts();
+    double const pre_expert = iteration_.shape().attention_forward_flops() / links_.spec().gemm_flops();
+    for (expert_domain_spread spread : {expert_domain_spread::across_data_centres, expert_domain_spread::within_data_centres}) {
+      bool const across = spread == expert_domain_spread::across_data_centres;
+      std::int32_t const limit = across ? R : links_.topo().ranks_per_domain();
+      for (std::int32_t S = 2; S <= limit && S * L <= slots(); ++S) {
+        if (limit % S != 0) continue;
+        hybridep_layout_prediction const x = hybridep_.predict(s.counts_view(), s.tokens, {S, spread}, pre_expert);
+        pattern_prediction p;
+        p.pattern = "hybridep";
+        p.setting = "S " + std::to_string(S);
+        p.placement = across ? "across data centres" : "within data centres";
+        p.ep_size = R / S;
+        p.exchange_seconds = x.exchange_seconds;
+        p.compute_seconds = x.compute_seconds;
+        p.replica_seconds = x.exposed_gather_seconds + x.reduce_scatter_seconds;
+        p.layer_seconds = x.layer_seconds;
+        finish(p, L);
+        out.push_back(std::move(p));
+      }
+    }
+  }
+
   link_model links_;
   exchange_adviser exchanges_;
   iteration_model iteration_;
   moe_layer_shape moe_;
   parm_layout_model parm_;
+  hybridep_layout_model hybridep_;
   double expert_chain_seconds_ = 0;  //!< one expert's parameters broadcast (or its gradients reduced) over every rank
 };
 
