@@ -74,6 +74,55 @@ TEST_CASE("exchange adviser: the busiest link and the longest route price a roun
   CHECK(ranking.front().algorithm.rfind("dedup", 0) == 0);
 }
 
+TEST_CASE("exchange adviser: groups on their own communicators all-gather their own counts; flat prices any slot matrix") {
+  moecomm::cluster_spec const spec = two_by_two();
+  moecomm::topology const topo(4, 2);
+  moecomm::exchange_adviser const adviser(spec, topo);
+  moecomm::link_model const links(spec, topo);
+  std::int64_t const T = 100;
+  double const row = 1024;
+  // Each node is a group of its own (Megatron's EP groups): rank s sends its tokens to the other
+  // rank of its node, whose first expert (of 2 a rank) they all choose.
+  std::vector<std::vector<std::int32_t>> idx(4);
+  std::vector<moecomm::routing_view> routing;
+  for (std::int32_t s = 0; s < 4; ++s) {
+    idx[static_cast<std::size_t>(s)].assign(static_cast<std::size_t>(T), 2 * (s ^ 1));
+    routing.push_back({idx[static_cast<std::size_t>(s)].data(), nullptr, T, 1});
+  }
+  std::vector<std::vector<std::int32_t>> const nodes{{0, 1}, {2, 3}};
+  auto const find = [](std::vector<moecomm::exchange_prediction> const& ranking, std::string const& name) {
+    for (auto const& p : ranking)
+      if (p.algorithm == name) return p;
+    FAIL("no prediction for ", name);
+    return ranking.front();
+  };
+  auto const world = adviser.rank(routing, 8, row), grouped = adviser.rank(routing, 8, row, nodes);
+  // A group of 2 all-gathers its 4 experts' counts (and, deduplicated, its 2 ranks'), beside the other.
+  CHECK(find(world, "flat").route_seconds == doctest::Approx(links.allgather_seconds(8.0 * 8)).epsilon(1e-12));
+  CHECK(find(grouped, "flat").route_seconds == doctest::Approx(links.allgather_seconds(nodes, 8.0 * 4)).epsilon(1e-12));
+  CHECK(find(grouped, "flat").route_seconds < find(world, "flat").route_seconds);
+  CHECK(find(grouped, "dedup_per_rank").route_seconds - find(world, "dedup_per_rank").route_seconds ==
+        doctest::Approx(links.allgather_seconds(nodes, 8.0 * (4 + 2)) - links.allgather_seconds(8.0 * (8 + 4))).epsilon(1e-9));
+  for (auto const& p : grouped) {
+    CAPTURE(p.algorithm);
+    CHECK(p.dispatch_seconds == doctest::Approx(find(world, p.algorithm).dispatch_seconds).epsilon(1e-12));
+  }
+  // `flat` on the same rows, given as a matrix, with the route it is given.
+  moecomm::link_model::matrix slots = links.zeros();
+  for (std::int32_t s = 0; s < 4; ++s) slots[links.cell(s, s ^ 1)] = T;
+  auto const given = adviser.flat(slots, std::vector<double>(4, double(T)), row, 1e-3);
+  CHECK(given.route_seconds == 1e-3);
+  CHECK(given.dispatch_seconds == doctest::Approx(find(world, "flat").dispatch_seconds).epsilon(1e-12));
+  CHECK(given.combine_seconds == doctest::Approx(find(world, "flat").combine_seconds).epsilon(1e-12));
+  check_error([&] { (void)adviser.flat({1.0}, std::vector<double>(4, 1.0), row, 0); }, moecomm::status::invalid_argument,
+              {"argument 'slots' has 1 cells"});
+  check_error([&] { (void)adviser.flat(slots, {1.0}, row, 0); }, moecomm::status::invalid_argument, {"argument 'tokens' has 1 entries"});
+  check_error([&] { (void)adviser.rank(routing, 8, row, {{0, 1, 2}, {3}}); }, moecomm::status::invalid_argument,
+              {"argument 'groups'", "of one size"});
+  check_error([&] { (void)adviser.rank(routing, 8, row, {{0, 1}}); }, moecomm::status::invalid_argument,
+              {"argument 'groups' holds 2 ranks"});
+}
+
 TEST_CASE("exchange adviser: a routing per rank of one top_k, experts a multiple of the ranks, a row size, or an error naming them") {
   moecomm::exchange_adviser const adviser(two_by_two(), moecomm::topology(4, 2));
   std::vector<std::int32_t> idx{0, 1};

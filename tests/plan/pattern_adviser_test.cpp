@@ -224,7 +224,9 @@ TEST_CASE("pattern adviser: with memory for two copies, expert data parallelism,
   CHECK(edp.gradient_sync_seconds == doctest::Approx(2 * sync).epsilon(1e-12));
   std::vector<std::int32_t> const home0(300, 1), home1(100, 3);  // slot ids rank * S + local index
   std::vector<moecomm::routing_view> const by_slot{{home0.data(), nullptr, 300, 1}, {home1.data(), nullptr, 100, 1}};
-  auto const x = moecomm::exchange_adviser(spec, topo).rank(by_slot, 4, row_bytes);
+  // Each EP group of one rank is its own communicator: it has no counts to all-gather.
+  auto const x = moecomm::exchange_adviser(spec, topo).rank(by_slot, 4, row_bytes, {{0}, {1}});
+  CHECK(x.front().route_seconds == 0);
   auto const flat = std::find_if(x.begin(), x.end(), [](auto const& e) { return e.algorithm == "flat"; });
   REQUIRE(flat != x.end());
   CHECK(edp.exchange_seconds == doctest::Approx(flat->route_seconds + 2 * (flat->dispatch_seconds + flat->combine_seconds)).epsilon(1e-12));

@@ -60,11 +60,15 @@ class exchange_adviser {
   exchange_adviser(cluster_spec spec, topology topo) : links_(std::move(spec), std::move(topo)) {}
 
   //! Every candidate for one routing step, fastest first. `routing[r]` is rank r's routing (host
-  //! memory; expert e on rank e / (E / R); -1 masked), `row_bytes` a token row's size.
+  //! memory; expert e on rank e / (E / R); -1 masked), `row_bytes` a token row's size. `groups`:
+  //! the exchange runs on each of these disjoint groups of n ranks (each its own communicator, a
+  //! rank's routing addressing its group's experts only), side by side, so each group all-gathers
+  //! its own counts (Megatron's EP groups); empty: one group of every rank.
   //! @throws error (invalid_argument) naming the argument: one routing per rank, each of the same
-  //! top_k with its ids given, experts a multiple of the ranks, a positive row size.
+  //! top_k with its ids given, experts a multiple of the ranks, a positive row size, groups of one
+  //! size covering the ranks.
   [[nodiscard]] std::vector<exchange_prediction> rank(std::vector<routing_view> const& routing, std::int32_t num_experts,
-                                                      double row_bytes) const {
+                                                      double row_bytes, std::vector<std::vector<std::int32_t>> const& groups = {}) const {
     std::int32_t const R = links_.topo().num_ranks();
     detail::require(static_cast<std::int32_t>(routing.size()) == R, "exchange_adviser::rank", "argument 'routing' has ",
                     routing.size(), " ranks' routings; the topology has ", R);
@@ -79,14 +83,27 @@ class exchange_adviser {
       detail::require(v.num_tokens >= 0 && (v.num_tokens == 0 || v.topk_idx != nullptr), "exchange_adviser::rank", "routing[", s,
                       "] has ", v.num_tokens, " tokens and topk_idx ", v.topk_idx == nullptr ? "null" : "given");
     }
+    std::int32_t const n = groups.empty() ? R : static_cast<std::int32_t>(groups.front().size());
+    std::size_t covered = 0;
+    for (auto const& g : groups) {
+      detail::require(static_cast<std::int32_t>(g.size()) == n, "exchange_adviser::rank", "argument 'groups' has groups of ", n,
+                      " and of ", g.size(), " ranks: they must be of one size");
+      covered += g.size();
+    }
+    detail::require(groups.empty() || covered == static_cast<std::size_t>(R), "exchange_adviser::rank", "argument 'groups' holds ",
+                    covered, " ranks; the topology has ", R);
+    // The counts' ring all-gathers, over every rank or over each group (its n / R of the experts) side by side.
+    double const experts = static_cast<double>(num_experts) * n / R;
+    auto const gather = [&](double bytes) { return groups.empty() ? links_.allgather_seconds(bytes) : links_.allgather_seconds(groups, bytes); };
+    count_gathers const counts{gather(8.0 * experts), gather(8.0 * (experts + n)), 8.0 * n};
     rows const r = count_rows(routing, num_experts);
-    double const route = links_.allgather_seconds(8.0 * num_experts) + links_.launches(plan_kernels);
+    double const route = counts.experts + links_.launches(plan_kernels);
     std::vector<exchange_prediction> out;
     out.push_back(predict_slots("flat", r.slots, r.tokens, row_bytes, false, route));
     if (links_.topo().num_nodes() > 1 && links_.topo().ranks_per_node() > 1)
       out.push_back(predict_slots("hierarchical_2d", r.slots, r.tokens, row_bytes, true, route));
-    out.push_back(predict_dedup_per_rank(r, row_bytes, top_k, num_experts));
-    if (links_.topo().num_nodes() > 1) out.push_back(predict_dedup_per_node(r, row_bytes, top_k, num_experts));
+    out.push_back(predict_dedup_per_rank(r, row_bytes, top_k, counts));
+    if (links_.topo().num_nodes() > 1) out.push_back(predict_dedup_per_node(r, row_bytes, top_k, counts));
     std::stable_sort(out.begin(), out.end(), [](auto const& a, auto const& b) { return a.seconds() < b.seconds(); });
     return out;
   }
@@ -108,6 +125,12 @@ class exchange_adviser {
 
  private:
   using matrix = link_model::matrix;  //!< [R][R] rows (or bytes) rank s sends rank d
+
+  //! The route's all-gathers of counts: the experts' (flat), the experts' and the ranks' (the
+  //! deduplicated exchanges), and the bytes of a node's gather of the ranks' (`dedup_per_node`).
+  struct count_gathers {
+    double experts, experts_and_ranks, node_bytes;
+  };
 
   //! The rows each algorithm moves, from the routing.
   struct rows {
@@ -224,10 +247,9 @@ class exchange_adviser {
 
   //! `dedup_per_rank<flat>`: a row per (token, rank); the receive map spreads them, the receiver sums.
   [[nodiscard]] exchange_prediction predict_dedup_per_rank(rows const& r, double row_bytes, std::int32_t top_k,
-                                                           std::int32_t num_experts) const {
-    std::int32_t const R = links_.topo().num_ranks();
+                                                           count_gathers const& counts) const {
     exchange_prediction p{"dedup_per_rank"};
-    p.route_seconds = links_.allgather_seconds(8.0 * (num_experts + R)) + links_.round_seconds(scaled(r.per_rank, 8.0 * top_k)) +
+    p.route_seconds = counts.experts_and_ranks + links_.round_seconds(scaled(r.per_rank, 8.0 * top_k)) +
                       links_.launches(3 * plan_kernels + hop_kernels);
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.per_rank, s); }, row_bytes);
     double const spread = busiest_pass([&](std::int32_t d) { return column_sum(r.per_rank, d) + column_sum(r.slots, d); }, row_bytes);
@@ -240,11 +262,10 @@ class exchange_adviser {
   //! `dedup_per_node`: a row per (token, node) to the relays, which forward a row per (token, rank)
   //! inside their node; the two hops in turn, each way.
   [[nodiscard]] exchange_prediction predict_dedup_per_node(rows const& r, double row_bytes, std::int32_t top_k,
-                                                           std::int32_t num_experts) const {
-    std::int32_t const R = links_.topo().num_ranks();
+                                                           count_gathers const& counts) const {
     exchange_prediction p{"dedup_per_node"};
     double const list = 8.0 * top_k;
-    p.route_seconds = links_.allgather_seconds(8.0 * (num_experts + R)) + links_.round_seconds(scaled(r.to_relay, list)) + links_.allgather_seconds(8.0 * R, true) +
+    p.route_seconds = counts.experts_and_ranks + links_.round_seconds(scaled(r.to_relay, list)) + links_.allgather_seconds(counts.node_bytes, true) +
                       links_.round_seconds(scaled(r.relayed, list)) + links_.launches(4 * plan_kernels + 2 * hop_kernels + 1);
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.to_relay, s); }, row_bytes);
     double const relay = busiest_pass([&](std::int32_t m) { return column_sum(r.to_relay, m) + row_sum(r.relayed, m); }, row_bytes);

@@ -547,7 +547,12 @@ class pattern_adviser {
     // all-gathers the real counts and builds their plan.
     double const plans = how == split::in_group ? 0.0 : links_.allgather_seconds(8.0 * E) + links_.launches(exchange_adviser::plan_kernels);
     bool const group_in_node = ep_size <= links_.topo().ranks_per_node();
-    for (exchange_prediction const& x : exchanges_.rank(by_slot, R * S, row_bytes())) {
+    std::vector<std::vector<std::int32_t>> groups;  // in groups: each group's exchange on its own communicator
+    for (std::int32_t r = 0; how == split::in_group && r < R; ++r) {
+      if (r % ep_size == 0) groups.emplace_back();
+      groups.back().push_back(r);
+    }
+    for (exchange_prediction const& x : exchanges_.rank(by_slot, R * S, row_bytes(), groups)) {
       if (how == split::in_group && group_in_node && (x.algorithm == "hierarchical_2d" || x.algorithm == "dedup_per_node")) continue;
       pattern_prediction p = layered(pattern, x.algorithm, x, busiest, plans, 0.0);
       p.placement = name;
