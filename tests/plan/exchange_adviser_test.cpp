@@ -121,6 +121,10 @@ TEST_CASE("exchange adviser: groups on their own communicators all-gather their 
               {"argument 'groups'", "of one size"});
   check_error([&] { (void)adviser.rank(routing, 8, row, {{0, 1}}); }, moecomm::status::invalid_argument,
               {"argument 'groups' holds 2 ranks"});
+  check_error([&] { (void)adviser.rank(routing, 8, row, {{0, 1}, {1, 2}}); }, moecomm::status::invalid_argument,
+              {"argument 'groups' holds rank 1 twice"});
+  check_error([&] { (void)adviser.rank(routing, 8, row, {{0, 1}, {2, 7}}); }, moecomm::status::invalid_argument,
+              {"argument 'groups' holds rank 7 of a topology of 4"});
 }
 
 TEST_CASE("exchange adviser: a routing per rank of one top_k, experts a multiple of the ranks, a row size, or an error naming them") {

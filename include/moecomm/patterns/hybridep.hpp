@@ -132,7 +132,8 @@ class hybridep_layer : public detail::layer_mode {
                  hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {}, Algorithm algorithm = {})
       : be_(be),
         world_(&agreed(groups.world(), policy, num_experts, hidden)),
-        layout_(detail::expert_domain_layout::of(groups.topo(), policy.expert_domain, policy.spread, "hybridep_layer", "policy.expert_domain")),
+        layout_(detail::expert_domain_layout::of(groups.topo(), policy.expert_domain, policy.spread, "hybridep_layer",
+                                                 "policy.expert_domain")),
         position_(layout_.position_of(groups.world().rank())),
         same_offset_(groups.world().split(position_ % layout_.size, position_ / layout_.size)),
         expert_domain_(groups.world().split(position_ / layout_.size, position_ % layout_.size)),

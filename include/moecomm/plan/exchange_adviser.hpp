@@ -85,9 +85,15 @@ class exchange_adviser {
     }
     std::int32_t const n = groups.empty() ? R : static_cast<std::int32_t>(groups.front().size());
     std::size_t covered = 0;
+    std::vector<char> seen(static_cast<std::size_t>(R), 0);
     for (auto const& g : groups) {
       detail::require(static_cast<std::int32_t>(g.size()) == n, "exchange_adviser::rank", "argument 'groups' has groups of ", n,
                       " and of ", g.size(), " ranks: they must be of one size");
+      for (std::int32_t r : g) {
+        detail::require(r >= 0 && r < R && !seen[static_cast<std::size_t>(r)], "exchange_adviser::rank", "argument 'groups' holds rank ", r,
+                        r >= 0 && r < R ? " twice" : " of a topology of ", r >= 0 && r < R ? "" : std::to_string(R));
+        seen[static_cast<std::size_t>(r)] = 1;
+      }
       covered += g.size();
     }
     detail::require(groups.empty() || covered == static_cast<std::size_t>(R), "exchange_adviser::rank", "argument 'groups' holds ",
