@@ -117,6 +117,7 @@ TEST_CASE("exchange adviser: groups on their own communicators all-gather their 
   check_error([&] { (void)adviser.flat({1.0}, std::vector<double>(4, 1.0), row, 0); }, moecomm::status::invalid_argument,
               {"argument 'slots' has 1 cells"});
   check_error([&] { (void)adviser.flat(slots, {1.0}, row, 0); }, moecomm::status::invalid_argument, {"argument 'tokens' has 1 entries"});
+  check_error([&] { (void)adviser.flat(slots, std::vector<double>(4, 1.0), 0, 0); }, moecomm::status::invalid_argument, {"row_bytes = 0"});
   check_error([&] { (void)adviser.rank(routing, 8, row, {{0, 1, 2}, {3}}); }, moecomm::status::invalid_argument,
               {"argument 'groups'", "of one size"});
   check_error([&] { (void)adviser.rank(routing, 8, row, {{0, 1}}); }, moecomm::status::invalid_argument,

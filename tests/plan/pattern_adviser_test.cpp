@@ -390,6 +390,9 @@ TEST_CASE("pattern adviser: across data centres, HybridEP's expert domains that 
   CHECK_THROWS_WITH((void)model.predict(counts, tokens, {4, moecomm::expert_domain_spread::within_data_centres}, 0),
                     doctest::Contains("divide the 2 ranks of a domain"));
   CHECK_THROWS_WITH((void)model.predict(counts, tokens, {2}, -1), doctest::Contains("pre_expert_seconds = -1"));
+  std::vector<std::int64_t> negative = counts;
+  negative[6] = -3;
+  CHECK_THROWS_WITH((void)model.predict(negative, tokens, {2}, 0), doctest::Contains("holds -3 slots of rank 1 to expert 2"));
 }
 
 TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a multiple of the ranks, or an error naming them") {

@@ -118,7 +118,8 @@ class exchange_adviser {
   //! expert) slot, rank s sends rank d), rank r holding `tokens[r]` tokens, after a route of
   //! `route_seconds`: for layers that do not place expert e on rank e / (E / R), such as HybridEP's
   //! same-offset groups side by side.
-  //! @throws error (invalid_argument) naming `slots` or `tokens` when not of the ranks' shape.
+  //! @throws error (invalid_argument) naming `slots` or `tokens` when not of the ranks' shape, or
+  //!   `row_bytes` unless positive.
   [[nodiscard]] exchange_prediction flat(link_model::matrix const& slots, std::vector<double> const& tokens, double row_bytes,
                                          double route_seconds) const {
     std::int32_t const R = links_.topo().num_ranks();
@@ -126,6 +127,7 @@ class exchange_adviser {
                     " cells; the ", R, " ranks need ", links_.cell(R, 0));
     detail::require(tokens.size() == static_cast<std::size_t>(R), "exchange_adviser::flat", "argument 'tokens' has ", tokens.size(),
                     " entries; the topology has ", R, " ranks");
+    detail::require(row_bytes > 0, "exchange_adviser::flat", "row_bytes = ", row_bytes, " must be positive");
     return predict_slots("flat", slots, tokens, row_bytes, false, route_seconds);
   }
 

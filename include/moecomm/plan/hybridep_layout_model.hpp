@@ -52,8 +52,7 @@ struct hybridep_layout {
 struct hybridep_layout_prediction {
   double exchange_seconds = 0;        //!< route, dispatch and combine, forward and backward, with their memory passes
   double compute_seconds = 0;         //!< the busiest rank's GEMMs over its gathered experts, forward and backward
-  double gather_seconds = 0;          //!< the parameters' staging and all-gather, whole
-  double exposed_gather_seconds = 0;  //!< of which not hidden under the pre-expert compute, the route and the dispatch
+  double exposed_gather_seconds = 0;  //!< the gather's part not hidden under the pre-expert compute, the route and the dispatch
   double reduce_scatter_seconds = 0;  //!< the gradients summed into their owners'
   double layer_seconds = 0;           //!< exchange, compute, the exposed gather and the reduce-scatter
 };
@@ -76,8 +75,8 @@ class hybridep_layout_model {
   //! `layout`'s step for `counts` (`[R][E]`: the slots rank r routes to expert e) and `tokens`
   //! (`[R]`), the experts waiting at least `pre_expert_seconds` (the compute before the layer,
   //! under which the gather runs).
-  //! @throws error (invalid_argument) naming `counts` or `tokens` when not of the ranks' shape, a
-  //!   negative or non-finite `pre_expert_seconds`, or `layout.expert_domain` unless it divides the
+  //! @throws error (invalid_argument) naming `counts` or `tokens` when not of the ranks' shape (or a
+  //!   count negative), a negative or non-finite `pre_expert_seconds`, or `layout.expert_domain` unless it divides the
   //!   ranks (`within_data_centres`: a domain's).
   [[nodiscard]] hybridep_layout_prediction predict(array_view<std::int64_t const> counts, std::vector<double> const& tokens,
                                                    hybridep_layout const& layout, double pre_expert_seconds) const {
@@ -96,7 +95,9 @@ class hybridep_layout_model {
     for (std::int32_t r = 0; r < R; ++r) {
       relabel = relabel || domains.position_of(r) != r;
       for (std::int32_t e = 0; e < E_; ++e) {
-        auto const n = static_cast<double>(counts.data[static_cast<std::int64_t>(r) * E_ + e]);
+        std::int64_t const c = counts.data[static_cast<std::int64_t>(r) * E_ + e];
+        detail::require(c >= 0, op, "argument 'counts' holds ", c, " slots of rank ", r, " to expert ", e, "; counts are >= 0");
+        auto const n = static_cast<double>(c);
         std::int32_t const d = domains.computing_rank(r, e / L);
         slots[links_.cell(r, d)] += n;
         received[static_cast<std::size_t>(d) * E_ + e] += n;
@@ -117,8 +118,10 @@ class hybridep_layout_model {
     double const staging = L * links_.memory_seconds(2 * expert_bytes), lane = links_.memory_seconds(2 * own) + round;
     // The gather and the dispatch side by side: the experts start when the later of the two is in,
     // and no earlier than both sets of messages take as one round (the dispatch's memory passes added).
-    link_model::matrix tokens_out = slots, both = members;
-    for (std::size_t i = 0; i < slots.size(); ++i) both[i] += tokens_out[i] *= row_bytes();
+    link_model::matrix tokens_out = slots;
+    for (double& b : tokens_out) b *= row_bytes();
+    link_model::matrix both = members;
+    for (std::size_t i = 0; i < both.size(); ++i) both[i] += tokens_out[i];
     double const passes = x.dispatch_seconds - links_.round_seconds(tokens_out);
     double const joint = links_.memory_seconds(2 * own) + links_.round_seconds(both) + passes;
     double const dispatched = pre_expert_seconds + x.route_seconds + x.dispatch_seconds;
@@ -134,7 +137,6 @@ class hybridep_layout_model {
     hybridep_layout_prediction p;
     p.exchange_seconds = x.route_seconds + 2 * (x.dispatch_seconds + x.combine_seconds);
     p.compute_seconds = 3 * busiest;
-    p.gather_seconds = staging + lane;
     p.exposed_gather_seconds = staging + std::max({dispatched, lane, joint}) - dispatched;
     p.reduce_scatter_seconds = links_.memory_seconds(S * own) + links_.memory_seconds(2 * own) + round +
                                links_.memory_seconds((S + 1) * own) + L * links_.memory_seconds(3 * expert_bytes);

@@ -64,9 +64,9 @@
 //! overlapped compute), FasterMoE's and Pro-Prophet's overlap of the replicas' transfers with other
 //! blocks, FlexMoE's and FineMoE's replica moves (amortised over their intervals), the memory the
 //! replicas' optimizer state takes beyond the slots, HybridEP's codec and its exchanges other than
-//! `flat`, and, with tensor parallelism, the single-copy and replicated patterns above (they would run on each MP
-//! rank's share of the tokens, as `drop_tokens` does); docs/performance.md, "The pattern adviser",
-//! validates the rest against the simulation.
+//! `flat`, and, with tensor parallelism, the single-copy and replicated patterns above (they would
+//! run on each MP rank's share of the tokens, as `drop_tokens` does); docs/performance.md, "The
+//! pattern adviser", validates the rest against the simulation.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/placement.hpp>
