@@ -13,8 +13,10 @@
 
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/patterns/finemoe.hpp>
+#include <moecomm/patterns/block_schedule.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 
+#include <memory>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -94,8 +96,9 @@ struct nothing_before {
   void operator()(Layer&, Experts&) const {}
 };
 
-// `pattern(be, comm, c, in)` -> layer_result, run on in-process host ranks and on emulated GPUs.
-template <class Pattern>
+// `pattern(be, comm, c, in)` -> layer_result, run on in-process host ranks and on GPUs placed as
+// `Placement` says.
+template <class Placement, class Pattern>
 void check_emulated_equals_host(shadow_case const& c, Pattern const& pattern) {
   CAPTURE(c.ranks);
   auto const in = make_shadow_inputs<float>(c);
@@ -104,7 +107,7 @@ void check_emulated_equals_host(shadow_case const& c, Pattern const& pattern) {
   world.run([&](moecomm::inproc_communicator comm) {
     want[static_cast<std::size_t>(comm.rank())] = pattern(moecomm::host_backend{}, comm, c, in);
   });
-  run_emulated_ranks(c.ranks, [&](emulated_rank& rank) {
+  run_device_ranks<Placement>(c.ranks, [&](auto& rank) {
     got[static_cast<std::size_t>(rank.comm.rank())] = pattern(rank.be, rank.comm, c, in);
   });
   for (std::int32_t r = 0; r < c.ranks; ++r) {
@@ -125,9 +128,9 @@ shadow_case const dense8{8, 2, 16, 2, 8, {96, 96, 96, 96, 96, 96, 96, 96}, 0.0, 
 
 }  // namespace
 
-TEST_CASE("FasterMoE (shadowing, smart schedule) on emulated GPUs equals the host") {
+TEST_CASE_TEMPLATE("FasterMoE (shadowing, smart schedule) on GPUs equals the host", Placement, gpu_per_rank, ranks_on_one_gpu) {
   for (shadow_case const& c : {shadow_case{2, 2, 4, 2, 16, {40, 7}, 1.5, true}, skewed4, skewed8}) {
-    check_emulated_equals_host(c, [](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+    check_emulated_equals_host<Placement>(c, [](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
       using B = std::decay_t<decltype(be)>;
       using C = comm_of<decltype(comm)>;
       moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node));
@@ -140,8 +143,9 @@ TEST_CASE("FasterMoE (shadowing, smart schedule) on emulated GPUs equals the hos
   }
 }
 
-TEST_CASE("Pro-Prophet's replicas on subsets, collective path, on emulated GPUs equal the host") {
-  check_emulated_equals_host(skewed8, [](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+TEST_CASE_TEMPLATE("Pro-Prophet's replicas on subsets, collective path, on GPUs equal the host", Placement, gpu_per_rank,
+                   ranks_on_one_gpu) {
+  check_emulated_equals_host<Placement>(skewed8, [](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
     using B = std::decay_t<decltype(be)>;
     using C = comm_of<decltype(comm)>;
     moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node));
@@ -154,10 +158,10 @@ TEST_CASE("Pro-Prophet's replicas on subsets, collective path, on emulated GPUs 
   });
 }
 
-TEST_CASE("HybridEP (background expert gather) on emulated GPUs equals the host") {
+TEST_CASE_TEMPLATE("HybridEP (background expert gather) on GPUs equals the host", Placement, gpu_per_rank, ranks_on_one_gpu) {
   for (std::int32_t domain : {2, 4}) {
     CAPTURE(domain);
-    check_emulated_equals_host(dense8, [domain](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+    check_emulated_equals_host<Placement>(dense8, [domain](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
       using B = std::decay_t<decltype(be)>;
       using C = comm_of<decltype(comm)>;
       moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node, 2));
@@ -170,7 +174,8 @@ TEST_CASE("HybridEP (background expert gather) on emulated GPUs equals the host"
   }
 }
 
-TEST_CASE("replicated experts (FineMoE's min-max split, FlexMoE's even split) on emulated GPUs equal the host") {
+TEST_CASE_TEMPLATE("replicated experts (FineMoE's min-max split, FlexMoE's even split) on GPUs equal the host", Placement,
+                   gpu_per_rank, ranks_on_one_gpu) {
   moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(4, 4, 2);  // 8 experts, 2 replicas each
   auto const replicated = [&](auto split) {
     return [&, split](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
@@ -181,8 +186,68 @@ TEST_CASE("replicated experts (FineMoE's min-max split, FlexMoE's even split) on
       return backend_step(be, layer, comm.rank(), k, in, slot_experts(placement, comm.rank(), k.hidden), nothing_before{});
     };
   };
-  check_emulated_equals_host(skewed4, replicated(moecomm::finemoe_split{}));
-  check_emulated_equals_host(skewed4, replicated(moecomm::even_split{}));
+  check_emulated_equals_host<Placement>(skewed4, replicated(moecomm::finemoe_split{}));
+  check_emulated_equals_host<Placement>(skewed4, replicated(moecomm::even_split{}));
+}
+
+// Pro-Prophet's block schedule over a stack of 4 shadowed blocks, each block's output the next
+// one's input, two iterations (transfers begun a block ahead, aggregation finished after the
+// backward): every block's output and gradients, concatenated.
+struct scheduled_stack {
+  static constexpr std::int32_t blocks = 4;
+  template <class Backend, class Comm>
+  layer_result<float> operator()(Backend const& be, Comm& comm, shadow_case const& k, shadow_inputs<float> const& in) const {
+    using layer_t = moecomm::expert_parallel_layer<float, Backend, Comm, moecomm::dropless, moecomm::flat, moecomm::weighted,
+                                                   moecomm::fastermoe_shadowing<>>;
+    using experts_t = kernel_scale_bias_experts<float, Backend>;
+    std::int32_t const me = comm.rank();
+    moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(k.ranks, k.per_node));
+    moecomm::fastermoe_shadowing<> const shadowing{small_model(), {}, {}};
+    std::vector<std::unique_ptr<layer_t>> owned_layers;
+    std::vector<std::unique_ptr<experts_t>> owned_experts;
+    std::vector<layer_t*> layers;
+    std::vector<experts_t*> experts;
+    for (std::int32_t i = 0; i < blocks; ++i) {
+      owned_layers.push_back(std::make_unique<layer_t>(be, groups, k.experts, k.hidden, moecomm::dropless{}, moecomm::flat{},
+                                                       moecomm::routing_checks{}, shadowing));
+      owned_experts.push_back(std::make_unique<experts_t>(be, scale_bias_experts<float>(me, k.experts / k.ranks, k.hidden, true)));
+      layers.push_back(owned_layers.back().get());
+      experts.push_back(owned_experts.back().get());
+    }
+    moecomm::block_schedule<layer_t, experts_t> schedule(layers, experts);
+    rank_buffers<Backend> io(be, k, in, me);
+    std::int64_t const rows = io.tokens * k.hidden, weights = io.tokens * k.top_k;
+    auto activations = upload(be, poisoned<float>(rows * blocks));  // block i's output
+    auto d_inputs = upload(be, poisoned<float>(rows * blocks));     // block i's input gradient
+    auto d_weights = upload(be, poisoned<float>(weights * blocks));
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      for (std::int32_t i = 0; i < blocks; ++i) {
+        schedule.before_forward(i);
+        float const* input = i == 0 ? io.x.data() : activations.data() + (i - 1) * rows;
+        layers[static_cast<std::size_t>(i)]->forward(io.routing, {input, io.tokens, k.hidden}, {activations.data() + i * rows, io.tokens, k.hidden},
+                                                     *experts[static_cast<std::size_t>(i)]);
+      }
+      for (std::int32_t i = blocks - 1; i >= 0; --i) {
+        float const* d_out = i == blocks - 1 ? io.d_out.data() : d_inputs.data() + (i + 1) * rows;
+        layers[static_cast<std::size_t>(i)]->backward({d_out, io.tokens, k.hidden}, {d_inputs.data() + i * rows, io.tokens, k.hidden},
+                                                      moecomm::array_view<float>{d_weights.data() + i * weights, weights},
+                                                      *experts[static_cast<std::size_t>(i)]);
+      }
+      schedule.finish_backward();
+    }
+    layer_result<float> got{download(be, activations.data(), rows * blocks), download(be, d_inputs.data(), rows * blocks),
+                            download(be, d_weights.data(), weights * blocks), {}};
+    for (experts_t const* e : experts) {
+      auto const g = e->gradients_on_host();
+      got.grads.insert(got.grads.end(), g.begin(), g.end());
+    }
+    return got;
+  }
+};
+
+TEST_CASE_TEMPLATE("Pro-Prophet's block schedule (4 shadowed blocks, transfers a block ahead) on GPUs equals the host", Placement,
+                   gpu_per_rank, ranks_on_one_gpu) {
+  check_emulated_equals_host<Placement>(skewed8, scheduled_stack{});
 }
 
 #if MOECOMM_CUDA_EMULATION()
@@ -277,11 +342,12 @@ TEST_CASE("after reserve, 200 scheduled Pro-Prophet steps on emulated GPUs alloc
 
 #endif  // the emulation counts device allocations
 
-TEST_CASE("Parm's schedules (deepspeed_mp, S1, S2 pipelined on the lane) on 8 emulated GPUs equal the oracle") {
+TEST_CASE_TEMPLATE("Parm's schedules (deepspeed_mp, S1, S2 pipelined on the lane) on 8 ranks on GPUs equal the oracle", Placement,
+                   gpu_per_rank, ranks_on_one_gpu) {
   for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 2}}) {
     CAPTURE(sizes.model);
     CAPTURE(sizes.expert_slicing);
-    run_emulated_ranks(8, [&](emulated_rank& rank) {
+    run_device_ranks<Placement>(8, [&](auto& rank) {
       check_parm_schedules_on_rank<float>(rank.be, rank.comm, parm_case{sizes, 37, 8, 2, 0}, moecomm::dropless{});
       check_parm_schedules_on_rank<float>(rank.be, rank.comm, parm_case{sizes, 97, 16, 4, 0.75},
                                           moecomm::capacity<moecomm::drop_by_position>{0.75});
