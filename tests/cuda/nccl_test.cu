@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The NCCL communicator on every visible device of one process: one thread and one communicator
 // per device (rank = device), like ncclCommInitAll. Checks each collective's result across the
-// devices, sub-groups, large messages in chunks, the host-side argument errors (which leave the
-// communicator usable), non-owning handles, moves, and a rank that does not join (a timeout, not a
-// hang). Without a device the binary reports the suite as skipped (exit code 77), never as passed.
+// devices, sub-groups, large messages in chunks, the library's non-blocking communicator against a
+// blocking one, the host-side argument errors (which leave the communicator usable), non-owning
+// handles, moves, and a rank that does not join (a timeout, not a hang). Without a device the binary reports the suite as skipped (exit code 77), never as passed.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -20,6 +20,7 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -263,6 +264,70 @@ TEST_CASE("nccl split makes sub-groups ordered by (key, rank) that work on their
     same.barrier();
     comm.barrier();  // the parent still works
   });
+}
+
+// Split, exchange and allreduce on `comm`: what this rank saw, in order.
+std::vector<int64_t> split_exchange_allreduce(nccl_communicator& comm) {
+  int const n = comm.size(), me = comm.rank();
+  std::vector<int64_t> seen;
+  nccl_communicator sub = comm.split(me % 2, -me);
+  seen.insert(seen.end(), {sub.size(), sub.rank(), sub.device()});
+  std::vector<device_vector<int32_t>> out, in;
+  std::vector<send_block> sends;
+  std::vector<recv_block> recvs;
+  for (int peer = 0; peer < n; ++peer) {
+    out.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(me + 1), me * 100 + peer));
+    in.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(peer + 1), -1));
+    sends.push_back({peer, out.back().data(), static_cast<int64_t>((me + 1) * sizeof(int32_t))});
+    recvs.push_back({peer, in.back().data(), static_cast<int64_t>((peer + 1) * sizeof(int32_t))});
+  }
+  comm.exchange(sends, recvs);
+  for (auto const& v : in)
+    for (int32_t x : v.read()) seen.push_back(x);
+  device_vector<int64_t> value(comm, {me + 1, 2 * me});
+  sub.allreduce(value.data(), value.data(), 2, reduce_op::sum);
+  comm.allreduce(value.data(), value.data(), 2, reduce_op::max);
+  for (int64_t x : value.read()) seen.push_back(x);
+  return seen;
+}
+
+TEST_CASE("nccl: the library's non-blocking communicator computes what a blocking one does (init, split, exchange, allreduce)") {
+  int const ranks = device_count();
+  REQUIRE(ranks > 0);
+  ncclUniqueId non_blocking_id, blocking_id;
+  REQUIRE(ncclGetUniqueId(&non_blocking_id) == ncclSuccess);
+  REQUIRE(ncclGetUniqueId(&blocking_id) == ncclSuccess);
+  std::vector<std::vector<int64_t>> non_blocking(static_cast<std::size_t>(ranks)), blocking(static_cast<std::size_t>(ranks));
+  std::vector<std::string> failures(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      cudaStream_t stream = nullptr;
+      try {
+        moecomm::detail::cuda_check(cudaSetDevice(r), "cudaSetDevice");
+        moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+        {  // create: ncclCommInitRankConfig with blocking = 0, every call polled through ncclInProgress
+          nccl_communicator comm = nccl_communicator::create(ranks, non_blocking_id, r, stream);
+          non_blocking[static_cast<std::size_t>(r)] = split_exchange_allreduce(comm);
+        }
+        {  // a blocking communicator (NCCL's default), wrapped
+          ncclComm_t raw = nullptr;
+          ncclResult_t const made = ncclCommInitRank(&raw, ranks, blocking_id, r);
+          if (made != ncclSuccess) throw std::runtime_error(std::string("ncclCommInitRank: ") + ncclGetErrorString(made));
+          nccl_communicator comm = nccl_communicator::from_native_handle(raw, stream, {}, /*owning=*/true);
+          blocking[static_cast<std::size_t>(r)] = split_exchange_allreduce(comm);
+        }
+      } catch (std::exception const& e) {
+        failures[static_cast<std::size_t>(r)] = e.what();
+      }
+      if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    CHECK_MESSAGE(failures[static_cast<std::size_t>(r)].empty(), "rank ", r, ": ", failures[static_cast<std::size_t>(r)]);
+    CHECK(non_blocking[static_cast<std::size_t>(r)] == blocking[static_cast<std::size_t>(r)]);
+    CHECK(non_blocking[static_cast<std::size_t>(r)].size() == static_cast<std::size_t>(3 + ranks * (ranks + 1) / 2 + 2));
+  }
 }
 
 TEST_CASE("nccl host-side argument errors name the argument and leave the communicator usable") {

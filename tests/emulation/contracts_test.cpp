@@ -6,6 +6,13 @@
 
 #include "emulated_ranks.hpp"
 
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +27,58 @@ bool any_violation_mentions(std::string const& fragment) {
   for (std::string const& v : moecomm_emulation::violations())
     if (v.find(fragment) != std::string::npos) return true;
   return false;
+}
+
+bool contains(std::string const& text, std::string const& part) { return text.find(part) != std::string::npos; }
+
+// Polls `comm`'s state until it is no longer ncclInProgress (at most 20 s) and returns it;
+// `in_progress` counts the polls that found it in progress.
+ncclResult_t settle(ncclComm_t comm, int& in_progress) {
+  auto const deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) return state;
+    ++in_progress;
+    std::this_thread::yield();
+  }
+}
+
+// Runs `body(rank)` on `ranks` threads, rank r with device `device_of(r)` current: raw NCCL and
+// CUDA calls, without the harness's communicator.
+template <class DeviceOf, class Body>
+void run_threads(int ranks, DeviceOf const& device_of, Body const& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      REQUIRE(cudaSetDevice(device_of(r)) == cudaSuccess);
+      body(r);
+    });
+  for (auto& t : threads) t.join();
+}
+
+// The allreduce (or the reduce to rank `root`, when it is not negative) of every rank's `mine` by
+// the emulated NCCL, on the rank's (non-blocking) communicator.
+template <class T>
+std::vector<T> nccl_reduction(emulated_rank& rank, std::vector<T> const& mine, ncclDataType_t type, ncclRedOp_t op, int root = -1) {
+  auto const send = upload(rank.be, mine);
+  auto recv = upload(rank.be, std::vector<T>(mine.size(), T{}));
+  ncclResult_t const r = root < 0 ? ncclAllReduce(send.data(), recv.data(), mine.size(), type, op, rank.comm.native_handle(), rank.comm.stream())
+                                  : ncclReduce(send.data(), recv.data(), mine.size(), type, op, root, rank.comm.native_handle(), rank.comm.stream());
+  CHECK_MESSAGE((r == ncclSuccess || r == ncclInProgress), ncclGetErrorString(r));
+  rank.comm.wait();
+  return download(rank.be, recv.data(), static_cast<std::int64_t>(mine.size()));
+}
+
+// 16-bit floats' bits as "3f80 40a0", for readable failures.
+std::string hex(std::vector<std::uint16_t> const& bits) {
+  std::string text;
+  for (std::uint16_t b : bits) {
+    char word[8];
+    std::snprintf(word, sizeof word, "%s%04x", text.empty() ? "" : " ", static_cast<unsigned>(b));
+    text += word;
+  }
+  return text;
 }
 
 }  // namespace
@@ -182,6 +241,302 @@ TEST_CASE("a copy into pageable memory waits, and the wait is counted") {
     CHECK(moecomm_emulation::host_waits() == before + 1);
     CHECK(host == std::vector<float>(16, 3.0f));
   });
+}
+
+TEST_CASE("a kernel given a pointer to pageable host memory is refused, naming the kernel") {
+  moecomm_emulation::clear_violations();
+  run_emulated_ranks(1, [](emulated_rank& rank) {
+    std::vector<float> host(8, 0.0f);
+    check_error([&] { rank.be.for_each_index(8, fill_kernel{host.data(), 1.0f}); }, moecomm::status::cuda_error,
+                {"kernel 'for_each_index' launched on stream", "(device 0) is given", "(its pointer argument 1 of 1), which is pageable host memory"});
+    CHECK(host == std::vector<float>(8, 0.0f));  // it never ran
+    // Pinned host memory is what a kernel may read and write on the host's side.
+    void* pinned = nullptr;
+    REQUIRE(cudaMallocHost(&pinned, 8 * sizeof(float)) == cudaSuccess);
+    rank.be.for_each_index(8, fill_kernel{static_cast<float*>(pinned), 2.0f});
+    rank.be.synchronize();
+    std::vector<float> got(8);
+    std::memcpy(got.data(), pinned, 8 * sizeof(float));
+    CHECK(got == std::vector<float>(8, 2.0f));
+    REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
+  });
+  CHECK(any_violation_mentions("which is pageable host memory"));
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("a kernel given another device's memory needs peer access, and its use is then ordered like a local one") {
+  moecomm_emulation::clear_violations();
+  int can = -1;
+  REQUIRE(cudaDeviceCanAccessPeer(&can, 0, 1) == cudaSuccess);
+  CHECK(can == 1);
+  REQUIRE(cudaDeviceCanAccessPeer(&can, 1, 1) == cudaSuccess);
+  CHECK(can == 0);
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  float* theirs = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&theirs), 64 * sizeof(float)) == cudaSuccess);
+  cudaStream_t on_1 = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&on_1, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t written = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&written, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  cudaStream_t on_0 = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&on_0, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    moecomm::cuda_backend const be(on_0);  // device 0's
+    check_error([&] { be.for_each_index(64, fill_kernel{theirs, 1.0f}); }, moecomm::status::cuda_error,
+                {"kernel 'for_each_index' launched on stream", "(device 0) is given",
+                 "in a 256-byte device allocation of cudaMalloc on device 1, without peer access from device 0 to device 1",
+                 "cudaDeviceEnablePeerAccess(1, 0) with device 0 current"});
+    REQUIRE(cudaDeviceEnablePeerAccess(1, 0) == cudaSuccess);
+    CHECK(cudaDeviceEnablePeerAccess(1, 0) == cudaErrorPeerAccessAlreadyEnabled);
+    CHECK(cudaDeviceEnablePeerAccess(0, 0) == cudaErrorInvalidDevice);  // itself
+    (void)cudaGetLastError();
+    // With peer access the kernel runs, and its use of device 1's memory is ordered like a local one.
+    REQUIRE(cudaMemsetAsync(theirs, 0, 64 * sizeof(float), on_1) == cudaSuccess);
+    check_error([&] { be.for_each_index(64, fill_kernel{theirs, 2.0f}); }, moecomm::status::cuda_error,
+                {"for_each_index on stream", "writes 'for_each_index' (bytes 0 to 256 of a 256-byte device allocation of cudaMalloc on device 1)",
+                 "while cudaMemsetAsync on stream", "is not ordered before it"});
+    REQUIRE(cudaEventRecord(written, on_1) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(on_0, written, 0) == cudaSuccess);
+    be.for_each_index(64, fill_kernel{theirs, 2.0f});
+    CHECK(download(be, theirs, 64) == std::vector<float>(64, 2.0f));
+    // Disabled again, the launch is refused again.
+    REQUIRE(cudaDeviceDisablePeerAccess(1) == cudaSuccess);
+    CHECK(cudaDeviceDisablePeerAccess(1) == cudaErrorPeerAccessNotEnabled);
+    (void)cudaGetLastError();
+    check_error([&] { be.for_each_index(64, fill_kernel{theirs, 3.0f}); }, moecomm::status::cuda_error,
+                {"without peer access from device 0 to device 1"});
+  }
+  REQUIRE(cudaFree(theirs) == cudaSuccess);
+  (void)cudaEventDestroy(written);
+  (void)cudaStreamDestroy(on_0);
+  (void)cudaStreamDestroy(on_1);
+  CHECK(any_violation_mentions("without peer access from device 0 to device 1"));
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("an event is recorded on streams of the device it was created on, and waited for on any device's") {
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  cudaEvent_t of_1 = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&of_1, cudaEventDisableTiming) == cudaSuccess);
+  cudaStream_t on_1 = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&on_1, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  cudaStream_t on_0 = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&on_0, cudaStreamNonBlocking) == cudaSuccess);
+  CHECK(cudaEventRecord(of_1, on_0) == cudaErrorInvalidResourceHandle);  // CUDA's answer
+  std::string const said = cudaGetErrorString(cudaErrorInvalidResourceHandle);
+  CHECK_MESSAGE(contains(said, "cudaEventRecord of an event created on device 1 on stream"), said);
+  CHECK_MESSAGE(contains(said, "(device 0): an event belongs to the device current when it was created"), said);
+  (void)cudaGetLastError();
+  CHECK(cudaEventRecord(of_1, on_1) == cudaSuccess);      // its own device's stream, from a thread on device 0
+  CHECK(cudaStreamWaitEvent(on_0, of_1, 0) == cudaSuccess);  // a stream may wait on another device's event
+  CHECK(cudaStreamSynchronize(on_0) == cudaSuccess);
+  (void)cudaEventDestroy(of_1);
+  (void)cudaStreamDestroy(on_0);
+  (void)cudaStreamDestroy(on_1);
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("NCCL reduces half and bfloat16 in float, rounded at each step, and computes ncclAvg as NCCL does") {
+  run_emulated_ranks(4, [](emulated_rank& rank) {
+    int const me = rank.comm.rank();
+    // bfloat16 bits: 1.0 = 0x3f80, 2^-8 = 0x3b80 (half an ulp of 1.0: 1 + 2^-8 rounds to 1.0, to
+    // even), 0.5 * (me + 1) sums to 5.0 = 0x40a0. Ascending rank order, rounded at each step: 1.0.
+    std::vector<std::uint16_t> const bf16{me == 0 ? std::uint16_t{0x3f80} : std::uint16_t{0x3b80},
+                                          std::vector<std::uint16_t>{0x3f00, 0x3f80, 0x3fc0, 0x4000}[static_cast<std::size_t>(me)]};
+    CHECK(hex(nccl_reduction(rank, bf16, ncclBfloat16, ncclSum)) == "3f80 40a0");
+    // binary16: 1.0 = 0x3c00, 2^-11 = 0x1000 (half an ulp of 1.0), 0.5, 1, 1.5, 2 sum to 5.0 = 0x4500.
+    std::vector<std::uint16_t> const f16{me == 0 ? std::uint16_t{0x3c00} : std::uint16_t{0x1000},
+                                         std::vector<std::uint16_t>{0x3800, 0x3c00, 0x3e00, 0x4000}[static_cast<std::size_t>(me)]};
+    CHECK(hex(nccl_reduction(rank, f16, ncclFloat16, ncclSum)) == "3c00 4500");
+    CHECK(hex(nccl_reduction(rank, f16, ncclFloat16, ncclMax)) == "3c00 4000");
+    // ncclReduce: the root only.
+    CHECK(hex(nccl_reduction(rank, f16, ncclFloat16, ncclSum, 3)) == (me == 3 ? "3c00 4500" : "0000 0000"));
+    // ncclAvg: floating types multiply each input by 1/4 first (1, 2, 3, 4 -> 2.5 = 0x4020 in bf16),
+    // integers divide the sum, rounding towards zero (10 / 4 = 2, -11 / 4 = -2).
+    std::vector<std::uint16_t> const bf16_avg{std::vector<std::uint16_t>{0x3f80, 0x4000, 0x4040, 0x4080}[static_cast<std::size_t>(me)]};
+    CHECK(hex(nccl_reduction(rank, bf16_avg, ncclBfloat16, ncclAvg)) == "4020");
+    CHECK(nccl_reduction(rank, std::vector<float>{float(me + 1)}, ncclFloat32, ncclAvg) == std::vector<float>{2.5f});
+    CHECK(nccl_reduction(rank, std::vector<std::int32_t>{me + 1, -(me + 1) - (me == 0 ? 1 : 0)}, ncclInt32, ncclAvg) ==
+          std::vector<std::int32_t>{2, -2});
+  });
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("NCCL refuses two ranks of one communicator on one GPU (Duplicate GPU detected)") {
+  moecomm_emulation::clear_violations();
+  auto on_device_2 = [](int) { return 2; };
+  // Blocking: the call fails on every rank once all have joined, and leaves no communicator.
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclResult_t> results(2, ncclSuccess);
+  std::vector<std::string> said(2);
+  std::vector<ncclComm_t> comms(2, nullptr);
+  run_threads(2, on_device_2, [&](int r) {
+    results[static_cast<std::size_t>(r)] = ncclCommInitRank(&comms[static_cast<std::size_t>(r)], 2, id, r);
+    said[static_cast<std::size_t>(r)] = ncclGetLastError(nullptr);
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(results[static_cast<std::size_t>(r)] == ncclInvalidUsage);
+    CHECK(comms[static_cast<std::size_t>(r)] == nullptr);
+    std::string const expected = "ncclCommInitRank: Duplicate GPU detected : rank " + std::to_string(r) + " and rank " +
+                                 std::to_string(1 - r) + " both on CUDA device 2";
+    CHECK_MESSAGE(contains(said[static_cast<std::size_t>(r)], expected), said[static_cast<std::size_t>(r)]);
+  }
+  // Non-blocking: the call is in progress, then the communicator's asynchronous error says it.
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclResult_t> states(2, ncclSuccess);
+  run_threads(2, on_device_2, [&](int r) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    results[static_cast<std::size_t>(r)] = ncclCommInitRankConfig(&comm, 2, id, r, &config);
+    int in_progress = 0;
+    if (comm != nullptr) states[static_cast<std::size_t>(r)] = settle(comm, in_progress);
+    said[static_cast<std::size_t>(r)] = ncclGetLastError(comm);
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+  });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(results[static_cast<std::size_t>(r)] == ncclInProgress);
+    CHECK(states[static_cast<std::size_t>(r)] == ncclInvalidUsage);
+    CHECK_MESSAGE(contains(said[static_cast<std::size_t>(r)], "Duplicate GPU detected : rank " + std::to_string(r)), said[static_cast<std::size_t>(r)]);
+  }
+  // nccl_communicator::create reports it.
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  run_threads(2, on_device_2, [&](int r) {
+    check_error([&] { (void)nccl_communicator::create(2, id, r, nullptr); }, moecomm::status::nccl_error,
+                {"nccl_communicator::create", "ncclInvalidUsage", "Duplicate GPU detected"});
+  });
+  CHECK(any_violation_mentions("Duplicate GPU detected"));
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("CUB's calls, like a kernel, are launched from a thread whose current device is the stream's") {
+  moecomm_emulation::clear_violations();
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  cudaStream_t on_1 = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&on_1, cudaStreamNonBlocking) == cudaSuccess);
+  int const n = 16;
+  void* buffers[5] = {};
+  for (void*& b : buffers) {
+    REQUIRE(cudaMalloc(&b, 4096) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(b, 0, 4096, on_1) == cudaSuccess);
+  }
+  auto* const keys = static_cast<std::uint32_t*>(buffers[0]);
+  auto* const sorted_keys = static_cast<std::uint32_t*>(buffers[1]);
+  auto* const values = static_cast<std::int32_t*>(buffers[2]);
+  auto* const sorted_values = static_cast<std::int32_t*>(buffers[3]);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  std::size_t scan_bytes = 0, sort_bytes = 0;  // the size queries launch nothing
+  REQUIRE(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, values, sorted_values, n, on_1) == cudaSuccess);
+  REQUIRE(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted_keys, values, sorted_values, n, 0, 32, on_1) == cudaSuccess);
+  REQUIRE((scan_bytes <= 4096 && sort_bytes <= 4096));
+  CHECK(cub::DeviceScan::ExclusiveSum(buffers[4], scan_bytes, values, sorted_values, n, on_1) == cudaErrorNotPermitted);
+  std::string said = cudaGetErrorString(cudaErrorNotPermitted);
+  CHECK_MESSAGE(contains(said, "kernel 'cub::DeviceScan::ExclusiveSum' launched on stream"), said);
+  CHECK_MESSAGE(contains(said, "(device 1) from a thread whose current device is 0: call cudaSetDevice(1)"), said);
+  CHECK(cub::DeviceRadixSort::SortPairs(buffers[4], sort_bytes, keys, sorted_keys, values, sorted_values, n, 0, 32, on_1) ==
+        cudaErrorNotPermitted);
+  said = cudaGetErrorString(cudaErrorNotPermitted);
+  CHECK_MESSAGE(contains(said, "kernel 'cub::DeviceRadixSort::SortPairs' launched on stream"), said);
+  (void)cudaGetLastError();
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);  // from the stream's device they run
+  CHECK(cub::DeviceScan::ExclusiveSum(buffers[4], scan_bytes, values, sorted_values, n, on_1) == cudaSuccess);
+  CHECK(cub::DeviceRadixSort::SortPairs(buffers[4], sort_bytes, keys, sorted_keys, values, sorted_values, n, 0, 32, on_1) ==
+        cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(on_1) == cudaSuccess);
+  for (void* b : buffers) REQUIRE(cudaFree(b) == cudaSuccess);
+  (void)cudaStreamDestroy(on_1);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("a host wait or an allocation for a rank's device is counted whichever thread makes it (a lane's)") {
+  run_emulated_ranks(2, [](emulated_rank& rank) {
+    auto rows = rank.be.allocate<float>(16);
+    rank.be.for_each_index(16, fill_kernel{rows.data(), 1.0f});
+    std::int64_t const waits = moecomm_emulation::host_waits();
+    std::int64_t const allocations = moecomm_emulation::device_allocations();
+    CHECK(waits == moecomm_emulation::host_waits(rank.device));  // the current device's
+    std::thread lane([&] {  // a new thread starts on device 0: the wait counts for the stream's device
+      CHECK(cudaStreamSynchronize(rank.be.stream()) == cudaSuccess);
+      REQUIRE(cudaSetDevice(rank.device) == cudaSuccess);
+      void* p = nullptr;
+      REQUIRE(cudaMalloc(&p, 64) == cudaSuccess);
+      REQUIRE(cudaFree(p) == cudaSuccess);
+    });
+    lane.join();
+    CHECK(moecomm_emulation::host_waits() == waits + 1);
+    CHECK(moecomm_emulation::host_waits(rank.device) == waits + 1);
+    CHECK(moecomm_emulation::device_allocations() == allocations + 1);
+  });
+}
+
+TEST_CASE("ncclCommSplit puts the child on the parent's device, whatever the calling thread's current device") {
+  run_emulated_ranks(2, [](emulated_rank& rank) {
+    REQUIRE(cudaSetDevice(1 - rank.device) == cudaSuccess);
+    ncclComm_t child = nullptr;
+    ncclResult_t const r = ncclCommSplit(rank.comm.native_handle(), 0, rank.comm.rank(), &child, nullptr);
+    CHECK_MESSAGE((r == ncclSuccess || r == ncclInProgress), ncclGetErrorString(r));
+    int in_progress = 0;
+    CHECK(settle(rank.comm.native_handle(), in_progress) == ncclSuccess);
+    REQUIRE(child != nullptr);
+    int device = -1;
+    REQUIRE(ncclCommCuDevice(child, &device) == ncclSuccess);
+    CHECK(device == rank.device);
+    (void)ncclCommDestroy(child);
+    REQUIRE(cudaSetDevice(rank.device) == cudaSuccess);
+  });
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("non-blocking NCCL: init, split, a group and a collective return ncclInProgress, polled to ncclSuccess") {
+  moecomm_emulation::clear_violations();
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  run_threads(2, [](int r) { return r; }, [&](int r) {
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    moecomm::cuda_backend const be(stream);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    int in_progress = 0;
+    CHECK(ncclCommInitRankConfig(&comm, 2, id, r, &config) == ncclInProgress);
+    REQUIRE(settle(comm, in_progress) == ncclSuccess);
+    // A split of a non-blocking communicator: in progress on the parent, the child published when done.
+    ncclComm_t child = nullptr;
+    CHECK(ncclCommSplit(comm, 0, -r, &child, nullptr) == ncclInProgress);  // the child inherits the mode
+    REQUIRE(settle(comm, in_progress) == ncclSuccess);
+    REQUIRE(child != nullptr);
+    REQUIRE(settle(child, in_progress) == ncclSuccess);
+    int child_rank = -1;
+    REQUIRE(ncclCommUserRank(child, &child_rank) == ncclSuccess);
+    CHECK(child_rank == 1 - r);
+    // A group on the child: in progress until polled.
+    auto const mine = upload(be, std::vector<std::int32_t>{10 * r + 1, 10 * r + 2});
+    auto got = be.allocate<std::int32_t>(2);
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    CHECK(ncclSend(mine.data(), 8, ncclChar, 1 - child_rank, child, stream) == ncclSuccess);
+    CHECK(ncclRecv(got.data(), 8, ncclChar, 1 - child_rank, child, stream) == ncclSuccess);
+    CHECK(ncclGroupEnd() == ncclInProgress);
+    int const before = in_progress;
+    REQUIRE(settle(child, in_progress) == ncclSuccess);
+    CHECK(in_progress > before);  // polled at least once while in progress
+    CHECK(download(be, got.data(), 2) == std::vector<std::int32_t>{10 * (1 - r) + 1, 10 * (1 - r) + 2});
+    // A collective outside a group is a group of its own.
+    auto sum = be.allocate<std::int32_t>(2);
+    CHECK(ncclAllReduce(mine.data(), sum.data(), 2, ncclInt32, ncclSum, comm, stream) == ncclInProgress);
+    REQUIRE(settle(comm, in_progress) == ncclSuccess);
+    CHECK(download(be, sum.data(), 2) == std::vector<std::int32_t>{12, 14});
+    be.synchronize();
+    (void)ncclCommDestroy(child);
+    (void)ncclCommDestroy(comm);
+    REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  });
+  CHECK(moecomm_emulation::violations().empty());
+  moecomm_emulation::clear_violations();
 }
 
 }  // namespace test

@@ -19,6 +19,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -61,6 +62,7 @@ struct stream_state {
 };
 
 struct event_state {
+  int device = 0;         // the device current when it was created: it is recorded on that device's streams only
   bool recorded = false;
   std::shared_ptr<stream_state> stream;
   std::uint64_t seq = 0;
@@ -88,15 +90,11 @@ struct allocation {
 struct thread_state {
   int device = 0;
   clock_vector knows;
-  std::int64_t waits = 0;
-  std::int64_t allocations = 0;  // device memory allocated from this thread (cudaMalloc, cudaMallocAsync)
   cudaError_t last_error = cudaSuccess;
-  std::string message;  // the last violation's text
+  std::string message;                        // the last violation's text
+  cudaError_t message_error = cudaSuccess;    // the error it explains
 };
 thread_local thread_state this_thread;
-
-//! One host wait of this thread (a function of its own, so that a debugger can stop on each).
-[[gnu::noinline]] void count_host_wait() { ++this_thread.waits; }
 
 // The kernel a worker thread is running, for the fault handler's message.
 thread_local char const* running_kernel = nullptr;
@@ -119,6 +117,9 @@ struct emulator {
   std::vector<std::shared_ptr<stream_state>> legacy;              // per device, made on first use
   std::map<event_state*, std::shared_ptr<event_state>> events;
   std::vector<std::string> violations;
+  std::set<std::pair<int, int>> peer_access;  // (from, to): kernels on `from` may use memory of `to`
+  std::vector<std::int64_t> waits;            // per device: host waits for its streams and events
+  std::vector<std::int64_t> allocations;      // per device: cudaMalloc and cudaMallocAsync of its memory
   std::deque<std::shared_ptr<allocation>> freed;  // the latest frees, kept inaccessible to name a use after free
   std::mutex done_lock;
   std::condition_variable done;
@@ -126,6 +127,8 @@ struct emulator {
   emulator() {
     if (char const* n = std::getenv("MOECOMM_EMULATED_DEVICES")) devices = std::max(1, std::atoi(n));
     legacy.resize(static_cast<std::size_t>(devices));
+    waits.resize(static_cast<std::size_t>(devices));
+    allocations.resize(static_cast<std::size_t>(devices));
   }
 };
 
@@ -133,6 +136,10 @@ emulator& emu() {
   static emulator* const e = new emulator;  // never destroyed: detached workers may outlive main
   return *e;
 }
+
+//! One host wait for work of `device`, by any thread (emu().lock held; a function of its own, so
+//! that a debugger can stop on each).
+[[gnu::noinline]] void count_host_wait(int device) { ++emu().waits[static_cast<std::size_t>(device)]; }
 
 void close_opened_pages();
 
@@ -208,11 +215,14 @@ std::string describe_allocation(allocation const& a) {
   return out.str();
 }
 
-cudaError_t record_violation(std::string message) {  // emu().lock held
+//! Records a violation that call fails with `error` (emu().lock held): `cudaGetErrorString(error)`
+//! then returns the message on this thread.
+cudaError_t record_violation(std::string message, cudaError_t error = cudaErrorNotPermitted) {
   emu().violations.push_back(message);
   this_thread.message = std::move(message);
-  this_thread.last_error = cudaErrorNotPermitted;
-  return cudaErrorNotPermitted;
+  this_thread.message_error = error;
+  this_thread.last_error = error;
+  return error;
 }
 
 cudaError_t fail(cudaError_t e) {
@@ -422,7 +432,7 @@ cudaError_t allocate_device(void** out, std::size_t bytes, std::string origin, i
                             char const* call) {
   *out = nullptr;
   if (bytes == 0) return cudaSuccess;
-  ++this_thread.allocations;
+  ++emu().allocations[static_cast<std::size_t>(device)];
   install_segv_handler();
   std::size_t const mapped = (bytes + page - 1) / page * page;
   std::size_t const reserved = mapped + page;  // a guard page: one past the end is never another allocation
@@ -537,14 +547,40 @@ cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::ve
         << this_thread.device << ": call cudaSetDevice(" << s->device << ") on this thread first";
     return fail(record_violation(out.str()));
   }
-  for (detail::kernel_pointer const& p : pointers) {
-    // A pointer into an allocation of this device is a buffer the kernel may use: a sized view's
-    // bytes, or from a raw pointer to the allocation's end (moecomm's kernels index forward from
-    // the pointers they are given, so a pipeline's piece c + 1 does not overlap piece c). The
-    // kernel's real accesses open the pages they touch.
+  for (std::size_t k = 0; k < pointers.size(); ++k) {
+    // A pointer into an allocation of this device (or of a peer whose memory this device may
+    // access) is a buffer the kernel may use: a sized view's bytes, or from a raw pointer to the
+    // allocation's end (moecomm's kernels index forward from the pointers they are given, so a
+    // pipeline's piece c + 1 does not overlap piece c). The kernel's real accesses open the pages
+    // they touch.
+    detail::kernel_pointer const& p = pointers[k];
     std::uintptr_t const w = p.address;
     allocation const* a = find_allocation(reinterpret_cast<void const*>(w));
-    if (a == nullptr || !a->device || a->dev != s->device || w >= a->base + a->bytes) continue;
+    if (a == nullptr) {
+      // A typed pointer into no allocation, outside the device range (a freed device address faults
+      // when touched), is pageable host memory, which a kernel cannot read. A word of a functor read
+      // word by word may be anything.
+      if (!p.typed || w == 0 || in_arena(w)) continue;
+      std::ostringstream out;
+      out << "kernel '" << kernel << "' launched on " << stream_label(*s) << " is given " << reinterpret_cast<void const*>(w)
+          << " (its pointer argument " << k + 1 << " of " << pointers.size()
+          << "), which is pageable host memory: a kernel reads device memory or pinned host memory "
+             "(cudaHostAlloc, cudaMallocHost), never pageable host memory";
+      return fail(record_violation(out.str()));
+    }
+    if (!a->device || w >= a->base + a->bytes) continue;  // pinned host memory, or one past the end
+    if (a->dev != s->device) {
+      if (!p.typed) continue;
+      if (emu().peer_access.count({s->device, a->dev}) == 0) {
+        std::ostringstream out;
+        out << "kernel '" << kernel << "' launched on " << stream_label(*s) << " is given "
+            << reinterpret_cast<void const*>(w) << " (its pointer argument " << k + 1 << " of " << pointers.size()
+            << "), in " << describe_allocation(*a) << ", without peer access from device " << s->device << " to device "
+            << a->dev << ": call cudaDeviceEnablePeerAccess(" << a->dev << ", 0) with device " << s->device
+            << " current first";
+        return fail(record_violation(out.str()));
+      }
+    }
     if (p.bytes != detail::kernel_pointer::unknown) {
       uses.push_back({reinterpret_cast<void const*>(w), std::min<std::size_t>(p.bytes, a->base + a->bytes - w), access::read_write, kernel});
       continue;
@@ -568,8 +604,17 @@ void clear_violations() {
   emu().violations.clear();
 }
 
-std::int64_t host_waits() { return this_thread.waits; }
-std::int64_t device_allocations() { return this_thread.allocations; }
+std::int64_t host_waits(int device) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return device >= 0 && device < emu().devices ? emu().waits[static_cast<std::size_t>(device)] : 0;
+}
+std::int64_t host_waits() { return host_waits(this_thread.device); }
+
+std::int64_t device_allocations(int device) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return device >= 0 && device < emu().devices ? emu().allocations[static_cast<std::size_t>(device)] : 0;
+}
+std::int64_t device_allocations() { return device_allocations(this_thread.device); }
 
 int device_count() { return emu().devices; }
 
@@ -587,7 +632,7 @@ void host_wait(std::shared_ptr<stream_state> const& s, std::uint64_t target) {
   wait_until(*s, target);
   std::lock_guard<std::mutex> hold(emu().lock);
   learn_from(*s);
-  count_host_wait();
+  count_host_wait(s->device);
 }
 
 //! Copies `bytes` from `src` to `dst` in the order of `stream`. Pageable host memory is read when
@@ -628,6 +673,8 @@ char const* error_name(cudaError_t e) {
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
+    case cudaErrorPeerAccessNotEnabled: return "cudaErrorPeerAccessNotEnabled";
     default: return "cudaError (other)";
   }
 }
@@ -656,7 +703,7 @@ cudaError_t cudaGetLastError() { return std::exchange(this_thread.last_error, cu
 cudaError_t cudaPeekAtLastError() { return this_thread.last_error; }
 const char* cudaGetErrorName(cudaError_t error) { return error_name(error); }
 const char* cudaGetErrorString(cudaError_t error) {
-  if (error == cudaErrorNotPermitted && !this_thread.message.empty()) return this_thread.message.c_str();
+  if (error == this_thread.message_error && !this_thread.message.empty()) return this_thread.message.c_str();
   return error == cudaSuccess ? "no error" : "an error of the emulated CUDA runtime";
 }
 
@@ -804,7 +851,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (s->completed.load(std::memory_order_acquire) < s->enqueued) return cudaErrorNotReady;
   learn_from(*s);
-  count_host_wait();
+  count_host_wait(s->device);
   return cudaSuccess;
 }
 
@@ -819,12 +866,13 @@ cudaError_t cudaDeviceSynchronize() {
   for (auto const& [s, target] : busy) wait_until(*s, target);
   std::lock_guard<std::mutex> hold(emu().lock);
   for (auto const& [s, target] : busy) learn_from(*s);
-  count_host_wait();
+  count_host_wait(this_thread.device);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   auto e = std::make_shared<event_state>();
+  e->device = this_thread.device;
   std::lock_guard<std::mutex> hold(emu().lock);
   emu().events[e.get()] = e;
   *event = reinterpret_cast<cudaEvent_t>(e.get());
@@ -843,8 +891,16 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   auto it = emu().events.find(reinterpret_cast<event_state*>(event));
   auto s = find_stream(stream);
   if (it == emu().events.end() || !s) return fail(cudaErrorInvalidResourceHandle);
-  if (cudaError_t const e = enqueue_locked(s, "cudaEventRecord", {}, [] {}); e != cudaSuccess) return fail(e);
   event_state& ev = *it->second;
+  if (ev.device != s->device) {  // CUDA: cudaErrorInvalidResourceHandle (a stream may wait on any device's event)
+    std::ostringstream out;
+    out << "cudaEventRecord of an event created on device " << ev.device << " on " << stream_label(*s)
+        << ": an event belongs to the device current when it was created and is recorded on that device's streams "
+           "(record it on a stream of device "
+        << ev.device << ", or create it with device " << s->device << " current)";
+    return record_violation(out.str(), cudaErrorInvalidResourceHandle);
+  }
+  if (cudaError_t const e = enqueue_locked(s, "cudaEventRecord", {}, [] {}); e != cudaSuccess) return fail(e);
   ev.recorded = true;
   ev.stream = s;
   ev.seq = s->enqueued;
@@ -866,18 +922,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  std::shared_ptr<event_state> ev;
+  event_state ev;  // as recorded now: a later record does not change this wait
   {
     std::lock_guard<std::mutex> hold(emu().lock);
     auto it = emu().events.find(reinterpret_cast<event_state*>(event));
     if (it == emu().events.end()) return fail(cudaErrorInvalidResourceHandle);
-    ev = it->second;
+    ev = *it->second;
   }
-  if (!ev->recorded) return cudaSuccess;
-  wait_until(*ev->stream, ev->seq);
+  if (!ev.recorded) return cudaSuccess;
+  wait_until(*ev.stream, ev.seq);
   std::lock_guard<std::mutex> hold(emu().lock);
-  merge(this_thread.knows, ev->knows);
-  count_host_wait();
+  merge(this_thread.knows, ev.knows);
+  count_host_wait(ev.stream->device);
   return cudaSuccess;
 }
 
@@ -889,7 +945,28 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!ev.recorded) return cudaSuccess;
   if (ev.stream->completed.load(std::memory_order_acquire) < ev.seq) return cudaErrorNotReady;
   merge(this_thread.knows, ev.knows);
-  count_host_wait();
+  count_host_wait(ev.stream->device);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, int peerDevice) {
+  if (device < 0 || device >= emu().devices || peerDevice < 0 || peerDevice >= emu().devices) return fail(cudaErrorInvalidDevice);
+  *canAccessPeer = device != peerDevice ? 1 : 0;  // every pair of emulated devices is connected
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  if (peerDevice < 0 || peerDevice >= emu().devices || peerDevice == this_thread.device) return fail(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> hold(emu().lock);
+  if (!emu().peer_access.insert({this_thread.device, peerDevice}).second) return fail(cudaErrorPeerAccessAlreadyEnabled);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
+  if (peerDevice < 0 || peerDevice >= emu().devices || peerDevice == this_thread.device) return fail(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> hold(emu().lock);
+  if (emu().peer_access.erase({this_thread.device, peerDevice}) == 0) return fail(cudaErrorPeerAccessNotEnabled);
   return cudaSuccess;
 }
 

@@ -7,7 +7,10 @@
 // are matched in order per (sender, receiver), as NCCL matches them, and must agree in size. Every
 // job reads its peers' buffers, then waits until all have read before it writes its own, so that
 // in-place operations see the inputs. A disagreement or an abort fails the job: the communicator's
-// asynchronous error says what happened, instead of the hang NCCL would give.
+// asynchronous error says what happened, instead of the hang NCCL would give. Reductions combine the
+// ranks' inputs in ascending rank order, rounded to the type at each step. A non-blocking
+// communicator (config.blocking = 0) answers ncclInProgress where NCCL may, and its state says
+// ncclInProgress until its initialization, split or launch is in place.
 
 #include "core.hpp"
 
@@ -22,6 +25,8 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 using moecomm_emulation::access;
 using moecomm_emulation::buffer_use;
@@ -46,6 +51,11 @@ struct comm_state {
   bool finalizing = false;          // ncclCommFinalize was called: in progress until `pending` is 0
   std::atomic<int> pending{0};      // jobs enqueued and not yet done
   std::uint64_t next_collective = 0, next_split = 0;
+  bool blocking = true;             // ncclConfig_t::blocking: false, its calls return ncclInProgress
+  bool enqueueing = false;          // non-blocking: operations were launched, and the state not polled since
+  bool split_pending = false;       // non-blocking: split `split_round` of its clique is not yet complete
+  std::uint64_t split_round = 0;
+  bool devices_checked = false;     // non-blocking init: the ranks' devices were checked
 };
 
 //! One collective as a rank posted it.
@@ -72,13 +82,15 @@ struct ticket {  // a send waiting for its receive
 };
 
 struct split_post {
-  int color = 0, key = 0, device = 0;
+  int color = 0, key = 0, device = 0;  // device: the parent's
   ncclComm_t* out = nullptr;
+  bool blocking = true;                // the child's mode
   std::shared_ptr<comm_state> shares_with;  // splitShare = 1: the communicator whose resources the child shares
 };
 
 struct split_round {
   std::vector<split_post> posts;
+  std::vector<std::string> errors;  // per rank: why its child was not made (two members on one device)
   int arrived = 0;
   bool done = false;
 };
@@ -86,6 +98,7 @@ struct split_round {
 struct clique {
   int nranks = 0;
   int joined = 0;
+  std::vector<int> devices;  // per rank: its CUDA device (-1 until it joined)
   std::mutex lock;
   std::condition_variable changed;
   std::map<std::uint64_t, round_state> rounds;
@@ -249,30 +262,140 @@ ncclResult_t check_call(comm_state& c, char const* call, bool stream_work, cudaS
   return ncclSuccess;
 }
 
-template <class T>
-void combine(T* acc, T const* in, std::size_t n, ncclRedOp_t op) {
-  for (std::size_t i = 0; i < n; ++i) {
-    switch (op) {
-      case ncclSum: acc[i] = static_cast<T>(acc[i] + in[i]); break;
-      case ncclProd: acc[i] = static_cast<T>(acc[i] * in[i]); break;
-      case ncclMax: acc[i] = acc[i] < in[i] ? in[i] : acc[i]; break;
-      case ncclMin: acc[i] = in[i] < acc[i] ? in[i] : acc[i]; break;
-      default: break;
+// ---- reductions: NCCL's operations on each type, combined in ascending rank order ----------
+
+float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+std::uint32_t to_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+//! IEEE binary16: exact to float, and from float rounded to nearest, ties to even (NaN: 0x7fff, as
+//! CUDA's __float2half).
+struct half_element {
+  using compute = float;
+  static float up(std::uint16_t h) {
+    std::uint32_t const sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+    std::uint32_t const e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return from_bits(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {  // zero or subnormal: m * 2^-24, exact in float
+      float const v = static_cast<float>(m) * from_bits(0x33800000u);
+      return sign != 0 ? -v : v;
     }
+    return from_bits(sign | ((e + 112) << 23) | (m << 13));
+  }
+  static std::uint16_t down(float f) {
+    std::uint32_t const x = to_bits(f);
+    std::uint32_t const sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return 0x7fffu;
+    if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // from 65520 up: infinity
+    std::uint32_t q, rem, half;
+    if (ax < 0x38800000u) {  // below 2^-14: a subnormal half (or zero)
+      if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign);  // below 2^-25
+      std::uint32_t const e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+      int const shift = 126 - static_cast<int>(e);  // 14 to 24
+      q = m >> shift;
+      rem = m & ((1u << shift) - 1);
+      half = 1u << (shift - 1);
+    } else {
+      std::uint32_t const r = ax - 0x38000000u;  // the exponent rebiased from 127 to 15
+      q = r >> 13;
+      rem = r & 0x1fffu;
+      half = 0x1000u;
+    }
+    if (rem > half || (rem == half && (q & 1u) != 0)) ++q;  // a carry moves into the exponent, as it should
+    return static_cast<std::uint16_t>(sign | q);
+  }
+};
+
+//! bfloat16: the top half of a float, rounded to nearest, ties to even (NaN: 0x7fff, as CUDA).
+struct bfloat16_element {
+  using compute = float;
+  static float up(std::uint16_t h) { return from_bits(static_cast<std::uint32_t>(h) << 16); }
+  static std::uint16_t down(float f) {
+    std::uint32_t const u = to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
+    return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+
+//! Integers and float/double: computed as themselves.
+template <class T>
+struct plain_element {
+  using compute = T;
+  static T up(T v) { return v; }
+  static T down(T v) { return v; }
+};
+
+//! `out[i]` = the reduction `op` of `ins[0][i]`, `ins[1][i]`, ... in that order, each step rounded
+//! to the element type (16-bit floats are computed in float, then rounded). ncclAvg is NCCL's: for
+//! floating types every input is first multiplied by 1/n rounded to the type (NCCL's PreMulSum),
+//! for integers the sum (wrapping) is divided by n, rounding towards zero (NCCL's SumPostDiv).
+template <class S, class E>
+void reduce_elements(char* out, std::vector<char const*> const& ins, std::size_t count, ncclRedOp_t op) {
+  using C = typename E::compute;
+  constexpr bool integral = std::is_integral_v<C>;
+  int const ranks = static_cast<int>(ins.size());
+  S scale{};
+  if constexpr (!integral) scale = E::down(static_cast<C>(1.0 / ranks));
+  auto load = [](char const* p, std::size_t i) {
+    S v;
+    std::memcpy(&v, p + i * sizeof(S), sizeof(S));
+    return v;
+  };
+  auto input = [&](int q, std::size_t i) -> S {
+    S const v = load(ins[static_cast<std::size_t>(q)], i);
+    if constexpr (!integral)
+      if (op == ncclAvg) return E::down(static_cast<C>(E::up(v) * E::up(scale)));
+    return v;
+  };
+  auto combine = [&](S a, S b) -> S {
+    if constexpr (integral) {
+      using U = std::make_unsigned_t<S>;
+      switch (op) {
+        case ncclSum: case ncclAvg: return static_cast<S>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+        case ncclProd: return static_cast<S>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+        case ncclMax: return a < b ? b : a;
+        default: return b < a ? b : a;  // ncclMin
+      }
+    } else {
+      C const x = E::up(a), y = E::up(b);
+      switch (op) {
+        case ncclSum: case ncclAvg: return E::down(static_cast<C>(x + y));
+        case ncclProd: return E::down(static_cast<C>(x * y));
+        case ncclMax: return x < y ? b : a;
+        default: return y < x ? b : a;  // ncclMin
+      }
+    }
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    S acc = input(0, i);
+    for (int q = 1; q < ranks; ++q) acc = combine(acc, input(q, i));
+    if constexpr (integral)
+      if (op == ncclAvg) acc = static_cast<S>(acc / static_cast<S>(ranks));
+    std::memcpy(out + i * sizeof(S), &acc, sizeof(S));
   }
 }
 
-void reduce_into(char* acc, char const* in, posted const& p) {
+//! The reduction of the ranks' send buffers `ins` (in rank order) into `out`.
+void reduce_all(char* out, std::vector<char const*> const& ins, posted const& p) {
   switch (p.type) {
-    case ncclInt8: combine(reinterpret_cast<std::int8_t*>(acc), reinterpret_cast<std::int8_t const*>(in), p.count, p.op); break;
-    case ncclUint8: combine(reinterpret_cast<std::uint8_t*>(acc), reinterpret_cast<std::uint8_t const*>(in), p.count, p.op); break;
-    case ncclInt32: combine(reinterpret_cast<std::int32_t*>(acc), reinterpret_cast<std::int32_t const*>(in), p.count, p.op); break;
-    case ncclUint32: combine(reinterpret_cast<std::uint32_t*>(acc), reinterpret_cast<std::uint32_t const*>(in), p.count, p.op); break;
-    case ncclInt64: combine(reinterpret_cast<std::int64_t*>(acc), reinterpret_cast<std::int64_t const*>(in), p.count, p.op); break;
-    case ncclUint64: combine(reinterpret_cast<std::uint64_t*>(acc), reinterpret_cast<std::uint64_t const*>(in), p.count, p.op); break;
-    case ncclFloat32: combine(reinterpret_cast<float*>(acc), reinterpret_cast<float const*>(in), p.count, p.op); break;
-    case ncclFloat64: combine(reinterpret_cast<double*>(acc), reinterpret_cast<double const*>(in), p.count, p.op); break;
-    default: break;
+    case ncclInt8: return reduce_elements<std::int8_t, plain_element<std::int8_t>>(out, ins, p.count, p.op);
+    case ncclUint8: return reduce_elements<std::uint8_t, plain_element<std::uint8_t>>(out, ins, p.count, p.op);
+    case ncclInt32: return reduce_elements<std::int32_t, plain_element<std::int32_t>>(out, ins, p.count, p.op);
+    case ncclUint32: return reduce_elements<std::uint32_t, plain_element<std::uint32_t>>(out, ins, p.count, p.op);
+    case ncclInt64: return reduce_elements<std::int64_t, plain_element<std::int64_t>>(out, ins, p.count, p.op);
+    case ncclUint64: return reduce_elements<std::uint64_t, plain_element<std::uint64_t>>(out, ins, p.count, p.op);
+    case ncclFloat16: return reduce_elements<std::uint16_t, half_element>(out, ins, p.count, p.op);
+    case ncclBfloat16: return reduce_elements<std::uint16_t, bfloat16_element>(out, ins, p.count, p.op);
+    case ncclFloat32: return reduce_elements<float, plain_element<float>>(out, ins, p.count, p.op);
+    case ncclFloat64: return reduce_elements<double, plain_element<double>>(out, ins, p.count, p.op);
+    default: return;  // refused by `collective`
   }
 }
 
@@ -318,8 +441,10 @@ void run_collective(std::shared_ptr<comm_state> const& c, std::uint64_t k, poste
   } else {  // ncclAllReduce, ncclReduce: ascending rank order
     writes = kind == "ncclAllReduce" || c->rank == mine.root;
     if (writes) {
-      result.assign(r.posts[0].send, r.posts[0].send + bytes);
-      for (int q = 1; q < g.nranks; ++q) reduce_into(result.data(), r.posts[static_cast<std::size_t>(q)].send, mine);
+      std::vector<char const*> ins;
+      for (posted const& p : r.posts) ins.push_back(p.send);
+      result.resize(bytes);
+      reduce_all(result.data(), ins, mine);
     }
   }
   ++r.read;
@@ -396,10 +521,21 @@ void run_p2p(std::shared_ptr<comm_state> const& c, std::vector<pending> const& o
 }
 
 //! Enqueues one group's operations: one job per communicator for its messages, one per collective.
+//! A group of non-blocking communicators returns ncclInProgress: their state is in progress until
+//! it is next polled (the enqueueing is done by then).
 ncclResult_t launch(std::vector<pending> ops) {
-  std::vector<std::shared_ptr<comm_state>> comms;
-  for (pending const& op : ops)
+  std::vector<std::shared_ptr<comm_state>> comms, all;
+  for (pending const& op : ops) {
     if (op.p2p && std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
+    if (std::find(all.begin(), all.end(), op.comm) == all.end()) all.push_back(op.comm);
+  }
+  bool const blocking = all.front()->blocking;
+  for (auto const& c : all)
+    if (c->blocking != blocking)
+      return reject(ncclInvalidArgument,
+                    "ncclGroupEnd: the group holds operations of blocking and of non-blocking communicators (" + label(*c) +
+                        " is " + (c->blocking ? "blocking" : "non-blocking") + "): NCCL allows one mode per group",
+                    true);
   for (auto const& c : comms) {
     std::vector<pending> mine;
     std::vector<buffer_use> uses;
@@ -442,7 +578,12 @@ ncclResult_t launch(std::vector<pending> ops) {
     if (e != cudaSuccess) --c->pending;
     if (e != cudaSuccess) return reject(ncclInvalidUsage, cudaGetErrorString(e), false);
   }
-  return ncclSuccess;
+  if (blocking) return ncclSuccess;
+  for (auto const& c : all) {
+    std::lock_guard<std::mutex> hold(c->lock);
+    c->enqueueing = true;
+  }
+  return ncclInProgress;
 }
 
 ncclResult_t submit(pending op) {
@@ -459,6 +600,9 @@ ncclResult_t collective(char const* kind, void const* send, void* recv, std::siz
   if (!c) return reject(ncclInvalidArgument, std::string(kind) + ": not a live communicator", false);
   std::size_t const bytes = count * type_size(type);
   if (type_size(type) == 0) return reject(ncclInvalidArgument, std::string(kind) + ": unsupported data type", false);
+  bool const reduces = std::strcmp(kind, "ncclAllReduce") == 0 || std::strcmp(kind, "ncclReduce") == 0;
+  if (reduces && (op < ncclSum || op > ncclAvg))
+    return reject(ncclInvalidArgument, std::string(kind) + ": the emulation computes ncclSum, ncclProd, ncclMax, ncclMin and ncclAvg only", false);
   std::size_t const recv_bytes = std::strcmp(kind, "ncclAllGather") == 0 ? bytes * static_cast<std::size_t>(c->group->nranks) : bytes;
   bool const root_only = std::strcmp(kind, "ncclReduce") == 0;
   if (ncclResult_t r = check_call(*c, kind, true, stream, {{send, "sendbuff"}}, bytes); r != ncclSuccess) return r;
@@ -477,6 +621,55 @@ std::shared_ptr<comm_state> new_comm(std::shared_ptr<clique> g, int rank, int de
   std::lock_guard<std::mutex> hold(registry().lock);
   registry().comms[c.get()] = c;
   return c;
+}
+
+//! NCCL (up to 2.29) refuses two ranks of one communicator on one GPU: the message for rank `rank`
+//! of ranks on `devices` (its own duplicate, else the first), or "" when every device differs.
+std::string duplicate_gpu(std::vector<int> const& devices, int rank, char const* call) {
+  auto message = [&](int a, int b) {
+    return std::string(call) + ": Duplicate GPU detected : rank " + std::to_string(a) + " and rank " + std::to_string(b) +
+           " both on CUDA device " + std::to_string(devices[static_cast<std::size_t>(a)]) +
+           " (the ranks of one NCCL communicator are on different GPUs)";
+  };
+  int const n = static_cast<int>(devices.size());
+  for (int q = 0; q < n; ++q)
+    if (q != rank && devices[static_cast<std::size_t>(q)] == devices[static_cast<std::size_t>(rank)]) return message(rank, q);
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b)
+      if (devices[static_cast<std::size_t>(a)] == devices[static_cast<std::size_t>(b)]) return message(a, b);
+  return "";
+}
+
+//! The non-blocking split `c` posted: ncclInProgress until every rank posted, then its result
+//! (c->lock not held).
+ncclResult_t split_state(comm_state& c) {
+  clique& g = *c.group;
+  std::unique_lock<std::mutex> hold(g.lock);
+  split_round const& s = g.splits[c.split_round];
+  std::string error;
+  ncclResult_t result = ncclInProgress;
+  if (s.done) {
+    error = s.errors.empty() ? "" : s.errors[static_cast<std::size_t>(c.rank)];
+    result = error.empty() ? ncclSuccess : ncclInvalidUsage;
+  } else if (g.aborted) {
+    error = "ncclCommSplit: " + g.abort_reason;
+    result = ncclRemoteError;
+  } else {
+    for (int q : g.departed)
+      if (s.posts[static_cast<std::size_t>(q)].out == nullptr) {
+        error = "ncclCommSplit: rank " + std::to_string(q) + " destroyed its communicator";
+        result = ncclRemoteError;
+      }
+  }
+  hold.unlock();
+  if (result == ncclInProgress) return result;
+  {
+    std::lock_guard<std::mutex> mine(c.lock);
+    c.split_pending = false;
+  }
+  if (result == ncclInvalidUsage) emu::violation(error);
+  if (result != ncclSuccess) fail_async(c, result, error);
+  return result;
 }
 
 }  // namespace
@@ -519,13 +712,17 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
     if (!slot) {
       slot = std::make_shared<clique>();
       slot->nranks = nranks;
+      slot->devices.assign(static_cast<std::size_t>(nranks), -1);
     }
     g = slot;
   }
   if (g->nranks != nranks) return reject(ncclInvalidArgument, "ncclCommInitRank: ranks disagree on nranks", false);
   auto c = new_comm(g, rank, emu::current_device());
+  bool const blocking = config == nullptr || config->blocking != 0;
+  c->blocking = blocking;
   {
     std::lock_guard<std::mutex> hold(g->lock);
+    g->devices[static_cast<std::size_t>(rank)] = c->device;
     if (++g->joined == nranks) {
       std::lock_guard<std::mutex> reg(registry().lock);
       registry().forming.erase(id);
@@ -533,11 +730,24 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   }
   g->changed.notify_all();
   *comm = reinterpret_cast<ncclComm_t>(c.get());
-  bool const blocking = config == nullptr || config->blocking != 0;
-  if (!blocking) return ncclInProgress;
+  if (!blocking) return ncclInProgress;  // ncclCommGetAsyncError reports the rest
   std::unique_lock<std::mutex> hold(g->lock);
   if (!g->changed.wait_for(hold, emu::peer_wait, [&] { return g->joined == g->nranks; }))
     return reject(ncclSystemError, "ncclCommInitRank: the other ranks did not join", false);
+  std::string const duplicate = duplicate_gpu(g->devices, rank, config == nullptr ? "ncclCommInitRank" : "ncclCommInitRankConfig");
+  hold.unlock();
+  if (!duplicate.empty()) {  // NCCL frees the communicator of a failed blocking init
+    *comm = nullptr;
+    {
+      std::lock_guard<std::mutex> held(g->lock);
+      g->departed.push_back(rank);
+    }
+    {
+      std::lock_guard<std::mutex> reg(registry().lock);
+      registry().comms.erase(c.get());
+    }
+    return reject(ncclInvalidUsage, duplicate, true);
+  }
   return ncclSuccess;
 }
 
@@ -545,6 +755,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
   return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
 }
 
+// The split runs in the parent's mode (NCCL: the parent's config.blocking); the child takes its
+// device from the parent, and its mode from `config` (NCCL's default, blocking, where `config`
+// leaves it undefined), or the parent's when `config` is null.
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   auto c = find_comm(comm);
   if (!c) return reject(ncclInvalidArgument, "ncclCommSplit: not a live communicator", false);
@@ -552,39 +765,64 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   std::uint64_t k;
   {
     std::lock_guard<std::mutex> hold(c->lock);
+    if (c->async != ncclSuccess)  // NCCL: a communicator in an error state splits into nothing
+      return reject(c->async, "ncclCommSplit on the communicator of " + label(*c) + ", which failed: " + c->async_message, false);
     k = c->next_split++;
   }
+  bool const child_blocking = config == nullptr ? c->blocking
+                              : config->blocking == NCCL_CONFIG_UNDEF_INT ? true
+                                                                           : config->blocking != 0;
+  *newcomm = nullptr;  // NCCL: null until the split is complete
   clique& g = *c->group;
   std::unique_lock<std::mutex> hold(g.lock);
   split_round& s = g.splits[k];
   s.posts.resize(static_cast<std::size_t>(g.nranks));
   bool const share = config != nullptr && config->splitShare == 1;
-  s.posts[static_cast<std::size_t>(c->rank)] = {color, key, emu::current_device(), newcomm,
+  s.posts[static_cast<std::size_t>(c->rank)] = {color, key, c->device, newcomm, child_blocking,
                                                share ? (c->shares_with ? c->shares_with : c) : nullptr};
   if (++s.arrived == g.nranks) {
     std::map<int, std::vector<int>> members;  // color -> ranks ordered by (key, rank)
     for (int q = 0; q < g.nranks; ++q)
       if (s.posts[static_cast<std::size_t>(q)].color >= 0) members[s.posts[static_cast<std::size_t>(q)].color].push_back(q);
+    s.errors.assign(static_cast<std::size_t>(g.nranks), "");
     for (auto& [col, ranks] : members) {
       std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return s.posts[static_cast<std::size_t>(a)].key < s.posts[static_cast<std::size_t>(b)].key; });
+      std::vector<int> devices;
+      for (int q : ranks) devices.push_back(s.posts[static_cast<std::size_t>(q)].device);
+      if (!duplicate_gpu(devices, 0, "").empty()) {  // NCCL's child init refuses it: no child
+        for (std::size_t i = 0; i < ranks.size(); ++i)
+          s.errors[static_cast<std::size_t>(ranks[i])] =
+              duplicate_gpu(devices, static_cast<int>(i), "ncclCommSplit") + " (child color " + std::to_string(col) + ")";
+        continue;
+      }
       auto child = std::make_shared<clique>();
       child->nranks = static_cast<int>(ranks.size());
       child->joined = child->nranks;
+      child->devices = devices;
       for (std::size_t i = 0; i < ranks.size(); ++i) {
         split_post const& p = s.posts[static_cast<std::size_t>(ranks[i])];
         auto made = new_comm(child, static_cast<int>(i), p.device);
         made->shares_with = p.shares_with;
+        made->blocking = p.blocking;
         __atomic_store_n(p.out, reinterpret_cast<ncclComm_t>(made.get()), __ATOMIC_RELEASE);
       }
     }
-    for (split_post const& p : s.posts)
-      if (p.color < 0) *p.out = nullptr;
     s.done = true;
     g.changed.notify_all();
+  }
+  if (!c->blocking) {  // ncclCommGetAsyncError on the parent reports the split
+    hold.unlock();
+    std::lock_guard<std::mutex> mine(c->lock);
+    c->split_pending = true;
+    c->split_round = k;
+    return ncclInProgress;
   }
   if (!await(*c, hold, "ncclCommSplit", [&] { return s.done; },
              [&](int q) { return s.posts[static_cast<std::size_t>(q)].out == nullptr; }))
     return ncclSystemError;
+  std::string const error = s.errors[static_cast<std::size_t>(c->rank)];
+  hold.unlock();
+  if (!error.empty()) return reject(ncclInvalidUsage, error, true);
   return ncclSuccess;
 }
 
@@ -618,16 +856,35 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
                      " while its operations wait inside an open ncclGroupStart: they are never launched (missing ncclGroupEnd)");
       break;
     }
+  std::string duplicate;
   {
     std::lock_guard<std::mutex> hold(c->group->lock);
     if (c->group->joined < c->group->nranks) {
       *asyncError = ncclInProgress;
       return ncclSuccess;
     }
+    if (!c->devices_checked) {  // a non-blocking init: its ranks' devices, once all joined
+      c->devices_checked = true;
+      duplicate = duplicate_gpu(c->group->devices, c->rank, "ncclCommInitRankConfig");
+    }
+  }
+  if (!duplicate.empty()) {
+    emu::violation(duplicate);
+    fail_async(*c, ncclInvalidUsage, duplicate);
+  }
+  bool split_pending;
+  {
+    std::lock_guard<std::mutex> hold(c->lock);
+    split_pending = c->split_pending && c->async == ncclSuccess;
+  }
+  if (split_pending && split_state(*c) == ncclInProgress) {
+    *asyncError = ncclInProgress;
+    return ncclSuccess;
   }
   std::lock_guard<std::mutex> hold(c->lock);
   *asyncError = c->async;
   if (c->async != ncclSuccess) last_error = c->async_message;
+  else if (std::exchange(c->enqueueing, false)) *asyncError = ncclInProgress;
   else if (c->finalizing && c->pending > 0) *asyncError = ncclInProgress;
   return ncclSuccess;
 }

@@ -7,20 +7,28 @@
 //! under test is moecomm's real device path. What the emulation adds:
 //!
 //! - devices: several per process (`MOECOMM_EMULATED_DEVICES`, default 8), a current device per
-//!   host thread (0 for a new thread), device memory that only the streams' workers may touch (its
-//!   pages open on a worker's fault and close when its job ends): a host read or write of device
-//!   memory stops the process with a message naming the allocation;
-//! - streams: each an in-order worker thread (work really is asynchronous), events, the legacy
-//!   default stream's implicit synchronisation;
+//!   host thread (0 for a new thread), peer access per ordered pair of devices, device memory that
+//!   only the streams' workers may touch (its pages open on a worker's fault and close when its job
+//!   ends): a host read or write of device memory stops the process with a message naming the
+//!   allocation;
+//! - streams: each an in-order worker thread (work really is asynchronous), events (each of the
+//!   device current at its creation), the legacy default stream's implicit synchronisation;
 //! - contracts, checked when work is enqueued and reported by the failing call's error (its
-//!   `cudaGetErrorString` / `ncclGetLastError` names the call and the buffer) and in `violations()`:
-//!   a buffer used on one stream while its last use on another is not ordered before (no event, no
-//!   host wait), a launch or allocation on a stream of another device than the thread's current
-//!   one, a kernel that captures a pointer to pageable host memory, a non-device buffer given to
-//!   NCCL, an NCCL communicator used by a second thread, an NCCL group left open.
+//!   `cudaGetErrorString` / `ncclGetLastError` names the call, the buffer or argument and the
+//!   devices) and in `violations()`: a buffer used on one stream while its last use on another is
+//!   not ordered before (no event, no host wait), or after `cudaFreeAsync`; a kernel, CUB call or
+//!   `cudaMallocAsync` on a stream of another device than the thread's current one; a kernel given
+//!   a pointer to pageable host memory, or into another device's memory without peer access;
+//!   `cudaEventRecord` of another device's event; a non-device buffer given to NCCL; two ranks of one
+//!   NCCL communicator on one device; an NCCL communicator used by a second thread; an NCCL group
+//!   left open; collectives or messages the ranks disagree on;
+//! - NCCL's results: reductions (sum, prod, max, min, avg; integers, half, bfloat16, float, double)
+//!   in ascending rank order, rounded to the type at each step; non-blocking communicators' calls
+//!   return ncclInProgress, which `ncclCommGetAsyncError` reports until the work is in place;
+//! - counters: host waits and device allocations per device, whatever thread makes them.
 //!
 //! Kernels are launched through `launch`, which `moecomm/backend/cuda.cuh` calls where nvcc
-//! compiles `<<<...>>>`: the same functor runs on the stream's worker thread.
+//! compiles `<<<...>>>`: the same functor runs on the stream's worker thread, one lane per row.
 
 #include <moecomm_emulation/kernel_arguments.hpp>
 
@@ -54,11 +62,13 @@ struct buffer_use {
 cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_use> const& uses,
                     std::function<void()> job);
 
-//! Checks a kernel's launch on `stream` (the thread's current device must be the stream's) and
-//! adds to `uses`, for every allocation of the stream's device that `pointers` (the kernel's
-//! pointer arguments) point into, the bytes a sized view covers, and for raw pointers the bytes
-//! from the lowest such address to the allocation's end: read and written, as far as the
-//! emulation can tell.
+//! Checks a kernel's launch on `stream` and adds to `uses` what its pointer arguments `pointers`
+//! reach. Refused: a thread whose current device is not the stream's; a typed pointer to pageable
+//! host memory (into no allocation, outside the device range); a typed pointer into another
+//! device's allocation without peer access from the stream's device to it. For every allocation of
+//! the stream's device, or of a peer it may access, that the pointers point into: the bytes a sized
+//! view covers, and for raw pointers the bytes from the lowest such address to the allocation's
+//! end, read and written, as far as the emulation can tell. Pinned host memory is not tracked.
 cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::vector<detail::kernel_pointer> const& pointers,
                                 std::vector<buffer_use>& uses);
 
@@ -75,7 +85,7 @@ std::vector<detail::kernel_pointer> pointer_arguments(F const& f) {
     for (std::size_t at = 0; at + sizeof(std::uintptr_t) <= sizeof(F); at += sizeof(std::uintptr_t)) {
       std::uintptr_t w;
       std::memcpy(&w, bytes + at, sizeof w);
-      pointers.push_back({w, detail::kernel_pointer::unknown});
+      pointers.push_back({w, detail::kernel_pointer::unknown, false});
     }
   }
   return pointers;
@@ -98,10 +108,16 @@ std::vector<std::string> violations();
 //! Forgets the violations seen so far.
 void clear_violations();
 
-//! The host waits this thread has made: stream and event synchronisations, successful polls
-//! (`cudaStreamQuery`/`cudaEventQuery` returning cudaSuccess) and synchronous copies.
+//! The host waits for work of `device`, made by any thread: stream and event synchronisations,
+//! successful polls (`cudaStreamQuery`/`cudaEventQuery` returning cudaSuccess), synchronous copies
+//! and `cudaDeviceSynchronize`, each counted for the device of the stream, event or current device
+//! waited for. A rank's work (its own thread's and its lanes') is its device's.
+std::int64_t host_waits(int device);
+//! `host_waits` of the calling thread's current device.
 std::int64_t host_waits();
-//! The device allocations (`cudaMalloc`, `cudaMallocAsync`) this thread has made.
+//! The device allocations (`cudaMalloc`, `cudaMallocAsync`) of `device`'s memory, by any thread.
+std::int64_t device_allocations(int device);
+//! `device_allocations` of the calling thread's current device.
 std::int64_t device_allocations();
 
 //! The number of emulated devices.

@@ -17,11 +17,13 @@
 namespace moecomm_emulation::detail {
 
 //! A pointer a kernel was given, and the bytes it may touch from there (`unknown`: to the end of
-//! its allocation).
+//! its allocation). `typed`: a pointer member found by type; false for a word of a functor read
+//! word by word, which may be any value.
 struct kernel_pointer {
   static constexpr std::size_t unknown = ~std::size_t{0};
   std::uintptr_t address;
   std::size_t bytes;
+  bool typed = true;
 };
 
 template <class V, class = void>
@@ -60,8 +62,10 @@ void collect_pointers(T const& value, std::vector<kernel_pointer>& out, bool& fa
 template <class M>
 void collect_member(M const& m, std::vector<kernel_pointer>& out, bool& fallback) {
   using U = std::remove_cv_t<M>;
-  if constexpr (std::is_pointer_v<U>) out.push_back({reinterpret_cast<std::uintptr_t>(m), kernel_pointer::unknown});
-  else if constexpr (is_matrix_view<U>::value) {
+  if constexpr (std::is_pointer_v<U>) {
+    if constexpr (!std::is_function_v<std::remove_pointer_t<U>>)  // a function pointer is code, not data
+      out.push_back({reinterpret_cast<std::uintptr_t>(m), kernel_pointer::unknown});
+  } else if constexpr (is_matrix_view<U>::value) {
     if (m.rows * m.hidden > 0)
       out.push_back({reinterpret_cast<std::uintptr_t>(m.data), static_cast<std::size_t>(m.rows * m.hidden) * sizeof(*m.data)});
   } else if constexpr (is_array_view<U>::value) {

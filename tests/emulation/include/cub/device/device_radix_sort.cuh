@@ -19,12 +19,15 @@ struct DeviceRadixSort {
     cudaError_t result;
     if (!moecomm_emulation::cub_scratch_ready(d_temp_storage, temp_storage_bytes, need, result)) return result;
     if (n == 0) return cudaSuccess;
-    std::vector<moecomm_emulation::buffer_use> const uses{
+    std::vector<moecomm_emulation::buffer_use> uses{
         {d_temp_storage, need, moecomm_emulation::access::write, "d_temp_storage"},
         {d_keys_in, n * sizeof(Key), moecomm_emulation::access::read, "d_keys_in"},
         {d_values_in, n * sizeof(Value), moecomm_emulation::access::read, "d_values_in"},
         {d_keys_out, n * sizeof(Key), moecomm_emulation::access::write, "d_keys_out"},
         {d_values_out, n * sizeof(Value), moecomm_emulation::access::write, "d_values_out"}};
+    // Launched as a kernel is: from a thread whose current device is the stream's.
+    cudaError_t const checked = moecomm_emulation::check_kernel_launch(stream, "cub::DeviceRadixSort::SortPairs", {}, uses);
+    if (checked != cudaSuccess) return checked;
     return moecomm_emulation::enqueue(stream, "cub::DeviceRadixSort::SortPairs", uses, [=] {
       auto bits = [&](Key k) {
         using U = std::make_unsigned_t<Key>;

@@ -14,10 +14,13 @@ struct DeviceScan {
     cudaError_t result;
     if (!moecomm_emulation::cub_scratch_ready(d_temp_storage, temp_storage_bytes, need, result)) return result;
     if (n == 0) return cudaSuccess;
-    std::vector<moecomm_emulation::buffer_use> const uses{
+    std::vector<moecomm_emulation::buffer_use> uses{
         {d_temp_storage, need, moecomm_emulation::access::write, "d_temp_storage"},
         {d_in, n * sizeof(T), moecomm_emulation::access::read, "d_in"},
         {d_out, n * sizeof(T), moecomm_emulation::access::write, "d_out"}};
+    // Launched as a kernel is: from a thread whose current device is the stream's.
+    cudaError_t const checked = moecomm_emulation::check_kernel_launch(stream, "cub::DeviceScan::ExclusiveSum", {}, uses);
+    if (checked != cudaSuccess) return checked;
     return moecomm_emulation::enqueue(stream, "cub::DeviceScan::ExclusiveSum", uses, [=] {
       T sum{};
       for (std::size_t i = 0; i < n; ++i) {
