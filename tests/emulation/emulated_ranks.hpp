@@ -169,5 +169,5 @@ std::string child_stderr(Body const& body, bool& signalled) {
 
 }  // namespace test
 
-TYPE_TO_STRING_AS("one GPU per rank over NCCL", test::gpu_per_rank);
-TYPE_TO_STRING_AS("ranks on one GPU over intranode copies", test::ranks_on_one_gpu);
+TYPE_TO_STRING_AS("one GPU per rank", test::gpu_per_rank);
+TYPE_TO_STRING_AS("ranks on one GPU", test::ranks_on_one_gpu);
