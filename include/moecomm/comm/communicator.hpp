@@ -18,7 +18,9 @@
 //! | `C split(int color, int key)` | sub-group of the ranks with the same `color`, ordered by (key, rank) |
 //!
 //! Models: `inproc_communicator` (ranks are threads), `mpi_communicator`, `nccl_communicator`.
-//! Buffers are host memory for the first two and device memory for NCCL. Small host values that
+//! Buffers are host memory for the first two and device memory for NCCL (and for a host-memory
+//! communicator wrapped in `staged_communicator`, comm/staged.cuh: with the CUDA back-end a layer
+//! or op takes no other, `detail::require_one_stream`). Small host values that
 //! every rank must see (counts, shapes, agreements) go through `allgather_host`, which takes host
 //! memory on every communicator (NCCL's stages them through device memory of its own).
 
@@ -97,12 +99,23 @@ struct has_stream : std::false_type {};
 template <class T>
 struct has_stream<T, std::void_t<decltype(std::declval<T const&>().stream())>> : std::true_type {};
 
-//! The device contract's ordering rule, checked where a back-end's work meets a communicator's:
-//! a communicator with a stream (NCCL) enqueues on the back-end's stream, so that a kernel that
-//! writes a buffer and the send that reads it are ordered without an event or a host wait.
+//! Whether `Comm` moves the kind of memory `Backend`'s buffers are: any communicator does for a
+//! back-end whose buffers the host reads (`is_host_accessible`); for one whose buffers are device
+//! memory (`cuda_backend`), only a communicator with a stream (NCCL's, or a host-memory one wrapped
+//! in `staged_communicator`). A host-memory communicator would dereference device rows on the host.
+template <class Backend, class Comm>
+inline constexpr bool moves_backend_memory = Backend::is_host_accessible || has_stream<Comm>::value;
+
+//! The device contract, checked where a back-end's work meets a communicator's: the memory rule at
+//! compile time (`moves_backend_memory`), and the ordering rule at run time: a communicator with a
+//! stream enqueues on the back-end's stream, so that a kernel that writes a buffer and the send that
+//! reads it are ordered without an event or a host wait.
 //! @throws error (invalid_argument) naming both streams when they differ.
 template <class Backend, class Comm>
 void require_one_stream(Backend const& be, Comm const& comm, char const* op) {
+  static_assert(moves_backend_memory<Backend, Comm>,
+                "moecomm: the back-end's buffers are device memory but this communicator's are host memory: wrap the "
+                "communicator in staged_communicator<Comm> (moecomm/comm/staged.cuh), or use nccl_communicator");
   if constexpr (has_stream<Backend>::value && has_stream<Comm>::value) {
     if (static_cast<void const*>(be.stream()) != static_cast<void const*>(comm.stream()))
       fail(status::invalid_argument, op, "the back-end enqueues on stream ", static_cast<void const*>(be.stream()),
@@ -144,18 +157,17 @@ struct has_allgather_host<Comm, std::void_t<decltype(std::declval<Comm&>().allga
 
 //! A communicator over the same ranks as `comm` (a collective split) whose operations enqueue where
 //! `be` does: a lane's own copy of a communicator, so that two threads never share one. A
-//! communicator with a stream (NCCL) puts the copy on `be`'s stream.
+//! communicator with a stream (NCCL's, a staged one) puts the copy on `be`'s stream.
 //! The copy's layer-call identity (comm/detail/call_identity.hpp) is its own: the lane's thread
 //! reads it while the rank's thread moves on.
 template <class Comm, class Backend>
 [[nodiscard]] Comm split_for(Comm& comm, Backend const& be) {
-  if constexpr (detail::splits_onto_stream<Comm, Backend>::value) {
-    return comm.split(0, comm.rank(), be.stream());
-  } else {
-    Comm copy = comm.split(0, comm.rank());
-    if constexpr (detail::has_call_identity<Comm>::value) copy.detach_call();
-    return copy;
-  }
+  Comm copy = [&] {
+    if constexpr (detail::splits_onto_stream<Comm, Backend>::value) return comm.split(0, comm.rank(), be.stream());
+    else return comm.split(0, comm.rank());
+  }();
+  if constexpr (detail::has_call_identity<Comm>::value) copy.detach_call();
+  return copy;
 }
 
 //! `recv[r * bytes ...]` = rank r's `send`, both in host memory, over any communicator: the

@@ -193,15 +193,12 @@ class intranode_communicator {
   }
 
   //! The sub-group of the ranks that pass the same `color`, ordered by `(key, rank)`, on this
-  //! rank's stream, or on `stream` (a lane's, `split_for`: the copy then has a call identity of its
-  //! own, since the lane's thread runs while the rank's thread moves on).
+  //! rank's stream, or on `stream` of the same device (a lane's: `split_for`).
   [[nodiscard]] intranode_communicator split(int color, int key) { return {host_.split(color, key), be_}; }
   [[nodiscard]] intranode_communicator split(int color, int key, cudaStream_t stream) {
-    inproc_communicator sub = host_.split(color, key);
-    if (stream == be_.stream()) return {std::move(sub), be_};
-    sub.detach_call();
+    if (stream == be_.stream()) return split(color, key);
     detail::cuda_device_guard const guard(be_.device());
-    return {std::move(sub), cuda_backend(stream, be_.timeout())};
+    return {host_.split(color, key), cuda_backend(stream, be_.timeout())};
   }
 
  private:

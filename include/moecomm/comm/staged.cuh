@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -128,6 +129,28 @@ class staged_communicator {
 
   //! The sub-group of `inner().split(color, key)`, staged on the same back-end.
   [[nodiscard]] staged_communicator split(int color, int key) { return {inner_.split(color, key), be_, direct_}; }
+  //! The same sub-group staged on `stream` (of this back-end's device), with the same timeout: a
+  //! lane's own copy (`split_for`), whose copies and host waits are on the lane's stream, since the
+  //! rank's thread goes on issuing on its own.
+  [[nodiscard]] staged_communicator split(int color, int key, cudaStream_t stream) {
+    detail::cuda_device_guard const guard(be_.device());  // a back-end is on the device current where it is made
+    return {inner_.split(color, key), cuda_backend(stream, be_.timeout()), direct_};
+  }
+
+  //! The inner communicator's layer-call identity (comm/detail/call_identity.hpp), where it has one:
+  //! the layer's calls are compared across ranks as over `Comm` itself.
+  template <class C = Comm, class = std::enable_if_t<detail::has_call_identity<C>::value>>
+  [[nodiscard]] detail::call_identity current_call() const {
+    return inner_.current_call();
+  }
+  template <class C = Comm, class = std::enable_if_t<detail::has_call_identity<C>::value>>
+  void set_call(detail::call_identity call) {
+    inner_.set_call(call);
+  }
+  template <class C = Comm, class = std::enable_if_t<detail::has_call_identity<C>::value>>
+  void detach_call() {
+    inner_.detach_call();
+  }
 
  private:
   //! Device buffers go straight to the inner communicator once the stream has written them.

@@ -205,12 +205,18 @@ std::vector<double> ring_exchange_seconds(Backend const& be, Comm& group, calibr
 }
 
 //! One link class: ring exchanges on `group`, each size's time the maximum over the world's
-//! ranks (the slowest rank, which an exchange waits for), fitted; the same on every rank.
+//! ranks (the slowest rank, which an exchange waits for), fitted; the same on every rank. The times
+//! are host values: they are all-gathered (`allgather_host`, which takes host memory on every
+//! communicator, NCCL's too) and their maximum taken here, as the capacity agreement does.
 template <class Backend, class Comm, class Clock>
 linear_fit measure_link_class(Backend const& be, Comm& world, Comm& group, calibration_options const& options,
                               Clock& clock) {
-  std::vector<double> seconds = ring_exchange_seconds(be, group, options, clock);
-  world.allreduce(seconds.data(), seconds.data(), static_cast<std::int64_t>(seconds.size()), reduce_op::max);
+  std::vector<double> const mine = ring_exchange_seconds(be, group, options, clock);
+  std::size_t const n = mine.size();
+  std::vector<double> all(n * static_cast<std::size_t>(world.size()));
+  allgather_host(world, mine.data(), all.data(), static_cast<std::int64_t>(n * sizeof(double)));
+  std::vector<double> seconds(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+  for (std::size_t i = n; i < all.size(); ++i) seconds[i % n] = std::max(seconds[i % n], all[i]);
   return fit_line("measure_links", options.sizes, std::move(seconds));
 }
 
@@ -245,16 +251,18 @@ template <class Compute, class Clock = steady_seconds>
 
 //! Measures the latency and bandwidth of the intra-node and of the inter-node links: ring exchanges
 //! of `options.sizes` bytes on `groups.intra()`, then on `groups.inter()`, every ring of a class at
-//! once. The per-size times are agreed as the maximum over ranks (an allreduce on host memory, as
+//! once. The per-size times are agreed as the maximum over ranks (an all-gather of host values, as
 //! the dispatcher's capacity agreement), so every rank returns the same numbers. Collective over
-//! `groups.world()`.
+//! `groups.world()`, on any communicator.
 //! @param be the back-end whose memory the communicator moves (the message buffers are its).
 //! @param clock a callable returning seconds, read before and after each timed exchange.
-//! @throws error (invalid_argument) naming a bad option, before any message is sent.
+//! @throws error (invalid_argument) naming a bad option, or the two streams when the back-end's and
+//!         the communicator's differ, before any message is sent.
 template <class Backend, class Comm, class Clock = steady_seconds>
 [[nodiscard]] link_calibration measure_links(Backend const& be, exchange_groups<Comm>& groups,
                                              calibration_options const& options, Clock clock = {}) {
   detail::check_calibration_options("measure_links", options);
+  detail::require_one_stream(be, groups.world(), "measure_links");  // the messages are the back-end's buffers
   link_calibration links;
   if (groups.topo().ranks_per_node() > 1)
     links.intra_node = detail::measure_link_class(be, groups.world(), groups.intra(), options, clock);
