@@ -167,6 +167,40 @@ TEST_CASE_TEMPLATE("replicated experts (FineMoE's min-max split, FlexMoE's even 
   check_emulated_equals_host<Placement>(skewed4, replicated(moecomm::even_split{}));
 }
 
+// Replicated experts (FineMoE's split) whose replicas move between two steps, from the cyclic
+// placement to a load-aware one: parameters travel between the ranks' device memory.
+struct moved_replicas {
+  template <class Backend, class Comm>
+  layer_result<float> operator()(Backend const& be, Comm& comm, shadow_case const& k, shadow_inputs<float> const& in) const {
+    auto const start = moecomm::replica_placement::cyclic(4, 4, 2);  // 8 experts, 2 replicas each
+    auto const to = moecomm::replica_placement::from_loads(4, 4, {8, 4, 2, 1, 1, 1, 1, 1}, 7);
+    std::int32_t const me = comm.rank();
+    moecomm::exchange_groups<Comm> groups(comm, moecomm::topology(k.ranks, k.per_node));
+    moecomm::replicated_expert_layer<float, Backend, Comm, moecomm::finemoe_split> layer(be, groups, start, k.hidden);
+    kernel_scale_bias_experts<float, Backend> experts(be, slot_experts(start, me, k.hidden));
+    rank_buffers<Backend> io(be, k, in, me);
+    for (int step = 0; step < 2; ++step) {
+      if (step == 1) {
+        layer.move_replicas(to, experts);
+        for (std::int32_t l = 0; l < 4; ++l) CHECK(layer.placement().expert_at(me, l) == to.expert_at(me, l));
+      }
+      layer.forward(io.routing, io.x_view(), io.out_view(), experts);
+      layer.backward(io.d_out_view(), io.d_x_view(), io.d_w_view(), experts);
+    }
+    return io.result(be, experts);
+  }
+};
+
+TEST_CASE_TEMPLATE("replicated experts whose replicas move between steps (FineMoE's re-placement) on GPUs equal the host", Placement,
+                   gpu_per_rank, ranks_on_one_gpu) {
+  auto const start = moecomm::replica_placement::cyclic(4, 4, 2), to = moecomm::replica_placement::from_loads(4, 4, {8, 4, 2, 1, 1, 1, 1, 1}, 7);
+  std::int32_t moved = 0;
+  for (std::int32_t r = 0; r < 4; ++r)
+    for (std::int32_t l = 0; l < 4; ++l) moved += start.expert_at(r, l) != to.expert_at(r, l);
+  REQUIRE(moved > 0);
+  check_emulated_equals_host<Placement>(skewed4, moved_replicas{});
+}
+
 // Pro-Prophet's block schedule over a stack of 4 shadowed blocks, each block's output the next
 // one's input, two iterations (transfers begun a block ahead, aggregation finished after the
 // backward): every block's output and gradients, concatenated.
