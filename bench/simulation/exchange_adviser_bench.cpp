@@ -169,25 +169,64 @@ void print_summary(std::string const& platform) {
     if (o.chosen != o.best) std::printf("  %s: chose %s, best %s (+%.2f %%)\n", o.name.c_str(), o.chosen.c_str(), o.best.c_str(), 100 * o.loss);
 }
 
-//! `--advise`: the ranking for one step described by flags, without simulating it.
+//! The most (token, expert) slots `--advise` draws a routing of (tokens x top_k x ranks): 16 Mi,
+//! the default's 16 times; a few seconds, up to a minute with top_k 64 and a steep skew.
+constexpr std::int64_t max_advise_slots = std::int64_t{1} << 24;
+
+//! `--advise`: the ranking for one step described by flags, without simulating it. Every flag is
+//! range-checked, and the flags are checked against each other and the platform before any work: a
+//! bad one is a line naming it, its value and its range, and exit code 2.
 int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
-  auto flag = [&](char const* name, char const* fallback) { return std::stod(moecomm_bench::take_flag(argc, argv, name, fallback)); };
+  char const* const program = "bench_exchange_adviser --advise";
   step_case c{};
-  c.ranks = static_cast<std::int32_t>(flag("--ranks=", std::to_string(std::min(spec.num_gpus(), 4 * spec.gpus_per_node)).c_str()));
-  c.tokens = static_cast<std::int64_t>(flag("--tokens=", "4096"));
-  c.experts = static_cast<std::int32_t>(flag("--experts=", "256"));
-  c.top_k = static_cast<std::int32_t>(flag("--top_k=", "8"));
-  c.hidden = flag("--hidden=", "7168");
-  c.element_bytes = flag("--bytes=", "2");
-  c.zipf = flag("--zipf=", "0");
-  c.max_nodes = static_cast<std::int32_t>(flag("--max_nodes=", "0"));
-  if (argc > 1) {
-    std::fprintf(stderr, "bench_exchange_adviser --advise: unknown argument '%s'\n", argv[1]);
-    return 2;
+  c.ranks = std::min(spec.num_gpus(), 4 * spec.gpus_per_node);
+  c.tokens = 4096;
+  c.experts = 256;
+  c.top_k = 8;
+  c.hidden = 7168;
+  c.element_bytes = 2;
+  c.zipf = 0;
+  c.max_nodes = 0;
+  moecomm_bench::flag_set flags(program, "bench_exchange_adviser [--platform=P] --advise [flags]",
+                                "Ranks the dispatcher's all-to-all exchanges for one routing step on the platform's first\n"
+                                "--ranks GPUs (plan/exchange_adviser.hpp), without simulating them.");
+  flags.add("--ranks", "R", "the platform's first R GPUs, whole nodes", c.ranks, 1, spec.num_gpus())
+      .add("--tokens", "T", "tokens per rank", c.tokens, 1, 1 << 20)
+      .add("--experts", "E", "experts, a multiple of R", c.experts, 1, 1 << 16)
+      .add("--top_k", "K", "distinct experts per token, K <= E", c.top_k, 1, 64)
+      .add("--hidden", "H", "elements per token row", c.hidden, 1, 1 << 20)
+      .add("--bytes", "B", "bytes per element", c.element_bytes, 0.125, 16)
+      .add("--zipf", "s", "skew over experts: P(i-th most popular) ~ 1/(i+1)^s; 0 is uniform", c.zipf, 0, 16)
+      .add("--max_nodes", "M", "> 0: node-limited routing, each token on M of the R / GPUs-per-node nodes", c.max_nodes, 0, 1 << 16);
+  flags.parse(argc, argv);
+  auto const str = [](auto v) { return std::to_string(v); };
+  std::int32_t const gpn = spec.gpus_per_node;
+  if (c.ranks % gpn != 0)
+    moecomm_bench::usage_error(program, "--ranks = " + str(c.ranks) + " is not a multiple of " + spec.name + "'s " + str(gpn) +
+                                            " GPUs per node (the ranks are whole nodes)");
+  if (c.experts % c.ranks != 0)
+    moecomm_bench::usage_error(program, "--experts = " + str(c.experts) + " is not a multiple of --ranks = " + str(c.ranks));
+  if (c.top_k > c.experts)
+    moecomm_bench::usage_error(program, "--top_k = " + str(c.top_k) + " must be in [1, --experts = " + str(c.experts) +
+                                            "]: each token picks distinct experts");
+  std::int32_t const nodes = c.ranks / gpn;
+  if (c.max_nodes > nodes)
+    moecomm_bench::usage_error(program, "--max_nodes = " + str(c.max_nodes) + " must be in [0, the " + str(nodes) + " nodes of --ranks = " +
+                                            str(c.ranks) + "]");
+  if (c.max_nodes > 0 && c.top_k > c.max_nodes * (c.experts / nodes))
+    moecomm_bench::usage_error(program, "--top_k = " + str(c.top_k) + " must be in [1, --max_nodes x experts per node = " +
+                                            str(c.max_nodes * (c.experts / nodes)) + "]: each token picks distinct experts on its nodes");
+  if (c.tokens * c.top_k * c.ranks > max_advise_slots)
+    moecomm_bench::usage_error(program, "--tokens x --top_k x --ranks = " + str(c.tokens * c.top_k * c.ranks) + " slots must be in [1, " +
+                                            str(max_advise_slots) + "]");
+  std::vector<moecomm::exchange_prediction> ranking;
+  try {
+    moecomm::exchange_adviser const adviser(spec, first_gpus_topology(spec, c.ranks));
+    auto const routing = make_routing(c, spec.gpus_per_node);
+    ranking = adviser.rank(views(routing), c.experts, c.hidden * c.element_bytes);
+  } catch (moecomm::error const& e) {
+    moecomm_bench::usage_error(program, e.what());  // a combination the checks above let through
   }
-  auto const routing = make_routing(c, spec.gpus_per_node);
-  moecomm::exchange_adviser const adviser(spec, first_gpus_topology(spec, c.ranks));
-  auto const ranking = adviser.rank(views(routing), c.experts, c.hidden * c.element_bytes);
   char routing_text[64];
   if (c.max_nodes > 0) std::snprintf(routing_text, sizeof routing_text, "node-limited to %d nodes per token", c.max_nodes);
   else std::snprintf(routing_text, sizeof routing_text, "Zipf(%g) over experts", c.zipf);
@@ -206,11 +245,10 @@ int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "deepep-h800");
   moecomm_bench::take_contention_flag(argc, argv);
-  if (moecomm_bench::take_flag(argc, argv, "--advise", "no") != "no")
-    return advise(moecomm::read_cluster_spec(moecomm::platform_file(name)), argc, argv);
-  std::string const grid_name = moecomm_bench::take_flag(argc, argv, "--grid=", "main");
+  std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "deepep-h800");
+  if (moecomm_bench::take_flag(argc, argv, "--advise", "no") != "no") return advise(moecomm_bench::platform_spec(name), argc, argv);
+  std::string const grid_name = moecomm_bench::take_choice_flag(argc, argv, "--grid", {"main", "holdout"});
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   register_grid(platform, grid_name == "holdout" ? holdout_grid : main_grid);

@@ -427,8 +427,8 @@ int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "finemoe-h100");
   moecomm_bench::take_contention_flag(argc, argv);
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
-  g_steps = std::stoi(moecomm_bench::take_flag(argc, argv, "--steps=", "200"));
-  g_interval = std::stoi(moecomm_bench::take_flag(argc, argv, "--interval=", "10"));
+  g_steps = static_cast<std::int32_t>(moecomm_bench::take_int_flag(argc, argv, "--steps", 200, 1, 1 << 20));
+  g_interval = static_cast<std::int32_t>(moecomm_bench::take_int_flag(argc, argv, "--interval", 10, 1, 1 << 20));
   if (!moecomm_bench::start(argc, argv)) return 1;
   if (g_steps < 1 || g_interval < 1) {
     std::fprintf(stderr, "bench_load_balancing: --steps and --interval must be positive\n");

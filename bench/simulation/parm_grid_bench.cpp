@@ -281,11 +281,7 @@ int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "parm-2080ti");
   moecomm_bench::take_contention_flag(argc, argv);
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
-  std::string const gradients = moecomm_bench::take_flag(argc, argv, "--gradients=", "trainer");
-  if (gradients != "trainer" && gradients != "layer") {
-    std::fprintf(stderr, "bench_parm_grid: --gradients=%s must be 'trainer' or 'layer'\n", gradients.c_str());
-    return 1;
-  }
+  std::string const gradients = moecomm_bench::take_choice_flag(argc, argv, "--gradients", {"trainer", "layer"});
   if (gradients == "layer") g_gradients = moecomm::replica_gradients::summed_here;
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);

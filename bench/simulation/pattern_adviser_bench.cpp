@@ -474,41 +474,76 @@ void print_summary(std::string const& platform) {
     if (o.chosen != o.best) std::printf("  %s: chose %s, best %s (+%.2f %%)\n", o.name.c_str(), o.chosen.c_str(), o.best.c_str(), 100 * o.loss);
 }
 
-//! `--advise`: the ranking for one model and step described by flags, without simulating it.
+//! The most (token, expert) slots `--advise` draws a routing of (tokens x top_k x MP groups):
+//! 16 Mi; a few seconds, up to a minute with top_k 64 and a steep skew.
+constexpr std::int64_t max_advise_slots = std::int64_t{1} << 24;
+
+//! `--advise`: the ranking for one model and step described by flags, without simulating it. Every
+//! flag is range-checked, and the flags are checked against each other and the platform before any
+//! work: a bad one is a line naming it, its value and its range, and exit code 2.
 int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
-  auto flag = [&](char const* name, std::string const& fallback) { return moecomm_bench::take_flag(argc, argv, name, fallback); };
-  std::string const model = flag("--model=", "MoE-GPT");
-  step_case c{models[1], 0, 0, 0, 0, 0, 5};
-  bool known = false;
+  char const* const program = "bench_pattern_adviser --advise";
+  std::string model = "MoE-GPT";
+  step_case c{models[1], std::min(spec.num_gpus(), 16), 16, 2, 4096, 1.2, 5};
+  c.slots_per_rank = 0;  // twice --experts_per_rank unless given
+  std::int32_t const sequence = transformer(c).sequence;
+  moecomm_bench::flag_set flags(program, "bench_pattern_adviser [--platform=P] --advise [flags]",
+                                "Ranks the expert-parallel patterns and their settings for one model and routing step on the\n"
+                                "platform's first --ranks GPUs by predicted iteration time (plan/pattern_adviser.hpp),\n"
+                                "without simulating them.");
+  flags.add("--model", "M", "MoE-GPT-S, MoE-GPT or MoE-GPT-L (FasterMoE's)", model, {"MoE-GPT-S", "MoE-GPT", "MoE-GPT-L"})
+      .add("--ranks", "R", "the platform's first R GPUs, whole nodes", c.ranks, 1, spec.num_gpus())
+      .add("--tokens", "T", "tokens per rank (per MP group), a multiple of the sequence, " + std::to_string(sequence), c.tokens, sequence,
+           1 << 20)
+      .add("--experts_per_rank", "L", "experts per rank: E = R x L", c.experts_per_rank, 1, 1 << 16)
+      .add("--slots_per_rank", "S", "expert slots of memory per GPU, in [L, E]; 0: twice L", c.slots_per_rank, 0, 1 << 16)
+      .add("--micro_batches", "N", "micro-batches per iteration", c.micro_batches, 1, 1 << 16)
+      .add("--top_k", "K", "distinct experts per token, K <= E", c.top_k, 1, 64)
+      .add("--zipf", "s", "skew over experts: P(i-th most popular) ~ 1/(i+1)^s; 0 is uniform", c.zipf, 0, 16)
+      .add("--model_parallel", "M", "tensor-parallel group size (> 1: Parm's layouts), dividing R", c.model_parallel, 1, 1 << 16);
+  flags.parse(argc, argv);
   for (model_size const& m : models)
-    if (model == m.name) c.model = m, known = true;
-  if (!known) {
-    std::fprintf(stderr, "scripts/advise: unknown --model=%s (MoE-GPT-S, MoE-GPT, MoE-GPT-L)\n", model.c_str());
-    return 2;
+    if (model == m.name) c.model = m;
+  auto const str = [](auto v) { return std::to_string(v); };
+  std::int32_t const gpn = spec.gpus_per_node;
+  if (c.ranks % gpn != 0)
+    moecomm_bench::usage_error(program, "--ranks = " + str(c.ranks) + " is not a multiple of " + spec.name + "'s " + str(gpn) +
+                                            " GPUs per node (the ranks are whole nodes)");
+  if (c.tokens % sequence != 0)
+    moecomm_bench::usage_error(program, "--tokens = " + str(c.tokens) + " is not a multiple of the sequence, " + str(sequence) + " tokens");
+  if (std::int64_t{c.ranks} * c.experts_per_rank > (1 << 16))
+    moecomm_bench::usage_error(program, "--ranks x --experts_per_rank = " + str(std::int64_t{c.ranks} * c.experts_per_rank) +
+                                            " experts must be in [1, " + str(1 << 16) + "]");
+  if (c.slots_per_rank == 0) c.slots_per_rank = std::min(2 * c.experts_per_rank, c.experts());
+  if (c.slots_per_rank < c.experts_per_rank || c.slots_per_rank > c.experts())
+    moecomm_bench::usage_error(program, "--slots_per_rank = " + str(c.slots_per_rank) + " must be in [--experts_per_rank = " +
+                                            str(c.experts_per_rank) + ", experts = " + str(c.experts()) + "]");
+  if (c.top_k > c.experts())
+    moecomm_bench::usage_error(program, "--top_k = " + str(c.top_k) + " must be in [1, experts = " + str(c.experts()) +
+                                            "]: each token picks distinct experts");
+  if (c.ranks % c.model_parallel != 0)
+    moecomm_bench::usage_error(program, "--model_parallel = " + str(c.model_parallel) + " does not divide --ranks = " + str(c.ranks));
+  if (c.tokens * c.top_k * (c.ranks / c.model_parallel) > max_advise_slots)
+    moecomm_bench::usage_error(program, "--tokens x --top_k x MP groups = " + str(c.tokens * c.top_k * (c.ranks / c.model_parallel)) +
+                                            " slots must be in [1, " + str(max_advise_slots) + "]");
+  std::optional<moecomm::pattern_adviser> adviser;
+  std::vector<moecomm::pattern_prediction> ranking;
+  double host_us = 0;
+  try {
+    adviser.emplace(adviser_for(spec, c));  // first: it refuses what the model cannot run (Parm's groups, say)
+    auto const routing = routing_of(c);
+    auto const start = std::chrono::steady_clock::now();
+    ranking = adviser->rank(views(routing));
+    host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  } catch (moecomm::error const& e) {
+    moecomm_bench::usage_error(program, e.what());  // a combination the checks above let through
   }
-  c.ranks = std::stoi(flag("--ranks=", std::to_string(std::min(spec.num_gpus(), 16))));
-  c.tokens = std::stoll(flag("--tokens=", "4096"));
-  c.experts_per_rank = std::stoi(flag("--experts_per_rank=", "16"));
-  c.slots_per_rank = std::stoi(flag("--slots_per_rank=", std::to_string(2 * c.experts_per_rank)));
-  c.micro_batches = std::stoi(flag("--micro_batches=", "8"));
-  c.top_k = std::stoi(flag("--top_k=", "2"));
-  c.zipf = std::stod(flag("--zipf=", "1.2"));
-  c.model_parallel = std::stoi(flag("--model_parallel=", "1"));
-  if (argc > 1) {
-    std::fprintf(stderr, "scripts/advise: unknown argument '%s'\n", argv[1]);
-    return 2;
-  }
-  auto const routing = routing_of(c);
-  moecomm::pattern_adviser const adviser = adviser_for(spec, c);
-  auto const start = std::chrono::steady_clock::now();
-  auto const ranking = adviser.rank(views(routing));
-  double const host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  moecomm::iteration_model const& it = adviser.iteration();
+  moecomm::iteration_model const& it = adviser->iteration();
   std::printf("pattern adviser: %s (%s), first %d GPUs;\n%s (12 blocks, all MoE, H %lld, experts H->2H->H fp32), %d experts, "
               "%d expert slots of memory per GPU, top-%d, Zipf(%g), %d micro-batches of %lld tokens per %s.\nPredicted from the platform's figures alone "
               "(a model, not a measurement; %.0f us of host time). Per iteration, the rest of the model: %.2f ms.\n\n",
               spec.name.c_str(), spec.source.c_str(), c.ranks, c.model.name, static_cast<long long>(c.model.hidden), c.experts(),
-              adviser.slots(), c.top_k, c.zipf, c.micro_batches, static_cast<long long>(c.tokens),
+              adviser->slots(), c.top_k, c.zipf, c.micro_batches, static_cast<long long>(c.tokens),
               c.model_parallel > 1 ? ("MP group of " + std::to_string(c.model_parallel) + " GPUs").c_str() : "rank", host_us,
               1e3 * it.dense_seconds(c.experts_per_rank * 4.0 * double(c.model.hidden) * double(c.model.hidden)));
   std::printf("  %-20s %-18s %-14s %8s %11s %11s %11s %11s %11s %12s %8s\n", "pattern", "setting", "placement", "replicas", "layer step",
@@ -536,15 +571,14 @@ int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "fastermoe-v100-pcie");
   moecomm_bench::take_contention_flag(argc, argv);
-  if (moecomm_bench::take_flag(argc, argv, "--advise", "no") != "no")
-    return advise(moecomm::read_cluster_spec(moecomm::platform_file(name)), argc, argv);
-  std::string const grid_name = moecomm_bench::take_flag(argc, argv, "--grid=", "main");
-  std::string const ranks = moecomm_bench::take_flag(argc, argv, "--ranks=", "16");
+  std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "fastermoe-v100-pcie");
+  if (moecomm_bench::take_flag(argc, argv, "--advise", "no") != "no") return advise(moecomm_bench::platform_spec(name), argc, argv);
+  std::string const grid_name = moecomm_bench::take_choice_flag(argc, argv, "--grid", {"main", "holdout", "parm", "hybridep"});
+  auto const ranks = static_cast<std::int32_t>(moecomm_bench::take_int_flag(argc, argv, "--ranks", 16, 1, moecomm::cluster_spec::max_gpus));
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
-  std::int32_t const R = std::min(std::stoi(ranks), platform.spec().num_gpus());
+  std::int32_t const R = std::min(ranks, platform.spec().num_gpus());
   if (grid_name == "parm") register_parm_grid(platform, R);
   else if (grid_name == "hybridep") register_hybridep_grid(platform, R);
   else register_grid(platform, grid_name == "holdout" ? holdout_grid : main_grid, R);

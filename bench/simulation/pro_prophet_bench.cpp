@@ -300,7 +300,7 @@ void write_csv(std::string const& path) {
 int main(int argc, char** argv) {
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
   moecomm_bench::take_contention_flag(argc, argv);
-  g_ranks = std::stoi(moecomm_bench::take_flag(argc, argv, "--ranks=", "16"));
+  g_ranks = static_cast<std::int32_t>(moecomm_bench::take_int_flag(argc, argv, "--ranks", 16, 2, moecomm::cluster_spec::max_gpus));
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform("proprophet-3090");
   if (g_ranks < 2 || g_ranks > platform.spec().num_gpus()) {

@@ -16,6 +16,7 @@
 #include <moecomm/simulation/dense_iteration.hpp>
 #include <moecomm/simulation/platform.hpp>
 
+#include "../../examples/common/flags.hpp"
 #include "../support/harness.hpp"
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -44,6 +46,41 @@ inline std::string take_flag(int& argc, char** argv, char const* flag, std::stri
   return value;
 }
 
+// The benches' flags are checked as the examples' are (examples/common/flags.hpp): a value that is
+// not a number, or out of its range, is one line on stderr naming the flag, the value and the
+// range, and exit code 2.
+using example_support::flag_set;
+using example_support::usage_error;
+
+//! The running bench's name, for its flag errors: set by `take_contention_flag` (every simulated
+//! bench's first call) from argv[0].
+inline char const*& bench_program() {
+  static char const* name = "bench";
+  return name;
+}
+
+//! Takes `<flag>=VALUE` out of argv (as `take_flag`; `flag` without the '='): an integer in
+//! [lo, hi], or `fallback` when it is not given; anything else is a usage error (exit code 2).
+inline std::int64_t take_int_flag(int& argc, char** argv, std::string const& flag, std::int64_t fallback, std::int64_t lo,
+                                  std::int64_t hi) {
+  bool given = false;
+  for (int i = 1; i < argc; ++i) given = given || std::strncmp(argv[i], (flag + "=").c_str(), flag.size() + 1) == 0;
+  std::string const value = take_flag(argc, argv, (flag + "=").c_str(), "");
+  return given ? example_support::parse_int(bench_program(), flag, value, lo, hi) : fallback;
+}
+
+//! Takes `<flag>=VALUE` out of argv (as `take_flag`): one of `choices`, or the first when it is not
+//! given; anything else is a usage error (exit code 2).
+inline std::string take_choice_flag(int& argc, char** argv, std::string const& flag, std::vector<std::string> const& choices) {
+  std::string const value = take_flag(argc, argv, (flag + "=").c_str(), choices.front());
+  if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
+    std::string list;
+    for (std::string const& c : choices) list += (list.empty() ? "" : ", ") + c;
+    usage_error(bench_program(), flag + " = '" + value + "' is not one of " + list);
+  }
+  return value;
+}
+
 //! Whether the platform's device contention is on (`--contention=on|off`, default on; see
 //! docs/simulation.md, "The device"): set by `take_contention_flag`.
 inline bool& device_contention() {
@@ -51,11 +88,25 @@ inline bool& device_contention() {
   return on;
 }
 
-//! Takes `--contention=on|off` out of argv (as `take_flag`); `use_platform` applies it.
+//! Takes `--contention=on|off` out of argv (as `take_flag`); `use_platform` applies it. Also
+//! records argv[0]'s name as `bench_program()`.
 inline void take_contention_flag(int& argc, char** argv) {
-  std::string const value = take_flag(argc, argv, "--contention=", "on");
-  moecomm::detail::require(value == "on" || value == "off", "bench", "--contention=", value, " must be on or off");
-  device_contention() = value == "on";
+  if (argc > 0 && argv[0] != nullptr) {
+    char const* const slash = std::strrchr(argv[0], '/');
+    bench_program() = slash != nullptr ? slash + 1 : argv[0];
+  }
+  device_contention() = take_choice_flag(argc, argv, "--contention", {"on", "off"}) == "on";
+}
+
+//! The cluster of the named platform (`--platform`), or a usage error (exit code 2) naming the flag
+//! and why: no such platform (the message lists those there are), or a file that does not parse or
+//! describes a cluster `cluster_spec::validate` refuses (e.g. more than `cluster_spec::max_gpus` GPUs).
+inline moecomm::cluster_spec platform_spec(std::string const& name) {
+  try {
+    return moecomm::read_cluster_spec(moecomm::platform_file(name));
+  } catch (moecomm::error const& e) {
+    usage_error(bench_program(), "--platform = '" + name + "': " + e.what());
+  }
 }
 
 //! Builds the named platform, its spec first changed by `adjust(cluster_spec&)` and set to the
@@ -64,7 +115,7 @@ inline void take_contention_flag(int& argc, char** argv) {
 template <class Adjust>
 moecomm::simulated_platform const& use_platform(std::string const& name, Adjust&& adjust) {
   static moecomm::simulated_platform const platform = [&] {
-    moecomm::cluster_spec spec = moecomm::read_cluster_spec(moecomm::platform_file(name));
+    moecomm::cluster_spec spec = platform_spec(name);
     adjust(spec);
     spec.device_contention = device_contention();
     return moecomm::simulated_platform(spec);
@@ -98,12 +149,55 @@ struct rank_routing {
   [[nodiscard]] moecomm::routing_view view() const { return {idx.data(), w.data(), tokens, top_k}; }
 };
 
-//! One rank's `tokens` tokens, each with `top_k` distinct experts drawn with `pick` (an index into
-//! `by_popularity`, shifted by `shift` places) and weights summing to 1.
+//! Draws from `pick` (a `std::discrete_distribution`) conditioned on missing every index of
+//! `taken`: a uniform point of the mass left, mapped past the taken indices' shares of the CDF.
+//! For `zipf_routing`'s draws that rejection sampling would take too long over.
+class conditional_draw {
+ public:
+  explicit conditional_draw(std::vector<double> p) : p_(std::move(p)), cdf_(p_.size()) {
+    std::partial_sum(p_.begin(), p_.end(), cdf_.begin());
+  }
+  template <class Rng>
+  std::int32_t operator()(std::vector<std::int32_t> taken, Rng& rng) const {
+    std::sort(taken.begin(), taken.end());
+    double left = cdf_.back();
+    for (std::int32_t i : taken) left -= p_[static_cast<std::size_t>(i)];
+    double at = std::uniform_real_distribution<double>(0.0, std::max(left, 0.0))(rng);
+    auto const last = static_cast<std::int32_t>(cdf_.size()) - 1;
+    std::size_t passed = 0;
+    std::int32_t i = 0;
+    for (;;) {  // each taken index at or below the point shifts it up by its share
+      i = std::min(last, static_cast<std::int32_t>(std::upper_bound(cdf_.begin(), cdf_.end(), at) - cdf_.begin()));
+      if (passed == taken.size() || taken[passed] > i) break;
+      at += p_[static_cast<std::size_t>(taken[passed++])];
+    }
+    // Rounding may land on a taken index, or past the last free one: the nearest free index.
+    auto const free = [&](std::int32_t j) { return !std::binary_search(taken.begin(), taken.end(), j); };
+    for (std::int32_t d = 0; d <= last; ++d) {
+      if (i + d <= last && free(i + d)) return i + d;
+      if (i - d >= 0 && free(i - d)) return i - d;
+    }
+    return i;  // every index taken: the caller asks for more distinct draws than there are
+  }
+
+ private:
+  std::vector<double> p_, cdf_;
+};
+
+//! One rank's `tokens` tokens, each with `top_k` (at most the experts) distinct experts drawn with
+//! `pick` (a `std::discrete_distribution`, an index into `by_popularity`, shifted by `shift` places)
+//! and weights summing to 1. A draw of an expert the token already has is drawn again; after
+//! `max_redraws` of them in a row (a steep skew, or a `top_k` near the experts), the expert is drawn
+//! from `pick` conditioned on the ones not yet taken instead (the same distribution, in bounded time).
+constexpr int max_redraws = 64;
 template <class Pick, class Rng>
 rank_routing zipf_routing(std::int64_t tokens, std::int32_t top_k, std::vector<std::int32_t> const& by_popularity,
                           std::int32_t shift, Pick& pick, Rng& rng) {
   auto const experts = static_cast<std::int32_t>(by_popularity.size());
+  moecomm::detail::require(top_k >= 1 && top_k <= experts, "bench zipf_routing", "top_k = ", top_k, " must be in [1, experts = ", experts,
+                           "]: each token picks top_k distinct experts");
+  std::optional<conditional_draw> exact;  // made at the first draw that needs it
+  std::vector<std::int32_t> position;     // position[e]: expert e's index in by_popularity
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   rank_routing r;
   r.tokens = tokens;
@@ -115,8 +209,20 @@ rank_routing zipf_routing(std::int64_t tokens, std::int32_t top_k, std::vector<s
     float* const w = r.w.data() + t * top_k;
     float sum = 0;
     for (std::int32_t k = 0; k < top_k; ++k) {
+      int redraws = 0;
       do e[k] = by_popularity[static_cast<std::size_t>((pick(rng) + shift) % experts)];
-      while (std::find(e, e + k, e[k]) != e + k);  // distinct experts per token, as a top-k gate
+      while (std::find(e, e + k, e[k]) != e + k && ++redraws < max_redraws);  // distinct experts per token, as a top-k gate
+      if (redraws == max_redraws) {
+        if (!exact) {
+          exact.emplace(pick.probabilities());
+          position.assign(static_cast<std::size_t>(experts), 0);
+          for (std::int32_t i = 0; i < experts; ++i) position[static_cast<std::size_t>(by_popularity[static_cast<std::size_t>(i)])] = i;
+        }
+        std::vector<std::int32_t> taken;  // the indices `pick` gave the experts already chosen
+        for (std::int32_t j = 0; j < k; ++j)
+          taken.push_back(((position[static_cast<std::size_t>(e[j])] - shift) % experts + experts) % experts);
+        e[k] = by_popularity[static_cast<std::size_t>(((*exact)(taken, rng) + shift) % experts)];
+      }
       w[k] = weight(rng);
       sum += w[k];
     }
@@ -127,6 +233,8 @@ rank_routing zipf_routing(std::int64_t tokens, std::int32_t top_k, std::vector<s
 
 //! Popularity weights Zipf(s) (s = 0: uniform): the i-th most popular expert 1 / (i + 1)^s.
 inline std::discrete_distribution<std::int32_t> zipf_popularity(std::int32_t experts, double zipf) {
+  moecomm::detail::require(experts >= 1 && std::isfinite(zipf), "bench zipf_popularity", "experts = ", experts, ", zipf = ", zipf,
+                           ": the experts must be positive and the skew finite");
   std::vector<double> p(static_cast<std::size_t>(experts));
   for (std::size_t i = 0; i < p.size(); ++i) p[i] = 1.0 / std::pow(static_cast<double>(i + 1), zipf);
   return {p.begin(), p.end()};
@@ -153,8 +261,13 @@ inline std::vector<rank_routing> skewed_routing(std::int32_t ranks, std::int64_t
 inline std::vector<rank_routing> node_limited_routing(std::int32_t ranks, std::int64_t tokens, std::int32_t top_k,
                                                       std::int32_t experts, std::int32_t nodes, std::int32_t max_nodes,
                                                       std::uint32_t seed) {
-  std::mt19937 rng(seed);
+  moecomm::detail::require(nodes >= 1 && experts % nodes == 0 && max_nodes >= 1 && max_nodes <= nodes, "bench node_limited_routing",
+                           "experts = ", experts, ", nodes = ", nodes, ", max_nodes = ", max_nodes,
+                           ": the experts must fill the nodes evenly and max_nodes be in [1, nodes]");
   std::int32_t const per_node = experts / nodes;
+  moecomm::detail::require(top_k >= 1 && top_k <= max_nodes * per_node, "bench node_limited_routing", "top_k = ", top_k,
+                           " must be in [1, max_nodes x experts per node = ", max_nodes * per_node, "]");
+  std::mt19937 rng(seed);
   std::uniform_int_distribution<std::int32_t> node(0, nodes - 1), expert(0, max_nodes * per_node - 1);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   std::vector<rank_routing> all(static_cast<std::size_t>(ranks));

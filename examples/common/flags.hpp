@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! The examples' command lines. Each example declares its flags once, in a `flag_set` (name, value
-//! shown in the help, what it does, where it goes and its range); `--help` is generated from them,
-//! with the defaults read from the targets, and a bad flag is one clear line on stderr and exit code 2.
+//! The examples' command lines, and the benches' (bench/simulation/sim_harness.hpp includes this
+//! file). Each example declares its flags once, in a `flag_set` (name, value shown in the help, what
+//! it does, where it goes and its range); `--help` is generated from them, with the defaults read
+//! from the targets, and a bad flag is one clear line on stderr (the flag, the value, the allowed
+//! range) and exit code 2.
 
 #include <algorithm>
 #include <cerrno>
@@ -19,9 +21,9 @@
 
 namespace example_support {
 
-//! Prints "`program`: `message`" and how to get help, then exits with code 2.
+//! Prints "`program`: `message`" and how to get help, on one line, then exits with code 2.
 [[noreturn]] inline void usage_error(char const* program, std::string const& message) {
-  std::fprintf(stderr, "%s: %s\nRun '%s --help' for the list of flags.\n", program, message.c_str(), program);
+  std::fprintf(stderr, "%s: %s (run '%s --help' for the list of flags)\n", program, message.c_str(), program);
   std::exit(2);
 }
 
@@ -30,9 +32,9 @@ inline std::int64_t parse_int(char const* program, std::string const& flag, std:
   char* end = nullptr;
   errno = 0;
   long long const v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE) usage_error(program, flag + " expects an integer, got '" + text + "'");
-  if (v < lo || v > hi)
-    usage_error(program, flag + " = " + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  std::string const range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (text.empty() || *end != '\0' || errno == ERANGE) usage_error(program, flag + " expects an integer in " + range + ", got '" + text + "'");
+  if (v < lo || v > hi) usage_error(program, flag + " = " + text + " is out of range " + range);
   return v;
 }
 

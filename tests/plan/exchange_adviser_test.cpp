@@ -8,6 +8,7 @@
 #include <moecomm/plan/exchange_adviser.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,31 @@ TEST_CASE("exchange adviser: a routing per rank of one top_k, experts a multiple
   moecomm::cluster_spec bad = two_by_two();
   bad.pcie.bytes_per_second = -1;
   check_error([&] { moecomm::exchange_adviser(bad, moecomm::topology(4, 2)); }, moecomm::status::invalid_argument, {"pcie"});
+}
+
+// Issue 41: what bench_exchange_adviser --advise refuses, the adviser refuses too. A top_k above
+// the experts hung the command line's routing draw; an infinite row size hung the adviser's fluid
+// flows; a cluster of 2^20 nodes, or a topology beyond the platform's GPUs, is refused by size.
+TEST_CASE("exchange adviser: top_k in [1, experts], a finite row size, a topology within the platform, or an error naming them") {
+  moecomm::exchange_adviser const adviser(two_by_two(), moecomm::topology(4, 2));
+  std::vector<std::int32_t> idx(9, -1);
+  idx[0] = 0;
+  std::vector<moecomm::routing_view> const nine(4, moecomm::routing_view{idx.data(), nullptr, 1, 9});
+  check_error([&] { (void)adviser.rank(nine, 8, 16); }, moecomm::status::invalid_argument, {"top_k = 9 must be in [1, num_experts = 8]"});
+  std::vector<moecomm::routing_view> const two(4, moecomm::routing_view{idx.data(), nullptr, 1, 2});
+  double const inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  check_error([&] { (void)adviser.rank(two, 8, inf); }, moecomm::status::invalid_argument, {"row_bytes = inf must be positive and finite"});
+  check_error([&] { (void)adviser.rank(two, 8, nan); }, moecomm::status::invalid_argument, {"row_bytes = nan must be positive and finite"});
+  check_error([&] { (void)adviser.flat(std::vector<double>(16, 1.0), std::vector<double>(4, 1.0), inf, 0); },
+              moecomm::status::invalid_argument, {"row_bytes = inf must be positive and finite"});
+  check_error([&] { moecomm::exchange_adviser(two_by_two(), moecomm::topology(8, 2)); }, moecomm::status::invalid_argument,
+              {"argument 'topo' has 8 ranks; they must be in [1, the platform's 4 GPUs]"});
+  moecomm::cluster_spec huge = two_by_two();
+  huge.nodes_per_domain = 1 << 20;
+  check_error([&] { moecomm::exchange_adviser(huge, moecomm::topology(4, 2)); }, moecomm::status::invalid_argument,
+              {"nodes_per_domain = 1048576", "more than the limit of cluster_spec::max_gpus = 4096"});
+  huge.nodes_per_domain = 2048;  // 4096 GPUs: the limit (cluster_spec::max_gpus) itself is a cluster
+  CHECK(moecomm::exchange_adviser(huge, moecomm::topology(4, 2)).rank(two, 8, 16).size() == 4);
 }
 
 }  // namespace test

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -415,6 +416,27 @@ TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a mult
   CHECK_THROWS_WITH((void)adviser.rank(out_of_range.views), doctest::Contains("routing[1] token 0 slot 0 names expert 2"));
   CHECK_THROWS_WITH((void)moecomm::pattern_adviser(spec, topo, small_model(), {2, F, 4, 2}).flexmoe_placement({5}),
                     doctest::Contains("argument 'loads' has 1 entries; the layer has 2 experts"));
+}
+
+// Issue 41: what bench_pattern_adviser --advise refuses, the adviser refuses too: a top_k above the
+// experts (which hung the command line's routing draw), an infinite element size, a topology beyond
+// the platform's GPUs, a cluster beyond cluster_spec::max_gpus.
+TEST_CASE("pattern adviser: top_k in [1, experts], a finite element size, a topology within the platform, or an error naming them") {
+  moecomm::cluster_spec const spec = one_node(2, 0, 0);
+  moecomm::topology const topo(2, 2);
+  moecomm::pattern_adviser const adviser(spec, topo, small_model(), {2, F, 4});
+  std::vector<std::int32_t> idx(3, -1);
+  idx[0] = 0;
+  std::vector<moecomm::routing_view> const three(2, moecomm::routing_view{idx.data(), nullptr, 1, 3});
+  check_error([&] { (void)adviser.rank(three); }, moecomm::status::invalid_argument, {"top_k = 3 must be in [1, num_experts = 2]"});
+  check_error([&] { moecomm::pattern_adviser(spec, topo, small_model(), {2, F, std::numeric_limits<double>::infinity()}); },
+              moecomm::status::invalid_argument, {"moe.element_bytes = inf must be positive and finite"});
+  check_error([&] { moecomm::pattern_adviser(spec, moecomm::topology(4, 2), small_model(), {4, F, 4}); }, moecomm::status::invalid_argument,
+              {"4 ranks", "the platform's 2 GPUs"});
+  moecomm::cluster_spec huge = spec;
+  huge.nodes_per_domain = 1 << 20;
+  check_error([&] { moecomm::pattern_adviser(huge, topo, small_model(), {2, F, 4}); }, moecomm::status::invalid_argument,
+              {"nodes_per_domain = 1048576", "cluster_spec::max_gpus = 4096"});
 }
 
 }  // namespace test

@@ -31,6 +31,7 @@
 #include <moecomm/simulation/cluster_spec.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -56,8 +57,12 @@ class exchange_adviser {
 
   //! @param spec the cluster; @param topo the ranks' nodes and domains (e.g. the first GPUs:
   //! `topology(R, spec.gpus_per_node, spec.nodes_per_domain)`).
-  //! @throws error (invalid_argument) naming the field of `spec` that is invalid.
-  exchange_adviser(cluster_spec spec, topology topo) : links_(std::move(spec), std::move(topo)) {}
+  //! @throws error (invalid_argument) naming the field of `spec` that is invalid (a cluster of more
+  //!   than `cluster_spec::max_gpus` GPUs, say), or `topo` when it has more ranks than `spec` GPUs.
+  exchange_adviser(cluster_spec spec, topology topo) : links_(std::move(spec), std::move(topo)) {
+    detail::require(links_.ranks() <= links_.spec().num_gpus(), "exchange_adviser", "argument 'topo' has ", links_.ranks(),
+                    " ranks; they must be in [1, the platform's ", links_.spec().num_gpus(), " GPUs]");
+  }
 
   //! Every candidate for one routing step, fastest first. `routing[r]` is rank r's routing (host
   //! memory; expert e on rank e / (E / R); -1 masked), `row_bytes` a token row's size. `groups`:
@@ -65,8 +70,8 @@ class exchange_adviser {
   //! rank's routing addressing its group's experts only), side by side, so each group all-gathers
   //! its own counts (Megatron's EP groups); empty: one group of every rank.
   //! @throws error (invalid_argument) naming the argument: one routing per rank, each of the same
-  //! top_k with its ids given, experts a multiple of the ranks, a positive row size, groups of one
-  //! size covering the ranks.
+  //! top_k in [1, num_experts] with its ids given, experts a multiple of the ranks, a positive
+  //! finite row size, groups of one size covering the ranks.
   [[nodiscard]] std::vector<exchange_prediction> rank(std::vector<routing_view> const& routing, std::int32_t num_experts,
                                                       double row_bytes, std::vector<std::vector<std::int32_t>> const& groups = {}) const {
     std::int32_t const R = links_.topo().num_ranks();
@@ -74,8 +79,11 @@ class exchange_adviser {
                     routing.size(), " ranks' routings; the topology has ", R);
     detail::require(num_experts > 0 && num_experts % R == 0, "exchange_adviser::rank", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", R, " ranks");
-    detail::require(row_bytes > 0, "exchange_adviser::rank", "row_bytes = ", row_bytes, " must be positive");
+    detail::require(row_bytes > 0 && std::isfinite(row_bytes), "exchange_adviser::rank", "row_bytes = ", row_bytes,
+                    " must be positive and finite");
     std::int32_t const top_k = routing[0].top_k;
+    detail::require(top_k >= 1 && top_k <= num_experts, "exchange_adviser::rank", "top_k = ", top_k, " must be in [1, num_experts = ",
+                    num_experts, "]: a token's slots name distinct experts");
     for (std::int32_t s = 0; s < R; ++s) {
       routing_view const& v = routing[static_cast<std::size_t>(s)];
       detail::require(v.top_k == top_k && top_k > 0, "exchange_adviser::rank", "routing[", s, "].top_k = ", v.top_k,
@@ -119,7 +127,7 @@ class exchange_adviser {
   //! `route_seconds`: for layers that do not place expert e on rank e / (E / R), such as HybridEP's
   //! same-offset groups side by side.
   //! @throws error (invalid_argument) naming `slots` or `tokens` when not of the ranks' shape, or
-  //!   `row_bytes` unless positive.
+  //!   `row_bytes` unless positive and finite.
   [[nodiscard]] exchange_prediction flat(link_model::matrix const& slots, std::vector<double> const& tokens, double row_bytes,
                                          double route_seconds) const {
     std::int32_t const R = links_.topo().num_ranks();
@@ -127,7 +135,8 @@ class exchange_adviser {
                     " cells; the ", R, " ranks need ", links_.cell(R, 0));
     detail::require(tokens.size() == static_cast<std::size_t>(R), "exchange_adviser::flat", "argument 'tokens' has ", tokens.size(),
                     " entries; the topology has ", R, " ranks");
-    detail::require(row_bytes > 0, "exchange_adviser::flat", "row_bytes = ", row_bytes, " must be positive");
+    detail::require(row_bytes > 0 && std::isfinite(row_bytes), "exchange_adviser::flat", "row_bytes = ", row_bytes,
+                    " must be positive and finite");
     return predict_slots("flat", slots, tokens, row_bytes, false, route_seconds);
   }
 

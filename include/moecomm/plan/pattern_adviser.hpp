@@ -87,6 +87,7 @@
 #include <moecomm/plan/shadow_selection.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -146,7 +147,8 @@ class pattern_adviser {
   //! @param spec the cluster; @param topo its first ranks (`topology(R, gpus_per_node, nodes_per_domain)`);
   //! @param model the transformer (validated; its `hidden` is the experts' H); @param moe its experts.
   //! @throws error (invalid_argument) naming the field that is invalid: `spec`'s, `model`'s,
-  //!   `moe.num_experts` (a positive multiple of the ranks), `moe.expert_ffn`, `moe.element_bytes`.
+  //!   `moe.num_experts` (a positive multiple of the ranks), `moe.expert_ffn`, `moe.element_bytes`
+  //!   (positive and finite).
   pattern_adviser(cluster_spec spec, topology topo, transformer_shape model, moe_layer_shape moe)
       : links_(spec, topo), exchanges_(spec, topo), iteration_(spec, topo.num_ranks(), model), moe_(validated(moe, topo.num_ranks())),
         parm_(links_, model.model_parallel, moe.num_experts, model.hidden, moe.expert_ffn, moe.element_bytes, model.gradient_bytes),
@@ -207,7 +209,7 @@ class pattern_adviser {
   //! Every candidate for one routing step, fastest iteration first. `routing[r]` is rank r's
   //! routing (host memory; -1 masked).
   //! @throws error (invalid_argument) naming the argument: one routing per rank, each of the same
-  //!   positive top_k with its ids given, ids in [-1, E).
+  //!   top_k in [1, E] with its ids given, ids in [-1, E).
   [[nodiscard]] std::vector<pattern_prediction> rank(std::vector<routing_view> const& routing) const {
     std::int32_t const R = links_.ranks(), E = moe_.num_experts;
     detail::require(static_cast<std::int32_t>(routing.size()) == R, op, "argument 'routing' has ", routing.size(),
@@ -315,7 +317,8 @@ class pattern_adviser {
     detail::require(moe.num_experts > 0 && moe.num_experts % R == 0, op, "moe.num_experts = ", moe.num_experts,
                     " must be a positive multiple of the ", R, " ranks");
     detail::require(moe.expert_ffn > 0, op, "moe.expert_ffn = ", moe.expert_ffn, " must be positive");
-    detail::require(moe.element_bytes > 0, op, "moe.element_bytes = ", moe.element_bytes, " must be positive");
+    detail::require(moe.element_bytes > 0 && std::isfinite(moe.element_bytes), op, "moe.element_bytes = ", moe.element_bytes,
+                    " must be positive and finite");
     detail::require(moe.slots_per_rank == 0 || (moe.slots_per_rank >= moe.num_experts / R && moe.slots_per_rank <= moe.num_experts), op,
                     "moe.slots_per_rank = ", moe.slots_per_rank, " must be 0 or in [num_experts / ranks = ", moe.num_experts / R,
                     ", num_experts = ", moe.num_experts, "]");
@@ -345,6 +348,8 @@ class pattern_adviser {
     std::size_t const cells = static_cast<std::size_t>(R) * static_cast<std::size_t>(E);
     step s{std::vector<std::int64_t>(cells, 0), std::vector<std::int64_t>(static_cast<std::size_t>(E), 0),
            std::vector<double>(static_cast<std::size_t>(R), 0.0)};
+    detail::require(routing[0].top_k >= 1 && routing[0].top_k <= E, op, "top_k = ", routing[0].top_k, " must be in [1, num_experts = ", E,
+                    "]: a token's slots name distinct experts");
     for (std::int32_t r = 0; r < R; ++r) {
       routing_view const& v = routing[static_cast<std::size_t>(r)];
       detail::require(v.top_k > 0 && v.top_k == routing[0].top_k, op, "routing[", r, "].top_k = ", v.top_k,

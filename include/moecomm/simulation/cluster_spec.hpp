@@ -88,6 +88,11 @@ struct cluster_spec {
     return flops / (gpu_flops * detail::roofline_efficiency(gemm_efficiency, gemm_ridge_rows, rows));
   }
 
+  //! The most GPUs a cluster may have: SimGrid builds 4096 in about a second, and more in a time
+  //! that grows faster than their number (2^16 take minutes; 2^20 nodes never finished), and the
+  //! advisers price `[R][R]` matrices of the ranks. `validate` refuses a larger cluster.
+  static constexpr std::int32_t max_gpus = 4096;
+
   //! Every GPU of the cluster: domains x nodes per domain x GPUs per node.
   [[nodiscard]] std::int32_t num_gpus() const {
     return detail::checked_int32(
@@ -97,7 +102,7 @@ struct cluster_spec {
         "cluster_spec", "num_gpus()", "GPUs are numbered with int32 ranks");
   }
 
-  //! Checks every field: counts >= 1, rates > 0, latencies >= 0, all finite; the fabric may be 0
+  //! Checks every field: counts >= 1, at most `max_gpus` GPUs, rates > 0, latencies >= 0, all finite; the fabric may be 0
   //! (non-blocking); `inter_domain` must be a real link when `domains > 1`; `intra_node == pcie` when
   //! `intra_node_over_pcie`; `name` and `source` non-empty single lines without `#` (so that
   //! `to_platform_text` can write them).
@@ -200,10 +205,15 @@ void check_cluster_spec(cluster_spec const& spec, char const* op, Subject&& subj
     require(v >= 1, op, subject(c.field, c.field, std::to_string(v)), " must be >= 1");
   }
   std::int64_t const nodes = std::int64_t{s.domains} * s.nodes_per_domain;
-  std::int64_t const most = std::numeric_limits<std::int32_t>::max();
-  require(nodes <= most && nodes * s.gpus_per_node <= most, op,
-          subject("gpus_per_node", "gpus_per_node", std::to_string(s.gpus_per_node)), " makes ", nodes, " nodes x ",
-          s.gpus_per_node, " GPUs, more than int32 ranks can number");
+  std::int64_t const most = cluster_spec::max_gpus;  // also keeps the product within int32's range
+  if (nodes > most || nodes * s.gpus_per_node > most) {
+    char const* const field = nodes > most ? (s.domains > most ? "domains" : "nodes_per_domain") : "gpus_per_node";
+    std::int32_t const value = nodes > most ? (s.domains > most ? s.domains : s.nodes_per_domain) : s.gpus_per_node;
+    fail(status::invalid_argument, op, subject(field, field, std::to_string(value)), " makes ", s.domains, " domains x ",
+         s.nodes_per_domain, " nodes x ", s.gpus_per_node, " GPUs = ",
+         nodes <= most ? std::to_string(nodes * s.gpus_per_node) : concat(static_cast<double>(nodes) * s.gpus_per_node),
+         " GPUs, more than the limit of cluster_spec::max_gpus = ", most);
+  }
   for (auto const& n : spec_numbers) {
     double const v = n.at(s);
     bool const ok = std::isfinite(v) && (n.may_be_zero ? v >= 0 : v > 0) && (!n.fraction || v <= 1);
