@@ -26,38 +26,11 @@ namespace test {
 
 namespace {
 
-using staged_inproc = moecomm::staged_communicator<moecomm::inproc_communicator>;
-
 static_assert(!moecomm::detail::moves_backend_memory<moecomm::cuda_backend, moecomm::inproc_communicator>,
               "a host-memory communicator cannot move cuda_backend's buffers");
 static_assert(moecomm::detail::moves_backend_memory<moecomm::cuda_backend, staged_inproc>);
 static_assert(moecomm::detail::moves_backend_memory<moecomm::cuda_backend, moecomm::nccl_communicator>);
 static_assert(moecomm::detail::moves_backend_memory<moecomm::host_backend, moecomm::inproc_communicator>);
-
-// Runs `body(be, comm)` on the ranks of an in-process world, rank r on emulated device r with a
-// non-blocking stream of its own and `be` on it; `comm` is the rank's in-process communicator staged
-// through `be` (a host-memory communicator on GPUs, as MPI's is).
-template <class Body>
-void run_staged_ranks(int ranks, Body const& body) {
-  if (ranks > visible_devices()) {
-    MESSAGE("NOT RUN: this case needs ", ranks, " GPUs, the machine has ", visible_devices());
-    return;
-  }
-  moecomm::inproc_world const world(ranks, std::chrono::seconds(30));
-  world.run([&](moecomm::inproc_communicator comm) {
-    moecomm::detail::cuda_check(cudaSetDevice(comm.rank()), "cudaSetDevice");
-    cudaStream_t stream = nullptr;
-    moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    struct destroy_stream {
-      cudaStream_t s;
-      ~destroy_stream() { (void)cudaStreamDestroy(s); }
-    } const owned{stream};  // after everything below, which uses it
-    moecomm::cuda_backend const be(stream, std::chrono::seconds(10));
-    staged_inproc staged(std::move(comm), be);
-    body(be, staged);
-    be.synchronize();
-  });
-}
 
 void check_no_violations() {
   auto const seen = take_violations();
@@ -98,24 +71,6 @@ layer_result<float> run_steps(Backend const& be, Layer& layer, std::int32_t me, 
   return all;
 }
 
-// `pattern(be, comm, c, in)` -> layer_result, on the host back-end over in-process ranks and on
-// emulated GPUs over the same ranks staged; equal bit for bit, and no broken contract.
-template <class Pattern>
-void check_staged_equals_host(shadow_case const& c, Pattern const& pattern) {
-  CAPTURE(c.ranks);
-  auto const in = make_shadow_inputs<float>(c);
-  std::vector<layer_result<float>> want(static_cast<std::size_t>(c.ranks)), got(want.size());
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
-  world.run([&](moecomm::inproc_communicator comm) {
-    want[static_cast<std::size_t>(comm.rank())] = pattern(moecomm::host_backend{}, comm, c, in);
-  });
-  run_staged_ranks(c.ranks, [&](moecomm::cuda_backend const& be, staged_inproc& comm) {
-    got[static_cast<std::size_t>(comm.rank())] = pattern(be, comm, c, in);
-  });
-  for (std::int32_t r = 0; r < c.ranks; ++r) check_same_result(got[static_cast<std::size_t>(r)], want[static_cast<std::size_t>(r)], r, c);
-  check_no_violations();
-}
-
 struct nothing_after {
   template <class Layer>
   void operator()(Layer&) const {}
@@ -127,7 +82,9 @@ shadow_case const dense8{8, 2, 16, 2, 8, {96, 96, 96, 96, 96, 96, 96, 96}, 0.0, 
 }  // namespace
 
 TEST_CASE("a lane's copy of a staged communicator stages on the lane's stream, with a call identity of its own") {
-  run_staged_ranks(2, [](moecomm::cuda_backend const& be, staged_inproc& comm) {
+  run_device_ranks<staged_gpu_per_rank>(2, [](auto& rank) {
+    moecomm::cuda_backend const& be = rank.be;
+    staged_inproc& comm = rank.comm;
     moecomm::cuda_lane const lane(be);
     staged_inproc copy = moecomm::split_for(comm, lane.backend());
     CHECK(copy.stream() == lane.backend().stream());
@@ -146,7 +103,8 @@ TEST_CASE("a lane's copy of a staged communicator stages on the lane's stream, w
 TEST_CASE("HybridEP (background expert gather) over a staged host-memory communicator on emulated GPUs equals the host") {
   for (std::int32_t domain : {2, 4}) {
     CAPTURE(domain);
-    check_staged_equals_host(dense8, [domain](auto const& be, auto& comm, shadow_case const& k, shadow_inputs<float> const& in) {
+    check_emulated_equals_host<staged_gpu_per_rank>(dense8, [domain](auto const& be, auto& comm, shadow_case const& k,
+                                                                      shadow_inputs<float> const& in) {
       using B = std::decay_t<decltype(be)>;
       using C = std::decay_t<decltype(comm)>;
       moecomm::exchange_groups<C> groups(comm, moecomm::topology(k.ranks, k.per_node, 2));
@@ -180,15 +138,17 @@ TEST_CASE("scheduled Pro-Prophet steps over a staged host-memory communicator on
       return result;
     };
   };
-  check_staged_equals_host(skewed8, scheduled(moecomm::point_to_point_path{}));
-  check_staged_equals_host(skewed8, scheduled(moecomm::collective_path{}));
+  check_emulated_equals_host<staged_gpu_per_rank>(skewed8, scheduled(moecomm::point_to_point_path{}));
+  check_emulated_equals_host<staged_gpu_per_rank>(skewed8, scheduled(moecomm::collective_path{}));
 }
 
 TEST_CASE("Parm's schedules (S2 pipelined on the lane) over a staged host-memory communicator on 8 emulated GPUs equal the oracle") {
   for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 2}}) {
     CAPTURE(sizes.model);
     CAPTURE(sizes.expert_slicing);
-    run_staged_ranks(8, [&](moecomm::cuda_backend const& be, staged_inproc& comm) {
+    run_device_ranks<staged_gpu_per_rank>(8, [&](auto& rank) {
+      moecomm::cuda_backend const& be = rank.be;
+      staged_inproc& comm = rank.comm;
       check_parm_schedules_on_rank<float>(be, comm, parm_case{sizes, 37, 8, 2, 0}, moecomm::dropless{});
       check_parm_schedules_on_rank<float>(be, comm, parm_case{sizes, 97, 16, 4, 0.75}, moecomm::capacity<moecomm::drop_by_position>{0.75});
     });

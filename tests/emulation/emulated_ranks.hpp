@@ -13,6 +13,7 @@
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/comm/intranode.cuh>
 #include <moecomm/comm/nccl.cuh>
+#include <moecomm/comm/staged.cuh>
 #if MOECOMM_CUDA_EMULATION()
 #  include <moecomm_emulation/emulation.hpp>
 #endif
@@ -39,8 +40,10 @@ struct device_rank {
 using emulated_rank = device_rank<moecomm::nccl_communicator>;
 
 // Where a case's ranks run; a templated case is named after its placement (doctest's TYPE_TO_STRING).
-struct gpu_per_rank {};      // rank r on device r, NCCL between them
-struct ranks_on_one_gpu {};  // every rank on device 0 with a stream of its own, intranode copies
+struct gpu_per_rank {};         // rank r on device r, NCCL between them
+struct ranks_on_one_gpu {};     // every rank on device 0 with a stream of its own, intranode copies
+struct staged_gpu_per_rank {};  // rank r on device r, in-process ranks staged through pinned memory (MPI's kind)
+using staged_inproc = moecomm::staged_communicator<moecomm::inproc_communicator>;
 
 // `data[i] = value`: a kernel.
 struct fill_kernel {
@@ -67,78 +70,91 @@ inline std::vector<std::string> take_violations() {
 #endif
 }
 
-// Runs `body(rank)` on `ranks` threads, rank r on device r, over NCCL. A rank's exception is reported after
-// every thread ended; bodies use CHECK so that every rank reaches the same collectives. With fewer
-// devices than ranks (a real machine), the case says so and is not run.
+// Rank `device`'s part of a run, on the calling thread: `device` current, a non-blocking stream of its
+// own with a cuda_backend on it, `make_comm(be)` its communicator, then `body(rank)`. A failure is
+// kept in `failure`, so that every rank's is reported after all ended; bodies use CHECK so that
+// every rank reaches the same collectives.
+template <class MakeComm, class Body>
+void run_rank(int device, std::chrono::milliseconds timeout, std::string& failure, MakeComm const& make_comm, Body const& body) {
+  cudaStream_t stream = nullptr;
+  try {
+    moecomm::detail::cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    moecomm::cuda_backend const be(stream, timeout);
+    device_rank<decltype(make_comm(be))> rank{device, be, make_comm(be)};
+    body(rank);
+    rank.be.synchronize();
+  } catch (std::exception const& e) {
+    failure = e.what();
+  } catch (...) {
+    failure = "a non-standard exception (a failed REQUIRE?)";
+  }
+  if (stream != nullptr) (void)cudaStreamDestroy(stream);
+}
+
+inline void check_rank_failures(std::vector<std::string> const& failures) {
+  for (std::size_t r = 0; r < failures.size(); ++r) CHECK_MESSAGE(failures[r].empty(), "rank ", r, ": ", failures[r]);
+}
+
+// Says so and returns false when the machine has fewer than `needed` GPUs.
+inline bool has_gpus(int needed) {
+  if (visible_devices() >= needed) return true;
+  MESSAGE("NOT RUN: this case needs ", needed, " GPUs, the machine has ", visible_devices());
+  return false;
+}
+
+// Runs `body(rank)` on `ranks` threads, rank r on device r, over NCCL.
 template <class Body>
 void run_emulated_ranks(int ranks, Body const& body, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-  if (ranks > visible_devices()) {
-    MESSAGE("NOT RUN: this case needs ", ranks, " GPUs, the machine has ", visible_devices());
-    return;
-  }
+  if (!has_gpus(ranks)) return;
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   std::vector<std::string> failures(static_cast<std::size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
-      cudaStream_t stream = nullptr;
-      try {
-        moecomm::detail::cuda_check(cudaSetDevice(r), "cudaSetDevice");
-        moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      auto const nccl = [&](moecomm::cuda_backend const& be) {
         moecomm::nccl_options options;
         options.timeout = timeout;
-        emulated_rank rank{r, moecomm::cuda_backend(stream, timeout), moecomm::nccl_communicator::create(ranks, id, r, stream, options)};
-        body(rank);
-        rank.be.synchronize();
-      } catch (std::exception const& e) {
-        failures[static_cast<std::size_t>(r)] = e.what();
-      } catch (...) {
-        failures[static_cast<std::size_t>(r)] = "a non-standard exception (a failed REQUIRE?)";
-      }
-      if (stream != nullptr) (void)cudaStreamDestroy(stream);
+        return moecomm::nccl_communicator::create(ranks, id, r, be.stream(), options);
+      };
+      run_rank(r, timeout, failures[static_cast<std::size_t>(r)], nccl, body);
     });
   for (auto& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r)
-    CHECK_MESSAGE(failures[static_cast<std::size_t>(r)].empty(), "rank ", r, ": ", failures[static_cast<std::size_t>(r)]);
+  check_rank_failures(failures);
 }
 
-// Runs `body(rank)` on `ranks` in-process ranks, all on device 0, each with a stream of its own and
-// an intranode_communicator; reports each rank's exception after all ended, as run_emulated_ranks.
-template <class Body>
-void run_ranks_on_one_gpu(int ranks, Body const& body, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  if (visible_devices() < 1) {
-    MESSAGE("NOT RUN: this case needs a GPU, the machine has none");
-    return;
-  }
+// Runs `body(rank)` on the ranks of an in-process world, rank r on device `device_of(r)`, over
+// `Comm(host, be)`: an intranode_communicator, or a staged in-process one.
+template <class Comm, class Body, class DeviceOf>
+void run_inproc_ranks(int ranks, Body const& body, std::chrono::milliseconds timeout, DeviceOf device_of) {
   std::vector<std::string> failures(static_cast<std::size_t>(ranks));
   moecomm::inproc_world const world(ranks, timeout);
   world.run([&](moecomm::inproc_communicator host) {
     int const r = host.rank();
-    cudaStream_t stream = nullptr;
-    try {
-      moecomm::detail::cuda_check(cudaSetDevice(0), "cudaSetDevice");
-      moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-      moecomm::cuda_backend const be(stream, timeout);
-      device_rank<moecomm::intranode_communicator> rank{0, be, moecomm::intranode_communicator(host, be)};
-      body(rank);
-      rank.be.synchronize();
-    } catch (std::exception const& e) {
-      failures[static_cast<std::size_t>(r)] = e.what();
-    } catch (...) {
-      failures[static_cast<std::size_t>(r)] = "a non-standard exception (a failed REQUIRE?)";
-    }
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    run_rank(device_of(r), timeout, failures[static_cast<std::size_t>(r)], [&](moecomm::cuda_backend const& be) { return Comm(host, be); },
+             body);
   });
-  for (int r = 0; r < ranks; ++r)
-    CHECK_MESSAGE(failures[static_cast<std::size_t>(r)].empty(), "rank ", r, ": ", failures[static_cast<std::size_t>(r)]);
+  check_rank_failures(failures);
+}
+
+// Every rank on device 0, each with a stream of its own, over an intranode_communicator.
+template <class Body>
+void run_ranks_on_one_gpu(int ranks, Body const& body, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  if (has_gpus(1)) run_inproc_ranks<moecomm::intranode_communicator>(ranks, body, timeout, [](int) { return 0; });
 }
 
 // `body(rank)` on `ranks` ranks placed as `Placement` says.
 template <class Placement, class Body>
 void run_device_ranks(int ranks, Body const& body, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  if constexpr (std::is_same_v<Placement, gpu_per_rank>) run_emulated_ranks(ranks, body, timeout);
-  else run_ranks_on_one_gpu(ranks, body, timeout);
+  if constexpr (std::is_same_v<Placement, gpu_per_rank>) {
+    run_emulated_ranks(ranks, body, timeout);
+  } else if constexpr (std::is_same_v<Placement, ranks_on_one_gpu>) {
+    run_ranks_on_one_gpu(ranks, body, timeout);
+  } else {
+    static_assert(std::is_same_v<Placement, staged_gpu_per_rank>);
+    if (has_gpus(ranks)) run_inproc_ranks<staged_inproc>(ranks, body, timeout, [](int r) { return r; });
+  }
 }
 
 // Runs `body` in a child process and returns what it wrote to stderr, with `signalled` telling

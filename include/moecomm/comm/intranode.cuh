@@ -203,11 +203,15 @@ class intranode_communicator {
 
  private:
   enum class operation : std::int64_t { exchange = 1, allgather, allreduce, reduce, broadcast };
-  //! "allreduce (count 16, element type 3, operation 0, root 0)".
+  //! "allreduce (count 16 of float, sum, root 0)", "broadcast (bytes 64, root 2)".
   static std::string describe(std::int64_t* row) {
     header const& h = head(row);
-    return detail::concat(name(h.op), " (", h.op == static_cast<std::int64_t>(operation::allgather) || h.op == static_cast<std::int64_t>(operation::broadcast) ? "bytes " : "count ",
-                  h.count, h.variant != 0 ? detail::concat(", element type ", h.variant / 4, ", operation ", h.variant % 4) : std::string(), ", root ", h.root, ")");
+    bool const bytes = h.op == static_cast<std::int64_t>(operation::allgather) || h.op == static_cast<std::int64_t>(operation::broadcast);
+    static char const* const types[] = {"?", "int32", "int64", "float", "double"};
+    std::string const reduction =
+        h.variant == 0 ? std::string()
+                       : detail::concat(" of ", types[h.variant / 4 % 5], ", ", detail::to_string(static_cast<reduce_op>(h.variant % 4)));
+    return detail::concat(name(h.op), " (", bytes ? "bytes " : "count ", h.count, reduction, ", root ", h.root, ")");
   }
   static char const* name(std::int64_t op) {
     switch (static_cast<operation>(op)) {
