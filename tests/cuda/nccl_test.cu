@@ -43,15 +43,13 @@ int device_count() {
   return n;
 }
 
-// Runs `body(comm)` for every device on its own thread, with a communicator over all devices
-// (rank r on device r) and its own stream. A rank's exception is reported after all threads end;
-// bodies use CHECK (not REQUIRE) so every rank reaches the same collectives.
+// Runs `body(r, stream)` for every device r on its own thread, with r current and a stream of its
+// own. A rank's exception is reported after all threads end; bodies use CHECK (not REQUIRE) so
+// every rank reaches the same collectives.
 template <class Body>
-void run_on_all_devices(Body const& body, nccl_options options = {}) {
+void run_on_each_device(Body const& body) {
   int const ranks = device_count();
   REQUIRE(ranks > 0);
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   std::vector<std::string> failures(static_cast<std::size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
@@ -60,10 +58,7 @@ void run_on_all_devices(Body const& body, nccl_options options = {}) {
       try {
         moecomm::detail::cuda_check(cudaSetDevice(r), "cudaSetDevice");
         moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-        {
-          nccl_communicator comm = nccl_communicator::create(ranks, id, r, stream, options);
-          body(comm);
-        }
+        body(r, stream);
       } catch (std::exception const& e) {
         failures[static_cast<std::size_t>(r)] = e.what();
       } catch (...) {
@@ -73,6 +68,18 @@ void run_on_all_devices(Body const& body, nccl_options options = {}) {
     });
   for (auto& t : threads) t.join();
   for (int r = 0; r < ranks; ++r) CHECK_MESSAGE(failures[static_cast<std::size_t>(r)].empty(), "rank ", r, ": ", failures[static_cast<std::size_t>(r)]);
+}
+
+// Runs `body(comm)` for every device, with a communicator over all devices (rank r on device r) on
+// the rank's stream.
+template <class Body>
+void run_on_all_devices(Body const& body, nccl_options options = {}) {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  run_on_each_device([&](int r, cudaStream_t stream) {
+    nccl_communicator comm = nccl_communicator::create(device_count(), id, r, stream, options);
+    body(comm);
+  });
 }
 
 // Device memory of the communicator's device, filled from / read back to the host on its stream.
@@ -298,33 +305,20 @@ TEST_CASE("nccl: the library's non-blocking communicator computes what a blockin
   REQUIRE(ncclGetUniqueId(&non_blocking_id) == ncclSuccess);
   REQUIRE(ncclGetUniqueId(&blocking_id) == ncclSuccess);
   std::vector<std::vector<int64_t>> non_blocking(static_cast<std::size_t>(ranks)), blocking(static_cast<std::size_t>(ranks));
-  std::vector<std::string> failures(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      cudaStream_t stream = nullptr;
-      try {
-        moecomm::detail::cuda_check(cudaSetDevice(r), "cudaSetDevice");
-        moecomm::detail::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-        {  // create: ncclCommInitRankConfig with blocking = 0, every call polled through ncclInProgress
-          nccl_communicator comm = nccl_communicator::create(ranks, non_blocking_id, r, stream);
-          non_blocking[static_cast<std::size_t>(r)] = split_exchange_allreduce(comm);
-        }
-        {  // a blocking communicator (NCCL's default), wrapped
-          ncclComm_t raw = nullptr;
-          ncclResult_t const made = ncclCommInitRank(&raw, ranks, blocking_id, r);
-          if (made != ncclSuccess) throw std::runtime_error(std::string("ncclCommInitRank: ") + ncclGetErrorString(made));
-          nccl_communicator comm = nccl_communicator::from_native_handle(raw, stream, {}, /*owning=*/true);
-          blocking[static_cast<std::size_t>(r)] = split_exchange_allreduce(comm);
-        }
-      } catch (std::exception const& e) {
-        failures[static_cast<std::size_t>(r)] = e.what();
-      }
-      if (stream != nullptr) (void)cudaStreamDestroy(stream);
-    });
-  for (auto& t : threads) t.join();
+  run_on_each_device([&](int r, cudaStream_t stream) {
+    {  // create: ncclCommInitRankConfig with blocking = 0, every call polled through ncclInProgress
+      nccl_communicator comm = nccl_communicator::create(ranks, non_blocking_id, r, stream);
+      non_blocking[static_cast<std::size_t>(r)] = split_exchange_allreduce(comm);
+    }
+    {  // a blocking communicator (NCCL's default), wrapped
+      ncclComm_t raw = nullptr;
+      ncclResult_t const made = ncclCommInitRank(&raw, ranks, blocking_id, r);
+      if (made != ncclSuccess) throw std::runtime_error(std::string("ncclCommInitRank: ") + ncclGetErrorString(made));
+      nccl_communicator comm = nccl_communicator::from_native_handle(raw, stream, {}, /*owning=*/true);
+      blocking[static_cast<std::size_t>(r)] = split_exchange_allreduce(comm);
+    }
+  });
   for (int r = 0; r < ranks; ++r) {
-    CHECK_MESSAGE(failures[static_cast<std::size_t>(r)].empty(), "rank ", r, ": ", failures[static_cast<std::size_t>(r)]);
     CHECK(non_blocking[static_cast<std::size_t>(r)] == blocking[static_cast<std::size_t>(r)]);
     CHECK(non_blocking[static_cast<std::size_t>(r)].size() == static_cast<std::size_t>(3 + ranks * (ranks + 1) / 2 + 2));
   }
