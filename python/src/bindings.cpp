@@ -4,11 +4,13 @@
 // the router, and the plain dispatcher's dispatch / combine, all as autograd functions on tensors.
 // The Python package (python/moecomm/__init__.py) wraps them in torch.nn.Modules.
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/extension.h>
 
 #include <moecomm/comm/c10d.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/torch/autograd.hpp>
+#include <moecomm/torch/backward_errors.hpp>
 #include <moecomm/torch/token_dispatcher.hpp>
 #include <moecomm/torch/torch_experts.hpp>
 
@@ -138,7 +140,12 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
                                          std::int64_t inner, at::Tensor const& experts, std::int32_t ranks_per_node,
                                          double timeout) {
   char const* const op = "moecomm.MoELayer";
+  moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup" || pattern == "fastermoe" ||
+                               pattern == "finemoe",
+                           op, "pattern = '", pattern, "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
   comm_t comm = communicator_of(group, store, name, timeout);
+  std::vector<std::int64_t> agreed;  // every rank makes the same pattern (their layers' collectives would not match)
+  moecomm::detail::agree_on_text(comm, op, "on the pattern", pattern, agreed);
   moecomm::detail::require(num_experts % comm.size() == 0, op, "num_experts = ", num_experts,
                            " is not a multiple of the group's size ", comm.size());
   moecomm::detail::require(ranks_per_node >= 1 && comm.size() % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
@@ -170,34 +177,43 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
       return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::fastermoe_shadowing<>{model});
     }, std::move(ex));
   }
-  if (pattern == "finemoe") {
-    auto const placement = finemoe_placement(comm.size(), num_experts);
-    return handle(std::move(comm), ranks_per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::finemoe{placement});
-    }, std::move(ex));
-  }
-  moecomm::detail::fail(moecomm::status::invalid_argument, op, "pattern = '", pattern,
-                        "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
+  auto const placement = finemoe_placement(comm.size(), num_experts);  // "finemoe", the last one
+  return handle(std::move(comm), ranks_per_node, [=](groups_t& g) {
+    return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::finemoe{placement});
+  }, std::move(ex));
 }
 
 std::unique_ptr<dispatcher_handle> make_dispatcher(std::string const& exchange, py::object const& group, py::object const& store,
                                                    std::string const& name, std::int32_t num_experts,
                                                    std::int32_t ranks_per_node, double timeout) {
+  char const* const op = "moecomm.Dispatcher";
+  moecomm::detail::require(exchange == "flat" || exchange == "hierarchical" || exchange == "dedup", op, "exchange = '", exchange,
+                           "' is not one of flat, hierarchical, dedup");
   comm_t comm = communicator_of(group, store, name, timeout);
+  std::vector<std::int64_t> agreed;  // every rank makes the same exchange
+  moecomm::detail::agree_on_text(comm, op, "on the exchange", exchange, agreed);
   if (exchange == "flat") return std::make_unique<dispatcher_of<moecomm::flat>>(std::move(comm), ranks_per_node, num_experts);
   if (exchange == "hierarchical")
     return std::make_unique<dispatcher_of<moecomm::hierarchical_2d>>(std::move(comm), ranks_per_node, num_experts);
-  if (exchange == "dedup")
-    return std::make_unique<dispatcher_of<moecomm::dedup_per_rank<moecomm::flat>>>(std::move(comm), ranks_per_node, num_experts);
-  moecomm::detail::fail(moecomm::status::invalid_argument, "moecomm.Dispatcher", "exchange = '", exchange,
-                        "' is not one of flat, hierarchical, dedup");
+  return std::make_unique<dispatcher_of<moecomm::dedup_per_rank<moecomm::flat>>>(std::move(comm), ranks_per_node, num_experts);
+}
+
+// moecomm.Error, and the backwards' errors raised as it (moecomm/torch/backward_errors.hpp).
+PyObject* error_type = nullptr;
+[[noreturn]] void raise_moecomm_error(moecomm::error const& e) {
+  py::gil_scoped_acquire const gil;
+  PyErr_SetString(error_type, e.what());
+  python_error carried;  // torch/csrc/Exceptions.h (global namespace)
+  carried.persist();  // the error leaves this thread: the engine carries it to loss.backward()'s caller
+  throw carried;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "moecomm's torch component: MoE layers and the router as autograd functions over torch.distributed";
-  py::register_exception<moecomm::error>(m, "Error", PyExc_RuntimeError);
+  error_type = py::register_exception<moecomm::error>(m, "Error", PyExc_RuntimeError).ptr();
+  moecomm::libtorch::backward_error_handler = &raise_moecomm_error;
 
   py::class_<moecomm::libtorch::router, c10::intrusive_ptr<moecomm::libtorch::router>>(m, "Router")
       .def(py::init([](std::int32_t top_k, float aux, float z) {

@@ -89,9 +89,9 @@ TEST_CASE("a lane's copy of a staged communicator stages on the lane's stream, w
     staged_inproc copy = moecomm::split_for(comm, lane.backend());
     CHECK(copy.stream() == lane.backend().stream());
     {
-      moecomm::detail::call_scope<staged_inproc> const call(comm, "a layer call", 7);
-      CHECK(comm.current_call().step == 7);        // the layer's calls reach the in-process communicator
-      CHECK(copy.current_call().name == nullptr);  // but not the lane's copy, whose thread runs on
+      moecomm::detail::call_scope<staged_inproc> const call(comm, moecomm::detail::layer_call::hybridep_forward, 1, 7);
+      CHECK(comm.current_call().step == 7);  // the layer's calls reach the in-process communicator
+      CHECK(copy.current_call().call == moecomm::detail::layer_call::none);  // but not the lane's copy, whose thread runs on
     }
     auto value = upload(lane.backend(), std::vector<float>{float(comm.rank() + 1)});
     copy.allreduce(value.data(), value.data(), 1, moecomm::reduce_op::sum);

@@ -199,4 +199,92 @@ TEST_CASE("after an invalid argument on every rank the same layer gives bit-iden
   });
 }
 
+// Issue 41: what differs between ranks is refused on every rank with one error naming it.
+TEST_CASE("ranks that pass different exchange algorithms are refused at construction, naming both algorithms") {
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](inproc_communicator comm) {
+    moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
+    auto make = [&](auto algorithm) { (void)moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, 4, 8, algorithm); };
+    std::vector<std::string> const names = {"moecomm::dispatcher: ranks disagree on the exchange algorithm: rank 0 has 'flat', "
+                                            "but rank 1 has 'dedup_per_rank<pairwise>'"};
+    if (comm.rank() == 0) check_error([&] { make(moecomm::flat{}); }, moecomm::status::invalid_usage, names);
+    else check_error([&] { make(moecomm::dedup_per_rank<moecomm::pairwise>{}); }, moecomm::status::invalid_usage, names);
+  });
+}
+
+TEST_CASE("a deduplicated exchange refuses a top_k that differs per rank, naming both ranks; flat accepts it") {
+  layer_case const c{2, 2, 4, 2, 8, {5, 3}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](inproc_communicator comm) {
+    int32_t const me = comm.rank();
+    auto const& r = in.routing[me];
+    moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
+    // Rank 1 routes each token to its first expert only.
+    std::vector<int32_t> idx;
+    std::vector<float> w;
+    for (int64_t t = 0; t < r.tokens; ++t) {
+      idx.push_back(r.idx[static_cast<std::size_t>(t * r.top_k)]);
+      w.push_back(r.w[static_cast<std::size_t>(t * r.top_k)]);
+    }
+    moecomm::routing_view const routing = me == 0 ? moecomm::routing_view{r.idx.data(), r.w.data(), r.tokens, r.top_k}
+                                                  : moecomm::routing_view{idx.data(), w.data(), r.tokens, 1};
+    scale_experts<float> const experts{me * 2};
+    step_buffers b(r.tokens, c.hidden, r.top_k);
+    auto dedup = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden, moecomm::dedup_per_rank<>{});
+    check_error([&] { dedup.forward(routing, {in.x[me].data(), r.tokens, c.hidden}, {b.out.data(), r.tokens, c.hidden}, experts); },
+                moecomm::status::invalid_usage,
+                {"moecomm::dispatcher::route: rank 0 routes with routing.top_k = 2, but rank 1 with routing.top_k = 1: the "
+                 "deduplicated exchange (dedup_per_rank<flat>) needs the same top_k on every rank"});
+    auto flat = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
+    flat.set_training(false);
+    flat.forward(routing, {in.x[me].data(), r.tokens, c.hidden}, {b.out.data(), r.tokens, c.hidden}, experts);
+    if (me == 0) check_bitwise(b.out, in.want[me].out, c.hidden, "flat output beside a peer with another top_k");
+  });
+}
+
+TEST_CASE("two layers called in another order on one rank fail at their first collective on every rank, naming both layers") {
+  layer_case const c{2, 2, 4, 2, 8, {5, 3}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](inproc_communicator comm) {
+    int32_t const me = comm.rank();
+    auto const& r = in.routing[me];
+    moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
+    auto first = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
+    auto second = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
+    CHECK(first.layer_number() == 1);
+    CHECK(second.layer_number() == 2);
+    scale_experts<float> const experts{me * 2};
+    step_buffers b(r.tokens, c.hidden, r.top_k);
+    moecomm::routing_view const routing{r.idx.data(), r.w.data(), r.tokens, r.top_k};
+    auto& called = me == 0 ? first : second;  // rank 1 calls the second layer first
+    check_error([&] { called.forward(routing, {in.x[me].data(), r.tokens, c.hidden}, {b.out.data(), r.tokens, c.hidden}, experts); },
+                moecomm::status::invalid_usage,
+                {"ranks are in different calls: world rank 0 is in expert_parallel_layer::forward of layer 1 (step 1), but world "
+                 "rank 1 is in expert_parallel_layer::forward of layer 2 (step 1)"});
+  });
+}
+
+TEST_CASE("reserve between a forward and its backward is refused, naming the step; the backward then runs") {
+  layer_case const c{2, 2, 4, 2, 8, {5, 3}, 0.0};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](inproc_communicator comm) {
+    int32_t const me = comm.rank();
+    auto const& r = in.routing[me];
+    moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
+    auto layer = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
+    scale_experts<float> const experts{me * 2};
+    step_buffers b(r.tokens, c.hidden, r.top_k);
+    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[me].data(), r.tokens, c.hidden},
+                  {b.out.data(), r.tokens, c.hidden}, experts);
+    check_error([&] { layer.reserve(moecomm::step_bounds{64, 2}); }, moecomm::status::invalid_usage,
+                {"moecomm::expert_parallel_layer::reserve: called between step 1's forward and its backward"});
+    layer.backward({in.d_out[me].data(), r.tokens, c.hidden}, {b.d_x.data(), r.tokens, c.hidden}, b.d_w, experts);
+    check_bitwise(b.d_x, in.want[me].d_x, c.hidden, "input gradient after the refused reserve");
+    layer.reserve(moecomm::step_bounds{64, 2});  // after the backward: allowed
+  });
+}
+
 }  // namespace test

@@ -158,6 +158,33 @@ def test_gradients_pass_gradcheck():
     spawn(_check_gradcheck)
 
 
+def _check_errors(rank):
+    T, H, F, E, K = 3, 3, 4, 4, 2
+    x, idx, w, _, params = problem(5, T, H, F, E, K)
+    layer = moecomm.MoELayer(H, F, E, top_k=K, expert_init=params, pattern="fastermoe")
+    mine = slice(rank * T, (rank + 1) * T)
+    xr = x[mine].clone().requires_grad_(True)
+    older = layer.expert_forward(xr, idx[mine].contiguous(), w[mine])
+    layer.expert_forward(xr, idx[mine].contiguous(), w[mine])
+    # An error raised inside loss.backward() is a moecomm.Error, as a forward's is, on every rank.
+    with pytest.raises(moecomm.Error, match="is backpropagated after step 2's forward"):
+        older.sum().backward()
+    assert issubclass(moecomm.Error, RuntimeError)
+    # Two backwards of one graph add the experts' gradients twice, shadowed experts included.
+    y = layer.expert_forward(xr, idx[mine].contiguous(), w[mine])
+    y.sum().backward(retain_graph=True)
+    once = layer.experts.grad.clone()
+    y.sum().backward()
+    torch.testing.assert_close(layer.experts.grad, 2 * once, rtol=0, atol=1e-6)
+    # Ranks that make different patterns are refused at construction, naming both.
+    with pytest.raises(moecomm.Error, match="ranks disagree on the pattern: rank 0 has 'plain', but rank 1 has 'dedup'"):
+        moecomm.MoELayer(H, F, E, top_k=K, expert_init=params, pattern="plain" if rank == 0 else "dedup")
+
+
+def test_errors_are_moecomm_errors_also_from_backward():
+    spawn(_check_errors)
+
+
 def test_router_follows_its_rule_and_its_losses_reach_the_logits():
     torch.manual_seed(0)
     logits = torch.randn(11, 6, requires_grad=True)

@@ -440,8 +440,8 @@ TEST_CASE("simulated layer: replicas move with their optimizer state on simulate
   });
 }
 
-// Issue 23's recover-mode campaign (tests/fault/pattern_recovery.hpp) on simulated ranks (2 nodes of
-// 2): 210 runs (7 patterns x 5 faults x 6 seeds), each on a fresh world whose waits end after 1
+// Issues 23 and 41's recover-mode campaign (tests/fault/pattern_recovery.hpp) on simulated ranks (2
+// nodes of 2): 420 runs (7 patterns x 10 faults x 6 seeds), each on a fresh world whose waits end after 1
 // simulated second; 0 silent wrong results and 0 lost parameters. It caught HybridEP starting a
 // second background gather over one still running (after a refused forward): SimGrid found the rank
 // and its lane deadlocked; now the new gather first finishes the old one or reports its failure.
@@ -455,7 +455,7 @@ TEST_CASE("simulated layer: after a fault, every rank's last step fails or equal
   };
   std::int64_t const seeds = env_knob("MOECOMM_RECOVERY_RUNS", 6);
   recovery::tally const total = recovery::run_campaign("simulated ranks", seeds, run_world);
-  CHECK(total.runs == 7 * 5 * seeds);
+  CHECK(total.runs == recovery::pattern_count * recovery::fault_count * seeds);
 }
 
 }  // namespace test

@@ -240,6 +240,8 @@ class inproc_communicator {
   void set_call(detail::call_identity call) { call_.set(call); }
   //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
   void detach_call() { call_.detach(); }
+  //! The number of a layer made now on this communicator or a same-rank split (1, 2, ...).
+  [[nodiscard]] std::int64_t number_layer() { return call_.number_layer(); }
 
   //! Grouped point-to-point. Each rank may post one send and one receive per peer (itself
   //! included); rank i's send to j and j's receive from i must have equal sizes (a missing one

@@ -116,6 +116,7 @@ class intranode_communicator {
   [[nodiscard]] detail::call_identity current_call() const { return host_.current_call(); }
   void set_call(detail::call_identity call) { host_.set_call(call); }
   void detach_call() { host_.detach_call(); }
+  [[nodiscard]] std::int64_t number_layer() { return host_.number_layer(); }
 
   //! Grouped point-to-point: one send and one receive per peer at most (itself included); rank i's
   //! send to j must have the size of j's receive from i (a missing block counts as 0 bytes).

@@ -330,6 +330,8 @@ class mpi_communicator {
   void set_call(detail::call_identity call) { call_.set(call); }
   //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
   void detach_call() { call_.detach(); }
+  //! The number of a layer made now on this communicator or a same-rank split (1, 2, ...).
+  [[nodiscard]] std::int64_t number_layer() { return call_.number_layer(); }
 
  private:
   using clock = std::chrono::steady_clock;

@@ -182,6 +182,8 @@ class simgrid_communicator {
   void set_call(detail::call_identity call) { call_.set(call); }
   //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
   void detach_call() { call_.detach(); }
+  //! The number of a layer made now on this communicator or a same-rank split (1, 2, ...).
+  [[nodiscard]] std::int64_t number_layer() { return call_.number_layer(); }
 
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     collective(post("exchange", 0, 0, nullptr,

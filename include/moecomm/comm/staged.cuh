@@ -151,6 +151,10 @@ class staged_communicator {
   void detach_call() {
     inner_.detach_call();
   }
+  template <class C = Comm, class = std::enable_if_t<detail::has_call_identity<C>::value>>
+  [[nodiscard]] std::int64_t number_layer() {
+    return inner_.number_layer();
+  }
 
  private:
   //! Device buffers go straight to the inner communicator once the stream has written them.

@@ -67,6 +67,29 @@ void agree_on(Comm& world, char const* op, char const* what, char const* const (
              " (ranks of the whole group; they differ in ", names[i], ")");
 }
 
+//! Every rank of `world` passes the same `text` (at most `agreed_text_words * 8` characters: a
+//! pattern's, an algorithm's or a layer's name), or every rank throws `error(invalid_usage)` from
+//! `op`: "ranks disagree on <what>: rank 0 has 'flat', but rank 2 has 'pairwise'". Collective over
+//! `world`, on any communicator; `all` as `agree_on`'s.
+constexpr std::size_t agreed_text_words = 8;
+template <class Comm>
+void agree_on_text(Comm& world, char const* op, char const* what, std::string const& text, std::vector<std::int64_t>& all) {
+  constexpr std::size_t bytes = agreed_text_words * sizeof(std::int64_t);
+  require(text.size() <= bytes, op, "'", text, "' is longer than the ", bytes, " characters ranks compare");
+  std::int64_t mine[agreed_text_words] = {};
+  std::memcpy(mine, text.data(), text.size());
+  all.resize(agreed_text_words * static_cast<std::size_t>(world.size()));
+  allgather_host(world, mine, all.data(), static_cast<std::int64_t>(sizeof(mine)));
+  auto const text_of = [&](int r) {
+    char const* const c = reinterpret_cast<char const*>(all.data() + static_cast<std::size_t>(r) * agreed_text_words);
+    return std::string(c, strnlen(c, bytes));
+  };
+  for (int r = 1; r < world.size(); ++r)
+    if (text_of(r) != text_of(0))
+      fail(status::invalid_usage, op, "ranks disagree ", what, ": rank 0 has '", text_of(0), "', but rank ", r, " has '",
+           text_of(r), "' (ranks of the whole group)");
+}
+
 //! `agree_on` before an operation's sub-group phases, on a communicator that checks its
 //! collectives (the others skip it: the check is per step, and NCCL's would cost a host wait).
 template <class Comm, std::size_t N>

@@ -5,6 +5,7 @@
 //! composed from the primitives: capacity -> permute plan -> count exchange -> permute ->
 //! all-to-all -> sort_chunks, and the exact inverse for the combine; plus both backward passes.
 
+#include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/array_view.hpp>
 #include <moecomm/core/buffer.hpp>
@@ -30,8 +31,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <limits>
+#include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -111,6 +113,9 @@ class dispatcher {
     detail::require(num_experts > 0 && num_experts % ranks_ == 0, "dispatcher", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", ranks_, " ranks");
     local_experts_ = num_experts / ranks_;
+    // Ranks with different algorithms would exchange rows their peers do not expect.
+    std::vector<std::int64_t> all;
+    detail::agree_on_text(groups.world(), "dispatcher", "on the exchange algorithm", algorithm_label(), all);
   }
 
   //! Sizes every buffer a step within `bounds` needs, with rows of `hidden` elements of T (plans,
@@ -662,6 +667,25 @@ class dispatcher {
     routed_ = true;
   }
 
+  //! The algorithm's name, with its inner algorithm's for `dedup_per_rank<Inner>`.
+  static std::string algorithm_label() {
+    if constexpr (detail::is_dedup_v<Algorithm> && !std::is_same_v<Algorithm, dedup_per_node>)
+      return detail::concat(Algorithm::name, "<", decltype(Algorithm::inner)::name, ">");
+    else return Algorithm::name;
+  }
+
+  //! With a deduplicated exchange, every rank routes with the same top_k: a receiver reads each
+  //! source's slot lists with its own. `gathered` holds every rank's top_k every `width` words from
+  //! word `at`; every rank judges them alike.
+  void check_same_top_k(std::int64_t const* gathered, std::int64_t width, std::int64_t at) const {
+    for (std::int32_t s = 1; s < ranks_; ++s)
+      if (gathered[s * width + at] != gathered[at])
+        detail::fail(status::invalid_usage, "dispatcher::route", "rank 0 routes with routing.top_k = ", gathered[at], ", but rank ", s,
+                     " with routing.top_k = ", gathered[s * width + at], ": the deduplicated exchange (", algorithm_label(),
+                     ") needs the same top_k on every rank (each token's slot list has top_k entries); flat, hierarchical_2d "
+                     "and pairwise accept a top_k per rank");
+  }
+
   //! `plan_` from the dropless plan: the kept slots' plan, derived without a second sort.
   void apply_capacity() {
     if constexpr (detail::is_dropless_v<Capacity>) {
@@ -766,13 +790,16 @@ class dispatcher {
     detail::require(plan.host_expert_offsets().size == num_experts_ + 1, "dispatcher::route", "the plan holds ",
                     plan.host_expert_offsets().size, " host offsets for ", num_experts_, " experts (was it built?)");
     std::int32_t const* const offsets = plan.host_expert_offsets().data;
-    std::int64_t const width = num_experts_ + (with_dedup_counts ? ranks_ : 0);
+    // [E counts][R dedup counts, with them][top_k, with a deduplicated exchange]
+    std::int64_t const width = num_experts_ + (with_dedup_counts ? ranks_ : 0) + (deduplicated ? 1 : 0);
     my_counts_.resize(static_cast<std::size_t>(width));
     std::vector<std::int64_t>& mine = my_counts_;
     for (std::int32_t e = 0; e < num_experts_; ++e) mine[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
     if (with_dedup_counts) std::copy(dedup_.sent_counts().begin(), dedup_.sent_counts().end(), mine.begin() + num_experts_);
+    if constexpr (deduplicated) mine.back() = plan.routing().top_k;
     gathered_.assign(static_cast<std::size_t>(ranks_ * width), 0);
     allgather_host(groups_->world(), mine.data(), gathered_.data(), width * static_cast<std::int64_t>(sizeof(std::int64_t)));
+    if constexpr (deduplicated) check_same_top_k(gathered_.data(), width, width - 1);
     counts_.resize(static_cast<std::size_t>(ranks_) * num_experts_);
     for (std::int32_t s = 0; s < ranks_; ++s)
       std::copy_n(gathered_.begin() + s * width, num_experts_, counts_.begin() + static_cast<std::ptrdiff_t>(s) * num_experts_);
@@ -909,7 +936,7 @@ class dispatcher {
   bool routed_ = false;                  //!< `route` succeeded: plan_ is this step's
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
   std::vector<std::int64_t> my_counts_;     //!< [E (+ R)] this rank's row of counts_ (and of the dedup counts), before the all-gather
-  std::vector<std::int64_t> gathered_;      //!< [R][E (+ R)] the all-gather of every rank's my_counts_
+  std::vector<std::int64_t> gathered_;      //!< [R][E (+ R) (+ 1)] the all-gather of every rank's my_counts_
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
   std::vector<std::int64_t> local_offsets_;
   std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_

@@ -84,7 +84,8 @@ class expert_parallel_layer : public detail::layer_mode {
   expert_parallel_layer(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
                         Capacity capacity = {}, Algorithm algorithm = {}, routing_checks checks = {},
                         Shadowing shadowing = {})
-      : dispatcher_(be, agreed(groups, num_experts, hidden), num_experts, detail::policy_or_default<capacity_t>(capacity),
+      : detail::layer_mode(groups.world(), "expert_parallel_layer"),
+        dispatcher_(be, agreed(groups, num_experts, hidden), num_experts, detail::policy_or_default<capacity_t>(capacity),
                     detail::policy_or_default<algorithm_t>(algorithm), checks),
         shadow_(detail::policy_or_default<shadowing_t>(shadowing), be, groups, num_experts, hidden),
         hidden_(hidden) {}
@@ -99,7 +100,7 @@ class expert_parallel_layer : public detail::layer_mode {
     // The interface is checked member by member; only the first mistake is reported.
     if constexpr (detail::check_experts<T, Backend, Experts, shadowing_t::shadows, false>()) {
       char const* op = "expert_parallel_layer::forward";
-      detail::call_scope<Comm> const call(dispatcher_.groups().world(), op, steps_.begin_forward(op));
+      auto const call = scope(dispatcher_.groups().world(), detail::layer_call::expert_parallel_forward, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
       steps_.forward_done();
     }
@@ -120,7 +121,7 @@ class expert_parallel_layer : public detail::layer_mode {
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, shadowing_t::shadows, true>()) {
       char const* op = "expert_parallel_layer::backward";
-      detail::call_scope<Comm> const call(dispatcher_.groups().world(), op, steps_.begin_backward(op));
+      auto const call = scope(dispatcher_.groups().world(), detail::layer_call::expert_parallel_backward, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
@@ -131,8 +132,10 @@ class expert_parallel_layer : public detail::layer_mode {
   //! step (a larger step still runs and grows what it needs). Not sized here: what the first call of
   //! anything sets up whatever the batch (the communicator's bookkeeping, the smart schedule's lane),
   //! and a shadowing policy's replica buffers, which depend on the experts: `reserve(bounds, experts)`.
-  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range; (invalid_usage)
+  //!         between a forward and its backward (training mode), whose routing it would drop.
   void reserve(step_bounds const& bounds) {
+    steps_.check_reserve("expert_parallel_layer::reserve");
     std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
     std::int64_t const slots = bounds.max_tokens * bounds.top_k;
     for (rows_t* b : {&expert_in_, &expert_out_, &d_expert_out_, &d_expert_in_}) grow_rows(*b, received);
@@ -164,7 +167,7 @@ class expert_parallel_layer : public detail::layer_mode {
   template <class Experts>
   bool begin_replica_transfer(Experts& experts) {
     static_assert(shadowing_t::shadows, "moecomm::expert_parallel_layer::begin_replica_transfer: needs a shadowing policy");
-    detail::call_scope<Comm> const call(dispatcher_.groups().world(), "expert_parallel_layer::begin_replica_transfer", steps_.step() + 1);
+    auto const call = scope(dispatcher_.groups().world(), detail::layer_call::expert_parallel_begin_replica_transfer, steps_.step() + 1);
     return shadow_.begin_transfer(experts);
   }
 
@@ -244,6 +247,7 @@ class expert_parallel_layer : public detail::layer_mode {
   void checked_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     check_backward_arguments(d_out, d_x, d_weights);
+    if constexpr (shadowing_t::shadows) shadow_.begin_gradients(experts);
     std::int64_t const slots = dispatcher_.plan().routing().num_tokens * dispatcher_.plan().routing().top_k;
     std::int64_t const tokens = dispatcher_.plan().routing().num_tokens;
     optional_output<array_view<float>> const d_weights_staged =

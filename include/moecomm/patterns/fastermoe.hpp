@@ -111,9 +111,10 @@ struct fastermoe_shadowing {
     template <class Experts>
     bool begin_transfer(Experts& experts) {
       finish_lane();
-      if (!lane_) {  // once: the lane, and its own copy of the world (collective)
-        lane_ = std::make_unique<lane_t<Backend>>(be_);
-        lane_comm_.emplace(split_for(groups_->world(), lane_backend(*lane_, be_)));
+      if (!lane_) {  // once: the lane and its own copy of the world (collective), kept only together
+        auto lane = std::make_unique<lane_t<Backend>>(be_);
+        lane_comm_.emplace(split_for(groups_->world(), lane_backend(*lane, be_)));
+        lane_ = std::move(lane);
       }
       scheduled_ = planned_ahead_ = false;
       if (counts_.empty()) return false;
@@ -167,8 +168,7 @@ struct fastermoe_shadowing {
     [[nodiscard]] bool planned_ahead() const { return planned_ahead_; }
 
     //! Owners send each shadowed expert's parameters to its replicas, every other rank or its
-    //! subset (ascending expert id); and every rank zeroes its replica gradient accumulators. In a
-    //! scheduled step the lane has begun that: wait for it.
+    //! subset (ascending expert id). In a scheduled step the lane has begun that: wait for it.
     template <class Experts>
     void broadcast(Experts& experts) {
       if (scheduled_) {
@@ -190,6 +190,19 @@ struct fastermoe_shadowing {
     template <class Experts>
     detail::parameter_t<Experts>* gradients(Experts& experts, std::int32_t e) {
       return replica_gradients(experts, index_of(e));
+    }
+
+    //! Zeroes the replicas' gradient buffers: called at every backward's start, so that each
+    //! backward of one forward adds its replicas' share to the owner's once (a second backward,
+    //! `retain_graph`, adds it once more, as plain expert parallelism's owner does). A scheduled
+    //! step's aggregation of the last backward, still on the lane, reads them: it finishes first.
+    template <class Experts>
+    void begin_gradients(Experts& experts) {
+      using P = detail::parameter_t<Experts>;
+      finish_lane();
+      be_.for_each_index(static_cast<std::int64_t>(shadowed_.size()) * experts.parameter_count(),
+                         detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
+      be_.synchronize();
     }
 
     //! Sums the replicas' gradient of each shadowed expert into its owner's, in ascending rank. In
@@ -240,18 +253,13 @@ struct fastermoe_shadowing {
       }
     }
 
-    //! The replica buffers for this step's shadowed experts, gradients zeroed.
+    //! The replica buffers for this step's shadowed experts (the backward zeroes the gradients').
     template <class Experts>
     void prepare_buffers(Experts& experts) {
       using P = detail::parameter_t<Experts>;
-      std::int64_t const count = experts.parameter_count();
-      std::size_t const r = shadowed_.size();
-      std::int64_t const bytes = static_cast<std::int64_t>(r) * count * std::int64_t(sizeof(P));
+      std::int64_t const bytes = static_cast<std::int64_t>(shadowed_.size()) * experts.parameter_count() * std::int64_t(sizeof(P));
       grow(be_, replica_params_, bytes);  // kept from step to step; grows with the shadow set
       grow(be_, replica_grads_, bytes);
-      be_.for_each_index(static_cast<std::int64_t>(r) * count,
-                         detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
-      be_.synchronize();
     }
 
     //! Trans: every shadowed expert from its owner to its replicas, on `be` over `comm` with staging `ws`.

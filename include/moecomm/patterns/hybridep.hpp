@@ -130,7 +130,8 @@ class hybridep_layer : public detail::layer_mode {
   //!         of a domain, or `num_experts` unless it is a positive multiple of the ranks.
   hybridep_layer(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
                  hybridep policy = {}, Capacity capacity = {}, routing_checks checks = {}, Algorithm algorithm = {})
-      : be_(be),
+      : detail::layer_mode(groups.world(), "hybridep_layer"),
+        be_(be),
         world_(&agreed(groups.world(), policy, num_experts, hidden)),
         layout_(detail::expert_domain_layout::of(groups.topo(), policy.expert_domain, policy.spread, "hybridep_layer",
                                                  "policy.expert_domain")),
@@ -170,8 +171,10 @@ class hybridep_layer : public detail::layer_mode {
   //! group, the experts' rows, the relabeled routing), so that such steps allocate nothing. The
   //! gathered parameters and gradients depend on the experts, not the batch: the first step sizes
   //! them. Local: no traffic; call it on every rank before the first step.
-  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range; (invalid_usage)
+  //!         between a forward and its backward (training mode), whose routing it would drop.
   void reserve(step_bounds const& bounds) {
+    steps_.check_reserve("hybridep_layer::reserve");
     std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
     for (rows_t* b : {&expert_in_, &expert_out_, &d_expert_out_, &d_expert_in_}) grow_rows(*b, received);
     if (relabel_) grow(be_, relabeled_idx_, bounds.max_tokens * bounds.top_k);
@@ -184,7 +187,7 @@ class hybridep_layer : public detail::layer_mode {
   template <class Experts>
   void begin_expert_gather(Experts& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
-      detail::call_scope<Comm> const call(*world_, "hybridep_layer::begin_expert_gather", steps_.step() + 1);
+      auto const call = scope(*world_, detail::layer_call::hybridep_begin_expert_gather, steps_.step() + 1);
       start_gather(experts);
     }
   }
@@ -195,7 +198,7 @@ class hybridep_layer : public detail::layer_mode {
   template <class Experts>
   void refresh_shared_expert(Experts& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
-      detail::call_scope<Comm> const call(*world_, "hybridep_layer::refresh_shared_expert", steps_.step());
+      auto const call = scope(*world_, detail::layer_call::hybridep_refresh_shared_expert, steps_.step());
       compute_shared_expert(experts);
     }
   }
@@ -208,7 +211,7 @@ class hybridep_layer : public detail::layer_mode {
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
       char const* op = "hybridep_layer::forward";
-      detail::call_scope<Comm> const call(*world_, op, steps_.begin_forward(op));
+      auto const call = scope(*world_, detail::layer_call::hybridep_forward, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
       steps_.forward_done();
     }
@@ -222,7 +225,7 @@ class hybridep_layer : public detail::layer_mode {
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, true, true>()) {
       char const* op = "hybridep_layer::backward";
-      detail::call_scope<Comm> const call(*world_, op, steps_.begin_backward(op));
+      auto const call = scope(*world_, detail::layer_call::hybridep_backward, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
@@ -278,9 +281,10 @@ class hybridep_layer : public detail::layer_mode {
     } else {
       gather_ = {this, &hybridep_layer::template gather_parameters<P>, count};
     }
-    if (!lane_) {  // once: the lane, and its own copy of the expert domain (collective)
-      lane_ = std::make_unique<lane_t<Backend>>(be_);
-      lane_expert_domain_.emplace(split_for(expert_domain_, lane_backend(*lane_, be_)));
+    if (!lane_) {  // once: the lane and its own copy of the expert domain (collective), kept only together
+      auto lane = std::make_unique<lane_t<Backend>>(be_);
+      lane_expert_domain_.emplace(split_for(expert_domain_, lane_backend(*lane, be_)));
+      lane_ = std::move(lane);
     }
     lane_->start(gather_, 1);
     gathering_ = true;

@@ -148,7 +148,8 @@ class parm_layer : public detail::layer_mode {
   //! @throws error (invalid_argument) unless `num_experts` is a positive multiple of EP.
   parm_layer(Backend be, parallel_groups<Comm>& groups, std::int32_t num_experts, std::int64_t hidden,
              Schedule schedule = {}, Capacity capacity = {}, routing_checks checks = {})
-      : groups_(&groups),
+      : detail::layer_mode(groups.world(), "parm_layer"),
+        groups_(&groups),
         ep_groups_(groups.ep(), topology(groups.ep().size(), 1)),
         dispatcher_(be, ep_groups_, num_experts, dropless{}, flat{}, unchecked_routing),
         replicas_(groups.mp().split(groups.coordinates().esp, groups.coordinates().mp)),
@@ -178,7 +179,7 @@ class parm_layer : public detail::layer_mode {
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, false, false>()) {
       char const* op = "parm_layer::forward";
-      detail::call_scope<Comm> const call(groups_->world(), op, steps_.begin_forward(op));
+      auto const call = scope(groups_->world(), detail::layer_call::parm_forward, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
       steps_.forward_done();
     }
@@ -193,7 +194,7 @@ class parm_layer : public detail::layer_mode {
                 optional_output<array_view<float>> d_weights, ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, false, true>()) {
       char const* op = "parm_layer::backward";
-      detail::call_scope<Comm> const call(groups_->world(), op, steps_.begin_backward(op));
+      auto const call = scope(groups_->world(), detail::layer_call::parm_backward, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
@@ -205,8 +206,10 @@ class parm_layer : public detail::layer_mode {
   //! one rank's experts receive over the EP group (0: every slot of every EP rank). The staged
   //! parameter gradients depend on the experts: the first step sizes them. Local: no traffic; call
   //! it on every rank before the first step.
-  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range; (invalid_usage)
+  //!         between a forward and its backward (training mode), whose routing it would drop.
   void reserve(step_bounds const& bounds) {
+    steps_.check_reserve("parm_layer::reserve");
     std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
     std::int64_t const slots = bounds.max_tokens * bounds.top_k, gathered = received * esp_size();
     detail::largest_routing<Backend> const largest(be(), bounds.max_tokens, bounds.top_k, num_experts_);

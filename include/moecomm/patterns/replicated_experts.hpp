@@ -17,10 +17,12 @@
 //!    adds every token's slots in slot order, so outputs and input gradients are plain EP's bit for
 //!    bit whatever the placement and split (an expert's row does not depend on the replica).
 //!
-//! Backward: the dispatcher's; each replica accumulates its rows' share of its expert's gradient
-//! in `experts.gradients(l)`, then the replicas of each expert all-reduce them (`ordered_allreduce`,
-//! ascending rank), slot row by slot row in ascending local index, so that every replica ends with
-//! the expert's whole gradient: plain EP's owner's, bitwise where the sums are exact. With
+//! Backward: the dispatcher's; each replica computes its rows' share of its expert's gradient,
+//! then the replicas of each expert all-reduce the shares (`ordered_allreduce`, ascending rank),
+//! slot row by slot row in ascending local index, and add the sum to `experts.gradients(l)`, so
+//! that every replica's accumulator gains the expert's whole gradient once per backward (also a
+//! second backward of one forward, or micro-batches accumulated): plain EP's owner's, bitwise
+//! where the sums are exact. With
 //! `replica_gradients::left_to_trainer` each replica keeps its own rows' share instead, and the
 //! trainer sums it over `replica_group(l)` with its data-parallel reduction, once per iteration.
 //! Dropless only (FineMoE drops nothing).
@@ -132,7 +134,7 @@ class replicated_expert_layer : public detail::layer_mode {
   replicated_expert_layer(Backend be, exchange_groups<Comm>& groups, replica_placement placement, std::int64_t hidden,
                           Split = {}, routing_checks checks = {}, Placement rebalancing = {},
                           replica_gradients gradients = replica_gradients::summed_here, Algorithm algorithm = {})
-      : be_(be), world_(&groups.world()), placement_(checked(std::move(placement), groups.world().size())),
+      : detail::layer_mode(groups.world(), "replicated_expert_layer"), be_(be), world_(&groups.world()), placement_(checked(std::move(placement), groups.world().size())),
         sets_(replica_sets_of(placement_)),
         dispatcher_(be, groups, placement_.num_ranks() * placement_.slots_per_rank(), dropless{}, algorithm, unchecked_routing),
         checks_(checks), rebalancing_(rebalancing), gradients_(gradients), hidden_(hidden) {
@@ -151,7 +153,7 @@ class replicated_expert_layer : public detail::layer_mode {
   void forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     if constexpr (detail::check_experts<T, Backend, Experts, true, false>()) {
       char const* op = "replicated_expert_layer::forward";
-      detail::call_scope<Comm> const call(*world_, op, steps_.begin_forward(op));
+      auto const call = scope(*world_, detail::layer_call::replicated_forward, steps_.begin_forward(op));
       checked_forward(routing, x, out, experts);
       steps_.forward_done();
     }
@@ -164,7 +166,7 @@ class replicated_expert_layer : public detail::layer_mode {
                 ExpertsBackward&& experts) {
     if constexpr (detail::check_experts<T, Backend, ExpertsBackward, true, true>()) {
       char const* op = "replicated_expert_layer::backward";
-      detail::call_scope<Comm> const call(*world_, op, steps_.begin_backward(op));
+      auto const call = scope(*world_, detail::layer_call::replicated_backward, steps_.begin_backward(op));
       checked_backward(d_out, d_x, d_weights, experts);
     }
   }
@@ -174,8 +176,10 @@ class replicated_expert_layer : public detail::layer_mode {
   //! the rows, the replica runs), so that such steps allocate nothing. Local: no traffic; call it on
   //! every rank before the first step. `bounds.max_received_rows` bounds the rows one rank's slots
   //! receive (0: every slot of every rank). A placement move keeps the sizes.
-  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range.
+  //! @throws error (invalid_argument) naming the field of `bounds` that is out of range; (invalid_usage)
+  //!         between a forward and its backward (training mode), whose routing it would drop.
   void reserve(step_bounds const& bounds) {
+    steps_.check_reserve("replicated_expert_layer::reserve");
     std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
     for (rows_t* b : {&expert_in_, &expert_out_, &d_expert_out_, &d_expert_in_}) grow_rows(*b, received);
     std::size_t const R = static_cast<std::size_t>(placement_.num_ranks());
@@ -212,7 +216,7 @@ class replicated_expert_layer : public detail::layer_mode {
                   "moecomm::replicated_expert_layer::move_replicas: replicas move with parametric experts "
                   "(parameter_count, parameters, gradients: patterns/experts.hpp)");
     routed_ = false;
-    detail::call_scope<Comm> const call(*world_, "replicated_expert_layer::move_replicas", steps_.step());
+    auto const call = scope(*world_, detail::layer_call::replicated_move_replicas, steps_.step());
     migration_.exchange(be_, *world_, placement_, to, experts, state);
     std::vector<Comm> groups;
     try {
@@ -335,19 +339,51 @@ class replicated_expert_layer : public detail::layer_mode {
     matrix_view<T> const d_expert_out = view(grow_rows(d_expert_out_, rows), rows);
     matrix_view<T> const d_expert_in = view(grow_rows(d_expert_in_, rows), rows);
     dispatcher_.template combine_backward<Weighting, T>(d_out, d_expert_out, d_weights);
+    set_aside_replica_gradients(experts);
     detail::run_local_experts_backward<T>(experts, dispatcher_.local_expert_offsets(), view(expert_in_, rows), d_expert_out,
                                           d_expert_in, be_, group_offsets_);
-    // Every replica group in ascending local index: a rank's groups come in the same order as its peers'.
-    std::int32_t const me = world_->rank();
-    for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {
-      std::int32_t const e = placement_.expert_at(me, l);
-      if (e < 0 || placement_.replica_count(e) == 1 || gradients_ == replica_gradients::left_to_trainer) continue;
-      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
-      ordered_allreduce(be_, replica_groups_[static_cast<std::size_t>(l)],
-                        array_view<detail::parameter_t<Experts>>{experts.gradients(l), experts.parameter_count()}, scratch_);
-    }
+    sum_replica_gradients(experts);
     dispatcher_.template dispatch_backward<T>(matrix_view<T const>(d_expert_in), d_x);
     report_.exchange = dispatcher_.report().exchange;
+  }
+
+  //! Whether slot `l`'s gradient is summed over its replicas here.
+  [[nodiscard]] bool summed_here(std::int32_t l) const {
+    std::int32_t const e = placement_.expert_at(world_->rank(), l);
+    return e >= 0 && placement_.replica_count(e) > 1 && gradients_ == replica_gradients::summed_here;
+  }
+
+  //! The replicas sum their shares, not their accumulators: an accumulator that already holds a
+  //! gradient (a second backward of one forward, micro-batches accumulated) would be added once
+  //! per replica. Its content is set aside and the share accumulates from zero; `sum_replica_gradients`
+  //! adds the content back (share + content == content + share: plain EP's owner's sum, bit for bit).
+  template <class Experts>
+  void set_aside_replica_gradients(Experts& experts) {
+    using P = detail::parameter_t<Experts>;
+    std::int64_t const count = experts.parameter_count();
+    P* const saved = reinterpret_cast<P*>(grow(be_, saved_gradients_, placement_.slots_per_rank() * count * std::int64_t(sizeof(P))).data());
+    for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {
+      if (!summed_here(l)) continue;
+      be_.copy(saved + l * count, experts.gradients(l), count);
+      be_.for_each_index(count, detail::fill_value<P>{experts.gradients(l), P(0)});
+    }
+  }
+
+  //! Every replica group's shares summed (`ordered_allreduce`, ascending rank), then each
+  //! accumulator's content added back. The groups in ascending local index: a rank's groups come
+  //! in the same order as its peers'.
+  template <class Experts>
+  void sum_replica_gradients(Experts& experts) {
+    using P = detail::parameter_t<Experts>;
+    std::int64_t const count = experts.parameter_count();
+    P const* const saved = reinterpret_cast<P const*>(saved_gradients_.data());
+    for (std::int32_t l = 0; l < placement_.slots_per_rank(); ++l) {
+      if (!summed_here(l)) continue;
+      [[maybe_unused]] auto const payload = detail::payload_scope(be_, detail::payload_kind::parameters);
+      ordered_allreduce(be_, replica_groups_[static_cast<std::size_t>(l)], array_view<P>{experts.gradients(l), count}, scratch_);
+      be_.for_each_index(count, detail::add_into<P>{saved + l * count, experts.gradients(l)});
+    }
+    be_.synchronize();
   }
 
   //! `mine_`: this rank's rows per expert in `real_plan_`.
@@ -455,6 +491,7 @@ class replicated_expert_layer : public detail::layer_mode {
   placement_decision decision_;
   flexmoe_planner_workspace planner_workspace_;
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;
+  typename Backend::template buffer_type<char> saved_gradients_;  //!< the accumulators' content during a backward
   rows_t expert_in_, expert_out_, d_expert_out_, d_expert_in_;
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
   bool routed_ = false;

@@ -23,6 +23,7 @@
 
 #include <moecomm/backend/host.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/torch/backward_errors.hpp>
 #include <moecomm/ops/router/router.hpp>
 #include <moecomm/torch/tensor_views.hpp>
 #include <moecomm/torch/torch_experts.hpp>
@@ -62,7 +63,7 @@ T& from_handle(at::IValue const& v) {
 struct router_function : ::torch::autograd::Function<router_function> {
   static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::Tensor logits,
                                                   c10::intrusive_ptr<router> const& r) {
-    char const* const op = "moecomm::libtorch::route";
+    char const* const op = "libtorch::route";
     logits = logits.contiguous();
     auto const l = matrix_of<float const>(logits, "logits", op);
     std::int32_t const k = r->config.top_k;
@@ -82,17 +83,19 @@ struct router_function : ::torch::autograd::Function<router_function> {
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    router& r = *c10::static_intrusive_pointer_cast<router>(ctx->saved_data["router"].toCapsule());
-    moecomm::detail::require(r.forwards == ctx->saved_data["forward"].toInt(), "moecomm::libtorch::route (backward)",
-                             "the graph of the router's forward ", ctx->saved_data["forward"].toInt(),
-                             " is backpropagated after its forward ", r.forwards, ": a router keeps its last forward's state only");
-    std::int64_t const tokens = r.state.num_tokens(), experts = r.state.num_experts();
-    at::Tensor d_weights = grads[0].defined() ? grads[0].contiguous() : at::zeros({tokens, r.config.top_k}, at::kFloat);
-    at::Tensor d_logits = at::empty({tokens, experts}, at::kFloat);
-    char const* const op = "moecomm::libtorch::route (backward)";
-    router_backward(r.backend, r.state, matrix_of<float const>(d_weights, "grad of topk_weights", op),
-                    matrix_of<float>(d_logits, "grad of logits", op));
-    return {d_logits, at::Tensor()};
+    return detail::translating_errors([&]() -> ::torch::autograd::variable_list {
+      router& r = *c10::static_intrusive_pointer_cast<router>(ctx->saved_data["router"].toCapsule());
+      moecomm::detail::require(r.forwards == ctx->saved_data["forward"].toInt(), "libtorch::route (backward)",
+                               "the graph of the router's forward ", ctx->saved_data["forward"].toInt(),
+                               " is backpropagated after its forward ", r.forwards, ": a router keeps its last forward's state only");
+      std::int64_t const tokens = r.state.num_tokens(), experts = r.state.num_experts();
+      at::Tensor d_weights = grads[0].defined() ? grads[0].contiguous() : at::zeros({tokens, r.config.top_k}, at::kFloat);
+      at::Tensor d_logits = at::empty({tokens, experts}, at::kFloat);
+      char const* const op = "libtorch::route (backward)";
+      router_backward(r.backend, r.state, matrix_of<float const>(d_weights, "grad of topk_weights", op),
+                      matrix_of<float>(d_logits, "grad of logits", op));
+      return {d_logits, at::Tensor()};
+    });
   }
 };
 
@@ -106,7 +109,7 @@ template <class Layer, class Fn>
 struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, at::Tensor x, at::Tensor topk_weights,
                             at::Tensor expert_weights, at::Tensor topk_idx, layer_binding<Layer, Fn>* b) {
-    char const* const op = "moecomm::libtorch::apply_layer";
+    char const* const op = "libtorch::apply_layer";
     routing_view const routing = routing_of(topk_idx, topk_weights, op);
     auto const in = matrix_of<float const>(x, "x", op, routing.num_tokens);
     moecomm::detail::require(expert_weights.is_same(b->experts->weights()), op,
@@ -122,25 +125,27 @@ struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    char const* const op = "moecomm::libtorch::apply_layer (backward)";
-    Layer& layer = from_handle<Layer>(ctx->saved_data["layer"]);
-    torch_experts<Fn>& experts = from_handle<torch_experts<Fn>>(ctx->saved_data["experts"]);
-    auto const saved = ctx->get_saved_variables();
-    moecomm::detail::require(layer.step() == ctx->saved_data["step"].toInt(), op, "the graph of step ",
-                             ctx->saved_data["step"].toInt(), " is backpropagated after step ", layer.step(),
-                             "'s forward: a layer keeps the state of its last forward only");
-    at::Tensor const d_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(saved[0]);
-    at::Tensor d_x = ctx->needs_input_grad(0) ? at::empty_like(saved[0]) : at::Tensor();
-    at::Tensor d_w = ctx->needs_input_grad(1) ? at::empty_like(saved[1]) : at::Tensor();
-    experts.zero_gradients();
-    optional_output<matrix_view<float>> dx_view = not_needed;
-    if (d_x.defined()) dx_view = matrix_of<float>(d_x, "grad of x", op);
-    optional_output<array_view<float>> dw_view = not_needed;
-    if (d_w.defined()) dw_view = array_of<float>(d_w, "grad of topk_weights", op);
-    layer.backward(matrix_of<float const>(d_out, "grad of out", op, saved[0].size(0), saved[0].size(1)), dx_view, dw_view,
-                   experts);
-    at::Tensor d_params = ctx->needs_input_grad(2) ? experts.gradient_buffer().clone() : at::Tensor();
-    return {d_x, d_w, d_params, at::Tensor(), at::Tensor()};
+    return detail::translating_errors([&]() -> ::torch::autograd::variable_list {
+      char const* const op = "libtorch::apply_layer (backward)";
+      Layer& layer = from_handle<Layer>(ctx->saved_data["layer"]);
+      torch_experts<Fn>& experts = from_handle<torch_experts<Fn>>(ctx->saved_data["experts"]);
+      auto const saved = ctx->get_saved_variables();
+      moecomm::detail::require(layer.step() == ctx->saved_data["step"].toInt(), op, "the graph of step ",
+                               ctx->saved_data["step"].toInt(), " is backpropagated after step ", layer.step(),
+                               "'s forward: a layer keeps the state of its last forward only");
+      at::Tensor const d_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(saved[0]);
+      at::Tensor d_x = ctx->needs_input_grad(0) ? at::empty_like(saved[0]) : at::Tensor();
+      at::Tensor d_w = ctx->needs_input_grad(1) ? at::empty_like(saved[1]) : at::Tensor();
+      experts.zero_gradients();
+      optional_output<matrix_view<float>> dx_view = not_needed;
+      if (d_x.defined()) dx_view = matrix_of<float>(d_x, "grad of x", op);
+      optional_output<array_view<float>> dw_view = not_needed;
+      if (d_w.defined()) dw_view = array_of<float>(d_w, "grad of topk_weights", op);
+      layer.backward(matrix_of<float const>(d_out, "grad of out", op, saved[0].size(0), saved[0].size(1)), dx_view, dw_view,
+                     experts);
+      at::Tensor d_params = ctx->needs_input_grad(2) ? experts.gradient_buffer().clone() : at::Tensor();
+      return {d_x, d_w, d_params, at::Tensor(), at::Tensor()};
+    });
   }
 };
 

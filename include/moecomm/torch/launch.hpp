@@ -49,7 +49,7 @@ struct launch_environment {
   //! The environment's world, or none when `RANK` is not set (the program was not launched as one).
   //! @throws error (invalid_argument) naming the variable that is missing or out of range.
   [[nodiscard]] static std::optional<launch_environment> from_env() {
-    char const* const op = "moecomm::libtorch::launch_environment::from_env";
+    char const* const op = "libtorch::launch_environment::from_env";
     if (std::getenv("RANK") == nullptr) return std::nullopt;
     auto const number = [&](char const* name, long lo, long hi) {
       char const* text = std::getenv(name);

@@ -23,6 +23,7 @@
 //! replicas) need the layer (torch/autograd.hpp), which calls the experts itself.
 
 #include <moecomm/config.hpp>
+#include <moecomm/torch/backward_errors.hpp>
 #include <moecomm/ops/dispatcher.hpp>
 #include <moecomm/torch/tensor_views.hpp>
 
@@ -73,7 +74,7 @@ class token_dispatcher {
 
   struct dispatch_function : ::torch::autograd::Function<dispatch_function> {
     static tensors forward(context* ctx, at::Tensor x, at::Tensor topk_idx, at::Tensor topk_weights, token_dispatcher* self) {
-      char const* const op = "moecomm::libtorch::token_dispatcher::dispatch";
+      char const* const op = "libtorch::token_dispatcher::dispatch";
       routing_view const routing = routing_of(topk_idx, topk_weights, op);
       auto const in = matrix_of<float const>(x, "x", op, routing.num_tokens);
       dispatcher_t& d = self->dispatcher_;
@@ -94,23 +95,25 @@ class token_dispatcher {
     }
 
     static tensors backward(context* ctx, tensors grads) {
-      char const* const op = "moecomm::libtorch::token_dispatcher::dispatch (backward)";
-      auto& self = *reinterpret_cast<token_dispatcher*>(static_cast<std::intptr_t>(ctx->saved_data["self"].toInt()));
-      self.check_step(ctx, op);
-      dispatcher_t& d = self.dispatcher_;
-      std::int64_t const hidden = grads[0].defined() ? grads[0].size(1) : 0;
-      at::Tensor const d_rows = grads[0].defined() ? grads[0].contiguous() : at::zeros({d.received_rows(), hidden});
-      at::Tensor d_x = ctx->needs_input_grad(0) ? at::empty({ctx->saved_data["tokens"].toInt(), d_rows.size(1)}) : at::Tensor();
-      optional_output<matrix_view<float>> dx_view = not_needed;
-      if (d_x.defined()) dx_view = matrix_of<float>(d_x, "grad of x", op);
-      d.template dispatch_backward<float>(matrix_of<float const>(d_rows, "grad of rows", op, d.received_rows()), dx_view);
-      return {d_x, at::Tensor(), at::Tensor(), at::Tensor()};
+      return detail::translating_errors([&]() -> tensors {
+        char const* const op = "libtorch::token_dispatcher::dispatch (backward)";
+        auto& self = *reinterpret_cast<token_dispatcher*>(static_cast<std::intptr_t>(ctx->saved_data["self"].toInt()));
+        self.check_step(ctx, op);
+        dispatcher_t& d = self.dispatcher_;
+        std::int64_t const hidden = grads[0].defined() ? grads[0].size(1) : 0;
+        at::Tensor const d_rows = grads[0].defined() ? grads[0].contiguous() : at::zeros({d.received_rows(), hidden});
+        at::Tensor d_x = ctx->needs_input_grad(0) ? at::empty({ctx->saved_data["tokens"].toInt(), d_rows.size(1)}) : at::Tensor();
+        optional_output<matrix_view<float>> dx_view = not_needed;
+        if (d_x.defined()) dx_view = matrix_of<float>(d_x, "grad of x", op);
+        d.template dispatch_backward<float>(matrix_of<float const>(d_rows, "grad of rows", op, d.received_rows()), dx_view);
+        return {d_x, at::Tensor(), at::Tensor(), at::Tensor()};
+      });
     }
   };
 
   struct combine_function : ::torch::autograd::Function<combine_function> {
     static at::Tensor forward(context* ctx, at::Tensor rows, at::Tensor topk_weights, token_dispatcher* self) {
-      char const* const op = "moecomm::libtorch::token_dispatcher::combine";
+      char const* const op = "libtorch::token_dispatcher::combine";
       moecomm::detail::require(self->step_ > 0 && topk_weights.data_ptr() == self->routed_weights_, op,
                                "tensor 'topk_weights' is not the one this step's dispatch was given");
       dispatcher_t& d = self->dispatcher_;
@@ -124,20 +127,22 @@ class token_dispatcher {
     }
 
     static tensors backward(context* ctx, tensors grads) {
-      char const* const op = "moecomm::libtorch::token_dispatcher::combine (backward)";
-      auto& self = *reinterpret_cast<token_dispatcher*>(static_cast<std::intptr_t>(ctx->saved_data["self"].toInt()));
-      self.check_step(ctx, op);
-      auto const saved = ctx->get_saved_variables();
-      dispatcher_t& d = self.dispatcher_;
-      at::Tensor const d_y = grads[0].defined() ? grads[0].contiguous()
-                                                : at::zeros({saved[1].size(0), saved[0].size(1)});
-      at::Tensor d_rows = at::empty_like(saved[0]);
-      at::Tensor d_w = ctx->needs_input_grad(1) ? at::empty_like(saved[1]) : at::Tensor();
-      optional_output<array_view<float>> dw_view = not_needed;
-      if (d_w.defined()) dw_view = array_of<float>(d_w, "grad of topk_weights", op);
-      d.template combine_backward<weighted, float>(matrix_of<float const>(d_y, "grad of y", op), matrix_of<float>(d_rows, "grad of rows", op),
-                                                   dw_view);
-      return {d_rows, d_w, at::Tensor()};
+      return detail::translating_errors([&]() -> tensors {
+        char const* const op = "libtorch::token_dispatcher::combine (backward)";
+        auto& self = *reinterpret_cast<token_dispatcher*>(static_cast<std::intptr_t>(ctx->saved_data["self"].toInt()));
+        self.check_step(ctx, op);
+        auto const saved = ctx->get_saved_variables();
+        dispatcher_t& d = self.dispatcher_;
+        at::Tensor const d_y = grads[0].defined() ? grads[0].contiguous()
+                                                  : at::zeros({saved[1].size(0), saved[0].size(1)});
+        at::Tensor d_rows = at::empty_like(saved[0]);
+        at::Tensor d_w = ctx->needs_input_grad(1) ? at::empty_like(saved[1]) : at::Tensor();
+        optional_output<array_view<float>> dw_view = not_needed;
+        if (d_w.defined()) dw_view = array_of<float>(d_w, "grad of topk_weights", op);
+        d.template combine_backward<weighted, float>(matrix_of<float const>(d_y, "grad of y", op), matrix_of<float>(d_rows, "grad of rows", op),
+                                                     dw_view);
+        return {d_rows, d_w, at::Tensor()};
+      });
     }
   };
 

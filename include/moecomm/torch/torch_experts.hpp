@@ -50,7 +50,7 @@ class torch_experts {
   //! `weights`: `[L][P]` float, contiguous, on the CPU; P = the function's parameters per expert.
   //! Its storage is the experts' parameters: the optimizer's updates are what the next step reads.
   torch_experts(Fn fn, at::Tensor weights) : fn_(std::move(fn)), weights_(std::move(weights)) {
-    static_cast<void>(matrix_of<float>(weights_, "weights", "moecomm::libtorch::torch_experts"));
+    static_cast<void>(matrix_of<float>(weights_, "weights", "libtorch::torch_experts"));
     gradients_ = at::zeros_like(weights_, at::TensorOptions().requires_grad(false));
   }
 

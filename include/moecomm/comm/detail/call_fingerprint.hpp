@@ -29,14 +29,14 @@ inline char const* collective_op_name(std::int64_t code) {
 }
 
 //! One rank's fingerprint of a call: op, size, one more argument, its world rank, whether it found a
-//! bad argument, and the layer call (code and step) it belongs to.
+//! bad argument, and the layer call (which, the layer's number, its step) it belongs to.
 struct call_fingerprint {
-  static constexpr int words = 7;
+  static constexpr int words = 8;
 
   static void write(std::int64_t* out, collective_op what, std::int64_t size, std::int64_t extra, std::int64_t world_rank,
                     bool bad, call_identity const& layer_call) {
     std::int64_t const mine[words] = {static_cast<std::int64_t>(what), size, extra, world_rank, bad ? 1 : 0,
-                                      layer_call.code, layer_call.step};
+                                      static_cast<std::int64_t>(layer_call.call), layer_call.layer, layer_call.step};
     std::copy(mine, mine + words, out);
   }
 };
@@ -64,12 +64,12 @@ inline void judge_fingerprints(std::int64_t const* all, int size, int world_size
     std::int64_t const* c = call(r);
     return concat("world rank ", c[3], " called ", collective_op_name(c[0]), "(size ", c[1], ", ", c[2], ")");
   };
-  auto const in_call = [&](int r) {  // " in hybridep_layer::forward (step 12)", as in-process
+  auto const in_call = [&](int r) {  // " in hybridep_layer::forward of layer 2 (step 12)", as in-process
     std::int64_t const* c = call(r);
-    return c[5] == 0 ? std::string(" outside any layer call") : concat(" in ", call_names::name(c[5]), " (step ", c[6], ")");
+    return where_called(c[5], c[6], c[7]);
   };
   for (int r = 1; r < size; ++r)  // the layer calls first: two steps' collectives may happen to match
-    if (call(0)[5] != call(r)[5] || call(0)[6] != call(r)[6])
+    if (!std::equal(call(0) + 5, call(0) + 8, call(r) + 5))
       fail(status::invalid_usage, where,
            concat("ranks are in different calls: world rank ", call(0)[3], " is", in_call(0), ", but world rank ", call(r)[3],
                   " is", in_call(r), group(), "; every rank must make the same calls in the same order"));

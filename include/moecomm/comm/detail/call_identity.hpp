@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! @file
-//! The user's call a collective belongs to: "hybridep_layer::forward, step 12". A layer's public
-//! calls set it on their world communicator for their duration (`call_scope`); the communicators that
-//! compare calls across ranks (in-process, simulated, MPI in its checked mode) compare it too, so
-//! that ranks in different calls or steps are stopped at their first collective, with an error that
-//! names the user's calls instead of internal collectives, and a retry after a caught error cannot
-//! pair with a peer's leftover calls of the failed step.
+//! The user's call a collective belongs to: "hybridep_layer::forward of layer 2, step 12". A layer's
+//! public calls set it on their world communicator for their duration (`call_scope`); the
+//! communicators that compare calls across ranks (in-process, simulated, MPI and c10d in their
+//! checked mode) compare it too, so that ranks in different calls, layers or steps are stopped at
+//! their first collective, with an error that names the user's calls instead of internal
+//! collectives, and a retry after a caught error cannot pair with a peer's leftover calls of the
+//! failed step. Layers are numbered by their construction on the communicator (1, 2, ...; its
+//! same-rank splits count with it), which every rank does in the same order: two layers of one type
+//! called in a different order on one rank differ in their number.
 //!
 //! The identity is held by the communicator, shared with the communicators split from it on the
 //! same rank (a layer's sub-groups), not by a thread: simulated ranks share one thread. A lane's
@@ -17,10 +20,7 @@
 #include <moecomm/error.hpp>
 
 #include <cstdint>
-#include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -28,68 +28,93 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-//! A layer's call: its name (a string literal, "hybridep_layer::forward") and the layer's step.
+//! The layers' public calls that communicate. Numbers, not strings, so that a process can name a
+//! peer's call it has not made itself (MPI and c10d compare them as numbers).
+enum class layer_call : std::int64_t {
+  none = 0,
+  expert_parallel_forward,
+  expert_parallel_backward,
+  expert_parallel_begin_replica_transfer,
+  hybridep_forward,
+  hybridep_backward,
+  hybridep_begin_expert_gather,
+  hybridep_refresh_shared_expert,
+  replicated_forward,
+  replicated_backward,
+  replicated_move_replicas,
+  parm_forward,
+  parm_backward,
+};
+
+//! "expert_parallel_layer::forward", or "layer call #N" for a number this build does not know.
+[[nodiscard]] inline std::string name_of(std::int64_t call) {
+  static char const* const names[] = {"(no layer call)",
+                                      "expert_parallel_layer::forward",
+                                      "expert_parallel_layer::backward",
+                                      "expert_parallel_layer::begin_replica_transfer",
+                                      "hybridep_layer::forward",
+                                      "hybridep_layer::backward",
+                                      "hybridep_layer::begin_expert_gather",
+                                      "hybridep_layer::refresh_shared_expert",
+                                      "replicated_expert_layer::forward",
+                                      "replicated_expert_layer::backward",
+                                      "replicated_expert_layer::move_replicas",
+                                      "parm_layer::forward",
+                                      "parm_layer::backward"};
+  constexpr std::int64_t known = static_cast<std::int64_t>(sizeof(names) / sizeof(names[0]));
+  return call >= 0 && call < known ? std::string(names[call]) : concat("layer call #", call);
+}
+[[nodiscard]] inline std::string name_of(layer_call call) { return name_of(static_cast<std::int64_t>(call)); }
+
+//! A layer's call: which, the layer's number on its communicator, and the layer's step.
 struct call_identity {
-  char const* name = nullptr;  //!< null: outside any layer call
+  layer_call call = layer_call::none;  //!< none: outside any layer call
+  std::int64_t layer = 0;
   std::int64_t step = 0;
-  std::int64_t code = 0;  //!< `call_names::code(name)`, computed once per layer call (MPI sends it)
 };
 
 [[nodiscard]] inline bool same_call(call_identity const& a, call_identity const& b) {
-  if (a.name == nullptr || b.name == nullptr) return a.name == b.name;
-  return a.step == b.step && std::strcmp(a.name, b.name) == 0;
+  if (a.call == layer_call::none || b.call == layer_call::none) return a.call == b.call;
+  return a.call == b.call && a.layer == b.layer && a.step == b.step;
 }
 
-//! " in hybridep_layer::forward (step 12)", or "" outside a layer call.
+//! " in hybridep_layer::forward of layer 2 (step 12)", or "" outside a layer call, from the numbers.
+[[nodiscard]] inline std::string describe_call(std::int64_t call, std::int64_t layer, std::int64_t step) {
+  return call == 0 ? std::string() : concat(" in ", name_of(call), " of layer ", layer, " (step ", step, ")");
+}
 [[nodiscard]] inline std::string describe_call(call_identity const& c) {
-  return c.name == nullptr ? std::string() : concat(" in ", c.name, " (step ", c.step, ")");
+  return describe_call(static_cast<std::int64_t>(c.call), c.layer, c.step);
 }
-
-//! A 63-bit code of a call's name, for communicators that compare numbers (MPI), and the name back
-//! from a code this process has seen (every rank runs the same program, so it has seen its peers').
-class call_names {
- public:
-  [[nodiscard]] static std::int64_t code(char const* name) {
-    if (name == nullptr) return 0;
-    std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (char const* c = name; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
-    std::int64_t const k = static_cast<std::int64_t>(h >> 1) | 1;
-    std::lock_guard<std::mutex> const hold(table().lock);
-    table().names.try_emplace(k, name);  // no node made for a name already known: repeated calls allocate nothing
-    return k;
-  }
-  [[nodiscard]] static std::string name(std::int64_t code) {
-    if (code == 0) return {};
-    std::lock_guard<std::mutex> const hold(table().lock);
-    auto const it = table().names.find(code);
-    return it == table().names.end() ? concat("layer call #", code) : std::string(it->second);
-  }
-
- private:
-  struct registry {
-    std::mutex lock;
-    std::map<std::int64_t, char const*> names;
-  };
-  static registry& table() {
-    static registry r;
-    return r;
-  }
-};
+//! `describe_call`, or " outside any layer call".
+[[nodiscard]] inline std::string where_called(std::int64_t call, std::int64_t layer, std::int64_t step) {
+  return call == 0 ? std::string(" outside any layer call") : describe_call(call, layer, step);
+}
+[[nodiscard]] inline std::string where_called(call_identity const& c) {
+  return where_called(static_cast<std::int64_t>(c.call), c.layer, c.step);
+}
 
 template <class Comm, class = void>
 struct has_call_identity : std::false_type {};
 template <class Comm>
 struct has_call_identity<Comm, std::void_t<decltype(std::declval<Comm&>().set_call(call_identity{}))>> : std::true_type {};
 
+//! The number of a layer made now on `comm` (collective order: every rank makes its layers in the
+//! same order); 0 on a communicator that compares no calls (NCCL).
+template <class Comm>
+[[nodiscard]] std::int64_t number_layer(Comm& comm) {
+  if constexpr (has_call_identity<Comm>::value) return comm.number_layer();
+  else return 0;
+}
+
 //! Sets `comm`'s call identity (and that of its sub-groups on this rank) for the scope's lifetime,
 //! then restores the one before. A no-op for a communicator without one (NCCL: it compares nothing).
 template <class Comm>
 class call_scope {
  public:
-  call_scope(Comm& comm, char const* name, std::int64_t step) : comm_(comm) {
+  call_scope(Comm& comm, layer_call call, std::int64_t layer, std::int64_t step) : comm_(comm) {
     if constexpr (has_call_identity<Comm>::value) {
       saved_ = comm.current_call();
-      comm.set_call({name, step, call_names::code(name)});
+      comm.set_call({call, layer, step});
     }
   }
   call_scope(call_scope const&) = delete;
@@ -103,17 +128,21 @@ class call_scope {
   call_identity saved_;
 };
 
-//! The identity a communicator holds: shared with its same-rank splits, or detached (a lane's copy).
+//! The identity a communicator holds: shared with its same-rank splits, or detached (a lane's
+//! copy); and the count of layers made on it and its same-rank splits.
 class call_identity_holder {
  public:
-  call_identity_holder() : shared_(std::make_shared<call_identity>()) {}
+  call_identity_holder() : shared_(std::make_shared<call_identity>()), layers_(std::make_shared<std::int64_t>(0)) {}
   [[nodiscard]] call_identity current() const { return *shared_; }
   void set(call_identity c) { *shared_ = c; }
   //! From now on a copy of its own, with the current value.
   void detach() { shared_ = std::make_shared<call_identity>(*shared_); }
+  //! The next layer's number (1, 2, ...).
+  [[nodiscard]] std::int64_t number_layer() { return ++*layers_; }
 
  private:
   std::shared_ptr<call_identity> shared_;
+  std::shared_ptr<std::int64_t> layers_;
 };
 
 }  // namespace detail

@@ -192,9 +192,8 @@ struct call_site {
     auto const& b = calls[static_cast<std::size_t>(r)];
     if (!same_call(a.call, b.call))
       return {status::invalid_usage, concat(prefix(), "ranks are in different calls: world rank ", world_rank(0), " is",
-                                            a.call.name ? describe_call(a.call) : std::string(" outside any layer call"),
-                                            ", but world rank ", world_rank(r), " is",
-                                            b.call.name ? describe_call(b.call) : std::string(" outside any layer call"),
+                                            where_called(a.call), ", but world rank ", world_rank(r), " is",
+                                            where_called(b.call),
                                             site.suffix(), "; every rank must make the same calls in the same order")};
   }
   for (int r = 1; r < n; ++r) {
