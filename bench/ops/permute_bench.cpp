@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
 //! Host-backend throughput of `permute`, `unpermute<weighted>` and `make_permute_plan`, on one
-//! thread, reported as bytes moved and as a fraction of this machine's own `std::memcpy`
-//! bandwidth (measured in the same process before any benchmark runs).
+//! thread, over E x T x H x K x dtype, reported as bytes moved and as a fraction of `std::memcpy`
+//! of the same byte count, measured in the same run just before the case (`memcpy<dtype>/T/H/K`,
+//! its fastest copy).
 //!
 //! Bytes are counted as read + written:
 //!   permute   : T*H*sizeof(T) read + P*H*sizeof(T) written            (P = plan.num_rows() = T*K:
 //!               each token row is read once and written to its K rows)
 //!   unpermute : P*H*sizeof(T) read + T*K*4 (weights) + T*H*sizeof(T) written
-//!   memcpy    : 2 * size per copy (read + write), the same convention.
+//!   memcpy    : 2 * size per copy (read + write), the same convention; a case's copy moves
+//!               (T + P)*H*sizeof(T) bytes, what its permute moves.
 //!
 //! Every benchmark checks its result after the timed loop (sampled rows against a direct
 //! computation) and fails with SkipWithError on a mismatch; main() then returns non-zero.
@@ -22,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -37,12 +41,15 @@ namespace {
 
 using namespace moecomm_bench;
 
-constexpr std::int32_t kNumExperts = 16;
+constexpr std::int32_t kPlanExperts = 16;  // the plan and capacity benchmarks
 constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 moecomm::host_backend const be{1};
 
-double g_memcpy_bytes_per_s = 0.0;
+//! memcpy's read + write bytes per second for the case being run (set by its `memcpy<…>` benchmark).
+double g_case_memcpy_bytes_per_s = 0.0;
+//! The 512 MiB reference measured before any benchmark (the context block's `memcpy_GBps`).
+double g_memcpy_reference_bytes_per_s = 0.0;
 
 template <class T>
 void fill_random(T* p, std::int64_t n, std::uint64_t seed) {
@@ -63,6 +70,7 @@ void fill_random(T* p, std::int64_t n, std::uint64_t seed) {
 struct routing_data {
   std::int64_t tokens = 0;
   std::int32_t top_k = 0;
+  std::int32_t experts = 0;
   std::vector<std::int32_t> idx;      // [T][K]
   std::vector<float> weights;         // [T][K], positive, each token's sum is 1
   std::vector<std::int32_t> row_of;   // [T][K] reference
@@ -74,17 +82,18 @@ struct routing_data {
   [[nodiscard]] std::int64_t rows() const { return tokens * top_k; }
 };
 
-routing_data make_routing(std::int64_t tokens, std::int32_t top_k) {
+routing_data make_routing(std::int64_t tokens, std::int32_t top_k, std::int32_t experts) {
   routing_data d;
   d.tokens = tokens;
   d.top_k = top_k;
+  d.experts = experts;
   std::int64_t const slots = tokens * top_k;
-  splitmix64 rng{kSeed ^ static_cast<std::uint64_t>(tokens * 131 + top_k)};
-  uniform_routing(rng, tokens, top_k, kNumExperts, d.idx, d.weights);
+  splitmix64 rng{kSeed ^ static_cast<std::uint64_t>(tokens * 131 + top_k) ^ (static_cast<std::uint64_t>(experts) << 40)};
+  uniform_routing(rng, tokens, top_k, experts, d.idx, d.weights);
   // Counting sort by expert, stable in (token, slot): the plan's documented order.
-  d.offsets.assign(kNumExperts + 1, 0);
+  d.offsets.assign(static_cast<std::size_t>(experts) + 1, 0);
   for (std::int32_t e : d.idx) ++d.offsets[static_cast<std::size_t>(e) + 1];
-  for (std::int32_t e = 0; e < kNumExperts; ++e) d.offsets[static_cast<std::size_t>(e) + 1] += d.offsets[static_cast<std::size_t>(e)];
+  for (std::int32_t e = 0; e < experts; ++e) d.offsets[static_cast<std::size_t>(e) + 1] += d.offsets[static_cast<std::size_t>(e)];
   std::vector<std::int32_t> next(d.offsets.begin(), d.offsets.end() - 1);
   d.row_of.resize(static_cast<std::size_t>(slots));
   d.token_of.resize(static_cast<std::size_t>(slots));
@@ -98,10 +107,10 @@ routing_data make_routing(std::int64_t tokens, std::int32_t top_k) {
   return d;
 }
 
-routing_data const& routing_for(std::int64_t tokens, std::int32_t top_k) {
-  static std::map<std::pair<std::int64_t, std::int32_t>, std::unique_ptr<routing_data>> cache;
-  auto& slot = cache[{tokens, top_k}];
-  if (!slot) slot = std::make_unique<routing_data>(make_routing(tokens, top_k));
+routing_data const& routing_for(std::int64_t tokens, std::int32_t top_k, std::int32_t experts) {
+  static std::map<std::tuple<std::int64_t, std::int32_t, std::int32_t>, std::unique_ptr<routing_data>> cache;
+  auto& slot = cache[{tokens, top_k, experts}];
+  if (!slot) slot = std::make_unique<routing_data>(make_routing(tokens, top_k, experts));
   return *slot;
 }
 
@@ -109,7 +118,7 @@ routing_data const& routing_for(std::int64_t tokens, std::int32_t top_k) {
 std::string compare_plan(moecomm::permute_plan<moecomm::host_backend> const& plan, routing_data const& ref) {
   if (plan.num_rows() != ref.rows())
     return "plan.num_rows() = " + std::to_string(plan.num_rows()) + ", expected " + std::to_string(ref.rows());
-  for (std::int32_t e = 0; e <= kNumExperts; ++e)
+  for (std::int32_t e = 0; e <= ref.experts; ++e)
     if (plan.expert_offsets()[e] != ref.offsets[static_cast<std::size_t>(e)])
       return "plan.expert_offsets()[" + std::to_string(e) + "] differs from the reference";
   for (std::int64_t s = 0; s < ref.rows(); ++s)
@@ -122,33 +131,37 @@ std::string compare_plan(moecomm::permute_plan<moecomm::host_backend> const& pla
   return {};
 }
 
-// ---- data sets: one (dtype, T, H, K) case at a time, shared by permute and unpermute -----------
+// ---- data sets: one (dtype, T, H, K) case at a time, shared by its memcpy and every E's ops ------
 
 struct dataset_base {
   virtual ~dataset_base() = default;
 };
 
+//! The buffers of a case; P = T*K for every E (each token picks K distinct experts).
 template <class T>
 struct dataset final : dataset_base {
-  routing_data const* routing;
-  moecomm::permute_plan<moecomm::host_backend> plan;
-  std::int64_t hidden;
+  std::int64_t tokens, hidden, rows;
   moecomm::host_backend::buffer_type<T> x;         // [T][H] token rows (permute input)
   moecomm::host_backend::buffer_type<T> permuted;  // [P][H] permute output = unpermute input y
   moecomm::host_backend::buffer_type<T> combined;  // [T][H] unpermute output
+  std::vector<char> copy;                          // the memcpy reference's destination
 
-  dataset(routing_data const& r, std::int64_t h)
-      : routing(&r),
-        plan(moecomm::make_permute_plan(be, r.view(), kNumExperts)),
+  dataset(std::int64_t t, std::int64_t h, std::int32_t k)
+      : tokens(t),
         hidden(h),
-        x(be.allocate<T>(r.tokens * h)),
-        permuted(be.allocate<T>(plan.num_rows() * h)),
-        combined(be.allocate<T>(r.tokens * h)) {
+        rows(t * k),
+        x(be.allocate<T>(t * h)),
+        permuted(be.allocate<T>(rows * h)),
+        combined(be.allocate<T>(t * h)),
+        copy(copy_bytes(), 1) {
     // Finite random inputs; every page of every buffer is touched here, outside the timed loops.
     fill_random(x.data(), x.size(), kSeed + 1);
     fill_random(permuted.data(), permuted.size(), kSeed + 2);
     std::memset(static_cast<void*>(combined.data()), 0, combined.bytes());
   }
+
+  //! Half of what permute moves (read + write), taken from the start of `permuted`.
+  [[nodiscard]] std::size_t copy_bytes() const { return static_cast<std::size_t>((tokens + rows) * hidden) * sizeof(T) / 2; }
 };
 
 template <class T>
@@ -158,9 +171,9 @@ dataset<T>& dataset_for(std::int64_t tokens, std::int64_t hidden, std::int32_t t
   std::string const key = std::string(moecomm::dtype_traits<T>::name) + "/" + std::to_string(tokens) + "/" +
                           std::to_string(hidden) + "/" + std::to_string(top_k);
   if (key != current_key || !current) {
-    current.reset();  // free the previous case first: the largest needs ~4.7 GB
+    current.reset();  // free the previous case first: the largest needs ~6.6 GB
     current_key.clear();
-    current = std::make_unique<dataset<T>>(routing_for(tokens, top_k), hidden);
+    current = std::make_unique<dataset<T>>(tokens, hidden, top_k);
     current_key = key;
   }
   return static_cast<dataset<T>&>(*current);
@@ -170,8 +183,8 @@ dataset<T>& dataset_for(std::int64_t tokens, std::int64_t hidden, std::int32_t t
 std::vector<std::int64_t> sample_indices(std::int64_t n, std::vector<std::int32_t> const* offsets, std::uint64_t seed) {
   std::vector<std::int64_t> s{0, n - 1};
   if (offsets != nullptr)
-    for (std::int32_t e = 0; e < kNumExperts; ++e)
-      if ((*offsets)[static_cast<std::size_t>(e)] < n) s.push_back((*offsets)[static_cast<std::size_t>(e)]);
+    for (std::int32_t first : *offsets)
+      if (first < n) s.push_back(first);
   splitmix64 rng{seed};
   for (int i = 0; i < 8; ++i) s.push_back(static_cast<std::int64_t>((rng.next() >> 11) % static_cast<std::uint64_t>(n)));
   std::sort(s.begin(), s.end());
@@ -184,58 +197,84 @@ void poison_rows(T* data, std::int64_t hidden, std::vector<std::int64_t> const& 
   for (std::int64_t r : rows) std::memset(static_cast<void*>(data + r * hidden), 0xFF, static_cast<std::size_t>(hidden) * sizeof(T));
 }
 
-void set_counters(benchmark::State& state, double bytes_per_iteration) {
+//! `GBps` and, against the case's memcpy, `of_memcpy`.
+void set_counters(benchmark::State& state, double bytes_per_iteration, double memcpy_bytes_per_s) {
   double const bytes = bytes_per_iteration * static_cast<double>(state.iterations());
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
   state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
-  if (g_memcpy_bytes_per_s > 0)
-    state.counters["of_memcpy"] = benchmark::Counter(bytes / g_memcpy_bytes_per_s, benchmark::Counter::kIsRate);
+  if (memcpy_bytes_per_s > 0)
+    state.counters["of_memcpy"] = benchmark::Counter(bytes / memcpy_bytes_per_s, benchmark::Counter::kIsRate);
 }
 
 // ---- benchmarks --------------------------------------------------------------------------------
 
+//! The case's reference: `std::memcpy` of half the bytes its permute moves, from `permuted` into
+//! a buffer of its own (both touched before timing). Its fastest copy sets the case's ratios, so
+//! that a copy slowed by other work on the machine does not flatter them.
 template <class T>
-void bm_permute(benchmark::State& state, std::int64_t tokens, std::int64_t hidden, std::int32_t top_k) {
+void bm_case_memcpy(benchmark::State& state, std::int64_t tokens, std::int64_t hidden, std::int32_t top_k) {
   dataset<T>& d = dataset_for<T>(tokens, hidden, top_k);
-  std::int64_t const rows = d.plan.num_rows();
+  std::size_t const bytes = d.copy_bytes();
+  double best = 1e30;
+  for (auto _ : state) {
+    auto const start = std::chrono::steady_clock::now();
+    std::memcpy(d.copy.data(), d.permuted.data(), bytes);
+    benchmark::ClobberMemory();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  set_counters(state, 2.0 * static_cast<double>(bytes), 0.0);
+  g_case_memcpy_bytes_per_s = 0.0;
+  if (std::memcmp(d.copy.data(), d.permuted.data(), bytes) != 0) return fail(state, "memcpy: destination differs");
+  g_case_memcpy_bytes_per_s = 2.0 * static_cast<double>(bytes) / best;
+  state.counters["best_GBps"] = g_case_memcpy_bytes_per_s / 1e9;
+}
+
+template <class T>
+void bm_permute(benchmark::State& state, std::int64_t tokens, std::int64_t hidden, std::int32_t top_k, std::int32_t experts) {
+  dataset<T>& d = dataset_for<T>(tokens, hidden, top_k);
+  routing_data const& ref = routing_for(tokens, top_k, experts);
+  auto const plan = moecomm::make_permute_plan(be, ref.view(), experts);
+  std::int64_t const rows = plan.num_rows();
   moecomm::matrix_view<T const> const x{d.x.data(), tokens, hidden};
   moecomm::matrix_view<T> const out{d.permuted.data(), rows, hidden};
-  std::vector<std::int64_t> const sample = sample_indices(rows, &d.routing->offsets, kSeed + 3);
+  std::vector<std::int64_t> const sample = sample_indices(rows, &ref.offsets, kSeed + 3);
   poison_rows(d.permuted.data(), hidden, sample);
 
   for (auto _ : state) {
-    moecomm::permute(be, d.plan, x, out);
+    moecomm::permute(be, plan, x, out);
     benchmark::ClobberMemory();
   }
 
-  set_counters(state, static_cast<double>(tokens + rows) * static_cast<double>(hidden) * sizeof(T));
-  if (std::string const e = compare_plan(d.plan, *d.routing); !e.empty()) return fail(state, e);
+  set_counters(state, static_cast<double>(tokens + rows) * static_cast<double>(hidden) * sizeof(T), g_case_memcpy_bytes_per_s);
+  if (std::string const e = compare_plan(plan, ref); !e.empty()) return fail(state, e);
   for (std::int64_t r : sample) {
-    std::int64_t const t = d.routing->token_of[static_cast<std::size_t>(r)];
+    std::int64_t const t = ref.token_of[static_cast<std::size_t>(r)];
     if (std::memcmp(d.permuted.data() + r * hidden, d.x.data() + t * hidden, static_cast<std::size_t>(hidden) * sizeof(T)) != 0)
       return fail(state, "permute: out[" + std::to_string(r) + "] != x[" + std::to_string(t) + "]");
   }
 }
 
 template <class T>
-void bm_unpermute(benchmark::State& state, std::int64_t tokens, std::int64_t hidden, std::int32_t top_k) {
+void bm_unpermute(benchmark::State& state, std::int64_t tokens, std::int64_t hidden, std::int32_t top_k, std::int32_t experts) {
   dataset<T>& d = dataset_for<T>(tokens, hidden, top_k);
-  std::int64_t const rows = d.plan.num_rows();
+  routing_data const& ref = routing_for(tokens, top_k, experts);
+  auto const plan = moecomm::make_permute_plan(be, ref.view(), experts);
+  std::int64_t const rows = plan.num_rows();
   moecomm::matrix_view<T const> const y{d.permuted.data(), rows, hidden};
   moecomm::matrix_view<T> const out{d.combined.data(), tokens, hidden};
   std::vector<std::int64_t> const sample = sample_indices(tokens, nullptr, kSeed + 4);
   poison_rows(d.combined.data(), hidden, sample);
 
   for (auto _ : state) {
-    moecomm::unpermute<moecomm::weighted>(be, d.plan, y, out);
+    moecomm::unpermute<moecomm::weighted>(be, plan, y, out);
     benchmark::ClobberMemory();
   }
 
   set_counters(state, static_cast<double>(rows) * static_cast<double>(hidden) * sizeof(T) +
                           static_cast<double>(tokens * top_k) * sizeof(float) +
-                          static_cast<double>(tokens) * static_cast<double>(hidden) * sizeof(T));
+                          static_cast<double>(tokens) * static_cast<double>(hidden) * sizeof(T),
+               g_case_memcpy_bytes_per_s);
   using traits = moecomm::dtype_traits<T>;
-  routing_data const& ref = *d.routing;
   for (std::int64_t t : sample) {
     for (std::int64_t h = 0; h < hidden; ++h) {
       float acc = 0.0f;
@@ -258,14 +297,14 @@ void bm_unpermute(benchmark::State& state, std::int64_t tokens, std::int64_t hid
 }
 
 void bm_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k) {
-  routing_data const& ref = routing_for(tokens, top_k);
+  routing_data const& ref = routing_for(tokens, top_k, kPlanExperts);
   for (auto _ : state) {
-    auto plan = moecomm::make_permute_plan(be, ref.view(), kNumExperts);
+    auto plan = moecomm::make_permute_plan(be, ref.view(), kPlanExperts);
     benchmark::DoNotOptimize(plan.row_of());
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * tokens * top_k);
-  auto const plan = moecomm::make_permute_plan(be, ref.view(), kNumExperts);  // checked outside the loop
+  auto const plan = moecomm::make_permute_plan(be, ref.view(), kPlanExperts);  // checked outside the loop
   if (std::string const e = compare_plan(plan, ref); !e.empty()) fail(state, e);
 }
 
@@ -274,18 +313,18 @@ void bm_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k) {
 //! dropless one (`build_kept_permute_plan` without the masking check, as the dispatcher calls it) or sorted again from the kept
 //! routing (what it did before). Both kept plans are compared after the loop.
 void bm_capacity_plan(benchmark::State& state, std::int64_t tokens, std::int32_t top_k, bool derived) {
-  routing_data const& ref = routing_for(tokens, top_k);
-  std::int64_t const slots = tokens * top_k, capacity = slots / kNumExperts;
+  routing_data const& ref = routing_for(tokens, top_k, kPlanExperts);
+  std::int64_t const slots = tokens * top_k, capacity = slots / kPlanExperts;
   moecomm::workspace<moecomm::host_backend> scratch;
   moecomm::permute_plan<moecomm::host_backend> dropless, kept, sorted;
   std::vector<std::int32_t> kept_idx(static_cast<std::size_t>(slots));
   moecomm::routing_view kept_routing = ref.view();
   kept_routing.topk_idx = kept_idx.data();
   auto step = [&](moecomm::permute_plan<moecomm::host_backend>& out, bool derive) {
-    moecomm::build_permute_plan(be, ref.view(), kNumExperts, dropless, scratch);
+    moecomm::build_permute_plan(be, ref.view(), kPlanExperts, dropless, scratch);
     (void)moecomm::drop_to_capacity(be, dropless, capacity, moecomm::array_view<std::int32_t>{kept_idx.data(), slots}, scratch);
     if (derive) moecomm::build_kept_permute_plan(be, dropless, kept_routing, out, scratch, moecomm::unchecked_routing);
-    else moecomm::build_permute_plan(be, kept_routing, kNumExperts, out, scratch, moecomm::unchecked_routing);
+    else moecomm::build_permute_plan(be, kept_routing, kPlanExperts, out, scratch, moecomm::unchecked_routing);
   };
   for (auto _ : state) {
     step(kept, derived);
@@ -297,7 +336,7 @@ void bm_capacity_plan(benchmark::State& state, std::int64_t tokens, std::int32_t
   bool const same = kept.num_rows() == sorted.num_rows() &&
                     std::equal(kept.row_of(), kept.row_of() + slots, sorted.row_of()) &&
                     std::equal(kept.token_of(), kept.token_of() + kept.num_rows(), sorted.token_of()) &&
-                    std::equal(kept.expert_offsets(), kept.expert_offsets() + kNumExperts + 1, sorted.expert_offsets());
+                    std::equal(kept.expert_offsets(), kept.expert_offsets() + kPlanExperts + 1, sorted.expert_offsets());
   if (!same) fail(state, "capacity plan: the derived and the sorted kept plans differ");
 }
 
@@ -305,11 +344,11 @@ void bm_capacity_plan(benchmark::State& state, std::int64_t tokens, std::int32_t
 //! every expert keeps min(its slots, C)).
 template <class Rule>
 void bm_drop(benchmark::State& state, std::int64_t tokens, std::int32_t top_k, Rule rule) {
-  routing_data const& ref = routing_for(tokens, top_k);
-  std::int64_t const slots = tokens * top_k, capacity = slots / kNumExperts;
+  routing_data const& ref = routing_for(tokens, top_k, kPlanExperts);
+  std::int64_t const slots = tokens * top_k, capacity = slots / kPlanExperts;
   moecomm::workspace<moecomm::host_backend> scratch;
   moecomm::permute_plan<moecomm::host_backend> dropless;
-  moecomm::build_permute_plan(be, ref.view(), kNumExperts, dropless, scratch);
+  moecomm::build_permute_plan(be, ref.view(), kPlanExperts, dropless, scratch);
   std::vector<std::int32_t> kept_idx(static_cast<std::size_t>(slots));
   moecomm::capacity_result result;
   for (auto _ : state) {
@@ -319,11 +358,11 @@ void bm_drop(benchmark::State& state, std::int64_t tokens, std::int32_t top_k, R
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * slots);
-  std::vector<std::int64_t> kept(kNumExperts, 0);
+  std::vector<std::int64_t> kept(kPlanExperts, 0);
   for (std::int32_t e : kept_idx)
     if (e >= 0) ++kept[static_cast<std::size_t>(e)];
   std::int64_t total = 0;
-  for (std::int32_t e = 0; e < kNumExperts; ++e) {
+  for (std::int32_t e = 0; e < kPlanExperts; ++e) {
     std::int64_t const n = dropless.expert_offsets()[e + 1] - dropless.expert_offsets()[e];
     if (kept[static_cast<std::size_t>(e)] != std::min(n, capacity)) return fail(state, "drop: expert " + std::to_string(e) + " keeps the wrong count");
     total += kept[static_cast<std::size_t>(e)];
@@ -337,15 +376,16 @@ void bm_memcpy(benchmark::State& state, std::size_t bytes) {
     std::memcpy(dst.data(), src.data(), bytes);
     benchmark::ClobberMemory();
   }
-  set_counters(state, 2.0 * static_cast<double>(bytes));
+  set_counters(state, 2.0 * static_cast<double>(bytes), g_memcpy_reference_bytes_per_s);
   if (std::memcmp(dst.data(), src.data(), bytes) != 0) fail(state, "memcpy: destination differs");
 }
 
 // ---- registration ------------------------------------------------------------------------------
 
+constexpr std::int32_t kExperts[] = {8, 64, 256};
 constexpr std::int64_t kTokens[] = {4096, 16384};
 constexpr std::int64_t kHidden[] = {1024, 4096, 7168};
-constexpr std::int32_t kTopK[] = {2, 8};
+constexpr std::int32_t kTopK[] = {1, 2, 8};
 
 template <class T>
 void register_ops() {
@@ -354,14 +394,20 @@ void register_ops() {
     for (std::int64_t hidden : kHidden)
       for (std::int32_t top_k : kTopK) {
         std::string const args =
-            "/T:" + std::to_string(tokens) + "/H:" + std::to_string(hidden) + "/K:" + std::to_string(top_k);
-        // permute then unpermute of the same case, so they share one data set
-        benchmark::RegisterBenchmark(("permute<" + dtype + ">" + args).c_str(), bm_permute<T>, tokens, hidden, top_k)
+            "<" + dtype + ">/T:" + std::to_string(tokens) + "/H:" + std::to_string(hidden) + "/K:" + std::to_string(top_k);
+        // the case's memcpy, then permute and unpermute for each E: one data set for all of them
+        benchmark::RegisterBenchmark(("memcpy" + args).c_str(), bm_case_memcpy<T>, tokens, hidden, top_k)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
-        benchmark::RegisterBenchmark(("unpermute<" + dtype + ">" + args).c_str(), bm_unpermute<T>, tokens, hidden, top_k)
-            ->UseRealTime()
-            ->Unit(benchmark::kMillisecond);
+        for (std::int32_t experts : kExperts) {
+          std::string const name = args + "/E:" + std::to_string(experts);
+          benchmark::RegisterBenchmark(("permute" + name).c_str(), bm_permute<T>, tokens, hidden, top_k, experts)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+          benchmark::RegisterBenchmark(("unpermute" + name).c_str(), bm_unpermute<T>, tokens, hidden, top_k, experts)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
       }
 }
 
@@ -410,7 +456,7 @@ void register_all() {
 
 int main(int argc, char** argv) {
   if (!moecomm_bench::start(argc, argv, {{"host_threads", std::to_string(be.num_threads())}})) return 1;
-  g_memcpy_bytes_per_s = moecomm_bench::use_memcpy_reference().rw_bytes_per_s;
+  g_memcpy_reference_bytes_per_s = moecomm_bench::use_memcpy_reference().rw_bytes_per_s;
 #if !MOECOMM_HAS_CUDA_FP16()
   benchmark::AddCustomContext("bf16", "not built (CUDA headers not found)");
 #endif

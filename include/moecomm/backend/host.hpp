@@ -47,8 +47,9 @@ struct host_portable_team {
   [[nodiscard]] float reduce_sum(float partial) const { return partial; }
 };
 
-//! The host's fast team (`host_kernels::tiled`): the row kernels handle 8 fragments (128 bytes)
-//! per step, for independent FMA chains and whole cache lines per store burst (row_kernels.hpp).
+//! The host's fast team (`host_kernels::tiled`): the row kernels take their host paths
+//! (row_kernels.hpp): the gather and the combine handle 8 fragments (128 bytes) per step, for
+//! independent FMA chains and whole cache lines per store burst; the scatter copies whole rows.
 //! The bits are those of the portable loop; the tests run both.
 struct host_team : host_portable_team {
   static constexpr int fragments_per_step = 8;

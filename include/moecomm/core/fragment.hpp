@@ -12,6 +12,9 @@
 #if !MOECOMM_DEVICE_PASS() && defined(__SSE2__)
 #  include <emmintrin.h>
 #endif
+#if !MOECOMM_DEVICE_PASS() && (defined(__AVX__) || defined(__AVX512F__))
+#  include <immintrin.h>
+#endif
 
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
@@ -78,6 +81,46 @@ template <bool Streaming, class T, int N>
 inline void store_fragment_host(T* p, fragment<T, N> const& f) {
   if constexpr (Streaming) store_fragment_streaming(p, f);
   else store_fragment(p, f);
+}
+
+//! Host only: copies `bytes` (a multiple of 16; both pointers 16-byte aligned) from `src` to `dst`
+//! with non-temporal stores, each cache line of `dst` written by the widest store the target has
+//! (one 64-byte store with AVX-512). Measured on one core, rows copied with 16-byte streaming
+//! stores reach about 0.8 of those written a line at a time, which is what memcpy does. Without
+//! SSE2, a plain copy. Callers fence with `streaming_store_fence()`.
+inline void stream_bytes(void* dst, void const* src, std::int64_t bytes) {
+#if !MOECOMM_DEVICE_PASS() && defined(__SSE2__)
+  auto* out = static_cast<char*>(dst);
+  auto const* in = static_cast<char const*>(src);
+  char* const end = out + bytes;
+  auto const mid_line = [](char const* p) { return reinterpret_cast<std::uintptr_t>(p) % 64 != 0; };
+  for (; out < end && mid_line(out); out += 16, in += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out), _mm_loadu_si128(reinterpret_cast<__m128i const*>(in)));
+  for (; end - out >= 64; out += 64, in += 64) {
+#  if defined(__AVX512F__)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(out), _mm512_loadu_si512(in));
+#  elif defined(__AVX__)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out), _mm256_loadu_si256(reinterpret_cast<__m256i const*>(in)));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_loadu_si256(reinterpret_cast<__m256i const*>(in + 32)));
+#  else
+    for (int i = 0; i < 64; i += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm_loadu_si128(reinterpret_cast<__m128i const*>(in + i)));
+#  endif
+  }
+  for (; out < end; out += 16, in += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out), _mm_loadu_si128(reinterpret_cast<__m128i const*>(in)));
+#else
+  memcpy(dst, src, static_cast<std::size_t>(bytes));
+#endif
+}
+
+//! Host only: asks for the cache line at `p` ahead of its use (a hint; `p` need not be valid).
+inline void prefetch_line(void const* p) {
+#if !MOECOMM_DEVICE_PASS() && (defined(__GNUC__) || defined(__clang__))
+  __builtin_prefetch(p);
+#else
+  (void)p;
+#endif
 }
 
 //! Host only: orders this thread's earlier non-temporal stores before its later stores.

@@ -103,9 +103,10 @@ void permute_backward(Backend const& be, permute_plan<Backend> const& plan, matr
   detail::check_permute_backward<Backend, T>(plan, d_out, d_x, "permute_backward");
   detail::with_fragment_width<T>(d_x.hidden, {d_out.data, d_x.data}, [&](auto width) {
     constexpr int n = decltype(width)::value;
-    be.for_each_row(plan.routing().num_tokens, detail::combine_rows_kernel<T, n, false>{
-                                                   d_out.data, d_x.data, d_x.hidden, plan.row_of(), nullptr,
-                                                   plan.routing().top_k});
+    std::int64_t const tokens = plan.routing().num_tokens;
+    be.for_each_row(tokens, detail::combine_rows_kernel<T, n, false>{
+                                d_out.data, d_x.data, d_x.hidden, plan.row_of(), nullptr, plan.routing().top_k,
+                                tokens * d_x.row_bytes() >= detail::streaming_store_min_bytes, tokens});
   });
 }
 

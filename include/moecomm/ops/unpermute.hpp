@@ -58,7 +58,7 @@ void unpermute(Backend const& be, permute_plan<Backend> const& plan, matrix_view
     be.for_each_row(tokens, detail::combine_rows_kernel<T, n, is_weighted>{
                                 y.data, out.data, out.hidden, plan.row_of(), plan.routing().topk_weights,
                                 plan.routing().top_k,
-                                tokens * out.row_bytes() >= detail::streaming_store_min_bytes});
+                                tokens * out.row_bytes() >= detail::streaming_store_min_bytes, tokens});
   });
 }
 

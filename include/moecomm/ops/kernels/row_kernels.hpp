@@ -33,6 +33,14 @@ struct team_fragments_per_step<Team, std::void_t<decltype(Team::fragments_per_st
 //! cache for their consumer anyway, and streaming saves the read-for-ownership of every line.
 inline constexpr std::int64_t streaming_store_min_bytes = std::int64_t{8} << 20;
 
+//! Host only: `n` elements from `in` to `out`, with `stream_bytes` when `Streaming` and the rows
+//! allow 16-byte accesses (`N` elements of `T`), else a plain copy.
+template <bool Streaming, int N, class T>
+void host_copy_elements(T* out, T const* in, std::int64_t n) {
+  if constexpr (Streaming && sizeof(fragment<T, N>) == 16) stream_bytes(out, in, n * std::int64_t{sizeof(T)});
+  else std::memcpy(static_cast<void*>(out), in, static_cast<std::size_t>(n) * sizeof(T));
+}
+
 // ---- source maps: which input row feeds output row `r` (-1 writes a zero row) ----------------
 
 //! Source row of a chunked reordering: output chunk `c` covers rows `[dst_begin[c], dst_begin[c+1])`
@@ -156,8 +164,7 @@ struct scatter_rows_kernel {
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
 #if !MOECOMM_DEVICE_PASS()
     if constexpr (team_fragments_per_step<Team>::value > 1) {
-      constexpr int tile = team_fragments_per_step<Team>::value;
-      if (streaming) host_row<tile, true>(t); else host_row<tile, false>(t);
+      if (streaming) host_row<true>(t); else host_row<false>(t);
       return;
     }
 #endif
@@ -178,27 +185,23 @@ struct scatter_rows_kernel {
   }
 
  private:
-  //! The host's row, `Tile` fragments per step: loaded once, then stored to each slot's row.
-  template <int Tile, bool Streaming>
+  //! The host's row, copied to one slot's row after the other: each output row is one sequential
+  //! run of stores (a step over all K rows at once keeps K write streams open), and the token's row
+  //! stays in L1 for its K reads.
+  template <bool Streaming>
   void host_row(std::int64_t t) const {
-    std::int64_t const fragments = hidden / N;
-    std::int64_t f = 0;
-    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(t, f);
-    for (; f < fragments; ++f) host_step<1, Streaming>(t, f);
-  }
-
-  template <int Count, bool Streaming>
-  void host_step(std::int64_t t, std::int64_t f0) const {
     std::int32_t const* rows = row_of + t * top_k;
-    fragment<T, N> v[Count];
-    for (int i = 0; i < Count; ++i) v[i] = load_fragment<T, N>(src + t * hidden + (f0 + i) * N);
+    T const* in = src + t * hidden;
+    std::int64_t const fragments = hidden / N;
     for (std::int32_t k = 0; k < top_k; ++k) {
-      std::int32_t const r = rows[k];
-      if (r < 0) continue;
-      T* out = dst + static_cast<std::int64_t>(r) * hidden + f0 * N;
-      for (int i = 0; i < Count; ++i) {
-        fragment<T, N> const o = Weighted ? weighted_fragment(v[i], weights[t * top_k + k]) : v[i];
-        store_fragment_host<Streaming>(out + i * N, o);
+      if (rows[k] < 0) continue;
+      T* out = dst + static_cast<std::int64_t>(rows[k]) * hidden;
+      if constexpr (Weighted) {
+        float const w = weights[t * top_k + k];
+        for (std::int64_t f = 0; f < fragments; ++f)
+          store_fragment_host<Streaming>(out + f * N, weighted_fragment(load_fragment<T, N>(in + f * N), w));
+      } else {
+        host_copy_elements<Streaming, N>(out, in, hidden);
       }
     }
   }
@@ -292,7 +295,8 @@ struct combine_rows_kernel {
   std::int32_t const* row_of;  //!< `[T][K]`
   float const* weights;        //!< `[T][K]`, read only when `Weighted`
   std::int32_t top_k;
-  bool streaming = false;  //!< host only: non-temporal stores (large outputs)
+  bool streaming = false;      //!< host only: non-temporal stores (large outputs)
+  std::int64_t num_tokens = 0;  //!< host only: T, so that the prefetch runs on into the next token's rows
 
   //! Device memory token t reads (its mapped slots' rows, indices, weights) and writes (its row).
   [[nodiscard]] std::int64_t bytes_of_row(std::int64_t t) const {
@@ -333,26 +337,48 @@ struct combine_rows_kernel {
   }
 
  private:
+  //! How far ahead of its reads the host prefetches each slot's row, in bytes. The K rows are
+  //! scattered, so the hardware prefetcher, which stops at page ends, starts cold on each, and the
+  //! bf16 combine, with twice the instructions per byte of fp32, keeps too few misses in flight to
+  //! hide that (docs/performance.md: bf16 with K = 8 went from about 0.55 to 0.7 of memcpy).
+  static constexpr std::int64_t host_prefetch_bytes = 2048;
+
   //! The host's row, `Tile` fragments per step: each slot's row then feeds `Tile * N` independent
-  //! FMA chains (one fragment per step is bound by the FMA latency). Every element still sums its
-  //! slots in ascending k with one FMA each from +0.0, so the bits are those of the loop above.
+  //! FMA chains (one fragment per step is bound by the FMA latency), and the K rows are read side
+  //! by side (one row after the other was measured slower). Every element still sums its slots in
+  //! ascending k with one FMA each from +0.0, so the bits are those of the loop above.
   template <int Tile, bool Streaming>
   void host_row(std::int64_t t) const {
     T* out = dst + t * hidden;
+    std::int32_t const* next = t + 1 < num_tokens ? row_of + (t + 1) * top_k : nullptr;
     std::int64_t const fragments = hidden / N;
     std::int64_t f = 0;
-    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(t, out, f);
-    for (; f < fragments; ++f) host_step<1, Streaming>(t, out, f);
+    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(t, next, out, f);
+    for (; f < fragments; ++f) host_step<1, Streaming>(t, next, out, f);
   }
 
   template <int Count, bool Streaming>
-  void host_step(std::int64_t t, T* out, std::int64_t f0) const {
+  void host_step(std::int64_t t, std::int32_t const* next, T* out, std::int64_t f0) const {
+    // What to prefetch: `host_prefetch_bytes` past this step in each slot's row, or past its end
+    // in the next token's row of the same slot (none when that is beyond the next row too).
+    constexpr std::int64_t step_bytes = Count * N * std::int64_t{sizeof(T)};
+    std::int64_t const row_bytes = hidden * std::int64_t{sizeof(T)};
+    std::int64_t ahead = f0 * N * std::int64_t{sizeof(T)} + host_prefetch_bytes;
+    std::int32_t const* rows_ahead = row_of + t * top_k;
+    if (ahead >= row_bytes) {
+      ahead -= row_bytes;
+      rows_ahead = ahead + step_bytes <= row_bytes ? next : nullptr;
+    }
     std::int32_t const* rows = row_of + t * top_k;
     float acc[Count * N];
     for (int e = 0; e < Count * N; ++e) acc[e] = 0.0f;
     for (std::int32_t k = 0; k < top_k; ++k) {
       std::int32_t const r = rows[k];
       if (r < 0) continue;
+      if (rows_ahead != nullptr && rows_ahead[k] >= 0) {
+        char const* p = reinterpret_cast<char const*>(src + static_cast<std::int64_t>(rows_ahead[k]) * hidden) + ahead;
+        for (std::int64_t b = 0; b < step_bytes; b += 64) prefetch_line(p + b);
+      }
       // Elements are read directly: copies through `fragment` (memcpy) make g++ move them
       // through general registers instead of vectorising this loop.
       T const* in = src + static_cast<std::int64_t>(r) * hidden + f0 * N;
@@ -363,12 +389,9 @@ struct combine_rows_kernel {
         for (int e = 0; e < Count * N; ++e) acc[e] = add32(acc[e], dtype_traits<T>::to_float(in[e]));
       }
     }
-    fragment<T, N> o[Count];
-    for (int i = 0; i < Count; ++i)
-      for (int j = 0; j < N; ++j) o[i].v[j] = dtype_traits<T>::from_float(acc[i * N + j]);
-    for (int i = 0; i < Count; ++i) {
-      store_fragment_host<Streaming>(out + (f0 + i) * N, o[i]);
-    }
+    alignas(64) T rounded[Count * N];
+    for (int e = 0; e < Count * N; ++e) rounded[e] = dtype_traits<T>::from_float(acc[e]);
+    host_copy_elements<Streaming, N>(out + f0 * N, rounded, Count * N);
   }
 };
 
