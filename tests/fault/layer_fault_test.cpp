@@ -8,7 +8,8 @@
 //   its call or in its first expert call;
 // - passes a wrong-size buffer: x a row short, d_weights an element short, a hidden mismatch;
 // - disagrees with the others on num_experts, on hidden or on the algorithm (flat against
-//   hierarchical_2d); or calls a sub-group collective (intra-node barrier) the others do not;
+//   hierarchical_2d: refused at construction, as the other two); or calls a sub-group collective
+//   (intra-node barrier) the others do not;
 // - skips its backward and goes on to the next step's forward (the others wait in the backward).
 // Every scenario must end within 5 s (measured) with `inproc_world::run` throwing the expected
 // failure, every rank that failed with a status expected for that fault, and the output of every
@@ -325,13 +326,17 @@ std::string verdict(scenario const& s, run_result const& run, std::vector<ending
     std::string const rank = "rank " + std::to_string(r) + " ";
     if (!rank_ending_ok(s, r, e)) wrong += rank + "ended with " + e.describe() + "; ";
     // The culprit that skipped its backward stops in the next step's forward; a layer built with
-    // other experts or another hidden size is refused at construction, before step 0 (-1).
-    bool const at_construction = s.fault == kind::other_num_experts || s.fault == kind::other_hidden;
+    // other experts, another hidden size or another algorithm is refused at construction, before
+    // step 0 (-1).
+    bool const at_construction =
+        s.fault == kind::other_num_experts || s.fault == kind::other_hidden || s.fault == kind::other_algorithm;
     int const stop_step = s.fault == kind::skips_backward ? s.step + 1 : at_construction ? -1 : s.step;
     phase const stop_phase = s.fault == kind::skips_backward ? phase::forward : s.when;
     if (r == s.culprit && (x.step != stop_step || x.in != stop_phase)) wrong += rank + "(the culprit) stopped at another step or phase; ";
     if (at_construction) {  // every rank is told which field differs
-      std::string const field = s.fault == kind::other_hidden ? "they differ in hidden" : "they differ in num_experts";
+      std::string const field = s.fault == kind::other_hidden       ? "they differ in hidden"
+                                : s.fault == kind::other_algorithm ? "ranks disagree on the exchange algorithm"
+                                                                    : "they differ in num_experts";
       if (e.message.find(field) == std::string::npos) wrong += rank + "message lacks '" + field + "': " + e.message + "; ";
     }
     if (r == s.culprit && is_bad_argument(s.fault))

@@ -458,4 +458,12 @@ TEST_CASE("simulated layer: after a fault, every rank's last step fails or equal
   CHECK(total.runs == recovery::pattern_count * recovery::fault_count * seeds);
 }
 
+TEST_CASE("simulated layer: two backwards of one forward add every pattern's gradients twice, nothing more") {
+  recovery::check_second_backward("simulated ranks", [](std::string const&, auto&& per_rank, bool) {
+    moecomm::simgrid_world world = sim_world(4, 2, 3600.0);
+    world.run([&](moecomm::simgrid_communicator comm) { per_rank(comm, moecomm::simulated_backend<>{}); });
+    return false;
+  });
+}
+
 }  // namespace test
