@@ -54,33 +54,43 @@ struct step_buffers {
       : out(poisoned<float>(tokens * hidden)), d_x(poisoned<float>(tokens * hidden)), d_w(poisoned<float>(tokens * top_k)) {}
 };
 
-TEST_CASE("the layer names the caller's argument and the call, before any communication") {
+// A small case on 2 in-process ranks: `body(groups, rank, its routing, x, d_out, the oracle's
+// result, buffers, experts)` on each.
+template <class Body>
+void on_two_ranks(Body&& body) {
   layer_case const c{2, 2, 4, 2, 8, {5, 3}, 0.0};
   auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
   moecomm::inproc_world const world(2, std::chrono::seconds(30));
   world.run([&](inproc_communicator comm) {
     int32_t const me = comm.rank();
     auto const& r = in.routing[me];
-    int64_t const T = r.tokens, H = c.hidden;
     moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
-    auto layer = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, H);
-    scale_experts<float> const experts{me * 2};
+    step_buffers b(r.tokens, c.hidden, r.top_k);
+    body(groups, me, r, moecomm::matrix_view<float const>{in.x[me].data(), r.tokens, c.hidden},
+         moecomm::matrix_view<float const>{in.d_out[me].data(), r.tokens, c.hidden}, in.want[me], b, scale_experts<float>{me * 2});
+  });
+}
+constexpr int32_t two_rank_experts = 4;
+constexpr int64_t two_rank_hidden = 8;
+
+TEST_CASE("the layer names the caller's argument and the call, before any communication") {
+  on_two_ranks([](auto& groups, int32_t, auto const& r, auto x, auto d_out, auto const& want, step_buffers& b, auto const& experts) {
+    int64_t const T = r.tokens, H = two_rank_hidden;
+    auto layer = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, two_rank_experts, H);
     moecomm::routing_view const routing{r.idx.data(), r.w.data(), T, r.top_k};
-    moecomm::matrix_view<float const> const x{in.x[me].data(), T, H}, d_out{in.d_out[me].data(), T, H};
-    step_buffers b(T, H, r.top_k);
     auto const untouched = b.d_w;
 
     check_error([&] { layer.backward(d_out, moecomm::matrix_view<float>{b.d_x.data(), T, H}, b.d_w, experts); },
                 moecomm::status::invalid_usage, {"moecomm::expert_parallel_layer::backward", "without a successful forward"});
-    check_error([&] { layer.forward(routing, {in.x[me].data(), T, H / 2}, {b.out.data(), T, H}, experts); },
+    check_error([&] { layer.forward(routing, {x.data, T, H / 2}, {b.out.data(), T, H}, experts); },
                 moecomm::status::invalid_argument,
                 {"moecomm::expert_parallel_layer::forward", "argument 'x' has hidden = 4, the layer's hidden = 8"});
-    check_error([&] { layer.forward(routing, {in.x[me].data(), T - 1, H}, {b.out.data(), T, H}, experts); },
+    check_error([&] { layer.forward(routing, {x.data, T - 1, H}, {b.out.data(), T, H}, experts); },
                 moecomm::status::invalid_argument, {"argument 'x' has ", " rows; needs at least "});
     check_error([&] { layer.forward(routing, x, {b.out.data(), T, H + 1}, experts); }, moecomm::status::invalid_argument,
                 {"argument 'out' has hidden = 9, the layer's hidden = 8"});
     layer.forward(routing, x, {b.out.data(), T, H}, experts);
-    check_bitwise(b.out, in.want[me].out, H, "output after the rejected calls");
+    check_bitwise(b.out, want.out, H, "output after the rejected calls");
     // The trainer's mistake that once overflowed the heap: a routing-weight gradient of T floats.
     check_error([&] { layer.backward(d_out, {b.d_x.data(), T, H}, moecomm::array_view<float>{b.d_w.data(), T}, experts); },
                 moecomm::status::invalid_argument,
@@ -88,13 +98,13 @@ TEST_CASE("the layer names the caller's argument and the call, before any commun
                  "needs at least " + std::to_string(T * r.top_k)});
     check_error([&] { layer.backward(d_out, moecomm::matrix_view<float>{}, b.d_w, experts); },
                 moecomm::status::invalid_argument, {"argument 'd_x' has 0 rows; needs at least"});
-    check_error([&] { layer.backward({in.d_out[me].data(), T, H + 2}, {b.d_x.data(), T, H}, b.d_w, experts); },
+    check_error([&] { layer.backward({d_out.data, T, H + 2}, {b.d_x.data(), T, H}, b.d_w, experts); },
                 moecomm::status::invalid_argument, {"argument 'd_out' has hidden = 10, the layer's hidden = 8"});
     check_bitwise(b.d_w, untouched, 1, "d_weights after the rejected calls");
     check_bitwise(b.d_x, poisoned<float>(T * H), H, "d_x after the rejected calls");
     // Still usable, and bit for bit right.
     layer.backward(d_out, {b.d_x.data(), T, H}, b.d_w, experts);
-    check_bitwise(b.d_x, in.want[me].d_x, H, "input gradient after the rejected calls");
+    check_bitwise(b.d_x, want.d_x, H, "input gradient after the rejected calls");
   });
 }
 
@@ -213,13 +223,7 @@ TEST_CASE("ranks that pass different exchange algorithms are refused at construc
 }
 
 TEST_CASE("a deduplicated exchange refuses a top_k that differs per rank, naming both ranks; flat accepts it") {
-  layer_case const c{2, 2, 4, 2, 8, {5, 3}, 0.0};
-  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
-  moecomm::inproc_world const world(2, std::chrono::seconds(30));
-  world.run([&](inproc_communicator comm) {
-    int32_t const me = comm.rank();
-    auto const& r = in.routing[me];
-    moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
+  on_two_ranks([](auto& groups, int32_t me, auto const& r, auto x, auto, auto const& want, step_buffers& b, auto const& experts) {
     // Rank 1 routes each token to its first expert only.
     std::vector<int32_t> idx;
     std::vector<float> w;
@@ -229,37 +233,27 @@ TEST_CASE("a deduplicated exchange refuses a top_k that differs per rank, naming
     }
     moecomm::routing_view const routing = me == 0 ? moecomm::routing_view{r.idx.data(), r.w.data(), r.tokens, r.top_k}
                                                   : moecomm::routing_view{idx.data(), w.data(), r.tokens, 1};
-    scale_experts<float> const experts{me * 2};
-    step_buffers b(r.tokens, c.hidden, r.top_k);
-    auto dedup = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden, moecomm::dedup_per_rank<>{});
-    check_error([&] { dedup.forward(routing, {in.x[me].data(), r.tokens, c.hidden}, {b.out.data(), r.tokens, c.hidden}, experts); },
-                moecomm::status::invalid_usage,
+    moecomm::matrix_view<float> const out{b.out.data(), r.tokens, two_rank_hidden};
+    auto dedup = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, two_rank_experts, two_rank_hidden,
+                                                            moecomm::dedup_per_rank<>{});
+    check_error([&] { dedup.forward(routing, x, out, experts); }, moecomm::status::invalid_usage,
                 {"moecomm::dispatcher::route: rank 0 routes with routing.top_k = 2, but rank 1 with routing.top_k = 1: the "
                  "deduplicated exchange (dedup_per_rank<flat>) needs the same top_k on every rank"});
-    auto flat = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
+    auto flat = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, two_rank_experts, two_rank_hidden);
     flat.set_training(false);
-    flat.forward(routing, {in.x[me].data(), r.tokens, c.hidden}, {b.out.data(), r.tokens, c.hidden}, experts);
-    if (me == 0) check_bitwise(b.out, in.want[me].out, c.hidden, "flat output beside a peer with another top_k");
+    flat.forward(routing, x, out, experts);
+    if (me == 0) check_bitwise(b.out, want.out, two_rank_hidden, "flat output beside a peer with another top_k");
   });
 }
 
 TEST_CASE("two layers called in another order on one rank fail at their first collective on every rank, naming both layers") {
-  layer_case const c{2, 2, 4, 2, 8, {5, 3}, 0.0};
-  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
-  moecomm::inproc_world const world(2, std::chrono::seconds(30));
-  world.run([&](inproc_communicator comm) {
-    int32_t const me = comm.rank();
-    auto const& r = in.routing[me];
-    moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
-    auto first = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
-    auto second = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
+  on_two_ranks([](auto& groups, int32_t me, auto const& r, auto x, auto, auto const&, step_buffers& b, auto const& experts) {
+    auto first = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, two_rank_experts, two_rank_hidden);
+    auto second = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, two_rank_experts, two_rank_hidden);
     CHECK(first.layer_number() == 1);
     CHECK(second.layer_number() == 2);
-    scale_experts<float> const experts{me * 2};
-    step_buffers b(r.tokens, c.hidden, r.top_k);
-    moecomm::routing_view const routing{r.idx.data(), r.w.data(), r.tokens, r.top_k};
     auto& called = me == 0 ? first : second;  // rank 1 calls the second layer first
-    check_error([&] { called.forward(routing, {in.x[me].data(), r.tokens, c.hidden}, {b.out.data(), r.tokens, c.hidden}, experts); },
+    check_error([&] { called.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, x, {b.out.data(), r.tokens, two_rank_hidden}, experts); },
                 moecomm::status::invalid_usage,
                 {"ranks are in different calls: world rank 0 is in expert_parallel_layer::forward of layer 1 (step 1), but world "
                  "rank 1 is in expert_parallel_layer::forward of layer 2 (step 1)"});
@@ -267,22 +261,13 @@ TEST_CASE("two layers called in another order on one rank fail at their first co
 }
 
 TEST_CASE("reserve between a forward and its backward is refused, naming the step; the backward then runs") {
-  layer_case const c{2, 2, 4, 2, 8, {5, 3}, 0.0};
-  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
-  moecomm::inproc_world const world(2, std::chrono::seconds(30));
-  world.run([&](inproc_communicator comm) {
-    int32_t const me = comm.rank();
-    auto const& r = in.routing[me];
-    moecomm::exchange_groups<inproc_communicator> groups(comm, moecomm::topology(2, 2));
-    auto layer = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, c.experts, c.hidden);
-    scale_experts<float> const experts{me * 2};
-    step_buffers b(r.tokens, c.hidden, r.top_k);
-    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[me].data(), r.tokens, c.hidden},
-                  {b.out.data(), r.tokens, c.hidden}, experts);
+  on_two_ranks([](auto& groups, int32_t, auto const& r, auto x, auto d_out, auto const& want, step_buffers& b, auto const& experts) {
+    auto layer = moecomm::make_expert_parallel_layer<float>(host_backend{}, groups, two_rank_experts, two_rank_hidden);
+    layer.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, x, {b.out.data(), r.tokens, two_rank_hidden}, experts);
     check_error([&] { layer.reserve(moecomm::step_bounds{64, 2}); }, moecomm::status::invalid_usage,
                 {"moecomm::expert_parallel_layer::reserve: called between step 1's forward and its backward"});
-    layer.backward({in.d_out[me].data(), r.tokens, c.hidden}, {b.d_x.data(), r.tokens, c.hidden}, b.d_w, experts);
-    check_bitwise(b.d_x, in.want[me].d_x, c.hidden, "input gradient after the refused reserve");
+    layer.backward(d_out, {b.d_x.data(), r.tokens, two_rank_hidden}, b.d_w, experts);
+    check_bitwise(b.d_x, want.d_x, two_rank_hidden, "input gradient after the refused reserve");
     layer.reserve(moecomm::step_bounds{64, 2});  // after the backward: allowed
   });
 }
