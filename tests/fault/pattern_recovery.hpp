@@ -388,7 +388,9 @@ tally run_campaign(char const* transport, std::int64_t seeds, RunWorld&& run_wor
           all_errors += "\n rank " + std::to_string(q) + (got[q].last_ok() ? " ok" : " failed") + got[q].errors;
         CHECK_MESSAGE(!silent, what, ": a rank finished a step with other values; the ranks' errors:", all_errors);
         CHECK_MESSAGE(!lost, what, ": a slot lost its expert's parameters");
-        if ((timed_out && std::getenv("MOECOMM_RECOVERY_VERBOSE") != nullptr) || (std::getenv("MOECOMM_RECOVERY_SHOW") != nullptr && what.find(std::getenv("MOECOMM_RECOVERY_SHOW")) != std::string::npos)) std::printf("%s%s:%s\n", what.c_str(), timed_out ? " timed out" : "", all_errors.c_str());
+        char const* const show = std::getenv("MOECOMM_RECOVERY_SHOW");  // a part of the runs' names to print the errors of
+        if ((timed_out && std::getenv("MOECOMM_RECOVERY_VERBOSE") != nullptr) || (show != nullptr && what.find(show) != std::string::npos))
+          std::printf("%s%s:%s\n", what.c_str(), timed_out ? " timed out" : "", all_errors.c_str());
         one.silent_wrong = silent ? 1 : 0;
         one.data_lost = lost ? 1 : 0;
         one.timeouts = timed_out ? 1 : 0;
@@ -410,7 +412,8 @@ tally run_campaign(char const* transport, std::int64_t seeds, RunWorld&& run_wor
 template <class RunWorld>
 void check_second_backward(char const* transport, RunWorld&& run_world) {
   for (int pi = 0; pi < pattern_count; ++pi) {
-    CAPTURE(pattern_names[pi]);
+    std::string const name = pattern_names[pi];
+    CAPTURE(name);
     std::vector<rank_run> const clean = clean_runs(transport, pi, run_world);
     std::vector<rank_run> twice(4), doubled(4);
     for (auto [f, runs] : {std::pair{fault::second_backward, &twice}, std::pair{fault::doubled_d_out, &doubled}})

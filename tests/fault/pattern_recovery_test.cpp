@@ -5,6 +5,8 @@
 // rank waited out the world's 1 s timeout) are printed; silent wrong and data lost must be 0. CTest
 // runs 420 runs (7 patterns x 10 faults x 6 seeds). For a long run:
 //   MOECOMM_RECOVERY_RUNS=20 build/tests/fault/moecomm_fault_tests -tc='pattern recovery*' -s
+// and to see what the ranks of some runs threw (any part of the runs' names):
+//   MOECOMM_RECOVERY_SHOW="hybridep / swapped" build/tests/fault/moecomm_fault_tests -tc='pattern recovery: after*'
 
 #include "pattern_recovery.hpp"
 
