@@ -58,8 +58,8 @@
 //! floats never become subnormal.
 
 #include <moecomm/moecomm.hpp>
-#include <moecomm/ops/gradient_reduce.hpp>
-#include <moecomm/ops/replica_broadcast.hpp>
+#include <moecomm/collectives/gradient_reduce.hpp>
+#include <moecomm/collectives/replica_broadcast.hpp>
 
 #include "../support/harness.hpp"
 #include "../support/memcpy_reference.hpp"

@@ -19,7 +19,7 @@
 //! greedy stops early on some of these inputs (no single move lowers the busiest rank enough to
 //! pay for its copy): the time of a decision follows its moves, about 4 µs each at 64 x 256.
 
-#include <moecomm/plan/flexmoe_planner.hpp>
+#include <moecomm/planners/flexmoe_planner.hpp>
 
 #include "../support/harness.hpp"
 

@@ -11,7 +11,7 @@
 //! Counters: `S_ED` chosen, its `p`, §III-E's `p_star`, the chosen total (ms) and `candidates`.
 //! The benchmark fails if the chosen total is larger than any candidate's.
 
-#include <moecomm/plan/hybridep_planner.hpp>
+#include <moecomm/planners/hybridep_planner.hpp>
 
 #include "../support/harness.hpp"
 

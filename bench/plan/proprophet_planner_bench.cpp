@@ -16,8 +16,8 @@
 //! benchmark fails if the decision predicts a slower layer than replicating nothing.
 
 #include <moecomm/core/topology.hpp>
-#include <moecomm/plan/proprophet_cost_model.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/planners/proprophet_cost_model.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
 
 #include "../support/harness.hpp"
 

@@ -15,7 +15,7 @@
 //! split does not add up to the loads or if a rank exceeds the bound.
 
 #include <moecomm/core/topology.hpp>
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 
 #include "../support/harness.hpp"
 

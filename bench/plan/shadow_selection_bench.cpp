@@ -14,8 +14,8 @@
 //! benchmark fails if the decision predicts a slower step than shadowing nothing.
 
 #include <moecomm/core/topology.hpp>
-#include <moecomm/plan/cost_model.hpp>
-#include <moecomm/plan/shadow_selection.hpp>
+#include <moecomm/planners/fastermoe_cost_model.hpp>
+#include <moecomm/planners/shadow_selection.hpp>
 
 #include "../support/harness.hpp"
 

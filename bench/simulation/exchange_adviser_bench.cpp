@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! The exchange adviser (`plan/exchange_adviser.hpp`) against the simulation: over a grid of
+//! The exchange adviser (`models/exchange_adviser.hpp`) against the simulation: over a grid of
 //! routing steps on one platform, the adviser ranks `flat`, `hierarchical_2d`, `dedup_per_rank<flat>`
 //! and `dedup_per_node` from the cluster's links alone; each is then simulated (the dispatcher's
 //! `route`, `dispatch` and `combine`, dropless). Reported per step: whether the adviser's first
@@ -19,7 +19,7 @@
 //! Times are simulated seconds (SimGrid 3.32, CM02): a model of the platform, not a measurement.
 
 #include <moecomm/moecomm.hpp>
-#include <moecomm/plan/exchange_adviser.hpp>
+#include <moecomm/models/exchange_adviser.hpp>
 
 #include "sim_harness.hpp"
 
@@ -189,7 +189,7 @@ int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
   c.max_nodes = 0;
   moecomm_bench::flag_set flags(program, "bench_exchange_adviser [--platform=P] --advise [flags]",
                                 "Ranks the dispatcher's all-to-all exchanges for one routing step on the platform's first\n"
-                                "--ranks GPUs (plan/exchange_adviser.hpp), without simulating them.");
+                                "--ranks GPUs (models/exchange_adviser.hpp), without simulating them.");
   flags.add("--ranks", "R", "the platform's first R GPUs, whole nodes", c.ranks, 1, spec.num_gpus())
       .add("--tokens", "T", "tokens per rank", c.tokens, 1, 1 << 20)
       .add("--experts", "E", "experts, a multiple of R", c.experts, 1, 1 << 16)

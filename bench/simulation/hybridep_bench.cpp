@@ -43,7 +43,7 @@
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/hybridep.hpp>
-#include <moecomm/plan/hybridep_planner.hpp>
+#include <moecomm/planners/hybridep_planner.hpp>
 
 #include "sim_harness.hpp"
 

@@ -47,7 +47,7 @@
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
-#include <moecomm/plan/flexmoe_planner.hpp>
+#include <moecomm/planners/flexmoe_planner.hpp>
 
 #include "sim_harness.hpp"
 

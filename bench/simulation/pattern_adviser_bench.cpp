@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file
-//! The pattern adviser (`plan/pattern_adviser.hpp`) against the simulation: over a grid of models and
+//! The pattern adviser (`models/pattern_adviser.hpp`) against the simulation: over a grid of models and
 //! routing steps on one platform, the adviser ranks every pattern and setting from the platform's
 //! figures alone; each candidate is then run as a layer step (forward and backward, after a warm-up
 //! step) on the simulated ranks, and the replicated layouts' gradient sync after it. Reported per
@@ -33,8 +33,8 @@
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
-#include <moecomm/plan/pattern_adviser.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/models/pattern_adviser.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
 
 #include "sim_harness.hpp"
 
@@ -489,7 +489,7 @@ int advise(moecomm::cluster_spec const& spec, int argc, char** argv) {
   std::int32_t const sequence = transformer(c).sequence;
   moecomm_bench::flag_set flags(program, "bench_pattern_adviser [--platform=P] --advise [flags]",
                                 "Ranks the expert-parallel patterns and their settings for one model and routing step on the\n"
-                                "platform's first --ranks GPUs by predicted iteration time (plan/pattern_adviser.hpp),\n"
+                                "platform's first --ranks GPUs by predicted iteration time (models/pattern_adviser.hpp),\n"
                                 "without simulating them.");
   flags.add("--model", "M", "MoE-GPT-S, MoE-GPT or MoE-GPT-L (FasterMoE's)", model, {"MoE-GPT-S", "MoE-GPT", "MoE-GPT-L"})
       .add("--ranks", "R", "the platform's first R GPUs, whole nodes", c.ranks, 1, spec.num_gpus())

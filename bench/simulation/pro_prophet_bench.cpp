@@ -36,7 +36,7 @@
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/block_schedule.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
 
 #include "sim_harness.hpp"
 

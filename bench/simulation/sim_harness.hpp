@@ -12,8 +12,8 @@
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/core/routing.hpp>
-#include <moecomm/ops/dispatcher.hpp>
-#include <moecomm/simulation/dense_iteration.hpp>
+#include <moecomm/dispatch/dispatcher.hpp>
+#include <moecomm/models/dense_iteration.hpp>
 #include <moecomm/simulation/platform.hpp>
 
 #include "../../examples/common/flags.hpp"

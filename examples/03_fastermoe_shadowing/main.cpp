@@ -6,7 +6,7 @@
 //! owners broadcast their parameters to every rank, every rank computes its own tokens of them
 //! (those rows never cross the network), and in the backward every rank's gradient of them is
 //! summed back into the owner's. Each step its Algorithm 1 picks the set from the all-gathered
-//! token counts with a cost model (plan/cost_model.hpp, plan/shadow_selection.hpp).
+//! token counts with a cost model (planners/fastermoe_cost_model.hpp, planners/shadow_selection.hpp).
 //!
 //! R ranks run as R threads of this process (`inproc_world`), as N nodes of G ranks. The experts
 //! are FasterMoE's: 2-layer MLPs H -> alpha*H -> H with ReLU, written below with plain loops as
@@ -17,7 +17,7 @@
 //!   fastermoe_shadowing<>>
 //! with fresh, identical copies of the experts' parameters. The program reports the shadow set,
 //! the rows each rank computes, the bytes of parameters moved against the bytes of tokens no longer
-//! sent, the model's predicted layer time (calibrated on this machine by measure/calibration.hpp)
+//! sent, the model's predicted layer time (calibrated on this machine by models/calibration.hpp)
 //! beside the measured one (median and range of --iters runs), and checks that outputs and
 //! gradients agree with plain expert parallelism.
 //!
@@ -39,7 +39,7 @@
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/moecomm.hpp>
-#include <moecomm/measure/calibration.hpp>
+#include <moecomm/models/calibration.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <new>
 #include <optional>
@@ -517,7 +517,7 @@ void print_link(char const* symbol, std::optional<moecomm::linear_fit> const& li
 
 void print_calibration(moecomm::compute_calibration const& compute, moecomm::link_calibration const& links,
                        moecomm::fastermoe_cost_params const& model) {
-  std::printf("2. The cost model (FasterMoE eqs. 7-8), calibrated here (moecomm/measure/calibration.hpp)\n");
+  std::printf("2. The cost model (FasterMoE eqs. 7-8), calibrated here (moecomm/models/calibration.hpp)\n");
   std::printf(
       "   P       = %.2f GFLOP/s: one thread running the expert forward above, 4*alpha*H^2 FLOP a row over the\n"
       "             slope of time = a + b*rows, fitted on %s\n",

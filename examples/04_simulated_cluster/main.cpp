@@ -42,7 +42,7 @@
 #include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
-#include <moecomm/simulation/dense_iteration.hpp>
+#include <moecomm/models/dense_iteration.hpp>
 #include <moecomm/simulation/platform.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
@@ -150,7 +150,7 @@ problem make_problem(options const& o) {
   return p;
 }
 
-//! FasterMoE's cost model (plan/cost_model.hpp) with the platform's rates. The layer gives it its real
+//! FasterMoE's cost model (planners/fastermoe_cost_model.hpp) with the platform's rates. The layer gives it its real
 //! H and scales it by the back-end's simulation_scale, so it prices the H_model-wide layer.
 moecomm::fastermoe_cost_params cost_params(problem const& p) {
   moecomm::cluster_spec const& s = p.platform.spec();

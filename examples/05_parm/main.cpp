@@ -297,7 +297,7 @@ void print_times(std::vector<schedule_result> const& results) {
               "   whole experts, replicated on the MP ranks (MP / ESP times a slice's parameters), and their gradients\n"
               "   are summed in the trainer's expert-DP all-reduce; it needs no ESP collectives. Parm's schedules are for\n"
               "   when the experts must be sliced.\n");
-  std::printf("   model: plan/parm_cost_model.hpp with the platform's figures (parm_cost_params::from_cluster): an\n"
+  std::printf("   model: models/parm_cost_model.hpp with the platform's figures (parm_cost_params::from_cluster): an\n"
               "   alpha-beta cost per collective and link class, balanced experts; not the gate, the permutations or\n"
               "   the memory kernels other than the collectives' copies.\n\n");
 }

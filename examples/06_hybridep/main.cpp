@@ -27,7 +27,7 @@
 #include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/hybridep.hpp>
-#include <moecomm/plan/hybridep_planner.hpp>
+#include <moecomm/planners/hybridep_planner.hpp>
 #include <moecomm/simulation/platform.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
               "   step all-reduces the experts' gradients across the data centres: HybridEP's strongest baseline. The planner's\n"
               "   S is %.2fx faster than it (and %.2fx than plain EP).\n",
               runs.back().step_s / runs[planned_run].step_s, runs[0].step_s / runs[planned_run].step_s);
-  std::printf("   planner: plan/hybridep_planner.hpp with the platform's figures (hybridep_params::from_cluster): the paper's\n"
+  std::printf("   planner: planners/hybridep_planner.hpp with the platform's figures (hybridep_params::from_cluster): the paper's\n"
               "   stream model of the forward (gather beside the pre-expert compute, two all-to-alls, GEMMs) plus the backward\n"
               "   (two all-to-alls, the gradients' reduce-scatter, the GEMMs twice); uniform routing; not the permutations.\n\n");
 

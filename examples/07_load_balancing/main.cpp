@@ -34,8 +34,8 @@
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
-#include <moecomm/plan/flexmoe_planner.hpp>
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/flexmoe_planner.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 #include <moecomm/simulation/platform.hpp>
 
 #include <algorithm>
@@ -143,7 +143,7 @@ routing_data gate_of(problem const& p, int32_t step, int32_t r) {
 }
 
 //! Slot experts with Adam's state beside (12 B per parameter as fp32 master weights and moments):
-//! the optimizer state interface of ops/replica_migration.hpp.
+//! the optimizer state interface of collectives/replica_migration.hpp.
 struct adam_state {
   std::vector<float> values;
   int64_t count = 0;

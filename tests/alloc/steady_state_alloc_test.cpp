@@ -12,15 +12,15 @@
 #include "../patterns/shadow_cases.hpp"
 
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/ops/expert_codec.hpp>
+#include <moecomm/collectives/expert_codec.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
 #include <moecomm/patterns/replicated_experts.hpp>
-#include <moecomm/plan/flexmoe_planner.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/flexmoe_planner.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 
 #include <atomic>
 #include <cstdlib>

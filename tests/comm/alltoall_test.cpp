@@ -6,7 +6,7 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/collectives/alltoall.hpp>
 
 namespace test {
 

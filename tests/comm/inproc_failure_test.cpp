@@ -9,7 +9,7 @@
 
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/core/topology.hpp>
-#include <moecomm/ops/alltoall.hpp>
+#include <moecomm/collectives/alltoall.hpp>
 
 #include <algorithm>
 #include <atomic>

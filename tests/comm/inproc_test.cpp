@@ -6,7 +6,7 @@
 #include "inproc_support.hpp"
 
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/ops/alltoall/stats.hpp>
+#include <moecomm/collectives/alltoall/stats.hpp>
 #include <moecomm/core/topology.hpp>
 
 #include <atomic>

@@ -17,8 +17,8 @@
 
 #include <moecomm/comm/mpi.hpp>
 #include <moecomm/core/topology.hpp>
-#include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/ordered_allreduce.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/collectives/ordered_allreduce.hpp>
 
 #include <mpi.h>
 

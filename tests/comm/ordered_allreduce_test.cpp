@@ -9,7 +9,7 @@
 
 #include <moecomm/backend/host.hpp>
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/ops/ordered_allreduce.hpp>
+#include <moecomm/collectives/ordered_allreduce.hpp>
 
 #include <chrono>
 #include <cstring>

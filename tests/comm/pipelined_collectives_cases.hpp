@@ -11,7 +11,7 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/comm/parallel_groups.hpp>
-#include <moecomm/ops/pipelined_collectives.hpp>
+#include <moecomm/collectives/pipelined_collectives.hpp>
 
 #include <cstdint>
 #include <vector>

@@ -10,7 +10,7 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/comm/parallel_groups.hpp>
-#include <moecomm/ops/row_collectives.hpp>
+#include <moecomm/collectives/row_collectives.hpp>
 
 #include <cstdint>
 #include <vector>

@@ -7,7 +7,7 @@
 
 #include <moecomm/core/placement.hpp>
 #include <moecomm/core/replica_placement.hpp>
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 
 #include <algorithm>
 #include <set>

@@ -10,8 +10,8 @@
 
 #include <moecomm/backend/cuda.cuh>
 #include <moecomm/comm/nccl.cuh>
-#include <moecomm/ops/gradient_reduce.hpp>
-#include <moecomm/ops/replica_broadcast.hpp>
+#include <moecomm/collectives/gradient_reduce.hpp>
+#include <moecomm/collectives/replica_broadcast.hpp>
 
 #include <atomic>
 #include <chrono>

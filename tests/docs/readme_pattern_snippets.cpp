@@ -125,7 +125,7 @@ moecomm::replica_placement flexmoe(std::int64_t H, std::vector<snippet_result>& 
     std::int64_t state_count() const { return 16; }  // elements per slot
     float* state(std::int32_t slot) { return m.data() + slot * 16; }
   };
-  moecomm::flexmoe_planner_options planner;  // when a move pays off (plan/flexmoe_planner.hpp)
+  moecomm::flexmoe_planner_options planner;  // when a move pays off (planners/flexmoe_planner.hpp)
   planner.interval_steps = 50;               // its gain counts over the rebalancing interval ...
   planner.bytes_per_replica = 1e6;           // ... against parameters + optimizer state / bandwidth
   auto const start = moecomm::replica_placement::cyclic(/*ranks=*/8, /*slots_per_rank=*/4, /*replicas=*/2);

@@ -14,9 +14,9 @@
 
 #include <moecomm/comm/inproc.hpp>
 #include <moecomm/comm/staged.cuh>
-#include <moecomm/measure/calibration.hpp>
+#include <moecomm/models/calibration.hpp>
 #include <moecomm/patterns/hybridep.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
 
 #include <type_traits>
 #include <utility>

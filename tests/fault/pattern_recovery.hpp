@@ -39,7 +39,7 @@
 #include <moecomm/patterns/flexmoe.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/patterns/parm.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
 
 #include <chrono>
 #include <cstdio>

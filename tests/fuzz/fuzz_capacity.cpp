@@ -11,7 +11,7 @@
 
 #include "fuzz_driver.hpp"
 
-#include <moecomm/ops/capacity.hpp>
+#include <moecomm/rows/capacity.hpp>
 
 #include <cmath>
 

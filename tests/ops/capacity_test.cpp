@@ -5,8 +5,8 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/ops/capacity.hpp>
-#include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/rows/capacity.hpp>
+#include <moecomm/dispatch/dispatcher.hpp>
 
 #include <cmath>
 #include <limits>

@@ -7,8 +7,8 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/backend/host.hpp>
-#include <moecomm/ops/capacity.hpp>
-#include <moecomm/ops/permute_plan.hpp>
+#include <moecomm/rows/capacity.hpp>
+#include <moecomm/rows/permute_plan.hpp>
 
 #include <algorithm>
 #include <numeric>

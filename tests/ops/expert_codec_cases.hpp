@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Test bodies of the expert codec's encode and decode (moecomm/ops/expert_codec.hpp), for any
+// Test bodies of the expert codec's encode and decode (moecomm/collectives/expert_codec.hpp), for any
 // back-end: every result is compared with an oracle written here from the definition (plain loops,
 // std::sort with an explicit comparator), bit for bit, and bad input is rejected with its message
 // before anything is written (outputs are NaN-poisoned and checked unchanged).
 
 #include "../support/test_support.hpp"
 
-#include <moecomm/ops/expert_codec.hpp>
+#include <moecomm/collectives/expert_codec.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The expert codec (moecomm/ops/expert_codec.hpp): the encode/decode bodies of expert_codec_cases.hpp
+// The expert codec (moecomm/collectives/expert_codec.hpp): the encode/decode bodies of expert_codec_cases.hpp
 // on the serial and two-thread host back-ends; the compression-ratio helper; and the shared
 // expert's mean over in-process ranks, bitwise equal on every rank to the fixed-order sum computed
 // here, with bad arguments and disagreements failing on every rank before any write.

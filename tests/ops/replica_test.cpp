@@ -7,8 +7,8 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/ops/gradient_reduce.hpp>
-#include <moecomm/ops/replica_broadcast.hpp>
+#include <moecomm/collectives/gradient_reduce.hpp>
+#include <moecomm/collectives/replica_broadcast.hpp>
 
 #include <random>
 

@@ -8,7 +8,7 @@
 #include "../support/router_oracle.hpp"
 #include "../support/test_support.hpp"
 
-#include <moecomm/ops/router/router.hpp>
+#include <moecomm/rows/router/router.hpp>
 
 #include <cstring>
 #include <functional>

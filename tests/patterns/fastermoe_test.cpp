@@ -7,7 +7,7 @@
 #include "shadow_cases.hpp"
 
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
 
 namespace test {
 

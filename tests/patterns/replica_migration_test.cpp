@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Moving replicas (ops/replica_migration.hpp, replicated_expert_layer::move_replicas) over 8
+// Moving replicas (collectives/replica_migration.hpp, replicated_expert_layer::move_replicas) over 8
 // in-process ranks: a layer whose replicas move between training steps (to a load-aware placement,
 // to one replica per expert with empty slots, back to cyclic) trains exactly like one that never
 // moved: the same outputs and gradients every step, and in the end every replica holds its
@@ -10,7 +10,7 @@
 #include "replicated_cases.hpp"
 
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/ops/replica_migration.hpp>
+#include <moecomm/collectives/replica_migration.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
 
 #include <stdexcept>

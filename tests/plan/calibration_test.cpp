@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Calibration (measure/calibration.hpp): with a fake clock whose times are exactly a + b·size the
+// Calibration (models/calibration.hpp): with a fake clock whose times are exactly a + b·size the
 // fit recovers a and b, and the median ignores the untimed call and outliers; link measurements
 // over in-process ranks are positive, agreed as the slowest rank's, and the same bits on every
 // rank; the conversions to FasterMoE's and to Parm's parameters; and errors that name the argument.
@@ -8,7 +8,7 @@
 
 #include <moecomm/backend/host.hpp>
 #include <moecomm/comm/inproc.hpp>
-#include <moecomm/measure/calibration.hpp>
+#include <moecomm/models/calibration.hpp>
 
 #include <cmath>
 #include <cstring>

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The exchange adviser (plan/exchange_adviser.hpp) on hand-computed cases: the round model's loads,
+// The exchange adviser (models/exchange_adviser.hpp) on hand-computed cases: the round model's loads,
 // the rows each algorithm moves, and errors that name the argument. Its agreement with the
 // simulation is measured by bench_exchange_adviser (docs/performance.md).
 
 #include "../support/test_support.hpp"
 
-#include <moecomm/plan/exchange_adviser.hpp>
+#include <moecomm/models/exchange_adviser.hpp>
 
 #include <cstdint>
 #include <limits>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// FlexMoE's replica placement planner (plan/flexmoe_planner.hpp): hand-worked decisions (below the
+// FlexMoE's replica placement planner (planners/flexmoe_planner.hpp): hand-worked decisions (below the
 // threshold, a hot expert expanded, costs against the interval, full rows and replaces), 600 random
 // placements checked against a from-scratch oracle of the model (every move legal, every greedy
 // step a strict gain worth its cost, the predictions exact, the same decision twice), and errors
@@ -7,7 +7,7 @@
 
 #include "../support/test_support.hpp"
 
-#include <moecomm/plan/flexmoe_planner.hpp>
+#include <moecomm/planners/flexmoe_planner.hpp>
 
 #include <algorithm>
 #include <cmath>

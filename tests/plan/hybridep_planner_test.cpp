@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// HybridEP's stream model and planner (plan/hybridep_planner.hpp): every term on hand-computed
+// HybridEP's stream model and planner (planners/hybridep_planner.hpp): every term on hand-computed
 // numbers, the pair counts and the p of each expert-domain size, S_ED = 1 as plain EP, the regimes
 // of §III-E's decision rule against its case formulas, the conversion from a cluster_spec, scaling,
 // and errors that name the field.
@@ -10,7 +10,7 @@
 
 #include "../support/test_support.hpp"
 
-#include <moecomm/plan/hybridep_planner.hpp>
+#include <moecomm/planners/hybridep_planner.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parm's cost model (plan/parm_cost_model.hpp): the three schedules on hand-computed numbers, where
+// Parm's cost model (models/parm_cost_model.hpp): the three schedules on hand-computed numbers, where
 // each group's peers are, S2 against S1 (equal in one piece, cheaper by overlap, dearer with many
 // pieces, a large α or many copy launches), predictions that grow with the tokens, the conversion
 // from a cluster_spec, and errors that name the field.
 
 #include "../support/test_support.hpp"
 
-#include <moecomm/plan/parm_cost_model.hpp>
+#include <moecomm/models/parm_cost_model.hpp>
 
 #include <functional>
 #include <string>

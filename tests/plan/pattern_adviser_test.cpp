@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The pattern adviser (plan/pattern_adviser.hpp) and the link model under it (plan/link_model.hpp)
+// The pattern adviser (models/pattern_adviser.hpp) and the link model under it (models/link_model.hpp)
 // on hand-computed cases, and errors that name the argument. Its agreement with the simulation is
 // measured by bench_pattern_adviser (docs/performance.md, "The pattern adviser").
 
 #include "../support/test_support.hpp"
 
-#include <moecomm/plan/pattern_adviser.hpp>
+#include <moecomm/models/pattern_adviser.hpp>
 
 #include <algorithm>
 #include <cstdint>

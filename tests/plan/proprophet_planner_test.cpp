@@ -6,8 +6,8 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/patterns/fastermoe.hpp>
-#include <moecomm/plan/proprophet_cost_model.hpp>
-#include <moecomm/plan/proprophet_planner.hpp>
+#include <moecomm/planners/proprophet_cost_model.hpp>
+#include <moecomm/planners/proprophet_planner.hpp>
 
 #include <array>
 #include <numeric>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Token -> replica assignment (plan/replica_assignment.hpp): FineMoE's Algorithm 1 on a worked
+// Token -> replica assignment (planners/replica_assignment.hpp): FineMoE's Algorithm 1 on a worked
 // example and on random counts with the min-max scheduler's split (every replica takes exactly its
 // split, every rank sends exactly its tokens, own replica first), the position -> replica map, the
 // even split, and errors naming the expert or the count.
@@ -7,8 +7,8 @@
 #include "../support/test_support.hpp"
 
 #include <moecomm/core/replica_placement.hpp>
-#include <moecomm/plan/replica_assignment.hpp>
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/replica_assignment.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 
 #include <random>
 #include <vector>

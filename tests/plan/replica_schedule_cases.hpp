@@ -4,7 +4,7 @@
 // GLPK oracle tests: random replica sets and loads, eq. 3 by brute force over subsets of ranks,
 // and the constraints every schedule must meet.
 
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 
 #include <doctest/doctest.h>
 

@@ -8,7 +8,7 @@
 #include "replica_schedule_cases.hpp"
 
 #include <moecomm/core/topology.hpp>
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 
 #include <functional>
 #include <limits>

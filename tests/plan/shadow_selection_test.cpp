@@ -5,8 +5,8 @@
 
 #include "../support/test_support.hpp"
 
-#include <moecomm/plan/cost_model.hpp>
-#include <moecomm/plan/shadow_selection.hpp>
+#include <moecomm/planners/fastermoe_cost_model.hpp>
+#include <moecomm/planners/shadow_selection.hpp>
 
 #include <array>
 #include <numeric>

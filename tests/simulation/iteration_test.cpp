@@ -6,8 +6,8 @@
 #include "../support/test_support.hpp"
 #include "sim_support.hpp"
 
-#include <moecomm/plan/iteration_model.hpp>
-#include <moecomm/simulation/dense_iteration.hpp>
+#include <moecomm/models/iteration_model.hpp>
+#include <moecomm/models/dense_iteration.hpp>
 
 #include <algorithm>
 #include <cstdint>

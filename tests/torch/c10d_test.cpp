@@ -16,7 +16,7 @@
 #include "torch_world.hpp"
 
 #include <moecomm/comm/c10d.hpp>
-#include <moecomm/ops/ordered_allreduce.hpp>
+#include <moecomm/collectives/ordered_allreduce.hpp>
 
 #include <chrono>
 #include <thread>

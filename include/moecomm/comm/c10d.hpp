@@ -35,7 +35,7 @@
 //! Debian's libtorch is CPU-only).
 //!
 //! Floating-point sums of `allreduce` follow the group's own reduction order; `ordered_allreduce`
-//! (ops/ordered_allreduce.hpp) gives the same bits as every other transport. One communicator is used
+//! (collectives/ordered_allreduce.hpp) gives the same bits as every other transport. One communicator is used
 //! by one thread at a time.
 
 #include <moecomm/config.hpp>

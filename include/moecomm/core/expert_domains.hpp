@@ -4,7 +4,7 @@
 //! HybridEP's expert domains over a topology's data centres: which ranks gather each other's
 //! experts, and which ranks (the same offset in every expert domain) exchange tokens. Shared by the
 //! layer (patterns/hybridep.hpp), its planner and the pattern adviser's model of it
-//! (plan/hybridep_layout_model.hpp), so that all three cut the ranks alike.
+//! (models/hybridep_layout_model.hpp), so that all three cut the ranks alike.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/topology.hpp>

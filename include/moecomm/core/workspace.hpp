@@ -4,9 +4,9 @@
 //! `workspace`: scratch memory a call keeps between calls, so that a steady state allocates
 //! nothing (CUB's temporary storage, owned by the caller instead of sized by a first call).
 
-#include <moecomm/comm/communicator.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/messages.hpp>
 
 #include <cstddef>
 #include <cstdint>

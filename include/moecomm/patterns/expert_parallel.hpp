@@ -14,11 +14,11 @@
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/step_bounds.hpp>
-#include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/capacity.hpp>
-#include <moecomm/ops/dispatcher.hpp>
-#include <moecomm/ops/matrix_checks.hpp>
-#include <moecomm/ops/unpermute.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/rows/capacity.hpp>
+#include <moecomm/dispatch/dispatcher.hpp>
+#include <moecomm/core/matrix_checks.hpp>
+#include <moecomm/rows/unpermute.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
 #include <moecomm/patterns/layer_steps.hpp>

@@ -23,15 +23,15 @@
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/lane.hpp>
 #include <moecomm/core/placement.hpp>
-#include <moecomm/ops/alltoall/exchange_groups.hpp>
-#include <moecomm/ops/gradient_reduce.hpp>
-#include <moecomm/ops/replica/replica_set.hpp>
-#include <moecomm/ops/replica_broadcast.hpp>
+#include <moecomm/collectives/alltoall/exchange_groups.hpp>
+#include <moecomm/collectives/gradient_reduce.hpp>
+#include <moecomm/collectives/replica_set.hpp>
+#include <moecomm/collectives/replica_broadcast.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
 #include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/patterns/experts.hpp>
-#include <moecomm/plan/cost_model.hpp>
-#include <moecomm/plan/shadow_selection.hpp>
+#include <moecomm/planners/fastermoe_cost_model.hpp>
+#include <moecomm/planners/shadow_selection.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -6,7 +6,7 @@
 //! replicas, and the replicas themselves moved as the load drifts.
 //!
 //! ```cpp
-//! moecomm::flexmoe_planner_options planner;   // threshold, interval, costs (plan/flexmoe_planner.hpp)
+//! moecomm::flexmoe_planner_options planner;   // threshold, interval, costs (planners/flexmoe_planner.hpp)
 //! auto layer = moecomm::make_expert_parallel_layer<float>(be, groups, E, H, moecomm::flexmoe{placement, {}, {planner}});
 //! for (int step = 0; ...; ++step) {
 //!   layer.forward(...); layer.backward(...); optimizer.step();
@@ -17,7 +17,7 @@
 //! `rebalance` plans on the mean expert loads since the last call (they are all-gathered every
 //! forward, so every rank plans the same moves) and makes the moves that pay off within the
 //! interval: expanded and migrated replicas receive the parameters and the optimizer state
-//! (`ops/replica_migration.hpp`). The layer is a `replicated_expert_layer<T, Backend, Comm,
+//! (`collectives/replica_migration.hpp`). The layer is a `replicated_expert_layer<T, Backend, Comm,
 //! even_split, weighted, dynamic_placement>`: outputs and gradients equal plain expert
 //! parallelism's bit for bit, before and after any move.
 

@@ -33,7 +33,7 @@
 //! then `forward`, which routes and dispatches while the gather finishes and waits for it only
 //! before the experts compute. `forward` without `begin_expert_gather` gathers first.
 //!
-//! Parameter-efficient migration (§IV-B; ops/expert_codec.hpp), with `hybridep::compression` > 1:
+//! Parameter-efficient migration (§IV-B; collectives/expert_codec.hpp), with `hybridep::compression` > 1:
 //! the expert domain's shared expert (the mean of its experts, `refresh_shared_expert`, computed on
 //! first use and whenever the caller asks, e.g. after an optimizer step) is on every member; each
 //! rank sends, per expert, only the `ceil(P / compression)` parameters farthest from it (values and
@@ -62,14 +62,14 @@
 #include <moecomm/core/topology.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
-#include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/dispatcher.hpp>
-#include <moecomm/ops/expert_codec.hpp>
-#include <moecomm/ops/row_collectives.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/dispatch/dispatcher.hpp>
+#include <moecomm/collectives/expert_codec.hpp>
+#include <moecomm/collectives/row_collectives.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
 #include <moecomm/patterns/layer_steps.hpp>
-#include <moecomm/plan/hybridep_planner.hpp>
+#include <moecomm/planners/hybridep_planner.hpp>
 
 #include <cmath>
 #include <cstdint>

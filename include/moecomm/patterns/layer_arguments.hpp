@@ -10,7 +10,7 @@
 #include <moecomm/core/optional_output.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/error.hpp>
-#include <moecomm/ops/matrix_checks.hpp>
+#include <moecomm/core/matrix_checks.hpp>
 
 #include <cstdint>
 

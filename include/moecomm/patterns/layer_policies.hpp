@@ -23,9 +23,9 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/routing.hpp>
-#include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/capacity.hpp>
-#include <moecomm/ops/unpermute.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/rows/capacity.hpp>
+#include <moecomm/rows/unpermute.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
 #include <moecomm/patterns/expert_data_parallel.hpp>
 #include <moecomm/patterns/finemoe.hpp>

@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `deepspeed_mp` | every MP rank dispatches all T tokens (identical within the MP group) → EP all-to-all → expert slices → ESP all-reduce (ordered reduce-scatter + all-gather) → EP all-to-all → combine |
 //! | `parm_s1` | PauseMP with separate collectives: MP split (T/MP tokens each, no traffic) → EP all-to-all → ESP all-gather → expert slices → ESP reduce-scatter → EP all-to-all → combine → MP all-gather |
-//! | `parm_s2` | PauseMP with unified collectives: the same, with the all-to-all ∥ ESP all-gather and the ESP reduce-scatter ∥ all-to-all pipelined in `pieces` (ops/pipelined_collectives.hpp) |
+//! | `parm_s2` | PauseMP with unified collectives: the same, with the all-to-all ∥ ESP all-gather and the ESP reduce-scatter ∥ all-to-all pipelined in `pieces` (collectives/pipelined_collectives.hpp) |
 //! | `parm_auto` | Parm's rule, every step: the ranks agree on the step's shape, `parm_cost_model` prices S1 and S2 for it, and the cheaper runs |
 //!
 //! With ESP = MP (Parm's setting) the ESP all-gather is the MP all-gather of Parm's fused kernel;
@@ -48,20 +48,20 @@
 #include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/core/workspace.hpp>
-#include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/content_digest.hpp>
-#include <moecomm/ops/capacity.hpp>
-#include <moecomm/ops/dispatcher.hpp>
-#include <moecomm/ops/matrix_checks.hpp>
-#include <moecomm/ops/ordered_allreduce.hpp>
-#include <moecomm/ops/pipelined_collectives.hpp>
-#include <moecomm/ops/row_collectives.hpp>
-#include <moecomm/ops/sort_chunks.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/rows/content_digest.hpp>
+#include <moecomm/rows/capacity.hpp>
+#include <moecomm/dispatch/dispatcher.hpp>
+#include <moecomm/core/matrix_checks.hpp>
+#include <moecomm/collectives/ordered_allreduce.hpp>
+#include <moecomm/collectives/pipelined_collectives.hpp>
+#include <moecomm/collectives/row_collectives.hpp>
+#include <moecomm/rows/sort_chunks.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/replica_gradients.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
 #include <moecomm/patterns/layer_steps.hpp>
-#include <moecomm/plan/parm_cost_model.hpp>
+#include <moecomm/models/parm_cost_model.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -89,7 +89,7 @@ struct parm_s2 {
 };
 
 //! Parm's selection rule as a schedule: every forward prices S1 and S2 for the step's shape with
-//! `model` (plan/parm_cost_model.hpp) and runs the one of the smaller predicted step. The shape is
+//! `model` (models/parm_cost_model.hpp) and runs the one of the smaller predicted step. The shape is
 //! agreed over the world (one all-gather of three integers per rank): the largest MP group's
 //! tokens and top-k, and the share of all slots the capacity kept; so every rank runs the same
 //! schedule. Under a simulated back-end the model prices the model-sized rows the real ones stand

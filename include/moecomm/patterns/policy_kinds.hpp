@@ -9,9 +9,9 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/routing.hpp>
-#include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/capacity.hpp>
-#include <moecomm/ops/unpermute.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/rows/capacity.hpp>
+#include <moecomm/rows/unpermute.hpp>
 
 #include <type_traits>
 

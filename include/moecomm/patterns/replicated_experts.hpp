@@ -9,7 +9,7 @@
 //!    into the `[R][E]` counts, the same on every rank;
 //! 2. the split of each expert's tokens over its replicas: `finemoe_split` solves the exact min-max
 //!    schedule (`schedule_replicas`, FineMoE eq. 3) and assigns by FineMoE's Algorithm 1;
-//!    `even_split` shares each rank's tokens evenly (FlexMoE). `plan/replica_assignment.hpp`;
+//!    `even_split` shares each rank's tokens evenly (FlexMoE). `planners/replica_assignment.hpp`;
 //! 3. every slot relabeled to its replica's *slot id* `rank · S + local index` (a rank's tokens of
 //!    an expert go to the replicas as contiguous runs of their (token, slot) order): the real plan's
 //!    runs move to their slot ids (`relabel_permute_plan` by row blocks), no second sort;
@@ -32,11 +32,11 @@
 //! so when the trainer applies the all-reduced gradients alike.
 //!
 //! Between steps, `move_replicas(to, experts, state)` changes the placement: the slots that gain an
-//! expert receive its parameters and the trainer's optimizer state (`ops/replica_migration.hpp`),
+//! expert receive its parameters and the trainer's optimizer state (`collectives/replica_migration.hpp`),
 //! and the replica groups are rebuilt; if any rank fails, every slot and the placement stay as they
 //! were. With the `dynamic_placement` policy (FlexMoE, patterns/flexmoe.hpp), `rebalance(experts,
 //! state)` plans the moves itself from the loads seen since the last rebalance
-//! (`plan/flexmoe_planner.hpp`) and makes them when they pay off.
+//! (`planners/flexmoe_planner.hpp`) and makes them when they pay off.
 
 #include <moecomm/comm/world_agreement.hpp>
 #include <moecomm/config.hpp>
@@ -49,18 +49,18 @@
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/error.hpp>
-#include <moecomm/ops/alltoall.hpp>
-#include <moecomm/ops/dispatcher.hpp>
-#include <moecomm/ops/ordered_allreduce.hpp>
-#include <moecomm/ops/permute_plan.hpp>
-#include <moecomm/ops/replica_migration.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/dispatch/dispatcher.hpp>
+#include <moecomm/collectives/ordered_allreduce.hpp>
+#include <moecomm/rows/permute_plan.hpp>
+#include <moecomm/collectives/replica_migration.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
 #include <moecomm/patterns/layer_steps.hpp>
 #include <moecomm/patterns/replica_gradients.hpp>
-#include <moecomm/plan/flexmoe_planner.hpp>
-#include <moecomm/plan/replica_assignment.hpp>
-#include <moecomm/plan/replica_schedule.hpp>
+#include <moecomm/planners/flexmoe_planner.hpp>
+#include <moecomm/planners/replica_assignment.hpp>
+#include <moecomm/planners/replica_schedule.hpp>
 
 #include <cstdint>
 #include <type_traits>

@@ -24,7 +24,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
-#include <moecomm/simulation/cluster_spec.hpp>
+#include <moecomm/core/cluster_spec.hpp>
 #include <moecomm/simulation/engine.hpp>
 #include <moecomm/simulation/timeline.hpp>
 

@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
-#include <moecomm/simulation/cluster_spec.hpp>
+#include <moecomm/core/cluster_spec.hpp>
 #include <moecomm/simulation/engine.hpp>
 #include <moecomm/simulation/platform_file.hpp>
 #include <optional>

@@ -26,7 +26,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
-#include <moecomm/simulation/cluster_spec.hpp>
+#include <moecomm/core/cluster_spec.hpp>
 
 #if !defined(MOECOMM_PLATFORM_DIR)
 #error "moecomm/simulation needs MOECOMM_PLATFORM_DIR: link the target moecomm::simgrid"

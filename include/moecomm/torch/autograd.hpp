@@ -24,7 +24,7 @@
 #include <moecomm/backend/host.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/torch/backward_errors.hpp>
-#include <moecomm/ops/router/router.hpp>
+#include <moecomm/rows/router/router.hpp>
 #include <moecomm/torch/tensor_views.hpp>
 #include <moecomm/torch/torch_experts.hpp>
 

@@ -24,7 +24,7 @@
 
 #include <moecomm/config.hpp>
 #include <moecomm/torch/backward_errors.hpp>
-#include <moecomm/ops/dispatcher.hpp>
+#include <moecomm/dispatch/dispatcher.hpp>
 #include <moecomm/torch/tensor_views.hpp>
 
 #include <torch/torch.h>

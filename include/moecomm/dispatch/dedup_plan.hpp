@@ -1,0 +1,392 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! @file
+//! `dedup_plan`: the two row maps of a deduplicated exchange (`dedup_per_rank`, semantics §10a).
+//! The source map sends each token row once to each destination rank that holds one of its sent
+//! slots (and lays out the home experts' rows after them, as the plain plan does); the receive map
+//! spreads each arrived row over its local slots, in the layout plain dispatch gives the experts.
+//! Both are ordinary `permute_plan`s, so permute, unpermute and their backward passes move the
+//! rows, each row read once.
+
+#include <moecomm/config.hpp>
+#include <moecomm/core/array_view.hpp>
+#include <moecomm/core/buffer.hpp>
+#include <moecomm/core/functional.hpp>
+#include <moecomm/core/routing.hpp>
+#include <moecomm/core/topology.hpp>
+#include <moecomm/core/workspace.hpp>
+#include <moecomm/error.hpp>
+#include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/rows/permute_plan.hpp>
+#include <moecomm/rows/validate_routing.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! Where this rank's deduplicated exchange sends slot rows: a kept, valid slot whose expert is not
+//! home here goes to its expert's rank, or to that rank's relay (per-node deduplication: the rank
+//! of the expert's node with this rank's local index, which forwards it inside the node).
+struct dedup_route {
+  std::int32_t const* home_index;  //!< [E] the expert's index among this rank's home experts, or -1
+  std::int32_t const* relay;       //!< [R] the rank that takes the rows bound for rank d, or null: d itself
+  std::int32_t num_experts, local_experts;
+
+  [[nodiscard]] MOECOMM_HOST_DEVICE bool is_home(std::int32_t e) const {
+    return is_valid_expert(e, num_experts) && home_index[e] >= 0;
+  }
+  //! The rank slot id `e`'s row is sent to, or -1 when it is not sent (a masked, dropped or invalid
+  //! slot, or a home expert, computed where its token is).
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int32_t destination(std::int32_t e) const {
+    if (!is_valid_expert(e, num_experts) || home_index[e] >= 0) return -1;
+    std::int32_t const d = e / local_experts;
+    return relay != nullptr ? relay[d] : d;
+  }
+  //! The first slot of a token's `ids` sent to rank `d` (`d` is the destination of some slot).
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int32_t first_slot_to(std::int32_t d, std::int32_t const* ids) const {
+    std::int32_t k = 0;
+    while (destination(ids[k]) != d) ++k;
+    return k;
+  }
+};
+
+//! The source routing of token t: its first slot to each destination rank d names d (weight 1: the
+//! row returns summed), a home slot names `R + ` its home expert's index (its own weight), every
+//! other slot -1. Its plan's blocks are the rows for rank 0, 1, ..., then the home experts' rows.
+struct dedup_source_slots {
+  std::int32_t const* idx;
+  float const* weights;  //!< may be null (an unweighted combine)
+  dedup_route route;
+  std::int32_t ranks, top_k;
+  std::int32_t* source_idx;
+  float* source_weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t t) const {
+    std::int32_t const* ids = idx + t * top_k;
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      std::int64_t const slot = t * top_k + k;
+      std::int32_t const e = ids[k], d = route.destination(e);
+      bool const home = route.is_home(e);
+      source_idx[slot] = home ? ranks + route.home_index[e] : (d >= 0 && route.first_slot_to(d, ids) == k ? d : -1);
+      source_weights[slot] = home ? (weights != nullptr ? weights[slot] : 0.0f) : 1.0f;
+    }
+  }
+};
+
+//! The slot list that travels with source row r (token t to rank d): for each slot k of t that goes
+//! to d, the receive id `l * R + s` (local expert l of d, the token's source rank s: `origin_of[t]`,
+//! or this rank) or, to a relay, the global expert id (the relay routes it on); -1 for every other
+//! slot. With it, the slot's weight (0 when it does not go to d). Row r's list is `top_k` ids then
+//! `top_k` weights.
+struct dedup_slot_lists {
+  std::int32_t const* idx;
+  float const* weights;  //!< may be null
+  dedup_route route;
+  std::int32_t const* token_of;
+  std::int32_t const* slot_of;
+  std::int32_t const* source_idx;
+  std::int32_t const* origin_of;  //!< [tokens] the rank each token came from (a relay's), or null: this rank
+  std::int32_t ranks, top_k, me;
+  char* lists;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    std::int64_t const t = token_of[r];
+    std::int32_t const d = source_idx[t * top_k + slot_of[r]];
+    std::int32_t const origin = origin_of != nullptr ? origin_of[t] : me;
+    auto* const ids = reinterpret_cast<std::int32_t*>(lists + r * 8 * top_k);
+    auto* const w = reinterpret_cast<float*>(ids + top_k);
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      std::int32_t const e = idx[t * top_k + k];
+      bool const here = route.destination(e) == d;
+      ids[k] = !here ? -1 : route.relay != nullptr ? e : (e - d * route.local_experts) * ranks + origin;
+      w[k] = here && weights != nullptr ? weights[t * top_k + k] : 0.0f;
+    }
+  }
+};
+
+//! The arrived slot lists as a routing: `idx[i][k]`, `weights[i][k]`.
+struct split_slot_lists {
+  char const* lists;
+  std::int32_t top_k;
+  std::int32_t* idx;
+  float* weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    auto const* ids = reinterpret_cast<std::int32_t const*>(lists + i * 8 * top_k);
+    auto const* w = reinterpret_cast<float const*>(ids + top_k);
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      idx[i * top_k + k] = ids[k];
+      weights[i * top_k + k] = w[k];
+    }
+  }
+};
+
+//! The weight gradient of slot (t, k): from the receiver's list of the row that carried it, from
+//! the source's own dot for a home slot, 0 for a slot without a row.
+struct gather_dedup_weight_grads {
+  std::int32_t const* idx;
+  dedup_route route;
+  std::int32_t const* source_row_of;
+  float const* home_grads;      //!< [T][K] the source plan's dots (valid at home slots); may be null without home slots
+  float const* returned_grads;  //!< [sent rows][K] the receivers' dots
+  std::int32_t top_k;
+  float* d_weights;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t slot) const {
+    std::int64_t const t = slot / top_k;
+    std::int32_t const e = idx[slot];
+    std::int32_t const d = route.destination(e);
+    if (d < 0) {
+      d_weights[slot] = route.is_home(e) ? home_grads[slot] : 0.0f;
+      return;
+    }
+    std::int32_t const first = route.first_slot_to(d, idx + t * top_k);
+    d_weights[slot] = returned_grads[static_cast<std::int64_t>(source_row_of[t * top_k + first]) * top_k + slot % top_k];
+  }
+};
+
+//! Padding a home expert's block has no destination: refused by name.
+inline void require_no_padded_home(std::int64_t padded_capacity, bool has_home) {
+  require(padded_capacity == 0 || !has_home, "dispatcher::route",
+          "a deduplicated exchange with pad_to_capacity and home experts is not supported (the home experts' padding "
+          "rows have no destination)");
+}
+
+}  // namespace detail
+
+//! The row maps of one routing decision's deduplicated exchange, rebuilt in place each step (its
+//! buffers only grow). Built by the dispatcher's `route` when its exchange is `dedup_per_rank`; two
+//! of them, one per hop, make `dedup_node_plan`.
+template <class Backend>
+class dedup_plan {
+ public:
+  //! Sends rows bound for rank d to `relay[d]` instead, with lists of global expert ids (the first
+  //! hop of `dedup_node_plan`). Set once, before any `build_source`.
+  void send_to_relays(Backend const& be, std::vector<std::int32_t> relay) {
+    relay_table_ = std::move(relay);
+    be.copy(grow(be, relay_, static_cast<std::int64_t>(relay_table_.size())).data(), relay_table_.data(),
+            static_cast<std::int64_t>(relay_table_.size()));
+  }
+
+  //! This rank's side, for the kept routing `kept` (global expert ids) with `home` (this rank's home
+  //! experts, ascending) computed here: the source map and the rows it sends each rank
+  //! (`sent_counts()`, which every rank must then learn: `gather_counts` or `take_counts`). Local.
+  void build_source(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home, std::int32_t num_experts,
+                    std::int32_t ranks, workspace<Backend>& scratch) {
+    std::int32_t const top_k = kept.top_k;
+    std::int64_t const slots = kept.num_tokens * top_k;
+    home_table_.assign(static_cast<std::size_t>(num_experts), -1);
+    for (std::size_t i = 0; i < home.size(); ++i) home_table_[static_cast<std::size_t>(home[i])] = static_cast<std::int32_t>(i);
+    be.copy(grow(be, home_index_, num_experts).data(), home_table_.data(), num_experts);
+    kept_ = kept;
+    has_home_ = !home.empty();
+    ranks_ = ranks;
+    // One row per (token, destination), then the home rows.
+    routing_view source{grow(be, source_idx_, slots).data(), grow(be, source_weights_, slots).data(), kept.num_tokens, top_k};
+    be.for_each_index(kept.num_tokens, detail::dedup_source_slots{kept.topk_idx, kept.topk_weights, route(), ranks, top_k,
+                                                                  source_idx_.data(), source_weights_.data()});
+    // Blocks past R + home are empty; a plan has at least K of them.
+    std::int32_t const source_blocks = std::max(ranks + static_cast<std::int32_t>(home.size()), top_k);
+    build_permute_plan(be, source, source_blocks, source_, scratch, unchecked_routing);
+    std::int32_t const* offsets = source_.host_expert_offsets().data;
+    sent_rows_ = offsets[ranks];
+    my_counts_.resize(static_cast<std::size_t>(ranks));
+    for (std::int32_t d = 0; d < ranks; ++d) my_counts_[static_cast<std::size_t>(d)] = offsets[d + 1] - offsets[d];
+  }
+
+  //! The same over `groups`' ranks (`dedup_node_plan`'s form).
+  template <class Comm>
+  void build_source(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home, std::int32_t num_experts,
+                    exchange_groups<Comm>& groups, workspace<Backend>& scratch) {
+    build_source(be, kept, home, num_experts, groups.world().size(), scratch);
+  }
+
+  //! `[R]` rows this rank sends each rank (after `build_source`).
+  [[nodiscard]] std::vector<std::int64_t> const& sent_counts() const { return my_counts_; }
+  //! Every rank learns every rank's `sent_counts()`: one all-gather. Collective.
+  template <class Comm>
+  void gather_counts(Comm& comm) {
+    counts_.resize(my_counts_.size() * my_counts_.size());
+    allgather_host(comm, my_counts_.data(), counts_.data(), static_cast<std::int64_t>(my_counts_.size() * sizeof(std::int64_t)));
+  }
+  //! `gather_counts` for rows that never leave a node (`dedup_node_plan`'s second hop): the node's
+  //! ranks all-gather their counts over `groups.intra()`, every other count is 0. Collective over
+  //! the node: G - 1 steps instead of the world's R - 1.
+  template <class Comm>
+  void gather_counts_in_node(exchange_groups<Comm>& groups) {
+    topology const& topo = groups.topo();
+    std::size_t const ranks = my_counts_.size(), per_node = static_cast<std::size_t>(topo.ranks_per_node());
+    node_counts_.resize(per_node * ranks);
+    allgather_host(groups.intra(), my_counts_.data(), node_counts_.data(), static_cast<std::int64_t>(ranks * sizeof(std::int64_t)));
+    counts_.assign(ranks * ranks, 0);
+    std::int32_t const node = topo.node_of(groups.world().rank());
+    for (std::size_t g = 0; g < per_node; ++g)
+      std::copy_n(node_counts_.begin() + static_cast<std::ptrdiff_t>(g * ranks), ranks,
+                  counts_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(topo.rank_at(node, static_cast<std::int32_t>(g))) * ranks));
+  }
+  //! The same from a gather the caller made: rank s's counts at `all + s * stride`.
+  void take_counts(std::int64_t const* all, std::int64_t stride) {
+    std::size_t const ranks = my_counts_.size();
+    counts_.resize(ranks * ranks);
+    for (std::size_t s = 0; s < ranks; ++s) std::copy_n(all + s * stride, ranks, counts_.begin() + static_cast<std::ptrdiff_t>(s * ranks));
+  }
+  //! Rows rank s sends rank d (after the counts are known).
+  [[nodiscard]] std::int64_t rows_between(std::int32_t s, std::int32_t d) const {
+    return counts_[static_cast<std::size_t>(s) * my_counts_.size() + static_cast<std::size_t>(d)];
+  }
+  [[nodiscard]] bool has_home() const { return has_home_; }
+  [[nodiscard]] std::int32_t num_experts() const { return static_cast<std::int32_t>(home_table_.size()); }
+
+  //! The slot lists travel (8·K bytes per row), once every rank's counts are known; returns the rows
+  //! this rank receives (by source rank, each source's in its order) as a routing: their receive ids
+  //! (global expert ids from a relay's source) and weights, -1 for the slots they do not carry.
+  //! @param origin_of `[tokens]` each source token's own source rank, or null: this rank. Collective.
+  template <class Comm, class Algorithm>
+  routing_view exchange_lists(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, alltoall_stats& stats,
+                              alltoall_workspace<Backend>& exchange_scratch, std::int32_t const* origin_of = nullptr) {
+    std::int32_t const me = groups.world().rank(), top_k = kept_.top_k;
+    received_rows_ = 0;
+    for (std::int32_t s = 0; s < ranks_; ++s) received_rows_ += rows_between(s, me);
+    std::int64_t const list_bytes = 8 * std::int64_t{top_k};
+    char* const lists = grow(be, sent_lists_, sent_rows_ * list_bytes).data();
+    be.for_each_index(sent_rows_, detail::dedup_slot_lists{kept_.topk_idx, kept_.topk_weights, route(), source_.token_of(),
+                                                           source_.slot_of(), source_idx_.data(), origin_of, ranks_, top_k, me,
+                                                           lists});
+    char* const arrived = grow(be, received_lists_, received_rows_ * list_bytes).data();
+    byte_matrix const& m = row_matrix(list_bytes, matrix_);
+    alltoallv(be, groups, m, array_view<char const>{lists, m.send_total(me)}, array_view<char>{arrived, m.recv_total(me)},
+              stats, exchange_scratch, algorithm);
+    std::int64_t const received_slots = received_rows_ * top_k;
+    routing_view received{grow(be, received_idx_, received_slots).data(), grow(be, received_weights_, received_slots).data(),
+                          received_rows_, top_k};
+    be.for_each_index(received_rows_, detail::split_slot_lists{arrived, top_k, received_idx_.data(), received_weights_.data()});
+    return received;
+  }
+
+  //! The receiving side: the lists travel (`exchange_lists`) and the receive map spreads the rows
+  //! this rank gets over its experts. Collective.
+  //! @param padded_capacity C when every (source, expert) chunk is padded to C rows, else 0.
+  template <class Comm, class Algorithm>
+  void build_receive(Backend const& be, exchange_groups<Comm>& groups, std::int64_t padded_capacity, Algorithm const& algorithm,
+                     alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch,
+                     std::int32_t const* origin_of = nullptr) {
+    detail::require_no_padded_home(padded_capacity, has_home_);
+    routing_view const received = exchange_lists(be, groups, algorithm, stats, exchange_scratch, origin_of);
+    // The receive id l * R + s orders the arrived rows by (expert, source, token, slot), padded per chunk.
+    build_permute_plan(be, received, local_experts() * ranks_, receive_, scratch, routing_checks{}, padded_capacity);
+  }
+
+  //! Sizes both maps and the lists for steps of at most `largest`'s slots (a routing of the largest
+  //! step, every slot valid) and `received_rows` arriving rows, so that building them allocates
+  //! nothing. Local.
+  void reserve(Backend const& be, routing_view const& largest, std::int32_t num_experts, std::int32_t ranks,
+               std::int64_t received_rows, workspace<Backend>& scratch) {
+    std::int32_t const top_k = largest.top_k, local_experts = num_experts / ranks;
+    home_table_.reserve(static_cast<std::size_t>(num_experts));
+    counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));
+    node_counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));  // G <= R
+    std::vector<std::int32_t> every_expert(static_cast<std::size_t>(num_experts));
+    for (std::int32_t e = 0; e < num_experts; ++e) every_expert[static_cast<std::size_t>(e)] = e;
+    build_source(be, largest, every_expert, num_experts, ranks, scratch);  // the most source blocks a step can have
+    std::int64_t const sent = largest.num_tokens * std::min(top_k, ranks);
+    grow(be, sent_lists_, sent * 8 * top_k);
+    grow(be, sent_grads_, sent * top_k);
+    grow(be, received_lists_, received_rows * 8 * top_k);
+    grow(be, received_grads_, received_rows * top_k);
+    // The receive map of as many rows, every slot valid: at least the arrays and sort of any step's
+    // (a padded one has at most these rows).
+    std::int64_t const slots = received_rows * top_k;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(slots));
+    for (std::int64_t i = 0; i < slots; ++i) ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % (local_experts * ranks));
+    routing_view received{grow(be, received_idx_, slots).data(), grow(be, received_weights_, slots).data(), received_rows, top_k};
+    be.copy(received_idx_.data(), ids.data(), slots);
+    be.for_each_index(slots, detail::fill_value<float>{received_weights_.data(), 1.0f});
+    build_permute_plan(be, received, local_experts * ranks, receive_, scratch, unchecked_routing);
+    be.synchronize();  // `ids` goes
+  }
+
+  //! The same over `groups`' ranks (`dedup_node_plan`'s form; a row's size does not matter here).
+  template <class Comm>
+  void reserve(Backend const& be, routing_view const& largest, std::int32_t num_experts, exchange_groups<Comm>& groups,
+               std::int64_t received_rows, std::int64_t /*row_bytes*/, workspace<Backend>& scratch) {
+    reserve(be, largest, num_experts, groups.world().size(), received_rows, scratch);
+  }
+
+  //! This rank's tokens -> the rows it sends rank 0, rank 1, ..., then its home experts' rows.
+  [[nodiscard]] permute_plan<Backend> const& source() const { return source_; }
+  //! The rows this rank receives (by source rank) -> its local experts' rows, as plain dispatch lays them out.
+  [[nodiscard]] permute_plan<Backend> const& receive() const { return receive_; }
+  [[nodiscard]] std::int64_t sent_rows() const { return sent_rows_; }
+  [[nodiscard]] std::int64_t received_rows() const { return received_rows_; }
+  //! Bytes rank s sends rank d, for rows of `row_bytes`, in `m` (its memory kept between steps).
+  byte_matrix& row_matrix(std::int64_t row_bytes, byte_matrix& m) const {
+    m.assign_zeros(ranks_);
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      for (std::int32_t d = 0; d < ranks_; ++d) m.add(s, d, rows_between(s, d) * row_bytes);
+    return m;
+  }
+
+  //! This rank's source rows (`sent`, in source-plan order) -> the rows it receives (`arrived`, by
+  //! source rank). Collective.
+  template <class T, class Comm, class Algorithm>
+  void forward_rows(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, char const* sent, char* arrived,
+                    std::int64_t hidden, alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch) {
+    byte_matrix const& m = row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), matrix_);
+    std::int32_t const me = groups.world().rank();
+    alltoallv(be, groups, m, array_view<char const>{sent, m.send_total(me)}, array_view<char>{arrived, m.recv_total(me)}, stats,
+              exchange_scratch, algorithm);
+  }
+  //! The way back: a row per received row (`sums`) -> the source's sent rows (`back`). Collective.
+  template <class T, class Comm, class Algorithm>
+  void return_rows(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, char const* sums, char* back,
+                   std::int64_t hidden, alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch) {
+    back_matrix_.assign_transposed(row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), matrix_));
+    std::int32_t const me = groups.world().rank();
+    alltoallv(be, groups, back_matrix_, array_view<char const>{sums, back_matrix_.send_total(me)},
+              array_view<char>{back, back_matrix_.recv_total(me)}, stats, exchange_scratch, algorithm);
+  }
+
+  //! `[received_rows()][K]`: where the receiver puts its dots for the weight gradient.
+  float* receiver_weight_grads(Backend const& be) {
+    return grow(be, received_grads_, received_rows_ * kept_.top_k).data();
+  }
+  //! Returns the receivers' dots to their sources and, when `d_weights` is wanted, gathers every
+  //! slot's gradient into it (`home_grads`: the source plan's dots, read at home slots). Collective.
+  template <class Comm, class Algorithm>
+  void return_weight_grads(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, alltoall_stats& stats,
+                           alltoall_workspace<Backend>& exchange_scratch, float const* home_grads, array_view<float> d_weights) {
+    std::int32_t const me = groups.world().rank(), top_k = kept_.top_k;
+    float* const returned = grow(be, sent_grads_, sent_rows_ * top_k).data();
+    back_matrix_.assign_transposed(row_matrix(4 * std::int64_t{top_k}, matrix_));
+    alltoallv(be, groups, back_matrix_,
+              array_view<char const>{reinterpret_cast<char const*>(received_grads_.data()), back_matrix_.send_total(me)},
+              array_view<char>{reinterpret_cast<char*>(returned), back_matrix_.recv_total(me)}, stats, exchange_scratch, algorithm);
+    if (d_weights.data == nullptr) return;
+    be.for_each_index(kept_.num_tokens * top_k, detail::gather_dedup_weight_grads{kept_.topk_idx, route(), source_.row_of(),
+                                                                                  home_grads, returned, top_k, d_weights.data});
+  }
+
+ private:
+  [[nodiscard]] std::int32_t local_experts() const { return num_experts() / ranks_; }
+  [[nodiscard]] detail::dedup_route route() const {
+    return {home_index_.data(), relay_table_.empty() ? nullptr : relay_.data(), num_experts(), local_experts()};
+  }
+
+  template <class T>
+  using buffer_t = typename Backend::template buffer_type<T>;
+  routing_view kept_{};
+  std::int32_t ranks_ = 1;
+  std::vector<std::int32_t> home_table_;   //!< [E] home expert index, or -1
+  std::vector<std::int32_t> relay_table_;  //!< [R] where rows bound for each rank go, or empty: there
+  std::vector<std::int64_t> my_counts_;    //!< [R] rows this rank sends each rank
+  std::vector<std::int64_t> counts_;       //!< [R][R] rows each rank sends each rank
+  std::vector<std::int64_t> node_counts_;  //!< [G][R] `gather_counts_in_node`'s all-gather
+  std::int64_t sent_rows_ = 0, received_rows_ = 0;
+  bool has_home_ = false;
+  buffer_t<std::int32_t> home_index_, relay_, source_idx_, received_idx_;
+  buffer_t<float> source_weights_, received_weights_, received_grads_, sent_grads_;
+  buffer_t<char> sent_lists_, received_lists_;
+  byte_matrix matrix_, back_matrix_;
+  permute_plan<Backend> source_, receive_;
+};
+
+MOECOMM_NAMESPACE_END
