@@ -206,7 +206,7 @@ struct data_centre_groups {
         groups(local, moecomm::topology(local.size(), std::min(local.size(), world.topo().ranks_per_node()))) {}
 };
 
-//! HybridEP's strongest baseline (issue 25, F4): expert parallelism inside each data centre, the
+//! HybridEP's strongest baseline: expert parallelism inside each data centre, the
 //! experts data-parallel across them. Every data centre holds all E experts over its ranks, so its
 //! tokens never leave it; each step then all-reduces every expert's gradient with its replicas in
 //! the other data centres (the ranks of the same index), over the slow links, in ascending rank.

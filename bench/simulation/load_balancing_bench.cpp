@@ -27,7 +27,7 @@
 //!   per GPU (assumed); S = 4 (SYMI: 16 experts × 4 slots per GPU).
 //! - Replica gradients are left to the trainer's once-per-iteration reduction in every pattern
 //!   (Megatron's expert-DP all-reduce runs once per iteration as well), so no step pays it; each
-//!   iteration pays it once per MoE layer, for every pattern alike (issue 25, F6): after the run,
+//!   iteration pays it once per MoE layer, for every pattern alike: after the run,
 //!   every slot row's replica groups all-reduce an expert's bf16 gradient side by side, on the
 //!   placement the run ends with (`sync_replica_gradients`, as `pattern_adviser` prices it).
 //!   Megatron's and FasterMoE's replicas are their expert-DP groups (E / S ranks apart).

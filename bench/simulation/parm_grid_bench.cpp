@@ -26,7 +26,7 @@
 //! are MLPs 4 -> 8 -> 4 cut into ESP slices; `simulation_scale` prices every message, copy and
 //! GEMM at the model's size.
 //!
-//! The strongest baseline (issue 25, F3) runs beside them: DeepSpeed-MoE with `drop_tokens`, each MP
+//! The strongest baseline runs beside them: DeepSpeed-MoE with `drop_tokens`, each MP
 //! rank dispatching its share of the tokens to whole experts replicated on the MP ranks, the outputs
 //! all-gathered over MP (PauseMP with ESP 1, holding MP / ESP times a slice's parameters; its
 //! replicas' gradients left to the trainer's expert-DP all-reduce, as DeepSpeed does). Its experts

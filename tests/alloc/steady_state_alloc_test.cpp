@@ -373,7 +373,7 @@ TEST_CASE("proprophet planner: a warm decision allocates nothing") {
   CHECK(allocations_in([&] { plan(counts[1]); }) == 0);
 }
 
-// ---- 1000 steps of drifting routing (issue 24) ---------------------------------------------------
+// ---- 1000 steps of drifting routing ----------------------------------------------------------------
 
 // Steps whose token count drifts in [T/2, T] and whose routing is new every step (skewed, the hot
 // experts moving with the step), as a trainer's batches do: no round repeats sizes. Returns the steps
@@ -431,7 +431,7 @@ std::string step_list(std::vector<int> const& steps) {
 }
 
 // Over 1000 drifting steps after 10 warm-up steps, each rank allocates on at most 3 steps, none
-// after step 500. (With buffers grown to the exact size seen, as before issue 24, ranks allocated on
+// after step 500. (With buffers grown to the exact size seen, as they once were, ranks allocated on
 // up to 12 of these steps, the last at step 935.)
 template <class... Policies>
 void check_drifting_steps(char const* name, Policies const&... policies) {

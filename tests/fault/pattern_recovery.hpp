@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The recover-mode fault campaign over every pattern (issues 23, 41), on any transport: plain expert
+// The recover-mode fault campaign over every pattern, on any transport: plain expert
 // parallelism, FasterMoE, Pro-Prophet's scheduled steps, Parm, HybridEP, FineMoE's replicas and
 // FlexMoE's moving replicas, each on 4 ranks, each rank with two layers of the pattern (made alike,
 // with the same experts). A run makes 4 steps (forward and backward; each step's rows scaled by its

@@ -330,7 +330,7 @@ TEST_CASE("FasterMoE: uniform routing shadows nothing; the planner never predict
   });
 }
 
-// Issue 23, item 2: every rank runs the planner on the same counts, so ranks with different cost
+// Every rank runs the planner on the same counts, so ranks with different cost
 // models would shadow different experts; the layer refuses at construction, naming the field. The
 // layer's own configuration (experts, hidden) is agreed first.
 TEST_CASE("FasterMoE: ranks that pass different cost models or hidden sizes are refused at construction, naming the field") {

@@ -248,7 +248,7 @@ TEST_CASE("HybridEP: with dedup_per_rank or dedup_per_node, plain EP's results, 
 
 namespace test {
 
-// Issue 23's first silent-data defect: 4 ranks, hybridep{2}; rank 1 skips one backward, every rank
+// A silent-data defect once: 4 ranks, hybridep{2}; rank 1 skips one backward, every rank
 // catches what it gets and runs one more step. Each rank must then fail, or equal a clean run's step
 // bit for bit: never finish with a different result. The layer calls' identity (layer, call, step)
 // in every collective's check is what stops the retry pairing with the failed step's leftovers.

@@ -209,7 +209,7 @@ TEST_CASE("after an invalid argument on every rank the same layer gives bit-iden
   });
 }
 
-// Issue 41: what differs between ranks is refused on every rank with one error naming it.
+// What differs between ranks is refused on every rank with one error naming it.
 TEST_CASE("ranks that pass different exchange algorithms are refused at construction, naming both algorithms") {
   moecomm::inproc_world const world(2, std::chrono::seconds(30));
   world.run([&](inproc_communicator comm) {

@@ -186,7 +186,7 @@ TEST_CASE("replicated experts: gradients left to the trainer sum over each repli
 
 namespace test {
 
-// Issue 23's second silent-data defect: ranks that pass different (each valid) placements would
+// A silent-data defect once: ranks that pass different (each valid) placements would
 // route to different slots and combine wrong rows; the layer refuses at construction, on every rank.
 TEST_CASE("replicated experts: ranks that pass different placements are refused at construction, naming the placement") {
   using comm_t = moecomm::inproc_communicator;

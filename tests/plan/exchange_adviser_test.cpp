@@ -148,7 +148,7 @@ TEST_CASE("exchange adviser: a routing per rank of one top_k, experts a multiple
   check_error([&] { moecomm::exchange_adviser(bad, moecomm::topology(4, 2)); }, moecomm::status::invalid_argument, {"pcie"});
 }
 
-// Issue 41: what bench_exchange_adviser --advise refuses, the adviser refuses too. A top_k above
+// What bench_exchange_adviser --advise refuses, the adviser refuses too. A top_k above
 // the experts hung the command line's routing draw; an infinite row size hung the adviser's fluid
 // flows; a cluster of 2^20 nodes, or a topology beyond the platform's GPUs, is refused by size.
 TEST_CASE("exchange adviser: top_k in [1, experts], a finite row size, a topology within the platform, or an error naming them") {

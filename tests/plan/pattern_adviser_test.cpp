@@ -418,7 +418,7 @@ TEST_CASE("pattern adviser: a routing per rank with ids in range, experts a mult
                     doctest::Contains("argument 'loads' has 1 entries; the layer has 2 experts"));
 }
 
-// Issue 41: what bench_pattern_adviser --advise refuses, the adviser refuses too: a top_k above the
+// What bench_pattern_adviser --advise refuses, the adviser refuses too: a top_k above the
 // experts (which hung the command line's routing draw), an infinite element size, a topology beyond
 // the platform's GPUs, a cluster beyond cluster_spec::max_gpus.
 TEST_CASE("pattern adviser: top_k in [1, experts], a finite element size, a topology within the platform, or an error naming them") {

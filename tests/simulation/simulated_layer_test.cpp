@@ -440,7 +440,7 @@ TEST_CASE("simulated layer: replicas move with their optimizer state on simulate
   });
 }
 
-// Issues 23 and 41's recover-mode campaign (tests/fault/pattern_recovery.hpp) on simulated ranks (2
+// The recover-mode campaign (tests/fault/pattern_recovery.hpp) on simulated ranks (2
 // nodes of 2): 420 runs (7 patterns x 10 faults x 6 seeds), each on a fresh world whose waits end after 1
 // simulated second; 0 silent wrong results and 0 lost parameters. It caught HybridEP starting a
 // second background gather over one still running (after a refused forward): SimGrid found the rank

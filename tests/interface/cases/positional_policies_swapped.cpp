@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // expect-error: the 4th argument must be a capacity policy
 // The positional form with the capacity policy and the all-to-all algorithm swapped: one error,
-// naming the position and the kind it takes (before issue 26: 7 errors deep in the dispatcher).
+// naming the position and the kind it takes (once: 7 errors deep in the dispatcher).
 #include "../layer_calls.hpp"
 
 using interface_case::matrix_view;
