@@ -7,7 +7,7 @@
 //! gradient), dropless and `capacity<drop_by_position>{1.0}`, for each all-to-all algorithm and
 //! the smart schedule.
 //!
-//! Timing is that of bench_alltoall (see bench/comm/alltoall_bench.cpp): the ranks' threads start
+//! Timing is that of bench_alltoall (see bench/collectives/alltoall_bench.cpp): the ranks' threads start
 //! once per run and rank 0 drives Google Benchmark's loop; each iteration is
 //! barrier; step on every rank; barrier, timed on rank 0 with steady_clock (`UseManualTime`).
 //! Untimed steps run first (one, or two with the cache on). Nothing is hoisted out of the step:

@@ -5,12 +5,12 @@
 // code 77, which CTest shows as "Skipped"), never as passed.
 
 #define DOCTEST_CONFIG_IMPLEMENT
-#include "../ops/expert_codec_cases.hpp"
-#include "../ops/layout_cases.hpp"
-#include "../ops/permute_cases.hpp"
-#include "../ops/router_cases.hpp"
-#include "../ops/sort_chunks_cases.hpp"
-#include "../ops/validation_cases.hpp"
+#include "../collectives/expert_codec_cases.hpp"
+#include "../dispatch/layout_cases.hpp"
+#include "../rows/permute_cases.hpp"
+#include "../rows/router_cases.hpp"
+#include "../rows/sort_chunks_cases.hpp"
+#include "../rows/validation_cases.hpp"
 
 #include <moecomm/moecomm.cuh>
 

@@ -3,7 +3,7 @@
 // and two-thread host back-ends, tiled and portable (the GPU's per-lane loop) row kernels, every
 // element type.
 
-#include "layout_cases.hpp"
+#include "../dispatch/layout_cases.hpp"
 #include "permute_cases.hpp"
 #include "sort_chunks_cases.hpp"
 #include "validation_cases.hpp"
