@@ -56,8 +56,6 @@ moecomm_bench::memcpy_reference g_memcpy;
 
 // ---- cases -----------------------------------------------------------------------------------
 
-constexpr layout kLayouts[] = {{1, 2}, {2, 2}, {2, 4}};
-
 enum class traffic { uniform_64k, uniform_1m, skewed };
 
 char const* traffic_name(traffic t) {
@@ -196,7 +194,7 @@ void bm_alltoall(benchmark::State& state, Algorithm algorithm, layout lay, traff
 
 template <class Algorithm>
 void register_algorithm(Algorithm const& algorithm, std::string const& name) {
-  for (layout const& lay : kLayouts)
+  for (layout const& lay : kCollectiveLayouts)
     for (traffic kind : {traffic::uniform_64k, traffic::uniform_1m, traffic::skewed})
       benchmark::RegisterBenchmark(("alltoall<" + name + ">/" + lay.name() + "/" + traffic_name(kind)).c_str(),
                                    bm_alltoall<Algorithm>, algorithm, lay, kind)
@@ -205,7 +203,7 @@ void register_algorithm(Algorithm const& algorithm, std::string const& name) {
 }
 
 void register_all() {
-  register_barriers<world_t>(kLayouts);  // the floor: an iteration without the all-to-all
+  register_barriers<world_t>(kCollectiveLayouts);  // the floor: an iteration without the all-to-all
   register_algorithm(moecomm::flat{}, "flat");
   register_algorithm(moecomm::hierarchical_2d{}, "hierarchical_2d");
   register_algorithm(moecomm::pairwise{1}, "pairwise1");

@@ -86,8 +86,6 @@ moecomm_bench::memcpy_reference g_memcpy;
 
 // ---- cases -----------------------------------------------------------------------------------
 
-constexpr layout kLayouts[] = {{1, 2}, {2, 2}, {2, 4}};
-
 enum class op_kind { broadcast, reduce, allreduce };
 
 char const* op_name(op_kind op) {
@@ -222,9 +220,9 @@ void register_case(op_kind op, Path path, layout lay, set_kind which, std::int64
 void register_all() {
   constexpr std::int64_t kSizes[] = {std::int64_t{64} << 10, std::int64_t{1} << 20, std::int64_t{16} << 20};
   constexpr std::int64_t kSmallChunk = std::int64_t{1} << 20;
-  register_barriers<world_t>(kLayouts);  // the floor: an iteration without the operation
+  register_barriers<world_t>(kCollectiveLayouts);  // the floor: an iteration without the operation
   for (op_kind op : {op_kind::broadcast, op_kind::reduce, op_kind::allreduce})
-    for (layout const& lay : kLayouts) {
+    for (layout const& lay : kCollectiveLayouts) {
       for (std::int64_t bytes : kSizes) {
         register_case(op, moecomm::collective_path{}, lay, set_kind::everyone, bytes);
         register_case(op, moecomm::point_to_point_path{}, lay, set_kind::everyone, bytes);

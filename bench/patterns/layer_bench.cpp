@@ -165,7 +165,6 @@ constexpr std::int64_t kHidden = 4096;
 constexpr std::int32_t kTopK = 2;
 constexpr std::int32_t kNumExperts = 16;
 constexpr double kCapacityFactor = 1.0;
-constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 moecomm::host_backend const be{1};
 moecomm_bench::memcpy_reference g_memcpy;

@@ -39,7 +39,6 @@ using namespace moecomm_bench;
 
 constexpr std::int64_t kTokensPerRank = 4096, kTopK = 2;
 constexpr double kZipf = 1.2;
-constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 struct planner_case {
   std::int32_t ranks, experts;

@@ -36,7 +36,6 @@ using namespace moecomm_bench;
 
 constexpr std::int32_t kTokensPerRank = 1024;
 constexpr double kZipf = 1.2;
-constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 struct planner_case {
   std::int32_t ranks, experts;

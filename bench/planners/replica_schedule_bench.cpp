@@ -35,7 +35,6 @@ using namespace moecomm_bench;
 constexpr std::int32_t kTokensPerRank = 4096;
 constexpr double kZipf = 1.2;
 constexpr std::int32_t kRanksPerNode = 8;
-constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 struct schedule_case {
   std::int32_t ranks, experts;

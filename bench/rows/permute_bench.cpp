@@ -42,7 +42,6 @@ namespace {
 using namespace moecomm_bench;
 
 constexpr std::int32_t kPlanExperts = 16;  // the plan and capacity benchmarks
-constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
 moecomm::host_backend const be{1};
 

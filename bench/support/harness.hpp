@@ -71,6 +71,9 @@ inline int finish(char const* program) {
   return finish(program, [] {});
 }
 
+//! The seed of every benchmark's generator: the same inputs in every run.
+inline constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
+
 //! splitmix64: deterministic inputs, the same on every machine.
 struct splitmix64 {
   std::uint64_t s;
@@ -153,6 +156,10 @@ struct layout {
     return "R:" + std::to_string(ranks()) + "/" + std::to_string(nodes) + "x" + std::to_string(per_node);
   }
 };
+
+//! The node layouts of the benchmarks of one collective over in-process ranks: one node, and two
+//! nodes of two and of four ranks.
+inline constexpr layout kCollectiveLayouts[] = {{1, 2}, {2, 2}, {2, 4}};
 
 //! The context line of the benchmarks whose ranks are threads of this process.
 inline context_line const in_process_ranks{"ranks", "in-process (inproc_world): one thread per rank"};

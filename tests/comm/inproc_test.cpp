@@ -3,6 +3,7 @@
 // (mismatched collectives and sizes name the ranks on every rank; a failing or absent rank turns
 // into an error on every other rank within the timeout, never a hang).
 
+#include "communicator_checks.hpp"
 #include "inproc_support.hpp"
 
 #include <moecomm/comm/inproc.hpp>
@@ -31,13 +32,8 @@ TEST_CASE("inproc collectives compute what they promise for 1, 2, 4 and 8 ranks"
       comm.allgather(mine, all.data(), sizeof(mine));
       for (int r = 0; r < ranks; ++r) REQUIRE((all[2 * r] == r && all[2 * r + 1] == 100 + r));
       // allreduce, in place, sum and max
-      std::vector<std::int64_t> v{me, 2 * me, 7};
-      comm.allreduce(v.data(), v.data(), 3, moecomm::reduce_op::sum);
+      check_allreduce_in_place(comm);
       std::int64_t const total = std::int64_t{ranks} * (ranks - 1) / 2;
-      REQUIRE(v == std::vector<std::int64_t>{total, 2 * total, 7 * ranks});
-      double x = me + 0.5, biggest = 0;
-      comm.allreduce(&x, &biggest, 1, moecomm::reduce_op::max);
-      REQUIRE(biggest == ranks - 0.5);
       // reduce to the last rank, in place there; the others' recv stays untouched (or null)
       std::vector<std::int64_t> r{me, 1};
       comm.reduce(r.data(), me == ranks - 1 ? r.data() : nullptr, 2, moecomm::reduce_op::sum, ranks - 1);
@@ -46,19 +42,7 @@ TEST_CASE("inproc collectives compute what they promise for 1, 2, 4 and 8 ranks"
       std::int32_t word = me == ranks - 1 ? 4242 : -1;
       comm.broadcast(&word, sizeof(word), ranks - 1);
       REQUIRE(word == 4242);
-      // exchange: rank i sends i + 1 values of (i * 100 + j) to every j, itself included
-      std::vector<std::vector<std::int32_t>> out(static_cast<std::size_t>(ranks)), in(static_cast<std::size_t>(ranks));
-      std::vector<moecomm::send_block> sends;
-      std::vector<moecomm::recv_block> recvs;
-      for (int peer = 0; peer < ranks; ++peer) {
-        out[peer].assign(static_cast<std::size_t>(me + 1), me * 100 + peer);
-        in[peer].assign(static_cast<std::size_t>(peer + 1), -1);
-        sends.push_back({peer, out[peer].data(), static_cast<std::int64_t>((me + 1) * sizeof(std::int32_t))});
-        recvs.push_back({peer, in[peer].data(), static_cast<std::int64_t>((peer + 1) * sizeof(std::int32_t))});
-      }
-      comm.exchange(sends, recvs);
-      for (int peer = 0; peer < ranks; ++peer)
-        REQUIRE(in[peer] == std::vector<std::int32_t>(static_cast<std::size_t>(peer + 1), peer * 100 + me));
+      check_exchange_between_every_pair(comm);
       comm.barrier();
     });
   }

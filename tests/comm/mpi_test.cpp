@@ -12,6 +12,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../support/mpi_doctest.hpp"
 #include "../support/test_support.hpp"
+#include "communicator_checks.hpp"
 #include "row_collectives_cases.hpp"
 #include "ordered_values.hpp"
 
@@ -79,13 +80,8 @@ TEST_CASE("mpi collectives compute what they promise, checked and unchecked, who
       comm.allgather(odd.data(), odds.data(), 13);
       for (int i = 0; i < 13 * ranks; ++i) REQUIRE(odds[i] == static_cast<char>(i));
       // allreduce: in place, sum and max, int64 and double
-      std::vector<std::int64_t> v{me, 2 * me, 7};
-      comm.allreduce(v.data(), v.data(), 3, moecomm::reduce_op::sum);
+      check_allreduce_in_place(comm);
       std::int64_t const total = std::int64_t{ranks} * (ranks - 1) / 2;
-      REQUIRE(v == std::vector<std::int64_t>{total, 2 * total, 7 * ranks});
-      double x = me + 0.5, biggest = 0;
-      comm.allreduce(&x, &biggest, 1, moecomm::reduce_op::max);
-      REQUIRE(biggest == ranks - 0.5);
       // allreduce: out of place, int32 min and float sum (exact: small integers)
       std::vector<std::int32_t> w{10 - me, me, -me}, lowest(3, 99);
       comm.allreduce(w.data(), lowest.data(), 3, moecomm::reduce_op::min);
@@ -104,19 +100,7 @@ TEST_CASE("mpi collectives compute what they promise, checked and unchecked, who
       std::vector<char> text(100, me == 1 ? 'x' : '.');
       comm.broadcast(text.data(), 100, 1);
       REQUIRE(text == std::vector<char>(100, 'x'));
-      // exchange: rank i sends i + 1 values of (i * 100 + j) to every j, itself included
-      std::vector<std::vector<std::int32_t>> out(ranks), in(ranks);
-      std::vector<moecomm::send_block> sends;
-      std::vector<moecomm::recv_block> recvs;
-      for (int peer = 0; peer < ranks; ++peer) {
-        out[peer].assign(static_cast<std::size_t>(me + 1), me * 100 + peer);
-        in[peer].assign(static_cast<std::size_t>(peer + 1), -1);
-        sends.push_back({peer, out[peer].data(), static_cast<std::int64_t>((me + 1) * sizeof(std::int32_t))});
-        recvs.push_back({peer, in[peer].data(), static_cast<std::int64_t>((peer + 1) * sizeof(std::int32_t))});
-      }
-      comm.exchange(sends, recvs);
-      for (int peer = 0; peer < ranks; ++peer)
-        REQUIRE(in[peer] == std::vector<std::int32_t>(static_cast<std::size_t>(peer + 1), peer * 100 + me));
+      check_exchange_between_every_pair(comm);
       // Zero-sized calls are fine too.
       comm.allgather(nullptr, nullptr, 0);
       comm.broadcast(nullptr, 0, 0);
@@ -435,20 +419,7 @@ TEST_CASE("timeout - a rank that skips a collective makes the others time out, a
     MOECOMM_REQUIRE_FOUR_RANKS(comm);
     comm.barrier();  // everyone is here: the timeout below measures only the missing rank
     if (comm.rank() == 1) continue;  // skips the collective
-    auto const start = std::chrono::steady_clock::now();
-    auto const [code, message] = thrown_error([&] {
-      std::int64_t v = 1;
-      comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
-    });
-    auto const waited = std::chrono::steady_clock::now() - start;
-    CHECK(code == moecomm::status::timeout);
-    CHECK_MESSAGE(message.find("moecomm::mpi_communicator::allreduce: world rank " + std::to_string(world_rank()) +
-                               " timed out after 300 ms in allreduce") != std::string::npos,
-                  message);
-    CHECK(waited >= milliseconds(300));
-    CHECK(waited < milliseconds(5000));
-    CHECK_FALSE(comm.usable());
-    test::check_error([&] { comm.barrier(); }, moecomm::status::aborted, {"unusable after an earlier failure", "timed out"});
+    check_allreduce_times_out(comm, "moecomm::mpi_communicator", world_rank(), 300, milliseconds(5000));
   }
 }
 

@@ -6,11 +6,7 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "../collectives/expert_codec_cases.hpp"
-#include "../dispatch/layout_cases.hpp"
-#include "../rows/permute_cases.hpp"
 #include "../rows/router_cases.hpp"
-#include "../rows/sort_chunks_cases.hpp"
-#include "../rows/validation_cases.hpp"
 
 #include <moecomm/moecomm.cuh>
 
@@ -28,20 +24,12 @@ struct cuda_config {
 #define MOECOMM_TEST_ALL_TYPES cuda_config<float>, cuda_config<__half>, cuda_config<__nv_bfloat16>
 #define MOECOMM_TEST_ONE_TYPE cuda_config<float>
 
-TEST_CASE_TEMPLATE_INVOKE(permute_plan_sweep, MOECOMM_TEST_ONE_TYPE);
-TEST_CASE_TEMPLATE_INVOKE(permute_plan_example, MOECOMM_TEST_ONE_TYPE);
-TEST_CASE_TEMPLATE_INVOKE(permute_plan_padded, MOECOMM_TEST_ALL_TYPES);
-TEST_CASE_TEMPLATE_INVOKE(derived_plans_sweep, MOECOMM_TEST_ONE_TYPE);
-TEST_CASE_TEMPLATE_INVOKE(permute_family_sweep, MOECOMM_TEST_ALL_TYPES);
-TEST_CASE_TEMPLATE_INVOKE(permute_smaller_second_call, MOECOMM_TEST_ALL_TYPES);
-TEST_CASE_TEMPLATE_INVOKE(permute_repeatable, MOECOMM_TEST_ALL_TYPES);
-TEST_CASE_TEMPLATE_INVOKE(layout_sweep, MOECOMM_TEST_ONE_TYPE);
-TEST_CASE_TEMPLATE_INVOKE(layout_example, MOECOMM_TEST_ONE_TYPE);
-TEST_CASE_TEMPLATE_INVOKE(sort_chunks_sweep, MOECOMM_TEST_ALL_TYPES);
-TEST_CASE_TEMPLATE_INVOKE(sort_chunks_example, MOECOMM_TEST_ONE_TYPE);
-TEST_CASE_TEMPLATE_INVOKE(validation_routing, MOECOMM_TEST_ONE_TYPE);
-TEST_CASE_TEMPLATE_INVOKE(validation_buffers, MOECOMM_TEST_ALL_TYPES);
-TEST_CASE_TEMPLATE_INVOKE(validation_sort_chunks, MOECOMM_TEST_ONE_TYPE);
+}  // namespace test
+
+#include "../rows/row_case_instantiations.hpp"
+
+namespace test {
+
 TEST_CASE_TEMPLATE_INVOKE(codec_sweep, MOECOMM_TEST_ONE_TYPE);
 TEST_CASE_TEMPLATE_INVOKE(codec_ties, MOECOMM_TEST_ONE_TYPE);
 TEST_CASE_TEMPLATE_INVOKE(codec_exact, MOECOMM_TEST_ONE_TYPE);

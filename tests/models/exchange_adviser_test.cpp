@@ -17,17 +17,10 @@ namespace test {
 // Two nodes of two GPUs; launches free and HBM so fast that only the network counts.
 moecomm::cluster_spec two_by_two() {
   moecomm::cluster_spec s;
-  s.name = "two-by-two";
-  s.source = "a test";
-  s.nodes_per_domain = 2;
-  s.gpus_per_node = 2;
-  s.gpu_flops = 1e12;
-  s.hbm_bytes_per_second = 1e30;
-  s.kernel_launch_seconds = 0;
-  s.intra_node = {100e9, 1e-6};
-  s.pcie = {40e9, 2e-6};
-  s.nic = {20e9, 3e-6};
-  s.fabric = {0, 0.5e-6};
+  s.name = "two-by-two"; s.source = "a test";
+  s.nodes_per_domain = 2; s.gpus_per_node = 2;
+  s.gpu_flops = 1e12; s.hbm_bytes_per_second = 1e30; s.kernel_launch_seconds = 0;
+  s.intra_node = {100e9, 1e-6}; s.pcie = {40e9, 2e-6}; s.nic = {20e9, 3e-6}; s.fabric = {0, 0.5e-6};
   return s;
 }
 

@@ -22,11 +22,8 @@ using moecomm::parm_schedule;
 // Units in which every term below is a small binary fraction, so predictions compare exactly.
 parm_cost_params parm_unit_params() {
   parm_cost_params p;
-  p.intra = {0.25, 0.125};
-  p.inter = {0.5, 0.25};
-  p.gemm_flops = 64;
-  p.copy_bytes_per_second = 128;
-  p.kernel_launch_seconds = 0.0625;
+  p.intra = {0.25, 0.125}; p.inter = {0.5, 0.25};
+  p.gemm_flops = 64; p.copy_bytes_per_second = 128; p.kernel_launch_seconds = 0.0625;
   p.shared_port_bytes_per_second = 0;
   return p;
 }
@@ -36,16 +33,10 @@ parm_cost_params parm_unit_params() {
 // one slice inside a node, the EP peer in the other node (one EP rank per node); W 2.
 parm_layer_shape parm_small_shape() {
   parm_layer_shape s;
-  s.tokens = 8;
-  s.top_k = 2;
+  s.tokens = 8; s.top_k = 2;
   s.hidden = 4;
-  s.ffn = 8;
-  s.element_bytes = 2;
-  s.num_experts = 4;
-  s.parameter_bytes_per_expert = 128;
-  s.sizes = {4, 2, 2};
-  s.ranks_per_node = 4;
-  s.pieces = 2;
+  s.ffn = 8; s.element_bytes = 2; s.num_experts = 4; s.parameter_bytes_per_expert = 128;
+  s.sizes = {4, 2, 2}; s.ranks_per_node = 4; s.pieces = 2;
   return s;
 }
 
@@ -107,19 +98,14 @@ TEST_CASE("parm_cost_model: each group's peers in the node are priced intra, the
   // β 1 s/B inside a node, 2 s/B across, no α, copies and kernels free, no shared port: a term is
   // the larger of a rank's intra-node bytes and twice its inter-node bytes.
   parm_cost_params p;
-  p.intra = {0, 1};
-  p.inter = {0, 2};
-  p.copy_bytes_per_second = 1e300;
-  p.kernel_launch_seconds = 0;
+  p.intra = {0, 1}; p.inter = {0, 2};
+  p.copy_bytes_per_second = 1e300; p.kernel_launch_seconds = 0;
   p.shared_port_bytes_per_second = 0;
   parm_cost_model const model(p);
   parm_layer_shape s;
   s.tokens = 8;
   s.hidden = 1;
-  s.element_bytes = 1;
-  s.ffn = 1;
-  s.num_experts = 8;
-  s.parameter_bytes_per_expert = 2;
+  s.element_bytes = 1; s.ffn = 1; s.num_experts = 8; s.parameter_bytes_per_expert = 2;
 
   // M 2, P 2, G 1: S1's dispatch is its A2A, (8/2)/2 = 2 B to the peer; its MP gather 4 B to the peer.
   s.sizes = {2, 2, 1};
@@ -159,8 +145,7 @@ TEST_CASE("parm_cost_model: S2 pays W times S1's copy launches") {
   // S2 does it in every one of its W pieces.
   parm_cost_params p;
   p.intra = p.inter = {0, 1e-300};
-  p.copy_bytes_per_second = 1e300;
-  p.kernel_launch_seconds = 1;
+  p.copy_bytes_per_second = 1e300; p.kernel_launch_seconds = 1;
   p.shared_port_bytes_per_second = 0;
   parm_cost_model const model(p);
   parm_layer_shape s = parm_small_shape();  // G 2, P 2, W 2
@@ -190,16 +175,10 @@ TEST_CASE("parm_cost_model: in one piece S2 is S1, and S1 wins the tie") {
 // A2A moves 15/16 of them, the ESP all-gather all of them, so the two stages nearly balance.
 parm_layer_shape parm_balanced_shape(std::int32_t pieces) {
   parm_layer_shape s;
-  s.tokens = 2048;
-  s.top_k = 2;
+  s.tokens = 2048; s.top_k = 2;
   s.hidden = 1024;
-  s.ffn = 4096;
-  s.element_bytes = 2;
-  s.num_experts = 16;
-  s.parameter_bytes_per_expert = 2 * 1024 * 4096 * 2;
-  s.sizes = {2, 16, 2};
-  s.ranks_per_node = 2;
-  s.pieces = pieces;
+  s.ffn = 4096; s.element_bytes = 2; s.num_experts = 16; s.parameter_bytes_per_expert = 2 * 1024 * 4096 * 2;
+  s.sizes = {2, 16, 2}; s.ranks_per_node = 2; s.pieces = pieces;
   return s;
 }
 
@@ -309,21 +288,12 @@ TEST_CASE("parm_cost_model: predictions grow with the tokens") {
 // The figures of platforms/parm-2080ti.platform.
 moecomm::cluster_spec parm_2080ti_spec() {
   moecomm::cluster_spec c;
-  c.name = "parm-2080ti";
-  c.source = "test";
-  c.nodes_per_domain = 8;
-  c.gpus_per_node = 4;
-  c.nics_per_node = 1;
-  c.gpu_flops = 53.8e12;
-  c.hbm_bytes_per_second = 616e9;
-  c.kernel_launch_seconds = 4e-6;
-  c.gemm_efficiency = 0.7;
-  c.gemm_ridge_rows = 61;
-  c.comm_sm_share = 0.06;
+  c.name = "parm-2080ti"; c.source = "test";
+  c.nodes_per_domain = 8; c.gpus_per_node = 4; c.nics_per_node = 1;
+  c.gpu_flops = 53.8e12; c.hbm_bytes_per_second = 616e9; c.kernel_launch_seconds = 4e-6;
+  c.gemm_efficiency = 0.7; c.gemm_ridge_rows = 61; c.comm_sm_share = 0.06;
   c.collective_overhead_seconds = 12e-6;
-  c.intra_node_over_pcie = true;
-  c.intra_node = c.pcie = {15.75e9, 1e-6};
-  c.nic = {12.5e9, 1e-6};
+  c.intra_node_over_pcie = true; c.intra_node = c.pcie = {15.75e9, 1e-6}; c.nic = {12.5e9, 1e-6};
   c.fabric = {0, 0.5e-6};
   return c;
 }
@@ -352,8 +322,7 @@ TEST_CASE("parm_cost_model: from_cluster prices the routes of a simulated cluste
   // NVLink and a NIC per GPU: the PCIe link limits a GPU; a blocking fabric shared by the 32 GPUs
   // limits it further.
   moecomm::cluster_spec c = parm_2080ti_spec();
-  c.intra_node_over_pcie = false;
-  c.intra_node = {150e9, 0.25e-6};
+  c.intra_node_over_pcie = false; c.intra_node = {150e9, 0.25e-6};
   c.nics_per_node = 4;
   c.nic = {25e9, 1e-6};
   parm_cost_params const q = parm_cost_params::from_cluster(c);

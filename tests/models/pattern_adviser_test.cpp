@@ -19,19 +19,13 @@ namespace test {
 // One node of `gpus` GPUs on a 10 GB/s port; launches free, HBM so fast that its passes vanish.
 moecomm::cluster_spec one_node(std::int32_t gpus, double latency, double overhead) {
   moecomm::cluster_spec s;
-  s.name = "one-node";
-  s.source = "a test";
-  s.nodes_per_domain = 1;
-  s.gpus_per_node = gpus;
+  s.name = "one-node"; s.source = "a test";
+  s.nodes_per_domain = 1; s.gpus_per_node = gpus;
   s.gpu_flops = 1e12;
-  s.gemm_efficiency = 0.5;
-  s.gemm_ridge_rows = 1;
-  s.hbm_bytes_per_second = 1e30;
-  s.kernel_launch_seconds = 0;
+  s.gemm_efficiency = 0.5; s.gemm_ridge_rows = 1;
+  s.hbm_bytes_per_second = 1e30; s.kernel_launch_seconds = 0;
   s.collective_overhead_seconds = overhead;
-  s.intra_node = {10e9, latency};
-  s.pcie = {10e9, latency};
-  s.nic = {10e9, latency};
+  s.intra_node = {10e9, latency}; s.pcie = {10e9, latency}; s.nic = {10e9, latency};
   return s;
 }
 
@@ -40,20 +34,14 @@ moecomm::cluster_spec two_nodes(double latency) {
   moecomm::cluster_spec s = one_node(2, latency, 0);
   s.name = "two-nodes";
   s.nodes_per_domain = 2;
-  s.intra_node = {40e9, latency};
-  s.pcie = {12e9, latency};
-  s.nic = {20e9, latency};
+  s.intra_node = {40e9, latency}; s.pcie = {12e9, latency}; s.nic = {20e9, latency};
   return s;
 }
 
 // A transformer of two MoE blocks of H = 64; the adviser's experts are 64 -> 128 -> 64 in fp32.
 moecomm::transformer_shape small_model() {
   moecomm::transformer_shape m;
-  m.layers = m.moe_layers = 2;
-  m.hidden = 64;
-  m.sequence = 100;
-  m.tokens_per_rank = 100;
-  m.gradient_bytes = 4;
+  m.layers = m.moe_layers = 2; m.hidden = 64; m.sequence = 100; m.tokens_per_rank = 100; m.gradient_bytes = 4;
   return m;
 }
 constexpr std::int64_t H = 64, F = 128;

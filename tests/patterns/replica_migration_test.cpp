@@ -108,11 +108,7 @@ TEST_CASE("replica migration: a layer whose replicas move between steps trains e
   std::vector<moecomm::replica_placement> const moves = {moecomm::replica_placement::from_loads(8, 4, zipf_loads(16), 7),
                                                          single_replicas(), moecomm::replica_placement::cyclic(8, 4, 2)};
   using comm_t = moecomm::inproc_communicator;
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](comm_t comm) {
-    std::int32_t const me = comm.rank();
-    CAPTURE(me);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
     moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t, moecomm::even_split> still(
         moecomm::host_backend{}, groups, start, c.hidden);
     moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t, moecomm::finemoe_split> moving(
@@ -154,8 +150,8 @@ TEST_CASE("replica migration: a layer whose replicas move between steps trains e
     // Every replica of the moved layer holds its expert's parameters and momentum, as the unmoved one.
     std::int64_t const per_slot = 2 * c.hidden, n = 4 * per_slot;
     std::vector<float> params(static_cast<std::size_t>(n * c.ranks)), state(params.size());
-    comm.allgather(still_experts.params.data(), params.data(), n * std::int64_t(sizeof(float)));
-    comm.allgather(still_state.m.data(), state.data(), n * std::int64_t(sizeof(float)));
+    groups.world().allgather(still_experts.params.data(), params.data(), n * std::int64_t(sizeof(float)));
+    groups.world().allgather(still_state.m.data(), state.data(), n * std::int64_t(sizeof(float)));
     for (std::int32_t l = 0; l < 4; ++l) {
       std::int32_t const e = moving.placement().expert_at(me, l);
       if (e < 0) continue;
@@ -175,11 +171,7 @@ TEST_CASE("replica migration: a move that fails on one rank leaves every rank's 
   moecomm::replica_placement const start = moecomm::replica_placement::cyclic(8, 4, 2);
   moecomm::replica_placement const target = moecomm::replica_placement::from_loads(8, 4, zipf_loads(16), 7);
   using comm_t = moecomm::inproc_communicator;
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](comm_t comm) {
-    std::int32_t const me = comm.rank();
-    CAPTURE(me);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
     moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t> layer(moecomm::host_backend{}, groups, start,
                                                                                 c.hidden);
     auto experts = slot_experts(start, me, c.hidden);
@@ -225,7 +217,7 @@ TEST_CASE("replica migration: a move that fails on one rank leaves every rank's 
         CHECK(what.find(me == 2 ? "optimizer state unavailable" : "rank 2 rejected") != std::string::npos);
       }
       int any_moved = moved ? 1 : 0, moves = 0;
-      comm.allreduce(&any_moved, &moves, 1, moecomm::reduce_op::sum);
+      groups.world().allreduce(&any_moved, &moves, 1, moecomm::reduce_op::sum);
       if (moves > 0) {  // n is past the last call: every rank moved; move back for the next checks
         CHECK(moves == c.ranks);
         (void)layer.move_replicas(start, experts, state);
@@ -255,11 +247,7 @@ TEST_CASE("replica migration: flexmoe's rebalance moves replicas that pay off, k
   auto const in = make_shadow_inputs<float>(c);
   moecomm::replica_placement const start = moecomm::replica_placement::cyclic(8, 4, 2);
   using comm_t = moecomm::inproc_communicator;
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](comm_t comm) {
-    std::int32_t const me = comm.rank();
-    CAPTURE(me);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
     moecomm::flexmoe_planner_options cheap;  // moves cost little against the gain over 50 steps
     cheap.bytes_per_replica = 1e3;
     moecomm::flexmoe_planner_options dear = cheap;  // each move costs more than 50 steps could gain

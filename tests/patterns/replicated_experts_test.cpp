@@ -119,19 +119,17 @@ TEST_CASE("replicated experts: one policy value in make_expert_parallel_layer ma
   auto const in = make_shadow_inputs<float>(c);
   using comm_t = moecomm::inproc_communicator;
   moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(8, 4, 2);
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](comm_t comm) {
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
     auto plain = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden);
     auto replicas = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
                                                                moecomm::replicated<moecomm::even_split>{placement});
     static_assert(std::is_same_v<decltype(replicas),
                                  moecomm::replicated_expert_layer<float, moecomm::host_backend, comm_t, moecomm::even_split>>);
-    auto const want = run_step(plain, comm.rank(), c, in);
-    auto experts = slot_experts(placement, comm.rank(), c.hidden);
-    auto const& r = in.routing[static_cast<std::size_t>(comm.rank())];
+    auto const want = run_step(plain, me, c, in);
+    auto experts = slot_experts(placement, me, c.hidden);
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
     std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden));
-    replicas.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[comm.rank()].data(), r.tokens, c.hidden},
+    replicas.forward({r.idx.data(), r.w.data(), r.tokens, r.top_k}, {in.x[me].data(), r.tokens, c.hidden},
                      {out.data(), r.tokens, c.hidden}, experts);
     check_bitwise(out, want.out, c.hidden, "short form's replicated output vs plain");
     check_error([&] {
@@ -148,10 +146,7 @@ TEST_CASE("replicated experts: gradients left to the trainer sum over each repli
   auto const in = make_shadow_inputs<float>(c);
   using comm_t = moecomm::inproc_communicator;
   moecomm::replica_placement const placement = moecomm::replica_placement::cyclic(8, 4, 2);
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](comm_t comm) {
-    std::int32_t const me = comm.rank();
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+  on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
     auto summed = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
                                                              moecomm::finemoe{placement});
     auto left = moecomm::make_expert_parallel_layer<float>(
@@ -177,7 +172,7 @@ TEST_CASE("replicated experts: gradients left to the trainer sum over each repli
     // Not vacuous: somewhere a replica's own share differs from the whole (8 ranks, 2 replicas each, skewed loads).
     std::int32_t const any = some_share_differs ? 1 : 0;
     std::int32_t anywhere = 0;
-    comm.allreduce(&any, &anywhere, 1, moecomm::reduce_op::max);
+    groups.world().allreduce(&any, &anywhere, 1, moecomm::reduce_op::max);
     CHECK(anywhere == 1);
   });
 }

@@ -9,9 +9,11 @@
 
 #include "../support/test_support.hpp"
 
+#include <moecomm/comm/inproc.hpp>
 #include <moecomm/patterns/expert_parallel.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 
+#include <chrono>
 #include <cmath>
 
 namespace test {
@@ -283,6 +285,20 @@ std::vector<std::int32_t> check_scheduled_equals_plain(Comm& comm, shadow_case c
     std::fill(experts.grads.begin(), experts.grads.end(), 0.0f);
   }
   return scheduled.dispatch_state().home_experts();
+}
+
+// Runs `body(groups, me)` on `c.ranks` in-process ranks, `c.per_node` per node, every wait bounded
+// by 60 s; `groups.world()` is the rank's communicator.
+template <class Body>
+void on_ranks_of(shadow_case const& c, Body&& body) {
+  using comm_t = moecomm::inproc_communicator;
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
+  world.run([&](comm_t comm) {
+    std::int32_t const me = comm.rank();
+    CAPTURE(me);
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    body(groups, me);
+  });
 }
 
 }  // namespace test

@@ -261,24 +261,13 @@ TEST_CASE("hybridep_planner: a tie keeps the smaller expert domain") {
 // The figures of platforms/hybridep-a800-<8 x domains / 2>.platform.
 moecomm::cluster_spec hybridep_a800_spec(std::int32_t domains) {
   moecomm::cluster_spec c;
-  c.name = "hybridep-a800";
-  c.source = "test";
-  c.domains = domains;
-  c.nodes_per_domain = 1;
-  c.gpus_per_node = 4;
-  c.nics_per_node = 1;
-  c.gpu_flops = 312e12;
-  c.hbm_bytes_per_second = 1935e9;
-  c.kernel_launch_seconds = 4e-6;
-  c.gemm_efficiency = 0.8;
-  c.gemm_ridge_rows = 129;
-  c.comm_sm_share = 0.15;
+  c.name = "hybridep-a800"; c.source = "test";
+  c.domains = domains; c.nodes_per_domain = 1; c.gpus_per_node = 4; c.nics_per_node = 1;
+  c.gpu_flops = 312e12; c.hbm_bytes_per_second = 1935e9; c.kernel_launch_seconds = 4e-6;
+  c.gemm_efficiency = 0.8; c.gemm_ridge_rows = 129; c.comm_sm_share = 0.15;
   c.collective_overhead_seconds = 8e-6;
-  c.intra_node_over_pcie = true;
-  c.intra_node = c.pcie = {16e9, 1e-6};
-  c.nic = {1.25e9, 5e-6};
-  c.fabric = {0, 0};
-  c.inter_domain = {1.25e9, 25e-6};
+  c.intra_node_over_pcie = true; c.intra_node = c.pcie = {16e9, 1e-6}; c.nic = {1.25e9, 5e-6};
+  c.fabric = {0, 0}; c.inter_domain = {1.25e9, 25e-6};
   return c;
 }
 

@@ -26,16 +26,10 @@ using moecomm::proprophet_schedule;
 // 0.375), 4 s per expert with n = 1. No non-expert compute.
 proprophet_cost_params unit_params() {
   proprophet_cost_params p;
-  p.hidden = 1;
-  p.bytes_per_element = 1;
-  p.mlp_ratio = 1;
-  p.compute_flops = 4;
-  p.flop_scale = 1;
-  p.a2a_bandwidths = {1, 1, 1, 1};
-  p.trans_bandwidth = 0.375;
-  p.agg_bandwidth = 0.375;
-  p.balance_factor = 0;
-  p.sequences_per_device = 0;
+  p.hidden = 1; p.bytes_per_element = 1; p.mlp_ratio = 1;
+  p.compute_flops = 4; p.flop_scale = 1;
+  p.a2a_bandwidths = {1, 1, 1, 1}; p.trans_bandwidth = 0.375; p.agg_bandwidth = 0.375;
+  p.balance_factor = 0; p.sequences_per_device = 0;
   return p;
 }
 
@@ -241,6 +235,15 @@ TEST_CASE("proprophet planner: the search stops when the busiest rank's heaviest
   CHECK(d.latency == 938.0);
 }
 
+// 4 ranks, 2 experts each (expert e on rank e / 2): expert 0 gets 50, 40, 30, 15 from ranks 0..3,
+// expert 1 gets 20 from each, every other cell 5.
+std::vector<int64_t> two_hot_experts_on_rank_0() {
+  return matrix({{50, 20, 5, 5, 5, 5, 5, 5},
+                 {40, 20, 5, 5, 5, 5, 5, 5},
+                 {30, 20, 5, 5, 5, 5, 5, 5},
+                 {15, 20, 5, 5, 5, 5, 5, 5}});
+}
+
 TEST_CASE("proprophet planner: several experts of one rank, ties, and the best prefix") {
   // 4 ranks, 2 experts each (expert e on rank e / 2). Expert 0 gets 50, 40, 30, 15 from ranks 0..3,
   // expert 1 gets 20 from each, every other cell 5. H = {215, 40, 40, 40}, R_0 = 85 + 60 = 145,
@@ -254,10 +257,7 @@ TEST_CASE("proprophet planner: several experts of one rank, ties, and the best p
   // after step 2, still below T'(none) but above the best: the decision is the prefix {0}.
   moecomm::topology const topo(4, 4);
   std::vector<int32_t> const owner = contiguous_owners(4, 8);
-  std::vector<int64_t> const counts = matrix({{50, 20, 5, 5, 5, 5, 5, 5},
-                                              {40, 20, 5, 5, 5, 5, 5, 5},
-                                              {30, 20, 5, 5, 5, 5, 5, 5},
-                                              {15, 20, 5, 5, 5, 5, 5, 5}});
+  std::vector<int64_t> const counts = two_hot_experts_on_rank_0();
   proprophet_cost_params p = unit_params();
   auto const cheap = moecomm::select_proprophet_replicas(proprophet_cost_model(p), topo, owner, counts, exposed());
   CHECK(cheap.latency_unshadowed == 1225.0);
@@ -303,10 +303,7 @@ TEST_CASE("proprophet planner: the search ends when the busiest rank owns no exp
 TEST_CASE("proprophet planner: the functor plans on the predictor's counts and is a FasterMoE planner") {
   moecomm::topology const topo(4, 4);
   std::vector<int32_t> const owner = contiguous_owners(4, 8);
-  std::vector<int64_t> const counts = matrix({{50, 20, 5, 5, 5, 5, 5, 5},
-                                              {40, 20, 5, 5, 5, 5, 5, 5},
-                                              {30, 20, 5, 5, 5, 5, 5, 5},
-                                              {15, 20, 5, 5, 5, 5, 5, 5}});
+  std::vector<int64_t> const counts = two_hot_experts_on_rank_0();
   proprophet_cost_model const model(unit_params());
   moecomm::fastermoe_cost_model const ignored;
 

@@ -21,12 +21,9 @@ using moecomm::fastermoe_cost_params;
 // per moved token, one transfer of an expert 2·α·H²·s / W_net = 64/16 = 4 s (8 s per shadowed expert).
 fastermoe_cost_params unit_params() {
   fastermoe_cost_params p;
-  p.alpha = 2;
-  p.hidden = 4;
-  p.bytes_per_element = 1;
+  p.alpha = 2; p.hidden = 4; p.bytes_per_element = 1;
   p.gemm_flops = 128;
-  p.net_bandwidth = 16;
-  p.local_bandwidth = 16;
+  p.net_bandwidth = 16; p.local_bandwidth = 16;
   p.model_transfers = 2;
   return p;
 }

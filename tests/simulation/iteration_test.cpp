@@ -21,12 +21,7 @@ namespace {
 // 2 blocks (1 MoE), H 4, dense F 8, sequences of 2, 4 tokens a rank, vocabulary 10.
 moecomm::transformer_shape tiny_shape() {
   moecomm::transformer_shape s;
-  s.layers = 2;
-  s.moe_layers = 1;
-  s.hidden = 4;
-  s.dense_ffn = 8;
-  s.sequence = 2;
-  s.tokens_per_rank = 4;
+  s.layers = 2; s.moe_layers = 1; s.hidden = 4; s.dense_ffn = 8; s.sequence = 2; s.tokens_per_rank = 4;
   s.vocabulary = 10;
   return s;
 }
@@ -35,13 +30,8 @@ moecomm::transformer_shape tiny_shape() {
 // bandwidth-bound.
 moecomm::transformer_shape gpt_medium_blocks(std::int64_t tokens) {
   moecomm::transformer_shape s;
-  s.layers = 4;
-  s.moe_layers = 2;
-  s.hidden = 1024;
-  s.dense_ffn = 4096;
-  s.sequence = 512;
-  s.tokens_per_rank = tokens;
-  s.vocabulary = 50257;
+  s.layers = 4; s.moe_layers = 2; s.hidden = 1024; s.dense_ffn = 4096; s.sequence = 512;
+  s.tokens_per_rank = tokens; s.vocabulary = 50257;
   return s;
 }
 

@@ -31,21 +31,12 @@ namespace s4u = simgrid::s4u;
 // 2 nodes x 2 GPUs, NVLink inside, one 100 Gb/s NIC per node, non-blocking fabric.
 moecomm::cluster_spec two_node_spec() {
   moecomm::cluster_spec s;
-  s.name = "test-two-nodes";
-  s.source = "platform_test.cpp";
-  s.nodes_per_domain = 2;
-  s.gpus_per_node = 2;
-  s.gpu_flops = 100e12;
-  s.hbm_bytes_per_second = 1000e9;
-  s.kernel_launch_seconds = 4e-6;
-  s.gemm_efficiency = 0.75;
-  s.gemm_ridge_rows = 221;
-  s.comm_sm_share = 0.18;
+  s.name = "test-two-nodes"; s.source = "platform_test.cpp";
+  s.nodes_per_domain = 2; s.gpus_per_node = 2;
+  s.gpu_flops = 100e12; s.hbm_bytes_per_second = 1000e9; s.kernel_launch_seconds = 4e-6;
+  s.gemm_efficiency = 0.75; s.gemm_ridge_rows = 221; s.comm_sm_share = 0.18;
   s.collective_overhead_seconds = 8e-6;
-  s.intra_node = {100e9, 1e-6};
-  s.pcie = {16e9, 1.5e-6};
-  s.nic = {12.5e9, 2e-6};
-  s.fabric = {0, 0.5e-6};
+  s.intra_node = {100e9, 1e-6}; s.pcie = {16e9, 1.5e-6}; s.nic = {12.5e9, 2e-6}; s.fabric = {0, 0.5e-6};
   return s;
 }
 
@@ -381,11 +372,8 @@ TEST_CASE("platform: one message takes the alpha-beta time of its route") {
 TEST_CASE("platform: PCIe-only nodes and several domains route as described") {
   moecomm::cluster_spec s = two_node_spec();
   s.name = "test-two-domains";
-  s.domains = 2;
-  s.nodes_per_domain = 1;
-  s.intra_node_over_pcie = true;
-  s.intra_node = s.pcie;
-  s.fabric = {20e9, 0.5e-6};
+  s.domains = 2; s.nodes_per_domain = 1;
+  s.intra_node_over_pcie = true; s.intra_node = s.pcie; s.fabric = {20e9, 0.5e-6};
   s.inter_domain = {10e9 / 8, 30e-6};
   moecomm::simulated_platform const platform(s);
   platform.build();

@@ -15,17 +15,10 @@ namespace test {
 
 inline moecomm::cluster_spec two_nodes_of_four() {
   moecomm::cluster_spec s;
-  s.name = "test-2x4";
-  s.source = "the sim.* tests' own";
-  s.nodes_per_domain = 2;
-  s.gpus_per_node = 4;
-  s.gpu_flops = 10e12;
-  s.hbm_bytes_per_second = 1e12;
-  s.kernel_launch_seconds = 2e-6;
-  s.intra_node = {100e9, 1e-6};
-  s.pcie = {25e9, 1e-6};
-  s.nic = {12.5e9, 2e-6};
-  s.fabric = {0, 1e-6};
+  s.name = "test-2x4"; s.source = "the sim.* tests' own";
+  s.nodes_per_domain = 2; s.gpus_per_node = 4;
+  s.gpu_flops = 10e12; s.hbm_bytes_per_second = 1e12; s.kernel_launch_seconds = 2e-6;
+  s.intra_node = {100e9, 1e-6}; s.pcie = {25e9, 1e-6}; s.nic = {12.5e9, 2e-6}; s.fabric = {0, 1e-6};
   s.inter_domain = {0, 0};
   return s;
 }

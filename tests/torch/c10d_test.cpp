@@ -9,6 +9,7 @@
 
 #include "torch_doctest.hpp"
 
+#include "../comm/communicator_checks.hpp"
 #include "../comm/ordered_values.hpp"
 #include "../patterns/layer_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
@@ -185,20 +186,7 @@ TEST_CASE("c10d timeout - a rank that skips a collective makes the others time o
     std::this_thread::sleep_for(std::chrono::seconds(3));  // alive, but never calls: the others time out
     return;
   }
-  auto const start = std::chrono::steady_clock::now();
-  auto const [code, message] = thrown_error([&] {
-    std::int64_t v = 1;
-    comm.allreduce(&v, &v, 1, moecomm::reduce_op::sum);
-  });
-  auto const waited = std::chrono::steady_clock::now() - start;
-  CHECK(code == moecomm::status::timeout);
-  CHECK_MESSAGE(message.find("moecomm::c10d_communicator::allreduce: world rank " + std::to_string(comm.rank()) +
-                             " timed out after 300 ms in allreduce") != std::string::npos,
-                message);
-  CHECK(waited >= milliseconds(300));
-  CHECK(waited < milliseconds(3000));
-  CHECK_FALSE(comm.usable());
-  check_error([&] { comm.barrier(); }, moecomm::status::aborted, {"unusable after an earlier failure", "timed out"});
+  check_allreduce_times_out(comm, "moecomm::c10d_communicator", comm.rank(), 300, milliseconds(3000));
 }
 
 }  // namespace test
