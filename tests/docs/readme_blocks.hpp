@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The two building blocks the README's pattern snippets share, shown once in its FasterMoE section:
+// The two building blocks the pattern guides' snippets share, shown once in docs/patterns/fastermoe.md:
 // parametric experts (`scaled_experts`) and one rank's tokens for a step (`token_batch`). Like the
 // snippets, they need the installed headers alone: nothing here may include a test header.
 

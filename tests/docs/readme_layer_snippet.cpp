@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// README's expert-parallel layer snippet (between the markers), run on 8 in-process ranks and
+// The README's expert-parallel layer snippet (between the markers), run on 8 in-process ranks and
 // checked against the layer oracle of tests/patterns/layer_cases.hpp.
 
 #include "../patterns/layer_cases.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// README's pattern snippets (FasterMoE, Parm, HybridEP, FineMoE, FlexMoE, Pro-Prophet), each the
+// The pattern guides' snippets (docs/patterns/: FasterMoE, Parm, HybridEP, FineMoE, FlexMoE, Pro-Prophet), each the
 // lines between its markers, run on 8 in-process ranks by the test cases below. The blocks and the
 // two types they share (readme_blocks.hpp) come before any test header, so they compile against the
 // installed headers alone, as a user's copy must. Every expert scales its rows by e + 1 and every

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// README's router snippet (between the markers), run and checked bit for bit against the router
+// docs/guide.md's router snippet (between the markers), run and checked bit for bit against the router
 // oracle (tests/support/router_oracle.hpp): the selection, the weights, the losses and the logits'
 // gradient with the aux loss in it.
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The usage snippet of README.md, compiled and run. The lines between the example markers are the
-// README's code block verbatim (host.docs.readme_snippet_in_sync checks that); the checks after
+// The permute snippet of docs/guide.md, compiled and run. The lines between the example markers are
+// the guide's code block verbatim (host.docs.readme_snippet_in_sync checks that); the checks after
 // them pin down what the snippet computes (Example P1 of docs/semantics.md).
 
 #include <moecomm/moecomm.hpp>
