@@ -2,6 +2,8 @@
 // The host-side helpers of the device communicators: the chunking of large point-to-point messages
 // and the argument checks that run before any NCCL call (each names the bad argument).
 
+#include "../support/test_support.hpp"
+
 #include <moecomm/comm/detail/p2p_chunks.hpp>
 
 #include <doctest/doctest.h>
@@ -19,18 +21,6 @@ using moecomm::send_block;
 using moecomm::status;
 
 namespace {
-
-// The status and message of the error `f` throws; fails the test if it throws nothing.
-template <class F>
-std::pair<status, std::string> error_of(F&& f) {
-  try {
-    f();
-  } catch (moecomm::error const& e) {
-    return {e.code(), e.what()};
-  }
-  FAIL("expected a moecomm::error");
-  return {status::success, ""};
-}
 
 bool contains(std::string const& text, std::string const& part) { return text.find(part) != std::string::npos; }
 
@@ -83,10 +73,10 @@ TEST_CASE("chunking a message larger than 2^31 bytes needs no 32-bit arithmetic"
 }
 
 TEST_CASE("chunking rejects negative sizes and non-positive chunk sizes") {
-  auto const a = error_of([] { (void)moecomm::detail::split_into_chunks(-1, 4); });
+  auto const a = thrown_error([] { (void)moecomm::detail::split_into_chunks(-1, 4); });
   CHECK(a.first == status::invalid_argument);
   CHECK(contains(a.second, "bytes = -1"));
-  auto const b = error_of([] { (void)moecomm::detail::chunk_count(10, 0); });
+  auto const b = thrown_error([] { (void)moecomm::detail::chunk_count(10, 0); });
   CHECK(b.first == status::invalid_argument);
   CHECK(contains(b.second, "max_chunk = 0"));
 }
@@ -120,7 +110,7 @@ TEST_CASE("validate_exchange names the bad block and what is wrong with it") {
   };
   for (auto const& c : cases) {
     CAPTURE(c.expected);
-    auto const e = error_of([&] { validate_exchange("nccl_communicator::exchange", c.sends, c.recvs, 3); });
+    auto const e = thrown_error([&] { validate_exchange("nccl_communicator::exchange", c.sends, c.recvs, 3); });
     CHECK(e.first == status::invalid_argument);
     CHECK(contains(e.second, "moecomm::nccl_communicator::exchange: "));
     CHECK(contains(e.second, c.expected));
@@ -131,20 +121,20 @@ TEST_CASE("validate_root, validate_size and validate_buffer name the argument") 
   using namespace moecomm::detail;
   CHECK_NOTHROW(validate_root("op", 0, 1));
   CHECK_NOTHROW(validate_root("op", 3, 4));
-  auto const r = error_of([] { validate_root("nccl_communicator::broadcast", 4, 4); });
+  auto const r = thrown_error([] { validate_root("nccl_communicator::broadcast", 4, 4); });
   CHECK(r.first == status::invalid_argument);
   CHECK(contains(r.second, "moecomm::nccl_communicator::broadcast: root = 4 is not a rank of this group of 4"));
-  CHECK(error_of([] { validate_root("op", -1, 4); }).first == status::invalid_argument);
+  CHECK(thrown_error([] { validate_root("op", -1, 4); }).first == status::invalid_argument);
 
   CHECK_NOTHROW(validate_size("op", "count", 0));
-  auto const s = error_of([] { validate_size("op", "count", -2); });
+  auto const s = thrown_error([] { validate_size("op", "count", -2); });
   CHECK(s.first == status::invalid_argument);
   CHECK(contains(s.second, "count = -2 must be >= 0"));
 
   int x = 0;
   CHECK_NOTHROW(validate_buffer("op", "send", &x, 4));
   CHECK_NOTHROW(validate_buffer("op", "send", nullptr, 0));
-  auto const b = error_of([] { validate_buffer("op", "recv", nullptr, 8); });
+  auto const b = thrown_error([] { validate_buffer("op", "recv", nullptr, 8); });
   CHECK(b.first == status::invalid_argument);
   CHECK(contains(b.second, "recv is null but its size is 8"));
 }

@@ -6,7 +6,8 @@
 // handles, moves, and a rank that does not join (a timeout, not a hang). Without a device the binary reports the suite as skipped (exit code 77), never as passed.
 
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "device_runner.hpp"
+#include "../support/test_support.hpp"
 
 #include <moecomm/backend/cuda.cuh>
 #include <moecomm/comm/nccl.cuh>
@@ -102,16 +103,6 @@ struct device_vector {
   }
 };
 
-// The status of the moecomm::error `f` throws (success if none) and its message.
-template <class F>
-std::pair<status, std::string> error_of(F&& f) {
-  try {
-    f();
-  } catch (moecomm::error const& e) {
-    return {e.code(), e.what()};
-  }
-  return {status::success, ""};
-}
 
 bool contains(std::string const& text, std::string const& part) { return text.find(part) != std::string::npos; }
 
@@ -329,26 +320,26 @@ TEST_CASE("nccl host-side argument errors name the argument and leave the commun
     int const n = comm.size(), me = comm.rank();
     device_vector<int32_t> buf(comm, {me, me});
 
-    auto const bad_root = error_of([&] { comm.broadcast(buf.data(), sizeof(int32_t), n); });
+    auto const bad_root = thrown_error([&] { comm.broadcast(buf.data(), sizeof(int32_t), n); });
     CHECK(bad_root.first == status::invalid_argument);
     CHECK(contains(bad_root.second, "nccl_communicator::broadcast: root = "));
-    CHECK(error_of([&] { comm.broadcast(buf.data(), sizeof(int32_t), -1); }).first == status::invalid_argument);
-    CHECK(error_of([&] { comm.broadcast(buf.data(), -4, 0); }).first == status::invalid_argument);
-    CHECK(error_of([&] { comm.broadcast(nullptr, 4, 0); }).first == status::invalid_argument);
+    CHECK(thrown_error([&] { comm.broadcast(buf.data(), sizeof(int32_t), -1); }).first == status::invalid_argument);
+    CHECK(thrown_error([&] { comm.broadcast(buf.data(), -4, 0); }).first == status::invalid_argument);
+    CHECK(thrown_error([&] { comm.broadcast(nullptr, 4, 0); }).first == status::invalid_argument);
 
-    auto const bad_peer = error_of([&] { comm.exchange({{n, buf.data(), 4}}, {}); });
+    auto const bad_peer = thrown_error([&] { comm.exchange({{n, buf.data(), 4}}, {}); });
     CHECK(bad_peer.first == status::invalid_argument);
     CHECK(contains(bad_peer.second, "sends[0].peer = "));
-    auto const twice = error_of([&] { comm.exchange({}, {{0, buf.data(), 4}, {0, buf.data(), 4}}); });
+    auto const twice = thrown_error([&] { comm.exchange({}, {{0, buf.data(), 4}, {0, buf.data(), 4}}); });
     CHECK(twice.first == status::invalid_argument);
     CHECK(contains(twice.second, "recvs[0] and recvs[1] both name peer 0"));
-    CHECK(error_of([&] { comm.exchange({{0, buf.data(), -1}}, {}); }).first == status::invalid_argument);
+    CHECK(thrown_error([&] { comm.exchange({{0, buf.data(), -1}}, {}); }).first == status::invalid_argument);
 
-    auto const bad_count = error_of([&] { comm.allreduce(buf.data(), buf.data(), -1, reduce_op::sum); });
+    auto const bad_count = thrown_error([&] { comm.allreduce(buf.data(), buf.data(), -1, reduce_op::sum); });
     CHECK(bad_count.first == status::invalid_argument);
     CHECK(contains(bad_count.second, "count = -1"));
-    CHECK(error_of([&] { comm.allgather(buf.data(), nullptr, 4); }).first == status::invalid_argument);
-    CHECK(error_of([&] { (void)comm.split(-1, 0); }).first == status::invalid_argument);
+    CHECK(thrown_error([&] { comm.allgather(buf.data(), nullptr, 4); }).first == status::invalid_argument);
+    CHECK(thrown_error([&] { (void)comm.split(-1, 0); }).first == status::invalid_argument);
 
     CHECK_FALSE(comm.failed());
     // still usable: a collective after the errors gives the right result
@@ -361,19 +352,19 @@ TEST_CASE("nccl host-side argument errors name the argument and leave the commun
 
 TEST_CASE("nccl create rejects bad arguments before calling NCCL") {
   ncclUniqueId id{};
-  auto const no_ranks = error_of([&] { (void)nccl_communicator::create(0, id, 0, nullptr); });
+  auto const no_ranks = thrown_error([&] { (void)nccl_communicator::create(0, id, 0, nullptr); });
   CHECK(no_ranks.first == status::invalid_argument);
   CHECK(contains(no_ranks.second, "nranks = 0"));
-  auto const bad_rank = error_of([&] { (void)nccl_communicator::create(2, id, 2, nullptr); });
+  auto const bad_rank = thrown_error([&] { (void)nccl_communicator::create(2, id, 2, nullptr); });
   CHECK(bad_rank.first == status::invalid_argument);
   CHECK(contains(bad_rank.second, "rank = 2"));
   nccl_options no_time;
   no_time.timeout = std::chrono::milliseconds(0);
-  CHECK(error_of([&] { (void)nccl_communicator::create(1, id, 0, nullptr, no_time); }).first == status::invalid_argument);
+  CHECK(thrown_error([&] { (void)nccl_communicator::create(1, id, 0, nullptr, no_time); }).first == status::invalid_argument);
   nccl_options no_chunk;
   no_chunk.max_chunk_bytes = 0;
-  CHECK(error_of([&] { (void)nccl_communicator::create(1, id, 0, nullptr, no_chunk); }).first == status::invalid_argument);
-  CHECK(error_of([&] { (void)nccl_communicator::from_native_handle(nullptr, nullptr); }).first == status::invalid_argument);
+  CHECK(thrown_error([&] { (void)nccl_communicator::create(1, id, 0, nullptr, no_chunk); }).first == status::invalid_argument);
+  CHECK(thrown_error([&] { (void)nccl_communicator::from_native_handle(nullptr, nullptr); }).first == status::invalid_argument);
 }
 
 TEST_CASE("nccl non-owning handles and moves") {
@@ -394,7 +385,7 @@ TEST_CASE("nccl non-owning handles and moves") {
     nccl_communicator moved = std::move(comm);
     CHECK(moved.rank() == me);
     moved.barrier();
-    auto const from_moved = error_of([&] { comm.barrier(); });  // NOLINT(bugprone-use-after-move)
+    auto const from_moved = thrown_error([&] { comm.barrier(); });  // NOLINT(bugprone-use-after-move)
     CHECK(from_moved.first == status::invalid_argument);
     CHECK(contains(from_moved.second, "moved from"));
     comm = std::move(moved);  // back, so that the harness destroys it
@@ -422,14 +413,14 @@ TEST_CASE("nccl: a rank that does not join a collective is a timeout and an abor
           ~release_the_others() { done.store(true); }
         } const release{rank0_done};
         auto const start = std::chrono::steady_clock::now();
-        auto const lonely = error_of([&] { comm.barrier(); });
+        auto const lonely = thrown_error([&] { comm.barrier(); });
         CHECK(lonely.first == status::timeout);
         CHECK(contains(lonely.second, "nccl_communicator::barrier"));
         CHECK(contains(lonely.second, "aborted"));
         CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
         CHECK(comm.failed());
         CHECK(comm.native_handle() == nullptr);
-        auto const after = error_of([&] { comm.barrier(); });
+        auto const after = thrown_error([&] { comm.barrier(); });
         CHECK(after.first == status::aborted);
         CHECK(contains(after.second, "failed earlier"));
       },
@@ -439,14 +430,9 @@ TEST_CASE("nccl: a rank that does not join a collective is a timeout and an abor
 }  // namespace test
 
 int main(int argc, char** argv) {
-  constexpr int skipped = 77;
-  if (!moecomm::cuda_device_available()) {
-    std::printf("SKIPPED: no CUDA device; the NCCL communicator was compiled but not run\n");
-    return skipped;
-  }
+  if (test::no_device_for("the NCCL communicator was")) return test::skipped_exit_code;
   int version = 0;
   (void)ncclGetVersion(&version);
   std::printf("NCCL %d (headers %d), %d device(s)\n", version, NCCL_VERSION_CODE, test::device_count());
-  doctest::Context context(argc, argv);
-  return context.run();
+  return test::run_doctest(argc, argv);
 }

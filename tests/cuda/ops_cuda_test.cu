@@ -8,6 +8,8 @@
 #include "../collectives/expert_codec_cases.hpp"
 #include "../rows/router_cases.hpp"
 
+#include "device_runner.hpp"
+
 #include <moecomm/moecomm.cuh>
 
 #include <cstdio>
@@ -45,11 +47,6 @@ TEST_CASE_TEMPLATE_INVOKE(router_state_reuse, MOECOMM_TEST_ONE_TYPE);
 }  // namespace test
 
 int main(int argc, char** argv) {
-  constexpr int skipped = 77;
-  if (!moecomm::cuda_device_available()) {
-    std::printf("SKIPPED: no CUDA device on this machine; the CUDA test bodies were compiled but not run\n");
-    return skipped;
-  }
-  doctest::Context context(argc, argv);
-  return context.run();
+  if (test::no_device_for("the CUDA test bodies were")) return test::skipped_exit_code;
+  return test::run_doctest(argc, argv);
 }

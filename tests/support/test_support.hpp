@@ -218,12 +218,12 @@ std::pair<moecomm::status, std::string> thrown_error(F&& f) {
   return {moecomm::status::success, ""};
 }
 
-// Runs `f` and checks that it throws moecomm::error with `code` and a message containing every
-// one of `fragments`.
 // Matches values within `relative` of `value`. doctest's own `Approx(v).epsilon(e)` also accepts
 // anything within `e` in absolute terms (its scale is 1): every simulated time in seconds would pass.
 inline doctest::Approx relatively(double value, double relative) { return doctest::Approx(value).epsilon(relative).scale(0); }
 
+// Runs `f` and checks that it throws moecomm::error with `code` and a message containing every
+// one of `fragments`.
 template <class F>
 void check_error(F&& f, moecomm::status code, std::vector<std::string> const& fragments) {
   try {
