@@ -129,11 +129,9 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!moecomm_bench::start(argc, argv,
+  return moecomm_bench::run(argc, argv, "bench_flexmoe_planner",
                             {{"loads", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order (expected counts)"},
                              {"placement", "2-4 replicas per expert, first fit into rows of R (packed) or 3R/4 (headroom) slots, shuffled ranks"},
-                             {"model", "1 us per row; 134 MB per replica at 25 GB/s; 50-step interval; <= 64 moves"}}))
-    return 1;
-  register_all();
-  return moecomm_bench::finish("bench_flexmoe_planner");
+                             {"model", "1 us per row; 134 MB per replica at 25 GB/s; 50-step interval; <= 64 moves"}},
+                            register_all);
 }

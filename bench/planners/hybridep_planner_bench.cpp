@@ -86,10 +86,8 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!moecomm_bench::start(argc, argv,
+  return moecomm_bench::run(argc, argv, "bench_hybridep_planner",
                             {{"model", "hybridep_params::from_cluster of the hybridep-a800 figures, G GPUs per node"},
-                             {"shape", "n 2, P_E 0.36 MB, D 64 MB, Lat_PE 20 ms, 2 TFLOP of expert GEMMs per rank"}}))
-    return 1;
-  register_all();
-  return moecomm_bench::finish("bench_hybridep_planner");
+                             {"shape", "n 2, P_E 0.36 MB, D 64 MB, Lat_PE 20 ms, 2 TFLOP of expert GEMMs per rank"}},
+                            register_all);
 }

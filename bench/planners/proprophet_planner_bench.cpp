@@ -94,10 +94,8 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!moecomm_bench::start(argc, argv,
+  return moecomm_bench::run(argc, argv, "bench_proprophet_planner",
                             {{"counts", "1024 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
-                             {"model", "proprophet_cost_params{} (h 1024, fp32, 35.7 TFLOP/s, Trans/Agg 15 Gb/s, alpha 3), n = 1"}}))
-    return 1;
-  register_all();
-  return moecomm_bench::finish("bench_proprophet_planner");
+                             {"model", "proprophet_cost_params{} (h 1024, fp32, 35.7 TFLOP/s, Trans/Agg 15 Gb/s, alpha 3), n = 1"}},
+                            register_all);
 }

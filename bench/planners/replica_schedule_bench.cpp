@@ -126,11 +126,9 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!moecomm_bench::start(argc, argv,
+  return moecomm_bench::run(argc, argv, "bench_replica_schedule",
                             {{"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
                              {"replicas", "2-4 per expert on distinct random ranks; 8 ranks per node"},
-                             {"link_weights", "intra-node 0.1, inter-node 1.0 (FineMoE App. A.1)"}}))
-    return 1;
-  register_all();
-  return moecomm_bench::finish("bench_replica_schedule");
+                             {"link_weights", "intra-node 0.1, inter-node 1.0 (FineMoE App. A.1)"}},
+                            register_all);
 }

@@ -82,10 +82,8 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!moecomm_bench::start(argc, argv,
+  return moecomm_bench::run(argc, argv, "bench_shadow_selection",
                             {{"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
-                             {"model", "fastermoe_cost_params{} (alpha 2, H 2048, fp32, 11.5 TFLOP/s, 50 Gb/s)"}}))
-    return 1;
-  register_all();
-  return moecomm_bench::finish("bench_shadow_selection");
+                             {"model", "fastermoe_cost_params{} (alpha 2, H 2048, fp32, 11.5 TFLOP/s, 50 Gb/s)"}},
+                            register_all);
 }

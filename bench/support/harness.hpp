@@ -71,6 +71,16 @@ inline int finish(char const* program) {
   return finish(program, [] {});
 }
 
+//! The whole `main` of a benchmark that prints no summary: `start` with `context`,
+//! `register_benchmarks()`, then `finish`.
+template <class Register>
+int run(int& argc, char** argv, char const* program, std::initializer_list<context_line> context,
+        Register&& register_benchmarks) {
+  if (!start(argc, argv, context)) return 1;
+  register_benchmarks();
+  return finish(program);
+}
+
 //! The seed of every benchmark's generator: the same inputs in every run.
 inline constexpr std::uint64_t kSeed = 0x6d6f65636f6d6dULL;  // "moecomm"
 
