@@ -25,23 +25,12 @@ using moecomm::hybridep_params;
 using moecomm::hybridep_planner;
 using moecomm::hybridep_prediction;
 
-// Units in which every term below is a small binary fraction, so predictions compare exactly.
-hybridep_params hybridep_unit_params() {
-  hybridep_params p;
-  p.intra = {0.25, 4};
-  p.inter = {1, 0.5};
-  p.gemm_flops = 16;
-  return p;
-}
+// Units in which every term below is a small binary fraction, so predictions compare exactly
+// (links as {alpha, bandwidth}, then GEMM FLOP/s).
+hybridep_params hybridep_unit_params() { return {{0.25, 4}, {1, 0.5}, 16}; }
 
 // The paper's setting for §III-E: one bandwidth of 1 B/s, no α, GEMMs free.
-hybridep_params hybridep_paper_params() {
-  hybridep_params p;
-  p.intra = {0, 1};
-  p.inter = {0, 1};
-  p.gemm_flops = 1;
-  return p;
-}
+hybridep_params hybridep_paper_params() { return {{0, 1}, {0, 1}, 1}; }
 
 hybridep_layer_shape hybridep_shape(std::int32_t G, std::int32_t K, std::int32_t n, std::int64_t P_E, std::int64_t D,
                                     double Lat_PE, double flops) {
