@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -120,6 +121,12 @@ void bm_flexmoe_planner(benchmark::State& state, planner_case c) {
   state.counters["step_after_ms"] = decision.step_seconds_after * 1e3;
 }
 
+//! The workload, as the output's context block says it.
+std::initializer_list<context_line> const kContext = {
+    {"loads", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order (expected counts)"},
+    {"placement", "2-4 replicas per expert, first fit into rows of R (packed) or 3R/4 (headroom) slots, shuffled ranks"},
+    {"model", "1 us per row; 134 MB per replica at 25 GB/s; 50-step interval; <= 64 moves"}};
+
 void register_all() {
   for (bool headroom : {false, true})
     for (planner_case const c : {planner_case{8, 64, headroom}, planner_case{64, 256, headroom}})
@@ -128,10 +135,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return moecomm_bench::run(argc, argv, "bench_flexmoe_planner",
-                            {{"loads", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order (expected counts)"},
-                             {"placement", "2-4 replicas per expert, first fit into rows of R (packed) or 3R/4 (headroom) slots, shuffled ranks"},
-                             {"model", "1 us per row; 134 MB per replica at 25 GB/s; 50-step interval; <= 64 moves"}},
-                            register_all);
-}
+int main(int argc, char** argv) { return moecomm_bench::run(argc, argv, "bench_flexmoe_planner", kContext, register_all); }

@@ -18,6 +18,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace {
@@ -78,6 +79,11 @@ void bm_hybridep_choose(benchmark::State& state, hybridep_case c) {
   state.counters["candidates"] = static_cast<double>(choice.candidates.size());
 }
 
+//! The workload, as the output's context block says it.
+std::initializer_list<context_line> const kContext = {
+    {"model", "hybridep_params::from_cluster of the hybridep-a800 figures, G GPUs per node"},
+    {"shape", "n 2, P_E 0.36 MB, D 64 MB, Lat_PE 20 ms, 2 TFLOP of expert GEMMs per rank"}};
+
 void register_all() {
   for (hybridep_case const c : {hybridep_case{64, 1}, hybridep_case{64, 4}, hybridep_case{8, 1}, hybridep_case{1024, 1}})
     benchmark::RegisterBenchmark(c.name().c_str(), bm_hybridep_choose, c)->Unit(benchmark::kMicrosecond);
@@ -85,9 +91,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return moecomm_bench::run(argc, argv, "bench_hybridep_planner",
-                            {{"model", "hybridep_params::from_cluster of the hybridep-a800 figures, G GPUs per node"},
-                             {"shape", "n 2, P_E 0.36 MB, D 64 MB, Lat_PE 20 ms, 2 TFLOP of expert GEMMs per rank"}},
-                            register_all);
-}
+int main(int argc, char** argv) { return moecomm_bench::run(argc, argv, "bench_hybridep_planner", kContext, register_all); }

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -83,6 +84,11 @@ void bm_proprophet_planner(benchmark::State& state, planner_case c) {
   state.counters["lat_ms"] = decision.latency * 1e3;
 }
 
+//! The workload, as the output's context block says it.
+std::initializer_list<context_line> const kContext = {
+    {"counts", "1024 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
+    {"model", "proprophet_cost_params{} (h 1024, fp32, 35.7 TFLOP/s, Trans/Agg 15 Gb/s, alpha 3), n = 1"}};
+
 void register_all() {
   for (auto schedule : {moecomm::proprophet_schedule::with_scheduler, moecomm::proprophet_schedule::planner_only})
     for (auto [ranks, experts] : {std::pair{16, 16}, std::pair{64, 64}, std::pair{64, 256}}) {
@@ -93,9 +99,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return moecomm_bench::run(argc, argv, "bench_proprophet_planner",
-                            {{"counts", "1024 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
-                             {"model", "proprophet_cost_params{} (h 1024, fp32, 35.7 TFLOP/s, Trans/Agg 15 Gb/s, alpha 3), n = 1"}},
-                            register_all);
-}
+int main(int argc, char** argv) { return moecomm_bench::run(argc, argv, "bench_proprophet_planner", kContext, register_all); }

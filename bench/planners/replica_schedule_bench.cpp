@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -116,6 +117,12 @@ void bm_comm_aware(benchmark::State& state, schedule_case c) {
   state.counters["inter_node"] = static_cast<double>(out.inter_node_tokens);
 }
 
+//! The workload, as the output's context block says it.
+std::initializer_list<context_line> const kContext = {
+    {"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
+    {"replicas", "2-4 per expert on distinct random ranks; 8 ranks per node"},
+    {"link_weights", "intra-node 0.1, inter-node 1.0 (FineMoE App. A.1)"}};
+
 void register_all() {
   for (schedule_case const c : {schedule_case{8, 64}, schedule_case{16, 64}, schedule_case{64, 256}, schedule_case{256, 1024}}) {
     benchmark::RegisterBenchmark(c.name("minmax").c_str(), bm_minmax, c)->Unit(benchmark::kMicrosecond);
@@ -125,10 +132,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return moecomm_bench::run(argc, argv, "bench_replica_schedule",
-                            {{"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
-                             {"replicas", "2-4 per expert on distinct random ranks; 8 ranks per node"},
-                             {"link_weights", "intra-node 0.1, inter-node 1.0 (FineMoE App. A.1)"}},
-                            register_all);
-}
+int main(int argc, char** argv) { return moecomm_bench::run(argc, argv, "bench_replica_schedule", kContext, register_all); }

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,11 @@ void bm_shadow_selection(benchmark::State& state, shadow_case c) {
   state.counters["lat_ms"] = decision.latency * 1e3;
 }
 
+//! The workload, as the output's context block says it.
+std::initializer_list<context_line> const kContext = {
+    {"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
+    {"model", "fastermoe_cost_params{} (alpha 2, H 2048, fp32, 11.5 TFLOP/s, 50 Gb/s)"}};
+
 void register_all() {
   for (std::int32_t ranks : {16, 64, 256, 1024})
     for (std::int32_t experts : {64, 256}) {
@@ -81,9 +87,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return moecomm_bench::run(argc, argv, "bench_shadow_selection",
-                            {{"counts", "4096 tokens per rank, top-2, Zipf(1.2) over a shuffled expert order"},
-                             {"model", "fastermoe_cost_params{} (alpha 2, H 2048, fp32, 11.5 TFLOP/s, 50 Gb/s)"}},
-                            register_all);
-}
+int main(int argc, char** argv) { return moecomm_bench::run(argc, argv, "bench_shadow_selection", kContext, register_all); }
