@@ -10,11 +10,8 @@
 # differing line of the closest match.
 cmake_minimum_required(VERSION 3.25)
 
-foreach(_var IN ITEMS SOURCE REGION DOCUMENT)
-  if(NOT DEFINED ${_var} OR "${${_var}}" STREQUAL "")
-    message(FATAL_ERROR "check_snippet.cmake: -D${_var}=... is required")
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/../support/require_arguments.cmake")
+moecomm_require_arguments(check_snippet.cmake SOURCE REGION DOCUMENT)
 foreach(_file IN ITEMS "${SOURCE}" "${DOCUMENT}")
   if(NOT EXISTS "${_file}")
     message(FATAL_ERROR "check_snippet.cmake: ${_file} does not exist")

@@ -10,11 +10,8 @@
 # Every case is run; the failures are listed together.
 cmake_minimum_required(VERSION 3.25)
 
-foreach(_var IN ITEMS CXX_COMPILER INCLUDE_DIRS CASES_DIR)
-  if(NOT DEFINED ${_var} OR "${${_var}}" STREQUAL "")
-    message(FATAL_ERROR "check_cases.cmake: -D${_var}=... is required")
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/../support/require_arguments.cmake")
+moecomm_require_arguments(check_cases.cmake CXX_COMPILER INCLUDE_DIRS CASES_DIR)
 
 string(REPLACE "|" ";" _include_dirs "${INCLUDE_DIRS}")
 list(TRANSFORM _include_dirs PREPEND "-I")
