@@ -41,13 +41,9 @@ parm_layer_shape parm_small_shape() {
 }
 
 void check_same_prediction(parm_prediction const& got, parm_prediction const& want) {
-  CHECK(got.dispatch == want.dispatch);
-  CHECK(got.expert == want.expert);
-  CHECK(got.combine == want.combine);
-  CHECK(got.mp_gather == want.mp_gather);
-  CHECK(got.backward_extra == want.backward_extra);
-  CHECK(got.forward_total == want.forward_total);
-  CHECK(got.step_total == want.step_total);
+  CHECK(got.dispatch == want.dispatch); CHECK(got.expert == want.expert); CHECK(got.combine == want.combine);
+  CHECK(got.mp_gather == want.mp_gather); CHECK(got.backward_extra == want.backward_extra);
+  CHECK(got.forward_total == want.forward_total); CHECK(got.step_total == want.step_total);
 }
 
 TEST_CASE("parm_cost_model: the three schedules against hand-computed numbers") {

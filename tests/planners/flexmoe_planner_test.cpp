@@ -282,12 +282,9 @@ instance random_instance(std::mt19937& rng) {
 }
 
 void check_same(placement_decision const& a, placement_decision const& b) {
-  CHECK(a.triggered == b.triggered);
-  CHECK(a.moves == b.moves);
-  CHECK(a.slot_expert_after == b.slot_expert_after);
-  CHECK(a.rank_load_after == b.rank_load_after);
-  CHECK(a.step_seconds_after == b.step_seconds_after);
-  CHECK(a.imbalance_after == b.imbalance_after);
+  CHECK(a.triggered == b.triggered); CHECK(a.moves == b.moves);
+  CHECK(a.slot_expert_after == b.slot_expert_after); CHECK(a.rank_load_after == b.rank_load_after);
+  CHECK(a.step_seconds_after == b.step_seconds_after); CHECK(a.imbalance_after == b.imbalance_after);
   CHECK(a.bytes_moved == b.bytes_moved);
 }
 

@@ -47,18 +47,12 @@ hybridep_layer_shape hybridep_shape(std::int32_t G, std::int32_t K, std::int32_t
 }
 
 void check_same_prediction(hybridep_prediction const& got, hybridep_prediction const& want) {
-  CHECK(got.expert_domain_ranks == want.expert_domain_ranks);
-  CHECK(got.p == want.p);
-  CHECK(got.a2a_pairs == want.a2a_pairs);
-  CHECK(got.ag_pairs == want.ag_pairs);
-  CHECK(got.allgather_bytes == want.allgather_bytes);
-  CHECK(got.a2a_bytes_intra == want.a2a_bytes_intra);
-  CHECK(got.a2a_bytes_inter == want.a2a_bytes_inter);
-  CHECK(got.allgather == want.allgather);
-  CHECK(got.a2a == want.a2a);
-  CHECK(got.compute == want.compute);
-  CHECK(got.communication == want.communication);
-  CHECK(got.overlap == want.overlap);
+  CHECK(got.expert_domain_ranks == want.expert_domain_ranks); CHECK(got.p == want.p);
+  CHECK(got.a2a_pairs == want.a2a_pairs); CHECK(got.ag_pairs == want.ag_pairs);
+  CHECK(got.allgather_bytes == want.allgather_bytes); CHECK(got.a2a_bytes_intra == want.a2a_bytes_intra);
+  CHECK(got.a2a_bytes_inter == want.a2a_bytes_inter); CHECK(got.allgather == want.allgather);
+  CHECK(got.a2a == want.a2a); CHECK(got.compute == want.compute);
+  CHECK(got.communication == want.communication); CHECK(got.overlap == want.overlap);
   CHECK(got.total == want.total);
 }
 
