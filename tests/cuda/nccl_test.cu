@@ -103,6 +103,26 @@ struct device_vector {
   }
 };
 
+// exchange: rank i sends i + 1 values of (i * 100 + j) to every j, itself included; what arrived,
+// by source rank.
+std::vector<std::vector<int32_t>> exchange_every_pair(nccl_communicator& comm) {
+  int const n = comm.size(), me = comm.rank();
+  std::vector<device_vector<int32_t>> out, in;
+  std::vector<send_block> sends;
+  std::vector<recv_block> recvs;
+  for (int peer = 0; peer < n; ++peer) {
+    out.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(me + 1), me * 100 + peer));
+    in.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(peer + 1), -1));
+  }
+  for (int peer = 0; peer < n; ++peer) {
+    sends.push_back({peer, out[peer].data(), static_cast<int64_t>((me + 1) * sizeof(int32_t))});
+    recvs.push_back({peer, in[peer].data(), static_cast<int64_t>((peer + 1) * sizeof(int32_t))});
+  }
+  comm.exchange(sends, recvs);
+  std::vector<std::vector<int32_t>> got;
+  for (auto const& v : in) got.push_back(v.read());
+  return got;
+}
 
 bool contains(std::string const& text, std::string const& part) { return text.find(part) != std::string::npos; }
 
@@ -152,21 +172,9 @@ TEST_CASE("nccl collectives compute what they promise across all devices") {
     comm.broadcast(zero.data(), sizeof(int32_t), 0);
     CHECK(zero.read() == std::vector<int32_t>{17});
 
-    // exchange: rank i sends i + 1 values of (i * 100 + j) to every j, itself included
-    std::vector<device_vector<int32_t>> out, in;
-    std::vector<send_block> sends;
-    std::vector<recv_block> recvs;
-    for (int peer = 0; peer < n; ++peer) {
-      out.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(me + 1), me * 100 + peer));
-      in.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(peer + 1), -1));
-    }
-    for (int peer = 0; peer < n; ++peer) {
-      sends.push_back({peer, out[peer].data(), static_cast<int64_t>((me + 1) * sizeof(int32_t))});
-      recvs.push_back({peer, in[peer].data(), static_cast<int64_t>((peer + 1) * sizeof(int32_t))});
-    }
-    comm.exchange(sends, recvs);
+    std::vector<std::vector<int32_t>> const got = exchange_every_pair(comm);
     for (int peer = 0; peer < n; ++peer)
-      CHECK(in[peer].read() == std::vector<int32_t>(static_cast<std::size_t>(peer + 1), peer * 100 + me));
+      CHECK(got[peer] == std::vector<int32_t>(static_cast<std::size_t>(peer + 1), peer * 100 + me));
 
     // zero-byte blocks and an empty exchange are fine
     comm.exchange({}, {});
@@ -266,22 +274,11 @@ TEST_CASE("nccl split makes sub-groups ordered by (key, rank) that work on their
 
 // Split, exchange and allreduce on `comm`: what this rank saw, in order.
 std::vector<int64_t> split_exchange_allreduce(nccl_communicator& comm) {
-  int const n = comm.size(), me = comm.rank();
+  int const me = comm.rank();
   std::vector<int64_t> seen;
   nccl_communicator sub = comm.split(me % 2, -me);
   seen.insert(seen.end(), {sub.size(), sub.rank(), sub.device()});
-  std::vector<device_vector<int32_t>> out, in;
-  std::vector<send_block> sends;
-  std::vector<recv_block> recvs;
-  for (int peer = 0; peer < n; ++peer) {
-    out.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(me + 1), me * 100 + peer));
-    in.emplace_back(comm, std::vector<int32_t>(static_cast<std::size_t>(peer + 1), -1));
-    sends.push_back({peer, out.back().data(), static_cast<int64_t>((me + 1) * sizeof(int32_t))});
-    recvs.push_back({peer, in.back().data(), static_cast<int64_t>((peer + 1) * sizeof(int32_t))});
-  }
-  comm.exchange(sends, recvs);
-  for (auto const& v : in)
-    for (int32_t x : v.read()) seen.push_back(x);
+  for (std::vector<int32_t> const& from : exchange_every_pair(comm)) seen.insert(seen.end(), from.begin(), from.end());
   device_vector<int64_t> value(comm, {me + 1, 2 * me});
   sub.allreduce(value.data(), value.data(), 2, reduce_op::sum);
   comm.allreduce(value.data(), value.data(), 2, reduce_op::max);
