@@ -74,6 +74,19 @@ def gathered(t):
     return torch.cat(parts)
 
 
+def assert_equals_dense(y, xr, wr, params, x, idx, w, grad, hidden, inner):
+    """This rank's output and input gradients (of x and w) equal the dense MoE's rows, its loss being
+    sum(y * grad) over every rank; returns the dense parameters' gradient."""
+    p = params.clone().requires_grad_(True)
+    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    ref = dense_moe(p, xs, idx, ws, hidden, inner)
+    (ref * grad).sum().backward()
+    torch.testing.assert_close(gathered(y.detach()), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gathered(xr.grad), xs.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gathered(wr.grad), ws.grad, rtol=1e-5, atol=1e-5)
+    return p.grad
+
+
 def _check_against_dense(rank, pattern):
     T, H, F, E, K = 7, 5, 6, 8, 3
     x, idx, w, grad, params = problem(1, T, H, F, E, K)
@@ -84,15 +97,9 @@ def _check_against_dense(rank, pattern):
     y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
     (y * grad[mine]).sum().backward()
 
-    p = params.clone().requires_grad_(True)
-    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    ref = dense_moe(p, xs, idx, ws, H, F)
-    (ref * grad).sum().backward()
-    torch.testing.assert_close(gathered(y.detach()), ref.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gathered(xr.grad), xs.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gathered(wr.grad), ws.grad, rtol=1e-5, atol=1e-5)
+    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, H, F)
     # Each slot's gradient is its expert's whole gradient (replicas' summed for finemoe).
-    torch.testing.assert_close(layer.experts.grad, p.grad[layer.slot_experts], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.experts.grad, dense_grad[layer.slot_experts], rtol=1e-5, atol=1e-5)
     if pattern == "fastermoe":
         assert 0 in layer.shadowed(), layer.shadowed()  # the hot expert
 
@@ -275,14 +282,8 @@ def _check_dispatcher(rank, exchange):
     y = d.combine(out, wr)
     (y * grad[mine]).sum().backward()
 
-    q = params.clone().requires_grad_(True)
-    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    ref = dense_moe(q, xs, idx, ws, H, F)
-    (ref * grad).sum().backward()
-    torch.testing.assert_close(gathered(y.detach()), ref.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gathered(xr.grad), xs.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gathered(wr.grad), ws.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(p.grad, q.grad[rank * L:(rank + 1) * L], rtol=1e-5, atol=1e-5)
+    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, H, F)
+    torch.testing.assert_close(p.grad, dense_grad[rank * L:(rank + 1) * L], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("exchange", ["flat", "hierarchical", "dedup"])
