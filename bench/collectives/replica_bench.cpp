@@ -61,8 +61,7 @@
 #include <moecomm/collectives/gradient_reduce.hpp>
 #include <moecomm/collectives/replica_broadcast.hpp>
 
-#include "../support/harness.hpp"
-#include "../support/memcpy_reference.hpp"
+#include "../support/inproc_ranks.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -77,12 +76,6 @@
 namespace {
 
 using namespace moecomm_bench;
-
-using comm_t = moecomm::inproc_communicator;
-using world_t = moecomm::inproc_world;
-
-moecomm::host_backend const be{1};
-moecomm_bench::memcpy_reference g_memcpy;
 
 // ---- cases -----------------------------------------------------------------------------------
 

@@ -35,8 +35,7 @@
 
 #include <moecomm/moecomm.hpp>
 
-#include "../support/harness.hpp"
-#include "../support/memcpy_reference.hpp"
+#include "../support/inproc_ranks.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -157,17 +156,11 @@ namespace {
 
 using namespace moecomm_bench;
 
-using comm_t = moecomm::inproc_communicator;
-using world_t = moecomm::inproc_world;
-
 constexpr std::int64_t kTokens = 4096;  // per rank
 constexpr std::int64_t kHidden = 4096;
 constexpr std::int32_t kTopK = 2;
 constexpr std::int32_t kNumExperts = 16;
 constexpr double kCapacityFactor = 1.0;
-
-moecomm::host_backend const be{1};
-moecomm_bench::memcpy_reference g_memcpy;
 
 std::uint32_t bits_of(float f) {
   std::uint32_t u;
