@@ -88,10 +88,7 @@ TEST_CASE("HybridEP: with compression the gathered experts are decoded, and the 
   using comm_t = moecomm::inproc_communicator;
   for (double ratio : {1.0, 2.0, 4.0, 16.0}) {
     CAPTURE(ratio);
-    moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-    world.run([&](comm_t comm) {
-      moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, 1));
-      std::int32_t const me = comm.rank();
+    on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
       moecomm::expert_parallel_layer<float, moecomm::host_backend, comm_t> plain(moecomm::host_backend{}, groups, c.experts, c.hidden);
       auto const want = run_step(plain, me, c, in);
       moecomm::hybridep_layer<float, moecomm::host_backend, comm_t> layer(
@@ -101,7 +98,7 @@ TEST_CASE("HybridEP: with compression the gathered experts are decoded, and the 
       std::int32_t const locals = c.experts / c.ranks;
       std::vector<float> all(static_cast<std::size_t>(c.ranks * locals * 2 * c.hidden));
       scale_bias_experts<float> const mine(me, locals, c.hidden, c.exact);
-      comm.allgather(mine.params.data(), all.data(), static_cast<std::int64_t>(mine.params.size() * sizeof(float)));
+      groups.world().allgather(mine.params.data(), all.data(), static_cast<std::int64_t>(mine.params.size() * sizeof(float)));
       std::int64_t const n = 2 * c.hidden;
       float worst = 0;
       {
@@ -150,7 +147,7 @@ TEST_CASE("HybridEP: with compression the gathered experts are decoded, and the 
       }
       check_bitwise(got.grads, want.grads, 2 * c.hidden, "owner's parameter gradient vs plain");
       if (ratio == 1) check_same_result(got, want, me, c);
-    });
+    }, 1);
   }
 }
 
@@ -180,19 +177,17 @@ TEST_CASE("HybridEP: one policy value in make_expert_parallel_layer makes the la
   auto const in = make_shadow_inputs<float>(c);
   using comm_t = moecomm::inproc_communicator;
   moecomm::capacity<moecomm::drop_by_position> const capacity{1.0, 0, false, {}};
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](comm_t comm) {
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, 1));
+  on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
     auto plain = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden, capacity);
     auto hybrid = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
                                                              moecomm::hybridep{2}, capacity);
     static_assert(std::is_same_v<decltype(hybrid), moecomm::hybridep_layer<float, moecomm::host_backend, comm_t,
                                                                            moecomm::capacity<moecomm::drop_by_position>>>);
-    auto const want = run_step(plain, comm.rank(), c, in);
-    auto const got = run_step(hybrid, comm.rank(), c, in);
-    check_same_result(got, want, comm.rank(), c);
+    auto const want = run_step(plain, me, c, in);
+    auto const got = run_step(hybrid, me, c, in);
+    check_same_result(got, want, me, c);
     CHECK(hybrid.report().expert_domain == 2);
-  });
+  }, 1);
 }
 
 // The exchange over each offset's ranks is a policy too: with dedup_per_rank a token crosses once to
@@ -205,29 +200,27 @@ TEST_CASE("HybridEP: with dedup_per_rank or dedup_per_node, plain EP's results, 
   using comm_t = moecomm::inproc_communicator;
   std::vector<std::int64_t> flat_bytes(static_cast<std::size_t>(c.ranks)), dedup_bytes(flat_bytes.size());
   std::vector<std::int64_t> node_inter(flat_bytes.size()), rank_inter(flat_bytes.size());
-  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
-  world.run([&](comm_t comm) {
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, 1));
+  on_ranks_of(c, [&](moecomm::exchange_groups<comm_t>& groups, std::int32_t me) {
     auto plain = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden);
     auto hybrid = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden, moecomm::hybridep{2});
     auto dedup = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
                                                             moecomm::dedup_per_rank<moecomm::flat>{}, moecomm::hybridep{2});
     static_assert(std::is_same_v<decltype(dedup), moecomm::hybridep_layer<float, moecomm::host_backend, comm_t, moecomm::dropless,
                                                                           moecomm::weighted, moecomm::dedup_per_rank<moecomm::flat>>>);
-    auto const want = run_step(plain, comm.rank(), c, in);
-    (void)run_step(hybrid, comm.rank(), c, in);
-    auto const got = run_step(dedup, comm.rank(), c, in);
-    check_same_result(got, want, comm.rank(), c);
+    auto const want = run_step(plain, me, c, in);
+    (void)run_step(hybrid, me, c, in);
+    auto const got = run_step(dedup, me, c, in);
+    check_same_result(got, want, me, c);
     auto node = moecomm::make_expert_parallel_layer<float>(moecomm::host_backend{}, groups, c.experts, c.hidden,
                                                            moecomm::dedup_per_node{}, moecomm::hybridep{2});
-    check_same_result(run_step(node, comm.rank(), c, in), want, comm.rank(), c);
-    node_inter[static_cast<std::size_t>(comm.rank())] = node.report().exchange.inter_bytes + node.report().exchange.inter_domain_bytes;
-    rank_inter[static_cast<std::size_t>(comm.rank())] = dedup.report().exchange.inter_bytes + dedup.report().exchange.inter_domain_bytes;
+    check_same_result(run_step(node, me, c, in), want, me, c);
+    node_inter[static_cast<std::size_t>(me)] = node.report().exchange.inter_bytes + node.report().exchange.inter_domain_bytes;
+    rank_inter[static_cast<std::size_t>(me)] = dedup.report().exchange.inter_bytes + dedup.report().exchange.inter_domain_bytes;
     auto const bytes = [](moecomm::alltoall_stats const& s) { return s.intra_bytes + s.inter_bytes + s.inter_domain_bytes; };
-    flat_bytes[static_cast<std::size_t>(comm.rank())] = bytes(hybrid.report().exchange);
-    dedup_bytes[static_cast<std::size_t>(comm.rank())] = bytes(dedup.report().exchange);
+    flat_bytes[static_cast<std::size_t>(me)] = bytes(hybrid.report().exchange);
+    dedup_bytes[static_cast<std::size_t>(me)] = bytes(dedup.report().exchange);
     CHECK(dedup.dispatch_state().report().slot_metadata.intra_bytes + dedup.dispatch_state().report().slot_metadata.inter_bytes > 0);
-  });
+  }, 1);
   std::int64_t flat_total = 0, dedup_total = 0;
   for (std::size_t r = 0; r < flat_bytes.size(); ++r) {
     CAPTURE(r);

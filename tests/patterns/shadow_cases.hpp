@@ -287,16 +287,17 @@ std::vector<std::int32_t> check_scheduled_equals_plain(Comm& comm, shadow_case c
   return scheduled.dispatch_state().home_experts();
 }
 
-// Runs `body(groups, me)` on `c.ranks` in-process ranks, `c.per_node` per node, every wait bounded
-// by 60 s; `groups.world()` is the rank's communicator.
+// Runs `body(groups, me)` on `c.ranks` in-process ranks, `c.per_node` per node (and
+// `nodes_per_domain` per data centre, 0: one data centre), every wait bounded by 60 s;
+// `groups.world()` is the rank's communicator.
 template <class Body>
-void on_ranks_of(shadow_case const& c, Body&& body) {
+void on_ranks_of(shadow_case const& c, Body&& body, std::int32_t nodes_per_domain = 0) {
   using comm_t = moecomm::inproc_communicator;
   moecomm::inproc_world const world(c.ranks, std::chrono::seconds(60));
   world.run([&](comm_t comm) {
     std::int32_t const me = comm.rank();
     CAPTURE(me);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(c.ranks, c.per_node, nodes_per_domain));
     body(groups, me);
   });
 }
