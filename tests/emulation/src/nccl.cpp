@@ -672,6 +672,19 @@ ncclResult_t split_state(comm_state& c) {
   return result;
 }
 
+// ncclSend (`send`, from `buffer`) or ncclRecv (into it): checked as NCCL does, then queued.
+ncclResult_t point_to_point(bool send, void const* buffer, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                            cudaStream_t stream) {
+  std::string const op = send ? "ncclSend" : "ncclRecv";
+  auto c = find_comm(comm);
+  if (!c) return reject(ncclInvalidArgument, op + ": not a live communicator", false);
+  if (peer < 0 || peer >= c->group->nranks) return reject(ncclInvalidArgument, op + ": peer out of range", false);
+  std::size_t const bytes = count * type_size(datatype);
+  char const* const name = send ? "sendbuff" : "recvbuff";
+  if (ncclResult_t r = check_call(*c, op.c_str(), true, stream, {{buffer, name}}, bytes); r != ncclSuccess) return r;
+  return submit({c, stream, true, send, peer, send ? buffer : nullptr, send ? nullptr : const_cast<void*>(buffer), bytes, {}});
+}
+
 }  // namespace
 
 extern "C" {
@@ -938,21 +951,11 @@ ncclResult_t ncclGroupEnd() {
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  auto c = find_comm(comm);
-  if (!c) return reject(ncclInvalidArgument, "ncclSend: not a live communicator", false);
-  if (peer < 0 || peer >= c->group->nranks) return reject(ncclInvalidArgument, "ncclSend: peer out of range", false);
-  std::size_t const bytes = count * type_size(datatype);
-  if (ncclResult_t r = check_call(*c, "ncclSend", true, stream, {{sendbuff, "sendbuff"}}, bytes); r != ncclSuccess) return r;
-  return submit({c, stream, true, true, peer, sendbuff, nullptr, bytes, {}});
+  return point_to_point(true, sendbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
-  auto c = find_comm(comm);
-  if (!c) return reject(ncclInvalidArgument, "ncclRecv: not a live communicator", false);
-  if (peer < 0 || peer >= c->group->nranks) return reject(ncclInvalidArgument, "ncclRecv: peer out of range", false);
-  std::size_t const bytes = count * type_size(datatype);
-  if (ncclResult_t r = check_call(*c, "ncclRecv", true, stream, {{recvbuff, "recvbuff"}}, bytes); r != ncclSuccess) return r;
-  return submit({c, stream, true, false, peer, nullptr, recvbuff, bytes, {}});
+  return point_to_point(false, recvbuff, count, datatype, peer, comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm,
