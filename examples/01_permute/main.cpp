@@ -11,8 +11,10 @@
 //!
 //! Run with --help for the flags. Everything runs on one CPU thread.
 
+#include "../common/exit_code.hpp"
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/inputs.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -134,7 +136,7 @@ int run(options const& o) {
   std::printf("\n   rank  experts      tokens    slots\n");
   std::int64_t max_slots = 0;
   for (std::int32_t r = 0; r < R; ++r) {
-    std::string const held = L == 1 ? std::to_string(r * L) : std::to_string(r * L) + "-" + std::to_string(r * L + L - 1);
+    std::string const held = experts_held(r, L);
     std::printf("   %4d  %-9s  %7d  %7d\n", r, held.c_str(), layout.tokens_per_rank()[r], layout.slots_per_rank()[r]);
     max_slots = std::max<std::int64_t>(max_slots, layout.slots_per_rank()[r]);
   }
@@ -187,11 +189,7 @@ int run(options const& o) {
   Elem* const x = x_buf.data();
   Elem* const perm = perm_buf.data();
   Elem* const out = out_buf.data();
-  for (std::int64_t i = 0; i < T * H; i += 4) {  // multiples of 2^-15 in [-1, 1), four per draw
-    std::uint64_t const bits = rng();
-    for (std::int64_t j = 0; j < 4 && i + j < T * H; ++j)
-      x[i + j] = traits::from_float(static_cast<float>(static_cast<std::int16_t>(bits >> (16 * j))) * 0x1p-15f);
-  }
+  fill_random_rows(x, T * H, rng);
   moecomm::matrix_view<Elem const> const x_view{x, T, H};
   moecomm::matrix_view<Elem> const perm_view{perm, P, H};
   moecomm::matrix_view<Elem const> const y_view = perm_view;  // experts = identity: y is the permuted rows
@@ -315,15 +313,10 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  try {
+  return exit_code_of(program, "fewer --tokens or a smaller --hidden", [&] {
 #if MOECOMM_HAS_CUDA_FP16()
     if (o.dtype == "bf16") return run<__nv_bfloat16>(o);
 #endif
     return run<float>(o);
-  } catch (moecomm::error const& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (std::bad_alloc const&) {
-    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or a smaller --hidden)\n", program);
-  }
-  return 1;
+  });
 }

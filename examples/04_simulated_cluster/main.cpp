@@ -29,11 +29,13 @@
 //!
 //! Run with --help for the flags.
 
+#include "../common/exit_code.hpp"
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -193,9 +195,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::alltoall_stats> stats(R);
   double measured_from = std::numeric_limits<double>::infinity();
-  std::vector<int32_t> gpus(R);
-  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
+  moecomm::simgrid_world world(p.platform, first_gpus(R));
   optional_recording recording(recorded);
   world.run([&](simgrid_communicator comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
@@ -230,12 +230,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
   recording.keep_from(measured_from);
   res.forward_s = *std::max_element(forward.begin(), forward.end());
   res.backward_s = *std::max_element(backward.begin(), backward.end());
-  for (auto const& s : stats) {
-    res.exchange.intra_messages += s.intra_messages;
-    res.exchange.intra_bytes += s.intra_bytes;
-    res.exchange.inter_messages += s.inter_messages;
-    res.exchange.inter_bytes += s.inter_bytes;
-  }
+  for (auto const& s : stats) add_traffic(res.exchange, s);
   return res;
 }
 
@@ -343,9 +338,7 @@ void print_iterations(problem const& p, std::vector<variant_result> const& varia
   moecomm::transformer_shape const shape = transformer(p);
   double const experts = p.local_experts * p.model.parameters();
   std::vector<double> start(static_cast<std::size_t>(p.ranks)), end(start.size());
-  std::vector<int32_t> gpus(start.size());
-  for (std::size_t r = 0; r < gpus.size(); ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
+  moecomm::simgrid_world world(p.platform, first_gpus(start.size()));
   world.run([&](simgrid_communicator comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
     comm.barrier();
@@ -433,12 +426,5 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  try {
-    return run(o);
-  } catch (moecomm::error const& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (std::bad_alloc const&) {
-    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or --ranks, or a smaller --hidden)\n", program);
-  }
-  return 1;
+  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return run(o); });
 }

@@ -22,11 +22,13 @@
 //! A small real hidden size stands for the model's (`simulation_scale`), so the run is cheap and the
 //! times are the model-sized layer's. Run with --help for the flags.
 
+#include "../common/exit_code.hpp"
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -170,13 +172,6 @@ struct schedule_result {
   std::vector<std::vector<float>> out, d_x, d_w;   //!< [rank]
 };
 
-void add(moecomm::alltoall_stats& into, moecomm::alltoall_stats const& s) {
-  into.intra_messages += s.intra_messages;
-  into.intra_bytes += s.intra_bytes;
-  into.inter_messages += s.inter_messages;
-  into.inter_bytes += s.inter_bytes;
-}
-
 template <class Schedule>
 schedule_result run_schedule(char const* name, problem const& p, Schedule const& schedule,
                              moecomm::timeline* recorded = nullptr) {
@@ -192,9 +187,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::parm_report> reports(R);
   double measured_from = std::numeric_limits<double>::infinity();
-  std::vector<int32_t> gpus(R);
-  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
+  moecomm::simgrid_world world(p.platform, first_gpus(R));
   optional_recording recording(recorded);
   world.run([&](simgrid_communicator comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
@@ -233,9 +226,9 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
   for (auto const& r : reports) {
     res.rows_dispatched = std::max(res.rows_dispatched, r.rows_dispatched);
     res.rows_computed = std::max(res.rows_computed, r.rows_computed);
-    add(res.traffic, r.alltoall);
-    add(res.traffic, r.expert_slicing);
-    add(res.traffic, r.model_gather);
+    add_traffic(res.traffic, r.alltoall);
+    add_traffic(res.traffic, r.expert_slicing);
+    add_traffic(res.traffic, r.model_gather);
   }
   res.auto_report = reports.front();
   return res;
@@ -370,12 +363,5 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  try {
-    return run(o);
-  } catch (moecomm::error const& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (std::bad_alloc const&) {
-    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or --ranks, or a smaller --hidden)\n", program);
-  }
-  return 1;
+  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return run(o); });
 }

@@ -20,6 +20,7 @@
 #include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/backend/simulated.hpp>
@@ -171,9 +172,7 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
   res.grads.resize(R);
   std::vector<double> start(R), end(R);
   std::vector<moecomm::alltoall_stats> tokens(R), experts(R);
-  std::vector<int32_t> gpus(R);
-  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
+  moecomm::simgrid_world world(p.platform, first_gpus(R));
   optional_recording recording(recorded);
   world.run([&](comm_t comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
@@ -231,8 +230,8 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
   recording.keep_from(first);
   res.step_s = *std::max_element(end.begin(), end.end()) - first;
   for (std::size_t r = 0; r < R; ++r) {
-    add(res.tokens, tokens[r]);
-    add(res.experts, experts[r]);
+    add_traffic(res.tokens, tokens[r]);
+    add_traffic(res.experts, experts[r]);
   }
   return res;
 }
