@@ -354,7 +354,7 @@ int run(options const& o) {
   bool const same = identical_to_baseline(results, results[1].name);
   std::printf("5. Outputs, input gradients and routing-weight gradients identical to deepspeed_mp on every rank: %s\n\n",
               same ? "yes" : "NO");
-  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot, "6. Timeline of parm_s2's measured step");
+  write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot, "6. Timeline of parm_s2's measured step");
   std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
   return same ? 0 : 1;
 }

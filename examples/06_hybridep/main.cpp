@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
   std::printf("4. Outputs, input gradients and routing-weight gradients of every exact run identical to plain EP on every\n"
               "   rank: %s (the codec's run differs by design: its gathered experts are approximations)\n\n",
               all_equal ? "yes" : "NO");
-  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
+  write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot,
                  "5. Timeline of the planner's S's measured step (the gather on each rank's lane, beside the compute)");
   return all_equal ? 0 : 1;
 }

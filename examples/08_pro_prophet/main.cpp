@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
 
   bool const equal = same_bits(planner, plain) && same_bits(scheduled, plain);
   std::printf("4. The stack's outputs and input gradients identical to plain EP's on every rank: %s\n\n", equal ? "yes" : "NO");
-  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
+  write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot,
                  "5. Timeline of the scheduled run's last iteration (the transfers on each rank's lane, beside the compute)");
   return equal ? 0 : 1;
 }
