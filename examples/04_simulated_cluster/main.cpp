@@ -62,7 +62,6 @@ namespace {
 
 using namespace example_support;  // flag checks, formatting, timing, inputs, experts, the Zipf gate, plots (examples/common/)
 
-using moecomm::simgrid_communicator;
 using std::int32_t;
 using std::int64_t;
 
@@ -72,6 +71,8 @@ constexpr int32_t topk = 2;
 
 // ---- options ------------------------------------------------------------------------------------
 
+constexpr char const* program = "example_04_simulated_cluster";
+
 struct options : simulated_options {
   // ranks 0: one per GPU (64 on the default platform: about 11 s here); H_model: FasterMoE's MoE-BERT-Wide
   options() : simulated_options{"fastermoe-v100-ib", 256, 32, 1024, 1.2, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
@@ -79,7 +80,6 @@ struct options : simulated_options {
   int32_t experts = 64;
 };
 
-constexpr char const* program = "example_04_simulated_cluster";
 
 options parse_options(int argc, char** argv) {
   options o;
@@ -149,7 +149,7 @@ moecomm::fastermoe_cost_params cost_params(problem const& p) {
 template <class Algorithm, class Shadowing>
 variant_result run_variant(char const* name, problem const& p, Algorithm const& algorithm, Shadowing const& shadowing,
                            moecomm::timeline* recorded = nullptr) {
-  using layer_type = moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, simgrid_communicator,
+  using layer_type = moecomm::expert_parallel_layer<float, sim_backend, sim_comm,
                                                     moecomm::dropless, Algorithm, moecomm::weighted, Shadowing>;
   auto const R = static_cast<std::size_t>(p.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
@@ -163,10 +163,10 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
   double measured_from = std::numeric_limits<double>::infinity();
   moecomm::simgrid_world world(p.platform, first_gpus(R));
   optional_recording recording(recorded);
-  world.run([&](simgrid_communicator comm) {
+  world.run([&](sim_comm comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    moecomm::simulated_backend<> const be(moecomm::host_backend{}, p.scale);
-    moecomm::exchange_groups<simgrid_communicator> groups(comm, moecomm::topology(p.ranks, p.per_node));
+    sim_backend const be(moecomm::host_backend{}, p.scale);
+    moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(p.ranks, p.per_node));
     layer_type layer(be, groups, p.o.experts, H, {}, algorithm, {}, shadowing);
     for (std::size_t s = 0; s < 2; ++s) {
       step_inputs const& in = p.steps[s][me];

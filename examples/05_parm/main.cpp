@@ -54,13 +54,14 @@ namespace {
 
 using namespace example_support;  // flags, formatting, timing, inputs, experts, the gate, plots (examples/common/)
 
-using moecomm::simgrid_communicator;
 using std::int32_t;
 using std::int64_t;
 
 constexpr int32_t topk = 2;
 
 // ---- options ------------------------------------------------------------------------------------
+
+constexpr char const* program = "example_05_parm";
 
 struct options : simulated_options {
   // tokens per MP group: batch 4 x sequence 1024
@@ -72,7 +73,6 @@ struct options : simulated_options {
   int32_t pieces = 4;
 };
 
-constexpr char const* program = "example_05_parm";
 
 options parse_options(int argc, char** argv) {
   options o;
@@ -147,8 +147,7 @@ problem make_problem(options const& o) {
 template <class Schedule>
 schedule_result run_schedule(char const* name, problem const& p, Schedule const& schedule,
                              moecomm::timeline* recorded = nullptr) {
-  using backend = moecomm::simulated_backend<>;
-  using layer_type = moecomm::parm_layer<float, backend, simgrid_communicator, Schedule>;
+    using layer_type = moecomm::parm_layer<float, sim_backend, sim_comm, Schedule>;
   auto const R = static_cast<std::size_t>(p.o.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
   schedule_result res;
@@ -161,10 +160,10 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
   double measured_from = std::numeric_limits<double>::infinity();
   moecomm::simgrid_world world(p.platform, first_gpus(R));
   optional_recording recording(recorded);
-  world.run([&](simgrid_communicator comm) {
+  world.run([&](sim_comm comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    backend const be(moecomm::host_backend{}, p.scale);
-    moecomm::parallel_groups<simgrid_communicator> groups(comm, p.sizes, moecomm::topology(p.o.ranks, p.per_node));
+    sim_backend const be(moecomm::host_backend{}, p.scale);
+    moecomm::parallel_groups<sim_comm> groups(comm, p.sizes, moecomm::topology(p.o.ranks, p.per_node));
     auto const at = groups.coordinates();
     layer_type layer(be, groups, p.o.experts, H, schedule);
     for (std::size_t s = 0; s < 2; ++s) {

@@ -45,8 +45,6 @@ namespace {
 
 using namespace example_support;  // flags, formatting, inputs, experts, the gate, plots (examples/common/)
 
-using comm_t = moecomm::simgrid_communicator;
-using backend = moecomm::simulated_backend<>;
 using std::int32_t;
 using std::int64_t;
 
@@ -150,13 +148,13 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
   std::vector<moecomm::alltoall_stats> tokens(R), experts(R);
   moecomm::simgrid_world world(p.platform, first_gpus(R));
   optional_recording recording(recorded);
-  world.run([&](comm_t comm) {
+  world.run([&](sim_comm comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    backend const be(moecomm::host_backend{}, p.scale);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(p.ranks, p.per_node, 1));  // a data centre = a node
-    std::optional<moecomm::expert_parallel_layer<float, backend, comm_t>> plain;
-    std::optional<moecomm::hybridep_layer<float, backend, comm_t>> hybrid;
-    std::optional<moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::expert_data_parallel>> replicated;
+    sim_backend const be(moecomm::host_backend{}, p.scale);
+    moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(p.ranks, p.per_node, 1));  // a data centre = a node
+    std::optional<moecomm::expert_parallel_layer<float, sim_backend, sim_comm>> plain;
+    std::optional<moecomm::hybridep_layer<float, sim_backend, sim_comm>> hybrid;
+    std::optional<moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::expert_data_parallel>> replicated;
     // Every data centre holds all E experts, E / per_node consecutive ones on each of its ranks.
     auto const per_domain = moecomm::replica_placement::per_domain(p.ranks, p.o.experts / p.per_node, p.per_node);
     if (how.hybridep) hybrid.emplace(be, groups, p.o.experts, H, *how.hybridep);

@@ -53,8 +53,6 @@ namespace {
 
 using namespace example_support;  // flags, formatting, inputs, experts, the gate, plots (examples/common/)
 
-using comm_t = moecomm::simgrid_communicator;
-using backend = moecomm::simulated_backend<>;
 using std::int32_t;
 using std::int64_t;
 
@@ -135,14 +133,14 @@ run_result run(problem const& p, int pattern) {
   res.last_rows.resize(R);
   rank_figures f(R);  // every rank's figures of the step, summed up by rank 0
   moecomm::simgrid_world world(p.platform, first_gpus(R));
-  world.run([&](comm_t comm) {
+  world.run([&](sim_comm comm) {
     int32_t const me = comm.rank();
     auto const at = static_cast<std::size_t>(me);
-    backend const be(moecomm::host_backend{}, p.scale);
+    sim_backend const be(moecomm::host_backend{}, p.scale);
     // Plain EP and FasterMoE: EP groups of `ep` ranks side by side; the replicated patterns: all ranks.
-    comm_t ep_comm = comm.split(me / ep, me);
-    moecomm::exchange_groups<comm_t> ep_groups(ep_comm, moecomm::topology(ep, ep));
-    moecomm::exchange_groups<comm_t> all(comm, moecomm::topology(ranks, ranks));
+    sim_comm ep_comm = comm.split(me / ep, me);
+    moecomm::exchange_groups<sim_comm> ep_groups(ep_comm, moecomm::topology(ep, ep));
+    moecomm::exchange_groups<sim_comm> all(comm, moecomm::topology(ranks, ranks));
     moecomm::fastermoe_cost_params shadow;
     shadow.alpha = 4;
     shadow.bytes_per_element = 2;
@@ -158,10 +156,10 @@ run_result run(problem const& p, int pattern) {
         moecomm::replica_placement::from_loads(ranks, slots, std::vector<double>(experts, 1.0), o.seed);
     auto const left = moecomm::replica_gradients::left_to_trainer;  // summed with the trainer's expert-DP reduction
     // The four layers; each is one policy of make_expert_parallel_layer.
-    using plain_t = moecomm::expert_parallel_layer_of<float, backend, comm_t>;
-    using shadow_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::fastermoe_shadowing<moecomm::collective_path>>;
-    using flex_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::flexmoe>;
-    using fine_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::finemoe>;
+    using plain_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm>;
+    using shadow_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::fastermoe_shadowing<moecomm::collective_path>>;
+    using flex_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::flexmoe>;
+    using fine_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::finemoe>;
     std::optional<plain_t> plain;
     std::optional<shadow_t> shadowed;
     std::optional<flex_t> flex;

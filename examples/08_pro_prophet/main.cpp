@@ -49,8 +49,6 @@ namespace {
 
 using namespace example_support;  // flags, formatting, inputs, experts, the gate, plots (examples/common/)
 
-using comm_t = moecomm::simgrid_communicator;
-using backend = moecomm::simulated_backend<>;
 using std::int32_t;
 using std::int64_t;
 
@@ -110,9 +108,9 @@ problem make_problem(options const& o) {
 // ---- one run of the stack ---------------------------------------------------------------------------
 
 enum class mode { plain, planner, scheduled };
-using plain_t = moecomm::expert_parallel_layer<float, backend, comm_t>;
+using plain_t = moecomm::expert_parallel_layer<float, sim_backend, sim_comm>;
 using prophet_policy = moecomm::fastermoe_shadowing<moecomm::collective_path, moecomm::proprophet_planner<>>;
-using prophet_t = moecomm::expert_parallel_layer<float, backend, comm_t, moecomm::dropless, moecomm::flat, moecomm::weighted, prophet_policy>;
+using prophet_t = moecomm::expert_parallel_layer<float, sim_backend, sim_comm, moecomm::dropless, moecomm::flat, moecomm::weighted, prophet_policy>;
 
 struct block_view {
   std::vector<int32_t> experts, subset_offsets, subset_ranks;  //!< the last iteration's decision
@@ -139,11 +137,11 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
   moecomm::simgrid_world world(p.platform, first_gpus(R));
   optional_recording recording(recorded);
   double last_start = 0;
-  world.run([&](comm_t comm) {
+  world.run([&](sim_comm comm) {
     int32_t const me = comm.rank();
     auto const at = static_cast<std::size_t>(me);
-    backend const be(moecomm::host_backend{}, p.scale);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(o.ranks, p.platform.gpus_per_node()));
+    sim_backend const be(moecomm::host_backend{}, p.scale);
+    moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(o.ranks, p.platform.gpus_per_node()));
     prophet_policy policy{{}, {}, {}};
     policy.planner.model = moecomm::proprophet_cost_model(p.costs);
     policy.planner.options.schedule =

@@ -7,6 +7,7 @@
 
 #include "flags.hpp"
 
+#include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/simulation/platform.hpp>
@@ -19,6 +20,10 @@
 #include <vector>
 
 namespace example_support {
+
+//! A rank's communicator and back-end on a simulated cluster.
+using sim_comm = moecomm::simgrid_communicator;
+using sim_backend = moecomm::simulated_backend<>;
 
 //! GPUs 0..n-1: rank r on GPU r, the placement every example's `simgrid_world` uses.
 inline std::vector<std::int32_t> first_gpus(std::size_t n) {
