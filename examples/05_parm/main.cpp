@@ -147,7 +147,7 @@ problem make_problem(options const& o) {
 template <class Schedule>
 schedule_result run_schedule(char const* name, problem const& p, Schedule const& schedule,
                              moecomm::timeline* recorded = nullptr) {
-    using layer_type = moecomm::parm_layer<float, sim_backend, sim_comm, Schedule>;
+  using layer_type = moecomm::parm_layer<float, sim_backend, sim_comm, Schedule>;
   auto const R = static_cast<std::size_t>(p.o.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
   schedule_result res;
