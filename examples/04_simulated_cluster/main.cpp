@@ -53,7 +53,6 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -160,14 +159,11 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
   res.d_x.resize(R);
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::alltoall_stats> stats(R);
-  double measured_from = std::numeric_limits<double>::infinity();
-  moecomm::simgrid_world world(p.platform, first_gpus(R));
-  optional_recording recording(recorded);
-  world.run([&](sim_comm comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    sim_backend const be(moecomm::host_backend{}, p.scale);
     moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(p.ranks, p.per_node));
     layer_type layer(be, groups, p.o.experts, H, {}, algorithm, {}, shadowing);
+    double measured = 0;  // when the measured step began: the timeline keeps it alone
     for (std::size_t s = 0; s < 2; ++s) {
       step_inputs const& in = p.steps[s][me];
       mlp_experts experts = mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
@@ -176,7 +172,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
           comm, [&] { layer.forward({in.gate.idx.data(), in.gate.weights.data(), T, topk}, {in.x.data(), T, H}, {out.data(), T, H}, experts); },
           [&] { layer.backward({in.d_out.data(), T, H}, {d_x.data(), T, H}, d_w, experts); });
       if (s == 0) continue;
-      measured_from = std::min(measured_from, t.start);
+      measured = t.start;
       forward[me] = t.forward;
       backward[me] = t.backward;
       stats[me] = layer.dispatch_state().report().exchange;
@@ -185,8 +181,8 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
       if constexpr (Shadowing::shadows)
         if (me == 0) res.decision = layer.shadow_state().decision();
     }
+    return measured;
   });
-  recording.keep_from(measured_from);
   res.forward_s = slowest(forward);
   res.backward_s = slowest(backward);
   for (auto const& s : stats) add_traffic(res.exchange, s);

@@ -45,7 +45,6 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -157,15 +156,12 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
   res.d_w.resize(R);
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::parm_report> reports(R);
-  double measured_from = std::numeric_limits<double>::infinity();
-  moecomm::simgrid_world world(p.platform, first_gpus(R));
-  optional_recording recording(recorded);
-  world.run([&](sim_comm comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    sim_backend const be(moecomm::host_backend{}, p.scale);
     moecomm::parallel_groups<sim_comm> groups(comm, p.sizes, moecomm::topology(p.o.ranks, p.per_node));
     auto const at = groups.coordinates();
     layer_type layer(be, groups, p.o.experts, H, schedule);
+    double measured = 0;  // when the measured step began: the timeline keeps it alone
     for (std::size_t s = 0; s < 2; ++s) {
       step_inputs const& in = p.steps[s][static_cast<std::size_t>(at.ep)];  // the MP group's tokens
       sliced_mlp_experts experts = sliced_mlp_experts_of(H, p.inner, p.parameters, at.ep * p.local_experts,
@@ -178,7 +174,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
                            moecomm::array_view<float>{d_w.data(), T * topk}, experts);
           });
       if (s == 0) continue;
-      measured_from = std::min(measured_from, t.start);
+      measured = t.start;
       forward[me] = t.forward;
       backward[me] = t.backward;
       reports[me] = layer.report();
@@ -186,8 +182,8 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
       res.d_x[me] = std::move(d_x);
       res.d_w[me] = std::move(d_w);
     }
+    return measured;
   });
-  recording.keep_from(measured_from);
   res.forward_s = slowest(forward);
   res.backward_s = slowest(backward);
   for (auto const& r : reports) {

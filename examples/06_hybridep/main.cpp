@@ -146,11 +146,8 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
   res.grads.resize(R);
   std::vector<double> start(R), end(R);
   std::vector<moecomm::alltoall_stats> tokens(R), experts(R);
-  moecomm::simgrid_world world(p.platform, first_gpus(R));
-  optional_recording recording(recorded);
-  world.run([&](sim_comm comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    sim_backend const be(moecomm::host_backend{}, p.scale);
     moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(p.ranks, p.per_node, 1));  // a data centre = a node
     std::optional<moecomm::expert_parallel_layer<float, sim_backend, sim_comm>> plain;
     std::optional<moecomm::hybridep_layer<float, sim_backend, sim_comm>> hybrid;
@@ -197,9 +194,9 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
       res.d_w[me] = std::move(d_w);
       res.grads[me] = mlp.grads;
     }
+    return start[me];  // the measured step's: the timeline keeps it alone
   });
   double const first = *std::min_element(start.begin(), start.end());
-  recording.keep_from(first);
   res.step_s = *std::max_element(end.begin(), end.end()) - first;
   for (std::size_t r = 0; r < R; ++r) {
     add_traffic(res.tokens, tokens[r]);

@@ -132,11 +132,9 @@ run_result run(problem const& p, int pattern) {
   res.first_rows.resize(R);
   res.last_rows.resize(R);
   rank_figures f(R);  // every rank's figures of the step, summed up by rank 0
-  moecomm::simgrid_world world(p.platform, first_gpus(R));
-  world.run([&](sim_comm comm) {
+  run_ranks(p.platform, R, p.scale, nullptr, [&](sim_comm comm, sim_backend const& be) {
     int32_t const me = comm.rank();
     auto const at = static_cast<std::size_t>(me);
-    sim_backend const be(moecomm::host_backend{}, p.scale);
     // Plain EP and FasterMoE: EP groups of `ep` ranks side by side; the replicated patterns: all ranks.
     sim_comm ep_comm = comm.split(me / ep, me);
     moecomm::exchange_groups<sim_comm> ep_groups(ep_comm, moecomm::topology(ep, ep));
@@ -251,6 +249,7 @@ run_result run(problem const& p, int pattern) {
       comm.barrier();
       if (me == 0) res.steps[static_cast<std::size_t>(step)] = summarize_step(f, shadowed.has_value());
     }
+    return 0.0;  // nothing recorded
   });
   return res;
 }

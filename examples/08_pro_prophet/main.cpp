@@ -38,6 +38,7 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -134,13 +135,9 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
   res.d_x.resize(R);
   res.block.resize(blocks);
   std::vector<double> start(R), end(R);
-  moecomm::simgrid_world world(p.platform, first_gpus(R));
-  optional_recording recording(recorded);
-  double last_start = 0;
-  world.run([&](sim_comm comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     int32_t const me = comm.rank();
     auto const at = static_cast<std::size_t>(me);
-    sim_backend const be(moecomm::host_backend{}, p.scale);
     moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(o.ranks, p.platform.gpus_per_node()));
     prophet_policy policy{{}, {}, {}};
     policy.planner.model = moecomm::proprophet_cost_model(p.costs);
@@ -165,7 +162,7 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
       }
     }
     double const fnec = moecomm::proprophet_cost_model(p.costs).forward_non_expert_time() * p.platform.spec().gemm_flops() / p.scale.flops;
-    double total = 0;
+    double total = 0, last_start = std::numeric_limits<double>::infinity();  // rank 0's last iteration: the timeline's
     for (int32_t it = 0; it < o.iterations; ++it) {
       std::vector<routing_data> gates;
       for (int32_t b = 0; b < blocks; ++b) {
@@ -217,8 +214,8 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
       }
     }
     if (me == 0) res.iteration_s = total / (o.iterations - 1);
+    return last_start;
   });
-  recording.keep_from(last_start);
   return res;
 }
 

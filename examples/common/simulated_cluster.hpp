@@ -6,6 +6,7 @@
 //! add up the traffic of every rank (a step's traffic is the cluster's), and name the platform.
 
 #include "flags.hpp"
+#include "plot.hpp"
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
@@ -16,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,23 @@ inline std::int32_t whole_nodes(char const* program, moecomm::simulated_platform
   if (ranks % per_node != 0)
     usage_error(program, "--ranks " + str(ranks) + " does not fill whole nodes of " + str(per_node) + " GPUs");
   return per_node;
+}
+
+//! Runs `rank(comm, be)` on every rank of a fresh world of `ranks` GPUs of `platform` (rank r on
+//! GPU r), each with a simulated back-end of `scale`. With `recorded`, the simulated events are
+//! recorded there, and those that began before the earliest time `rank` returned are dropped (a
+//! warm-up step's).
+template <class Rank>
+void run_ranks(moecomm::simulated_platform const& platform, std::size_t ranks, moecomm::simulation_scale const& scale,
+               moecomm::timeline* recorded, Rank&& rank) {
+  double from = std::numeric_limits<double>::infinity();
+  moecomm::simgrid_world world(platform, first_gpus(ranks));
+  optional_recording recording(recorded);
+  world.run([&](sim_comm comm) {
+    sim_backend const be(moecomm::host_backend{}, scale);
+    from = std::min(from, rank(comm, be));
+  });
+  recording.keep_from(from);
 }
 
 //! One rank's simulated times of a step: when it started, its forward and its backward.
