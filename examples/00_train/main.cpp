@@ -27,6 +27,7 @@
 #include "../common/clustered_task.hpp"
 #include "../common/format.hpp"
 #include "../common/mlp_experts.hpp"
+#include "../common/rank_flags.hpp"
 #include "../common/sgd_moe_model.hpp"
 #include "../common/timing.hpp"
 #include "../common/training_options.hpp"
@@ -81,8 +82,7 @@ options parse_options(int argc, char** argv) {
                  "prints the loss curves side by side, tokens per expert, the time per step, and whether each\n"
                  "curve equals plain's bit for bit. Exit code 1 if the loss does not decrease or a curve differs\n"
                  "from plain's by more than --tolerance.");
-  flags.add("--ranks", "R", "ranks; with --mpi, the number of processes", o.ranks, 1, 64)
-      .add("--nodes", "N", "nodes; must divide R, each holds R / N ranks", o.nodes, 1, 64)
+  add_rank_flags(flags, o.ranks, o.nodes, "ranks; with --mpi, the number of processes")
       .add("--experts", "E", "experts; a multiple of R", o.experts, 1, 1 << 12)
       .add("--topk", "K", "experts per token, 2 <= K <= E", o.topk, 2, 1 << 12)
       .add("--clusters", "C", "clusters of the task, cluster c drawn with probability ~ 1/(c+1)", o.clusters, 1, 1 << 10)

@@ -61,22 +61,22 @@ struct options {
 };
 
 constexpr char const* program = "example_01_permute";
+//! What `--help` says the example does.
+constexpr char const* about = R"(Routes tokens with a skewed (Zipf) gate, permutes them into expert-major order, combines
+them back with the routing weights, checks both results bit for bit and times them
+against memcpy. Host back-end, one thread.)";
 
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Routes tokens with a skewed (Zipf) gate, permutes them into expert-major order, combines\n"
-                 "them back with the routing weights, checks both results bit for bit and times them\n"
-                 "against memcpy. Host back-end, one thread.");
-  flags.add("--tokens", "T", "tokens on this rank", o.tokens, 0, std::numeric_limits<std::int32_t>::max())
-      .add("--hidden", "H", "elements per token row", o.hidden, 1, std::int64_t{1} << 24)
-      .add("--experts", "E", "number of experts", o.experts, 1, 1 << 16)
-      .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
-      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
-      .add("--seed", "N", "seed of the std::mt19937_64 generator", o.seed)
-      .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
-      .add("--iters", "N", "timing repetitions; the median and min-max are shown", o.iters, 1, 100000);
-  flags.parse(argc, argv);
+  options const o = parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    flags.add("--tokens", "T", "tokens on this rank", o.tokens, 0, std::numeric_limits<std::int32_t>::max())
+        .add("--hidden", "H", "elements per token row", o.hidden, 1, std::int64_t{1} << 24)
+        .add("--experts", "E", "number of experts", o.experts, 1, 1 << 16)
+        .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
+        .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+        .add("--seed", "N", "seed of the std::mt19937_64 generator", o.seed)
+        .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
+        .add("--iters", "N", "timing repetitions; the median and min-max are shown", o.iters, 1, 100000);
+  });
   if (o.dtype == "bf16" && !MOECOMM_HAS_CUDA_FP16())
     usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
   if (o.topk > o.experts)

@@ -79,24 +79,23 @@ struct options : simulated_options {
   int32_t experts = 64;
 };
 
+//! What `--help` says the example does.
+constexpr char const* about = R"(Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:
+plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart
+schedule, both, and the deduplicated exchanges (dedup_per_rank, dedup_per_node). Reports simulated forward and
+backward times, speed-ups over plain flat, the all-to-all traffic per link class, FasterMoE's cost
+model beside the simulated time, checks that every variant's output equals plain flat's (bit for
+bit; dedup within 1e-6), and draws one step as a per-rank timeline.)";
 
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:\n"
-                 "plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart\n"
-                 "schedule, both, and the deduplicated exchanges (dedup_per_rank, dedup_per_node). Reports simulated forward and\n"
-                 "backward times, speed-ups over plain flat, the all-to-all traffic per link class, FasterMoE's cost\n"
-                 "model beside the simulated time, checks that every variant's output equals plain flat's (bit for\n"
-                 "bit; dedup within 1e-6), and draws one step as a per-rank timeline.");
-  add_platform_flag(flags, o)
-      .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes; 0 = every GPU", o.ranks, 0, 1 << 14)
-      .add("--experts", "E", "experts; a multiple of R", o.experts, 1, 1 << 14);
-  add_row_flags(flags, o, "tokens per rank and step, top-2 Zipf routing", 1 << 16,
-                "the hidden size H stands for: bytes are scaled by HM/H, parameters and\nFLOPs by (HM/H)^2");
-  add_zipf_and_csv_flags(flags, o, zipf_help, "where the last variant's step is written, per rank");
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o)
+        .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes; 0 = every GPU", o.ranks, 0, 1 << 14)
+        .add("--experts", "E", "experts; a multiple of R", o.experts, 1, 1 << 14);
+    add_row_flags(flags, o, "tokens per rank and step, top-2 Zipf routing", 1 << 16,
+                  "the hidden size H stands for: bytes are scaled by HM/H, parameters and\nFLOPs by (HM/H)^2");
+    add_zipf_and_csv_flags(flags, o, zipf_help, "where the last variant's step is written, per rank");
+  });
 }
 
 // ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
@@ -152,11 +151,7 @@ variant_result run_variant(char const* name, problem const& p, Algorithm const& 
                                                     moecomm::dropless, Algorithm, moecomm::weighted, Shadowing>;
   auto const R = static_cast<std::size_t>(p.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
-  variant_result res;
-  res.name = name;
-  res.per_rank_sums = moecomm::detail::is_dedup_v<Algorithm>;
-  res.out.resize(R);
-  res.d_x.resize(R);
+  variant_result res(name, R, moecomm::detail::is_dedup_v<Algorithm>);
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::alltoall_stats> stats(R);
   run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
@@ -231,7 +226,6 @@ void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) 
 }
 
 int run(options const& o) {
-  auto const wall = clock_type::now();
   problem const p = make_problem(o);
   moecomm::fastermoe_cost_params const model = cost_params(p);
   print_setup(p, model);
@@ -262,7 +256,6 @@ int run(options const& o) {
   write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot,
                  "4. Timeline of the measured step of 'shadowing + smart schedule'");
   print_iterations(p.platform, p.ranks, transformer(o.model_hidden, o.tokens), p.local_experts * p.model.parameters(), variants);
-  std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
   return same ? 0 : 1;
 }
 
@@ -270,5 +263,5 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return run(o); });
+  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return with_wall_clock_line([&] { return run(o); }); });
 }

@@ -56,11 +56,10 @@ using namespace example_support;  // flags, formatting, timing, inputs, experts,
 using std::int32_t;
 using std::int64_t;
 
-constexpr int32_t topk = 2;
-
 // ---- options ------------------------------------------------------------------------------------
 
 constexpr char const* program = "example_05_parm";
+constexpr int32_t topk = 2;  // experts per token
 
 struct options : simulated_options {
   // tokens per MP group: batch 4 x sequence 1024
@@ -72,27 +71,26 @@ struct options : simulated_options {
   int32_t pieces = 4;
 };
 
+//! What `--help` says the example does.
+std::string const about = R"(Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:
+deepspeed_mp, DeepSpeed's drop_tokens (the strongest baseline), parm_s1, parm_s2 and parm_auto.
+Reports the rows each rank dispatches and computes, messages and bytes inside and between nodes,
+simulated times beside the cost model's predictions, which schedule parm_auto picked and why, checks
+every schedule against the baseline (bit for bit on sliced experts), and draws parm_s2's step as a
+per-rank timeline.)";
 
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:\n"
-                 "deepspeed_mp, DeepSpeed's drop_tokens (the strongest baseline), parm_s1, parm_s2 and parm_auto.\n"
-                 "Reports the rows each rank dispatches and computes, messages and bytes inside and between nodes,\n"
-                 "simulated times beside the cost model's predictions, which schedule parm_auto picked and why, checks\n"
-                 "every schedule against the baseline (bit for bit on sliced experts), and draws parm_s2's step as a\n"
-                 "per-rank timeline.");
-  add_platform_flag(flags, o)
-      .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes", o.ranks, 1, 1 << 14)
-      .add("--mp", "M", "model-parallel group size, dividing a node's GPUs", o.mp, 1, 1 << 10)
-      .add("--esp", "G", "expert-slicing group size, dividing M", o.esp, 1, 1 << 10)
-      .add("--experts", "E", "experts, a multiple of EP = R / M", o.experts, 1, 1 << 14);
-  add_row_flags(flags, o, "tokens per MP group and step, top-" + std::to_string(topk) + " routing", 1 << 20, "the hidden size H stands for")
-      .add("--ffn-ratio", "F", "experts H -> F*H -> H", o.ffn_ratio, 1, 64)
-      .add("--pieces", "W", "pipeline depth of parm_s2 and parm_auto", o.pieces, 1, 1024);
-  add_zipf_and_csv_flags(flags, o, zipf_help, "where parm_s2's measured step is written, per rank");
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o)
+        .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes", o.ranks, 1, 1 << 14)
+        .add("--mp", "M", "model-parallel group size, dividing a node's GPUs", o.mp, 1, 1 << 10)
+        .add("--esp", "G", "expert-slicing group size, dividing M", o.esp, 1, 1 << 10)
+        .add("--experts", "E", "experts, a multiple of EP = R / M", o.experts, 1, 1 << 14);
+    add_row_flags(flags, o, "tokens per MP group and step, top-" + std::to_string(topk) + " routing", 1 << 20, "the hidden size H stands for")
+        .add("--ffn-ratio", "F", "experts H -> F*H -> H", o.ffn_ratio, 1, 64)
+        .add("--pieces", "W", "pipeline depth of parm_s2 and parm_auto", o.pieces, 1, 1024);
+    add_zipf_and_csv_flags(flags, o, zipf_help, "where parm_s2's measured step is written, per rank");
+  });
 }
 
 // ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
@@ -149,11 +147,7 @@ schedule_result run_schedule(char const* name, problem const& p, Schedule const&
   using layer_type = moecomm::parm_layer<float, sim_backend, sim_comm, Schedule>;
   auto const R = static_cast<std::size_t>(p.o.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
-  schedule_result res;
-  res.name = name;
-  res.out.resize(R);
-  res.d_x.resize(R);
-  res.d_w.resize(R);
+  schedule_result res(name, R);
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::parm_report> reports(R);
   run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
@@ -223,7 +217,6 @@ void print_setup(problem const& p) {
 }
 
 int run(options const& o) {
-  auto const wall = clock_type::now();
   problem const p = make_problem(o);
   print_setup(p);
   moecomm::parm_cost_model const model(moecomm::parm_cost_params::from_cluster(p.platform.spec()));
@@ -254,7 +247,6 @@ int run(options const& o) {
   std::printf("5. Outputs, input gradients and routing-weight gradients identical to deepspeed_mp on every rank: %s\n\n",
               same ? "yes" : "NO");
   write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot, "6. Timeline of parm_s2's measured step");
-  std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
   return same ? 0 : 1;
 }
 
@@ -262,5 +254,5 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return run(o); });
+  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return with_wall_clock_line([&] { return run(o); }); });
 }

@@ -59,22 +59,22 @@ struct options : simulated_options {
   double compression = 50;   // the codec's run at the planner's S
 };
 
+//! What `--help` says the example does.
+constexpr char const* about = R"(Runs one MoE layer on a SIMULATED cross-data-centre cluster (SimGrid) as plain expert parallelism and as
+HybridEP with expert domains of every size S across the data centres (and the planner's S with the top-k
+codec): simulated step times beside the planner's predictions, bytes per link class, a bitwise check
+against plain EP, and the planner's S drawn as a per-rank timeline.)";
+
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs one MoE layer on a SIMULATED cross-data-centre cluster (SimGrid) as plain expert parallelism and as\n"
-                 "HybridEP with expert domains of every size S across the data centres (and the planner's S with the top-k\n"
-                 "codec): simulated step times beside the planner's predictions, bytes per link class, a bitwise check\n"
-                 "against plain EP, and the planner's S drawn as a per-rank timeline.");
-  add_platform_flag(flags, o, "a platform of platforms/ with one node per data centre")
-      .add("--experts", "E", "experts, a multiple of the ranks", o.experts, 1, 1 << 14);
-  add_row_flags(flags, o, "tokens per rank and step, top-" + std::to_string(topk) + " routing", 1 << 22,
-                "the hidden size H stands for; experts HM -> 4 HM -> HM")
-      .add("--pre-expert-ms", "MS", "pre-expert compute per step, simulated", o.pre_expert_ms, 0.0, 1e6)
-      .add("--compression", "C", "the codec's ratio at the planner's S", o.compression, 1.0, 1e6);
-  add_zipf_and_csv_flags(flags, o, zipf_help, "where the planner's S's step is written, per rank");
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o, "a platform of platforms/ with one node per data centre")
+        .add("--experts", "E", "experts, a multiple of the ranks", o.experts, 1, 1 << 14);
+    add_row_flags(flags, o, "tokens per rank and step, top-" + std::to_string(topk) + " routing", 1 << 22,
+                  "the hidden size H stands for; experts HM -> 4 HM -> HM")
+        .add("--pre-expert-ms", "MS", "pre-expert compute per step, simulated", o.pre_expert_ms, 0.0, 1e6)
+        .add("--compression", "C", "the codec's ratio at the planner's S", o.compression, 1.0, 1e6);
+    add_zipf_and_csv_flags(flags, o, zipf_help, "where the planner's S's step is written, per rank");
+  });
 }
 
 // ---- the problem ------------------------------------------------------------------------------

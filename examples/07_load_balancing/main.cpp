@@ -68,23 +68,22 @@ struct options : simulated_options {
   int32_t replace_after = 10;  // FineMoE's re-placement
 };
 
+//! What `--help` says the example does.
+std::string const about = "Trains one MoE layer for a few steps on a SIMULATED node (SimGrid) of " + std::to_string(ranks) + R"( GPUs under four patterns: plain expert
+parallelism, FasterMoE shadowing, FlexMoE (dynamic replicas, even split) and FineMoE (replicas, exact min-max
+split): rows per rank, bytes moved, simulated steps beside a model, solver times, and a bitwise check.)";
+
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Trains one MoE layer for a few steps on a SIMULATED node (SimGrid) of " + std::to_string(ranks) +
-                     " GPUs under four patterns: plain expert\n"
-                     "parallelism, FasterMoE shadowing, FlexMoE (dynamic replicas, even split) and FineMoE (replicas, exact min-max\n"
-                     "split): rows per rank, bytes moved, simulated steps beside a model, solver times, and a bitwise check.");
-  add_platform_flag(flags, o, "a platform of platforms/ with " + std::to_string(ranks) + " GPUs per node");
-  add_row_flags(flags, o, "tokens per rank and step, top-" + std::to_string(topk) + " routing", 1 << 20,
-                "the hidden size H stands for; experts HM -> 4 HM -> HM in bf16")
-      .add("--steps", "N", "training steps", o.steps, 1, 100000)
-      .add("--interval", "N", "FlexMoE rebalances every N steps", o.interval, 1, 100000)
-      .add("--replace-after", "N", "FineMoE re-places from the loads of its first N steps", o.replace_after, 1, 100000);
-  add_zipf_and_csv_flags(flags, o, "gate skew: P(expert) ~ 1/(i+1)^s over a shuffled order", "where the per-step results are written",
-                         "plot-load-balancing", "--csv");
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o, "a platform of platforms/ with " + std::to_string(ranks) + " GPUs per node");
+    add_row_flags(flags, o, "tokens per rank and step, top-" + std::to_string(topk) + " routing", 1 << 20,
+                  "the hidden size H stands for; experts HM -> 4 HM -> HM in bf16")
+        .add("--steps", "N", "training steps", o.steps, 1, 100000)
+        .add("--interval", "N", "FlexMoE rebalances every N steps", o.interval, 1, 100000)
+        .add("--replace-after", "N", "FineMoE re-places from the loads of its first N steps", o.replace_after, 1, 100000);
+    add_zipf_and_csv_flags(flags, o, "gate skew: P(expert) ~ 1/(i+1)^s over a shuffled order", "where the per-step results are written",
+                           "plot-load-balancing", "--csv");
+  });
 }
 
 // ---- the problem ------------------------------------------------------------------------------

@@ -63,20 +63,19 @@ struct options : simulated_options {
   int32_t iterations = 4;  // the first warms up (nothing to predict from)
 };
 
+//! What `--help` says the example does.
+std::string const about = "Trains a stack of " + std::to_string(blocks) + R"( MoE blocks on a SIMULATED cluster (SimGrid) as plain expert parallelism, with Pro-Prophet's
+planner, and with its planner and block-wise scheduler: per block the replicated experts and their subsets, bytes
+moved against bytes saved, predicted and simulated times, the hidden transfers, a bitwise check and a timeline.)";
+
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Trains a stack of " + std::to_string(blocks) +
-                     " MoE blocks on a SIMULATED cluster (SimGrid) as plain expert parallelism, with Pro-Prophet's\n"
-                     "planner, and with its planner and block-wise scheduler: per block the replicated experts and their subsets, bytes\n"
-                     "moved against bytes saved, predicted and simulated times, the hidden transfers, a bitwise check and a timeline.");
-  add_platform_flag(flags, o).add("--ranks", "R", "GPUs, one expert each", o.ranks, 2, 1024);
-  add_row_flags(flags, o, "tokens per GPU and iteration, top-" + std::to_string(topk) + " routing", 1 << 20,
-                "the hidden size H stands for; experts HM -> 2 HM -> HM in fp32")
-      .add("--iterations", "N", "iterations, the first a warm-up", o.iterations, 2, 1000);
-  add_zipf_and_csv_flags(flags, o, "gate skew", "where the scheduled run's last iteration is written, per rank");
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o).add("--ranks", "R", "GPUs, one expert each", o.ranks, 2, 1024);
+    add_row_flags(flags, o, "tokens per GPU and iteration, top-" + std::to_string(topk) + " routing", 1 << 20,
+                  "the hidden size H stands for; experts HM -> 2 HM -> HM in fp32")
+        .add("--iterations", "N", "iterations, the first a warm-up", o.iterations, 2, 1000);
+    add_zipf_and_csv_flags(flags, o, "gate skew", "where the scheduled run's last iteration is written, per rank");
+  });
 }
 
 // ---- the problem ------------------------------------------------------------------------------

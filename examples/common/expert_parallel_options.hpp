@@ -5,6 +5,7 @@
 //! algorithms and capacity policies to run, checked against each other before anything runs.
 
 #include "flags.hpp"
+#include "rank_flags.hpp"
 
 #include <moecomm/core/dtype.hpp>
 
@@ -77,49 +78,41 @@ struct options {
 
 constexpr char const* program = "example_02_expert_parallel";
 
+//! What `--help` says the example does.
+inline constexpr char const* about = R"(Runs one MoE layer, expert parallel, forward and backward, over R in-process ranks (threads)
+arranged as N nodes: Zipf routing, capacity policies, the flat / hierarchical_2d / pairwise
+all-to-alls. Reports the load per rank, drops, messages and bytes per link class, the time of
+a step beside an alpha-beta model, and checks outputs and gradients against a plain-loop oracle.)";
+
 inline options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs one MoE layer, expert parallel, forward and backward, over R in-process ranks (threads)\n"
-                 "arranged as N nodes: Zipf routing, capacity policies, the flat / hierarchical_2d / pairwise\n"
-                 "all-to-alls. Reports the load per rank, drops, messages and bytes per link class, the time of\n"
-                 "a step beside an alpha-beta model, and checks outputs and gradients against a plain-loop oracle.");
-  flags.add("--ranks", "R", "in-process ranks, one thread each", o.ranks, 1, 64)
-      .add("--nodes", "N", "nodes; must divide R, each holds R / N ranks", o.nodes, 1, 64)
-      .add("--experts", "E", "experts; a multiple of R, E / R per rank", o.experts, 1, 1 << 16)
-      .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
-      .add("--tokens", "T", "tokens per rank; rank r holds T - floor(r*T / (16*R))", o.tokens, 1,
-           std::numeric_limits<int32_t>::max())
-      .add("--hidden", "H", "elements per token row", o.hidden, 1, int64_t{1} << 20)
-      .add("--capacity-factor", "f", "C = ceil(T*K/E * f) rows per (source rank, expert), max over ranks;\n0 = dropless",
-           o.capacity_factor, 0.0, 1000.0)
-      .add("--algorithm", "A", "flat|hierarchical_2d|pairwise|all", o.algorithm,
-           {"flat", "hierarchical_2d", "pairwise", "all"})
-      .add("--policy", "P",
-           "position|probability|random|dropless|all; all = dropless and the three\n"
-           "drop rules when f > 0, dropless when f = 0",
-           o.policy, {"position", "probability", "random", "dropless", "all"})
-      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
-      .add("--seed", "N", "seed of the gate, the rows and drop_random", o.seed)
-      .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
-      .add("--iters", "N",
-           "timed steps per configuration, the first one checked; the median and\n"
-           "min-max are shown; the default run has 12 configurations",
-           o.iters, 1, 1000)
-      .add("--timeout", "S", "seconds a rank may wait in a collective before the run aborts", o.timeout, 1, 3600);
-  flags.parse(argc, argv);
+  options o = parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_rank_flags(flags, o.ranks, o.nodes, "in-process ranks, one thread each")
+        .add("--experts", "E", "experts; a multiple of R, E / R per rank", o.experts, 1, 1 << 16)
+        .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
+        .add("--tokens", "T", "tokens per rank; rank r holds T - floor(r*T / (16*R))", o.tokens, 1,
+             std::numeric_limits<int32_t>::max())
+        .add("--hidden", "H", "elements per token row", o.hidden, 1, int64_t{1} << 20)
+        .add("--capacity-factor", "f", "C = ceil(T*K/E * f) rows per (source rank, expert), max over ranks;\n0 = dropless",
+             o.capacity_factor, 0.0, 1000.0)
+        .add("--algorithm", "A", "flat|hierarchical_2d|pairwise|all", o.algorithm,
+             {"flat", "hierarchical_2d", "pairwise", "all"})
+        .add("--policy", "P",
+             "position|probability|random|dropless|all; all = dropless and the three\n"
+             "drop rules when f > 0, dropless when f = 0",
+             o.policy, {"position", "probability", "random", "dropless", "all"})
+        .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+        .add("--seed", "N", "seed of the gate, the rows and drop_random", o.seed)
+        .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
+        .add("--iters", "N",
+             "timed steps per configuration, the first one checked; the median and\n"
+             "min-max are shown; the default run has 12 configurations",
+             o.iters, 1, 1000)
+        .add("--timeout", "S", "seconds a rank may wait in a collective before the run aborts", o.timeout, 1, 3600);
+  });
   if (o.dtype == "bf16" && !MOECOMM_HAS_CUDA_FP16())
     usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
   auto const str = [](auto v) { return std::to_string(v); };
-  if (o.ranks % o.nodes != 0)
-    usage_error(program, "--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +
-                ": every node holds the same number of ranks");
-  if (o.experts % o.ranks != 0)
-    usage_error(program, "--experts " + str(o.experts) + " is not a multiple of --ranks " + str(o.ranks) +
-                ": each rank holds E / R experts");
-  if (o.topk > o.experts)
-    usage_error(program, "--topk " + str(o.topk) + " exceeds --experts " + str(o.experts) +
-                ": every token picks K distinct experts");
+  check_ranks_and_experts(program, o.ranks, o.nodes, o.experts, o.topk);
   // Every rank may receive every slot of every rank (dropless, one hot expert): row ids are int32.
   if (o.tokens * o.topk * o.ranks > std::numeric_limits<int32_t>::max())
     usage_error(program, "--tokens x --topk x --ranks = " + str(o.tokens * o.topk * o.ranks) +

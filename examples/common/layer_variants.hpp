@@ -17,12 +17,14 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace example_support {
 
 //! One variant's run: a fresh layer on a fresh world, a warm-up step and a measured one.
 struct variant_result {
+  variant_result(std::string n, std::size_t ranks, bool dedup) : name(std::move(n)), out(ranks), d_x(ranks), per_rank_sums(dedup) {}
   std::string name;
   double forward_s = 0, backward_s = 0;  //!< the measured step's, slowest rank
   moecomm::alltoall_stats exchange;      //!< the measured step's all-to-alls, summed over ranks (real bytes)

@@ -15,12 +15,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace example_support {
 
 //! One schedule's run: a fresh layer on a fresh world, a warm-up step and a measured one.
 struct schedule_result {
+  schedule_result(std::string n, std::size_t ranks) : name(std::move(n)), out(ranks), d_x(ranks), d_w(ranks) {}
   std::string name;
   double predicted_s = 0;                //!< the cost model's step
   double forward_s = 0, backward_s = 0;  //!< the measured step's, slowest rank

@@ -7,6 +7,7 @@
 #include "flags.hpp"
 #include "inputs.hpp"
 #include "mlp_experts.hpp"
+#include "rank_flags.hpp"
 #include "zipf_gate.hpp"
 
 #include <cstdint>
@@ -39,38 +40,29 @@ struct options {
 
 constexpr char const* program = "example_03_fastermoe_shadowing";
 
+//! What `--help` says the example does.
+inline constexpr char const* about = R"(Runs an MoE layer of 2-layer MLP experts, expert parallel over R in-process ranks (threads),
+with and without FasterMoE's shadowing of hot experts, on the same inputs: reports the shadow
+set of each step, the rows each rank computes, parameter bytes moved against token bytes saved,
+the cost model's predicted time beside the measured one, and checks that outputs and gradients
+agree with plain expert parallelism.)";
+
 inline options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs an MoE layer of 2-layer MLP experts, expert parallel over R in-process ranks (threads),\n"
-                 "with and without FasterMoE's shadowing of hot experts, on the same inputs: reports the shadow\n"
-                 "set of each step, the rows each rank computes, parameter bytes moved against token bytes saved,\n"
-                 "the cost model's predicted time beside the measured one, and checks that outputs and gradients\n"
-                 "agree with plain expert parallelism.");
-  flags.add("--ranks", "R", "in-process ranks, one thread each", o.ranks, 1, 64)
-      .add("--nodes", "N", "nodes; must divide R, each holds R / N ranks", o.nodes, 1, 64)
-      .add("--experts", "E", "experts; a multiple of R, E / R per rank", o.experts, 1, 1 << 12)
-      .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 12)
-      .add("--tokens", "T", "tokens per rank and step", o.tokens, 1, 1 << 20)
-      .add("--hidden", "H", "elements per token row", o.hidden, 1, 4096)
-      .add("--alpha", "A", "expert MLP H -> A*H -> H", o.alpha, 1, 16)
-      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s, the same on every rank; 0 is uniform", o.zipf, 0.0, 16.0)
-      .add("--seed", "N", "seed of the gate, the rows and the parameters", o.seed)
-      .add("--steps", "N", "steps, each with fresh tokens; one untimed warm-up step comes first", o.steps, 1, 1000)
-      .add("--iters", "N", "timed runs of each step's layers, the first one checked; the median and\nmin-max are shown",
-           o.iters, 1, 1000)
-      .add("--timeout", "S", "seconds a rank may wait in a collective before the run aborts", o.timeout, 1, 3600);
-  flags.parse(argc, argv);
-  auto const str = [](auto v) { return std::to_string(v); };
-  if (o.ranks % o.nodes != 0)
-    usage_error(program, "--nodes " + str(o.nodes) + " does not divide --ranks " + str(o.ranks) +
-                ": every node holds the same number of ranks");
-  if (o.experts % o.ranks != 0)
-    usage_error(program, "--experts " + str(o.experts) + " is not a multiple of --ranks " + str(o.ranks) +
-                ": each rank holds E / R experts");
-  if (o.topk > o.experts)
-    usage_error(program, "--topk " + str(o.topk) + " exceeds --experts " + str(o.experts) +
-                ": every token picks K distinct experts");
+  options const o = parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_rank_flags(flags, o.ranks, o.nodes, "in-process ranks, one thread each")
+        .add("--experts", "E", "experts; a multiple of R, E / R per rank", o.experts, 1, 1 << 12)
+        .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 12)
+        .add("--tokens", "T", "tokens per rank and step", o.tokens, 1, 1 << 20)
+        .add("--hidden", "H", "elements per token row", o.hidden, 1, 4096)
+        .add("--alpha", "A", "expert MLP H -> A*H -> H", o.alpha, 1, 16)
+        .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s, the same on every rank; 0 is uniform", o.zipf, 0.0, 16.0)
+        .add("--seed", "N", "seed of the gate, the rows and the parameters", o.seed)
+        .add("--steps", "N", "steps, each with fresh tokens; one untimed warm-up step comes first", o.steps, 1, 1000)
+        .add("--iters", "N", "timed runs of each step's layers, the first one checked; the median and\nmin-max are shown",
+             o.iters, 1, 1000)
+        .add("--timeout", "S", "seconds a rank may wait in a collective before the run aborts", o.timeout, 1, 3600);
+  });
+  check_ranks_and_experts(program, o.ranks, o.nodes, o.experts, o.topk);
   return o;
 }
 
