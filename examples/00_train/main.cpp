@@ -61,6 +61,7 @@ using std::int64_t;
 // ---- options ------------------------------------------------------------------------------------
 
 struct options : training_options {
+  // ranks, experts, top-k, tokens, hidden, inner, steps, every, lr, aux, tolerance, seed
   options() : training_options{4, 8, 2, 64, 16, 32, 300, 25, 0.2, 0.01, 1e-4, 1} {}
   int32_t nodes = 2;
   int32_t clusters = 6;

@@ -74,6 +74,7 @@ constexpr char const* program = "example_04_simulated_cluster";
 
 struct options : simulated_options {
   // ranks 0: one per GPU (64 on the default platform: about 11 s here); H_model: FasterMoE's MoE-BERT-Wide
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
   options() : simulated_options{"fastermoe-v100-ib", 256, 32, 1024, 1.2, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
   int32_t ranks = 0;
   int32_t experts = 64;

@@ -63,6 +63,7 @@ constexpr int32_t topk = 2;  // experts per token
 
 struct options : simulated_options {
   // tokens per MP group: batch 4 x sequence 1024
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
   options() : simulated_options{"parm-2080ti", 4096, 8, 2048, 0.0, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
   int32_t ranks = 8;
   int32_t mp = 2, esp = 2;

@@ -53,6 +53,7 @@ constexpr char const* program = "example_06_hybridep";
 
 // tokens per rank and step: 16384 x 2 slots x 150 x 2 B = 9.8 MB of traffic per GPU; H_model 150: 0.36 MB experts
 struct options : simulated_options {
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
   options() : simulated_options{"hybridep-a800-16", 16384, 4, 150, 0.0, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
   int32_t experts = 32;
   double pre_expert_ms = 2;  // attention and dense FFN before the MoE block

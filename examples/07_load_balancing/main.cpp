@@ -62,6 +62,7 @@ constexpr char const* pattern_names[] = {"plain EP", "FasterMoE", "FlexMoE", "Fi
 constexpr char const* csv_names[] = {"megatron", "fastermoe", "flexmoe", "finemoe"};
 
 struct options : simulated_options {
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
   options() : simulated_options{"finemoe-h100", 4096, 8, 2048, 1.2, 1, MOECOMM_EXAMPLE_STEPS_CSV} {}
   int32_t steps = 40;
   int32_t interval = 10;       // FlexMoE's rebalancing interval

@@ -58,6 +58,7 @@ constexpr char const* program = "example_08_pro_prophet";
 
 // zipf 2.0: at 1.2 on 8 GPUs the code's balance threshold (eq. 7, α = 3) finds the blocks balanced
 struct options : simulated_options {
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
   options() : simulated_options{"proprophet-3090", 2048, 4, 1024, 2.0, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
   int32_t ranks = 8;
   int32_t iterations = 4;  // the first warms up (nothing to predict from)

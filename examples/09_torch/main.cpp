@@ -53,6 +53,7 @@ using std::int32_t;
 using std::int64_t;
 
 struct options : torch_model_options {
+  // ranks, experts, top-k, tokens, hidden, inner, steps, every, lr, aux, tolerance, seed | blocks, vocab, z
   options() : torch_model_options{{4, 8, 2, 128, 32, 64, 60, 10, 1e-3, 1e-2, 1e-4, 1}, 2, 64, 1e-3} {}
   int processes = 0;
   bool unchecked = false;  // the c10d communicator without its checked mode (processes only)

@@ -33,13 +33,16 @@ struct variant_result {
   bool per_rank_sums = false;  //!< dedup: the combine adds per rank (and node) first (semantics §10a)
 };
 
+//! "experts 3,7": the set FasterMoE shadowed, or "none".
 inline std::string shadow_set(moecomm::shadow_decision const& d) {
   if (d.shadowed.empty()) return "none";
   std::string ids;
-  for (int32_t e : d.shadowed) ids += (ids.empty() ? "" : ",") + std::to_string(e);
+  for (std::int32_t e : d.shadowed) ids += (ids.empty() ? "" : ",") + std::to_string(e);
   return (d.shadowed.size() == 1 ? "expert " : "experts ") + ids;
 }
 
+//! Section 2: each variant's simulated forward, backward and speed-up over the first, and, beside the
+//! shadowing ones, FasterMoE's predicted time and the experts it shadowed.
 inline void print_variant_times(std::vector<variant_result> const& variants) {
   variant_result const& plain = variants.front();
   double const base = plain.forward_s + plain.backward_s;
@@ -62,6 +65,7 @@ inline void print_variant_times(std::vector<variant_result> const& variants) {
         format_time(shadowed->decision->latency_unshadowed).c_str());
 }
 
+//! Section 3: each variant's all-to-all messages and bytes inside and between nodes (model-sized bytes).
 inline void print_variant_traffic(std::vector<variant_result> const& variants, double payload_scale) {
   std::printf("3. All-to-all traffic of the measured step, forward + backward, all ranks (report().exchange;\n"
               "   simulated bytes = real bytes x %g; shadowing's parameter broadcasts and reduces are not in it)\n",

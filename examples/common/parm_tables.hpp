@@ -32,6 +32,8 @@ struct schedule_result {
   std::vector<std::vector<float>> out, d_x, d_w;   //!< [rank]
 };
 
+//! Section 2: the rows the busiest rank dispatched and computed, and every collective's messages and
+//! bytes inside and between nodes (model-sized bytes).
 inline void print_rows_and_traffic(std::vector<schedule_result> const& results, moecomm::parallel_sizes const& sizes, double payload_scale) {
   std::printf("2. Work and traffic of the measured forward (rows: the busiest rank; traffic: all ranks, every collective,\n"
               "   simulated bytes = real bytes x %g)\n", payload_scale);
@@ -67,6 +69,8 @@ inline void print_schedule_times(std::vector<schedule_result> const& results) {
               "   the memory kernels other than the collectives' copies.\n\n");
 }
 
+//! Section 4: the schedule parm_auto picked, the predictions it picked on, and whether the simulation
+//! agrees that it was the faster one.
 inline void print_choice(schedule_result const& automatic, schedule_result const& s1, schedule_result const& s2) {
   moecomm::parm_report const& r = automatic.auto_report;
   bool const s2_faster = s2.forward_s + s2.backward_s < s1.forward_s + s1.backward_s;

@@ -57,6 +57,7 @@ inline constexpr char const* reasons[patterns][2] = {
      "           the flat all-to-all, so every sum adds the same terms in the same order",
      "an expert received its rows in another order than with the flat all-to-all"}};
 
+//! The same double to the bit.
 inline bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 //! How a run's curve compares with plain's.
@@ -84,6 +85,7 @@ inline std::string loss_cell(double loss, double plain, bool is_plain) {
   return text + (same_bits(loss, plain) ? " =        " : format(" %+.1e", loss - plain));
 }
 
+//! Section 2: the three loss curves side by side, every `every` steps, '=' where a loss is plain's to the bit.
 inline void print_curves(training_options const& o, std::vector<pattern_run> const& runs) {
   std::printf("2. Loss (MSE + %g x aux), every %d steps; '=' marks the same bits as plain's\n", o.aux, o.every);
   std::printf("   %6s", "step");
@@ -101,12 +103,14 @@ inline void print_curves(training_options const& o, std::vector<pattern_run> con
   std::printf("   (MSE alone: %.6f at step 1, %.6f at step %d)\n\n", runs[0].mse.front(), runs[0].mse.back(), o.steps);
 }
 
+//! The busiest expert's tokens over the mean.
 inline double max_over_mean(std::vector<double> const& v) {
   double total = 0;
   for (double x : v) total += x;
   return total > 0 ? *std::max_element(v.begin(), v.end()) * static_cast<double>(v.size()) / total : 0;
 }
 
+//! Section 3: tokens per expert of the plain run, first step and last, as bars.
 inline void print_load(training_options const& o, pattern_run const& plain) {
   std::printf("3. Tokens per expert (plain run, all ranks: %" PRId64 " tokens x K = %d slots a step)\n",
               o.ranks * o.tokens, o.topk);
@@ -122,6 +126,7 @@ inline void print_load(training_options const& o, pattern_run const& plain) {
               max_over_mean(plain.last_tokens), o.steps);
 }
 
+//! Section 4: in how many steps FasterMoE shadowed an expert, and which, how often.
 inline void print_shadowing(training_options const& o, pattern_run const& shadowed) {
   std::vector<int> times(static_cast<std::size_t>(o.experts));
   int steps = 0;
@@ -142,6 +147,7 @@ inline void print_shadowing(training_options const& o, pattern_run const& shadow
   std::printf("\n   (its cost model has the paper's constants: V100s, 50 Gb/s; the same choices on every machine)\n\n");
 }
 
+//! Section 5: each pattern's time per step, rank 0's wall clock, median (min-max).
 inline void print_step_times(std::vector<pattern_run> const& runs) {
   std::printf("5. Time per step, rank 0's wall clock (each step ends in a collective): median (min-max)\n");
   for (int p = 0; p < patterns; ++p) {
@@ -184,6 +190,7 @@ inline std::pair<double, double> loss_ends(pattern_run const& run) {
   return {first / static_cast<double>(n), last / static_cast<double>(n)};
 }
 
+//! The curves to `path`, every bit of every loss (%.17g).
 inline void write_csv(std::string const& path, std::vector<pattern_run> const& runs) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) throw moecomm::error(moecomm::status::invalid_argument, "--csv " + path + ": cannot open it");
