@@ -11,8 +11,11 @@
 //!
 //! Run with --help for the flags. Everything runs on one CPU thread.
 
+#include "../common/dispatch_tables.hpp"
+#include "../common/exit_code.hpp"
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/inputs.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
@@ -58,22 +61,22 @@ struct options {
 };
 
 constexpr char const* program = "example_01_permute";
+//! What `--help` says the example does.
+constexpr char const* about = R"(Routes tokens with a skewed (Zipf) gate, permutes them into expert-major order, combines
+them back with the routing weights, checks both results bit for bit and times them
+against memcpy. Host back-end, one thread.)";
 
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Routes tokens with a skewed (Zipf) gate, permutes them into expert-major order, combines\n"
-                 "them back with the routing weights, checks both results bit for bit and times them\n"
-                 "against memcpy. Host back-end, one thread.");
-  flags.add("--tokens", "T", "tokens on this rank", o.tokens, 0, std::numeric_limits<std::int32_t>::max())
-      .add("--hidden", "H", "elements per token row", o.hidden, 1, std::int64_t{1} << 24)
-      .add("--experts", "E", "number of experts", o.experts, 1, 1 << 16)
-      .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
-      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
-      .add("--seed", "N", "seed of the std::mt19937_64 generator", o.seed)
-      .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
-      .add("--iters", "N", "timing repetitions; the median and min-max are shown", o.iters, 1, 100000);
-  flags.parse(argc, argv);
+  options const o = parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    flags.add("--tokens", "T", "tokens on this rank", o.tokens, 0, std::numeric_limits<std::int32_t>::max())
+        .add("--hidden", "H", "elements per token row", o.hidden, 1, std::int64_t{1} << 24)
+        .add("--experts", "E", "number of experts", o.experts, 1, 1 << 16)
+        .add("--topk", "K", "distinct experts per token, K <= E", o.topk, 1, 1 << 16)
+        .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
+        .add("--seed", "N", "seed of the std::mt19937_64 generator", o.seed)
+        .add("--dtype", "D", std::string("element type: ") + dtype_choices, o.dtype, {"float", "bf16"})
+        .add("--iters", "N", "timing repetitions; the median and min-max are shown", o.iters, 1, 100000);
+  });
   if (o.dtype == "bf16" && !MOECOMM_HAS_CUDA_FP16())
     usage_error(program, "--dtype '" + o.dtype + "' is not available; choose " + dtype_choices);
   if (o.topk > o.experts)
@@ -119,30 +122,7 @@ int run(options const& o) {
   std::printf("1. Dispatch layout\n");
   std::printf("   contiguous placement: E / R = %d consecutive expert%s on each of R = %d notional rank%s\n\n", L,
               L == 1 ? "" : "s", R, R == 1 ? "" : "s");
-  std::int64_t const slots = T * K;
-  std::int32_t max_count = 0;
-  for (std::int32_t e = 0; e < E; ++e) max_count = std::max(max_count, layout.tokens_per_expert()[e]);
-  std::int32_t const shown_experts = E <= 32 ? E : 24;
-  std::printf("   expert  rank   tokens   share\n");
-  for (std::int32_t e = 0; e < shown_experts; ++e) {
-    std::int32_t const n = layout.tokens_per_expert()[e];
-    std::printf("   %6d  %4d  %7d  %5.1f%%%s%s\n", e, placement.rank_of(e), n,
-                slots > 0 ? 100.0 * n / static_cast<double>(slots) : 0.0, n > 0 ? "  " : "",
-                bar(n, max_count, 40).c_str());
-  }
-  if (shown_experts < E) std::printf("   ... %d more experts\n", E - shown_experts);
-  std::printf("\n   rank  experts      tokens    slots\n");
-  std::int64_t max_slots = 0;
-  for (std::int32_t r = 0; r < R; ++r) {
-    std::string const held = L == 1 ? std::to_string(r * L) : std::to_string(r * L) + "-" + std::to_string(r * L + L - 1);
-    std::printf("   %4d  %-9s  %7d  %7d\n", r, held.c_str(), layout.tokens_per_rank()[r], layout.slots_per_rank()[r]);
-    max_slots = std::max<std::int64_t>(max_slots, layout.slots_per_rank()[r]);
-  }
-  std::printf("   (a token counts once per rank it reaches, a slot once per expert)\n");
-  if (slots > 0)
-    std::printf("   load imbalance: busiest rank gets %.2fx the mean number of slots\n",
-                static_cast<double>(max_slots) * R / static_cast<double>(slots));
-  std::printf("\n");
+  print_dispatch_layout(layout, placement, T * static_cast<std::int64_t>(K));
 
   // -- 2. permute plan ----------------------------------------------------------------------------
   auto const plan = moecomm::make_permute_plan(be, routing, E);
@@ -187,11 +167,7 @@ int run(options const& o) {
   Elem* const x = x_buf.data();
   Elem* const perm = perm_buf.data();
   Elem* const out = out_buf.data();
-  for (std::int64_t i = 0; i < T * H; i += 4) {  // multiples of 2^-15 in [-1, 1), four per draw
-    std::uint64_t const bits = rng();
-    for (std::int64_t j = 0; j < 4 && i + j < T * H; ++j)
-      x[i + j] = traits::from_float(static_cast<float>(static_cast<std::int16_t>(bits >> (16 * j))) * 0x1p-15f);
-  }
+  fill_random_rows(x, T * H, rng);
   moecomm::matrix_view<Elem const> const x_view{x, T, H};
   moecomm::matrix_view<Elem> const perm_view{perm, P, H};
   moecomm::matrix_view<Elem const> const y_view = perm_view;  // experts = identity: y is the permuted rows
@@ -315,15 +291,10 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  try {
+  return exit_code_of(program, "fewer --tokens or a smaller --hidden", [&] {
 #if MOECOMM_HAS_CUDA_FP16()
     if (o.dtype == "bf16") return run<__nv_bfloat16>(o);
 #endif
     return run<float>(o);
-  } catch (moecomm::error const& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (std::bad_alloc const&) {
-    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or a smaller --hidden)\n", program);
-  }
-  return 1;
+  });
 }

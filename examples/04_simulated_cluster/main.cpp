@@ -29,41 +29,38 @@
 //!
 //! Run with --help for the flags.
 
-#include "../common/flags.hpp"
+#include "../common/exit_code.hpp"
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
+#include "../common/layer_variants.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
+#include "../common/simulated_experts.hpp"
+#include "../common/simulated_options.hpp"
 #include "../common/timing.hpp"
+#include "../common/whole_iterations.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
-#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
-#include <moecomm/models/dense_iteration.hpp>
 #include <moecomm/simulation/platform.hpp>
 #include <moecomm/simulation/timeline.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <limits>
-#include <new>
-#include <optional>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace {
 
 using namespace example_support;  // flag checks, formatting, timing, inputs, experts, the Zipf gate, plots (examples/common/)
 
-using moecomm::simgrid_communicator;
 using std::int32_t;
 using std::int64_t;
 
@@ -73,80 +70,59 @@ constexpr int32_t topk = 2;
 
 // ---- options ------------------------------------------------------------------------------------
 
-struct options {
-  std::string platform = "fastermoe-v100-ib";
-  int32_t ranks = 0;  // 0: one per GPU (64 on the default platform: about 11 s here)
-  int32_t experts = 64;
-  int64_t tokens = 256;  // per rank
-  int64_t hidden = 32;   // real elements per row
-  int64_t model_hidden = 1024;  // what they stand for (FasterMoE's MoE-BERT-Wide: 64 experts, H = 1024)
-  double zipf = 1.2;
-  std::uint64_t seed = 1;
-  std::string timeline = MOECOMM_EXAMPLE_TIMELINE_CSV;
-  bool plot = true;
-};
-
 constexpr char const* program = "example_04_simulated_cluster";
 
+struct options : simulated_options {
+  // ranks 0: one per GPU (64 on the default platform: about 11 s here); H_model: FasterMoE's MoE-BERT-Wide
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
+  options() : simulated_options{"fastermoe-v100-ib", 256, 32, 1024, 1.2, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
+  int32_t ranks = 0;
+  int32_t experts = 64;
+};
+
+//! What `--help` says the example does.
+constexpr char const* about = R"(Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:
+plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart
+schedule, both, and the deduplicated exchanges (dedup_per_rank, dedup_per_node). Reports simulated forward and
+backward times, speed-ups over plain flat, the all-to-all traffic per link class, FasterMoE's cost
+model beside the simulated time, checks that every variant's output equals plain flat's (bit for
+bit; dedup within 1e-6), and draws one step as a per-rank timeline.)";
+
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs an MoE layer of 2-layer MLP experts on a SIMULATED GPU cluster (SimGrid), one rank per GPU:\n"
-                 "plain expert parallelism (flat and hierarchical_2d all-to-all), FasterMoE's shadowing, its smart\n"
-                 "schedule, both, and the deduplicated exchanges (dedup_per_rank, dedup_per_node). Reports simulated forward and\n"
-                 "backward times, speed-ups over plain flat, the all-to-all traffic per link class, FasterMoE's cost\n"
-                 "model beside the simulated time, checks that every variant's output equals plain flat's (bit for\n"
-                 "bit; dedup within 1e-6), and draws one step as a per-rank timeline.");
-  flags.add("--platform", "NAME", "a platform of platforms/", o.platform)
-      .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes; 0 = every GPU", o.ranks, 0, 1 << 14)
-      .add("--experts", "E", "experts; a multiple of R", o.experts, 1, 1 << 14)
-      .add("--tokens", "T", "tokens per rank and step, top-2 Zipf routing", o.tokens, 1, 1 << 16)
-      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
-      .add("--model-hidden", "HM", "the hidden size H stands for: bytes are scaled by HM/H, parameters and\nFLOPs by (HM/H)^2",
-           o.model_hidden, 1, 1 << 16)
-      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
-      .add("--timeline", "PATH.csv", "where the last variant's step is written, per rank", o.timeline)
-      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o)
+        .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes; 0 = every GPU", o.ranks, 0, 1 << 14)
+        .add("--experts", "E", "experts; a multiple of R", o.experts, 1, 1 << 14);
+    add_row_flags(flags, o, "tokens per rank and step, top-2 Zipf routing", 1 << 16,
+                  "the hidden size H stands for: bytes are scaled by HM/H, parameters and\nFLOPs by (HM/H)^2");
+    add_zipf_and_csv_flags(flags, o, zipf_help, "where the last variant's step is written, per rank");
+  });
 }
 
 // ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
 
-struct problem {
-  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+struct problem : simulated_experts {  // the experts H -> alpha*H -> H, the model's in fp32
+  explicit problem(options const& opts)
+      : simulated_experts(make_simulated_experts(opts, alpha, sizeof(float), opts.experts)), o(opts),
+        platform(moecomm::simulated_platform::named(opts.platform)) {}
 
   options o;
   moecomm::simulated_platform platform;
   int32_t ranks = 0, per_node = 0, local_experts = 0;
-  int64_t inner = 0;  //!< the experts' real hidden width, alpha * H
-  moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> alpha * H_model -> H_model
-  moecomm::simulation_scale scale;
   std::vector<std::vector<step_inputs>> steps;  //!< [warm-up, measured][rank]
-  std::vector<std::vector<float>> parameters;   //!< [E][parameter count]: every expert's initial values
   std::vector<int32_t> by_popularity;           //!< the experts from hottest to coldest (a seeded shuffle)
 };
 
 problem make_problem(options const& o) {
   problem p(o);
-  int32_t const gpus = p.platform.spec().num_gpus();
-  p.ranks = o.ranks == 0 ? gpus : o.ranks;
-  p.per_node = std::min(p.ranks, p.platform.gpus_per_node());
-  auto const str = [](auto v) { return std::to_string(v); };
-  if (p.ranks > gpus)
-    usage_error(program, "--ranks " + str(p.ranks) + " exceeds the " + str(gpus) + " GPUs of " + o.platform);
-  if (p.ranks % p.per_node != 0)
-    usage_error(program, "--ranks " + str(p.ranks) + " does not fill whole nodes of " + str(p.per_node) + " GPUs");
+  p.ranks = o.ranks == 0 ? p.platform.spec().num_gpus() : o.ranks;
+  p.per_node = whole_nodes(program, p.platform, p.ranks);
   if (o.experts % p.ranks != 0)
-    usage_error(program, "--experts " + str(o.experts) + " is not a multiple of the " + str(p.ranks) + " ranks");
+    usage_error(program, "--experts " + std::to_string(o.experts) + " is not a multiple of the " + std::to_string(p.ranks) + " ranks");
   p.local_experts = o.experts / p.ranks;
-  p.inner = alpha * o.hidden;
-  p.model = {static_cast<double>(o.model_hidden), static_cast<double>(alpha * o.model_hidden), sizeof(float)};
-  p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   p.by_popularity = random_popularity(o.experts, o.seed);
   p.steps = make_step_inputs(o.seed, 2, p.ranks, o.tokens, o.hidden,
                              [&](std::mt19937_64& rng) { return route_tokens(o.tokens, p.by_popularity, topk, o.zipf, rng); });
-  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   return p;
 }
 
@@ -167,75 +143,45 @@ moecomm::fastermoe_cost_params cost_params(problem const& p) {
 
 // ---- one variant: a fresh layer on a fresh world ------------------------------------------------
 
-struct variant_result {
-  std::string name;
-  double forward_s = 0, backward_s = 0;  //!< the measured step's, slowest rank
-  moecomm::alltoall_stats exchange;      //!< the measured step's all-to-alls, summed over ranks (real bytes)
-  std::optional<moecomm::shadow_decision> decision;  //!< the measured step's, shadowing variants only
-  std::vector<std::vector<float>> out, d_x;         //!< [rank]
-  bool per_rank_sums = false;  //!< dedup: the combine adds per rank (and node) first (semantics §10a)
-};
-
 //! Runs a warm-up step (it sizes the layer's workspaces, as a training loop's first step does) and
 //! a measured one. With `recorded`, the measured step's events are left in it.
 template <class Algorithm, class Shadowing>
 variant_result run_variant(char const* name, problem const& p, Algorithm const& algorithm, Shadowing const& shadowing,
                            moecomm::timeline* recorded = nullptr) {
-  using layer_type = moecomm::expert_parallel_layer<float, moecomm::simulated_backend<>, simgrid_communicator,
+  using layer_type = moecomm::expert_parallel_layer<float, sim_backend, sim_comm,
                                                     moecomm::dropless, Algorithm, moecomm::weighted, Shadowing>;
   auto const R = static_cast<std::size_t>(p.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
-  variant_result res;
-  res.name = name;
-  res.per_rank_sums = moecomm::detail::is_dedup_v<Algorithm>;
-  res.out.resize(R);
-  res.d_x.resize(R);
+  variant_result res(name, R, moecomm::detail::is_dedup_v<Algorithm>);
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::alltoall_stats> stats(R);
-  double measured_from = std::numeric_limits<double>::infinity();
-  std::vector<int32_t> gpus(R);
-  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
-  optional_recording recording(recorded);
-  world.run([&](simgrid_communicator comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    moecomm::simulated_backend<> const be(moecomm::host_backend{}, p.scale);
-    moecomm::exchange_groups<simgrid_communicator> groups(comm, moecomm::topology(p.ranks, p.per_node));
+    moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(p.ranks, p.per_node));
     layer_type layer(be, groups, p.o.experts, H, {}, algorithm, {}, shadowing);
-    auto const clock = moecomm::simulated_seconds{};
+    double measured = 0;  // when the measured step began: the timeline keeps it alone
     for (std::size_t s = 0; s < 2; ++s) {
       step_inputs const& in = p.steps[s][me];
       mlp_experts experts = mlp_experts_of(H, p.inner, p.parameters, comm.rank() * p.local_experts, p.local_experts);
       std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
-      comm.barrier();  // every rank starts each pass together: a pass's time is its slowest rank's
-      double const start = clock();
-      layer.forward({in.gate.idx.data(), in.gate.weights.data(), T, topk}, {in.x.data(), T, H}, {out.data(), T, H},
-                    experts);
-      double const forward_end = clock();
-      comm.barrier();
-      double const backward_start = clock();
-      layer.backward({in.d_out.data(), T, H}, {d_x.data(), T, H}, d_w, experts);
-      double const backward_end = clock();
+      step_times const t = timed_step(
+          comm, [&] { layer.forward({in.gate.idx.data(), in.gate.weights.data(), T, topk}, {in.x.data(), T, H}, {out.data(), T, H}, experts); },
+          [&] { layer.backward({in.d_out.data(), T, H}, {d_x.data(), T, H}, d_w, experts); });
       if (s == 0) continue;
-      measured_from = std::min(measured_from, start);
-      forward[me] = forward_end - start;
-      backward[me] = backward_end - backward_start;
+      measured = t.start;
+      forward[me] = t.forward;
+      backward[me] = t.backward;
       stats[me] = layer.dispatch_state().report().exchange;
       res.out[me] = std::move(out);
       res.d_x[me] = std::move(d_x);
       if constexpr (Shadowing::shadows)
         if (me == 0) res.decision = layer.shadow_state().decision();
     }
+    return measured;
   });
-  recording.keep_from(measured_from);
-  res.forward_s = *std::max_element(forward.begin(), forward.end());
-  res.backward_s = *std::max_element(backward.begin(), backward.end());
-  for (auto const& s : stats) {
-    res.exchange.intra_messages += s.intra_messages;
-    res.exchange.intra_bytes += s.intra_bytes;
-    res.exchange.inter_messages += s.inter_messages;
-    res.exchange.inter_bytes += s.inter_bytes;
-  }
+  res.forward_s = slowest(forward);
+  res.backward_s = slowest(backward);
+  for (auto const& s : stats) add_traffic(res.exchange, s);
   return res;
 }
 
@@ -246,8 +192,7 @@ void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) 
   options const& o = p.o;
   print_simulated_heading("example 04: an MoE layer on a simulated cluster");
   std::printf("1. Configuration\n");
-  std::printf("   platform %s (%s)\n     source: %s\n", p.platform.name().c_str(),
-              moecomm::platform_file(p.platform.name()).c_str(), s.source.c_str());
+  print_platform(p.platform);
   std::printf(
       "     %d node%s x %d GPUs; %s TFLOP/s, HBM %s GB/s per GPU; intra-node %s GB/s per GPU port%s,\n"
       "     PCIe %s GB/s, %d x %s Gb/s NIC per node, fabric %s\n",
@@ -281,120 +226,7 @@ void print_setup(problem const& p, moecomm::fastermoe_cost_params const& model) 
       format("%.4g", model.net_bandwidth / 1e9).c_str());
 }
 
-std::string shadow_set(moecomm::shadow_decision const& d) {
-  if (d.shadowed.empty()) return "none";
-  std::string ids;
-  for (int32_t e : d.shadowed) ids += (ids.empty() ? "" : ",") + std::to_string(e);
-  return (d.shadowed.size() == 1 ? "expert " : "experts ") + ids;
-}
-
-void print_times(std::vector<variant_result> const& variants) {
-  variant_result const& plain = variants.front();
-  double const base = plain.forward_s + plain.backward_s;
-  std::printf("2. Simulated time of the measured step (slowest rank)\n");
-  std::printf("   %-28s %11s %11s %11s %9s %13s   %s\n", "variant", "forward", "backward", "total", "speed-up",
-              "model", "shadowed");
-  for (auto const& v : variants) {
-    double const total = v.forward_s + v.backward_s;
-    std::printf("   %-28s %11s %11s %11s %8.2fx %13s   %s\n", v.name.c_str(), format_time(v.forward_s).c_str(),
-                format_time(v.backward_s).c_str(), format_time(total).c_str(), base / total,
-                v.decision ? format_time(v.decision->latency).c_str() : "",
-                v.decision ? shadow_set(*v.decision).c_str() : "");
-  }
-  auto const shadowed = std::find_if(variants.begin(), variants.end(), [](auto const& v) { return v.decision.has_value(); });
-  if (shadowed != variants.end())
-    std::printf(
-        "   model: FasterMoE's predicted forward + backward with the chosen set (eq. 8); for no shadowing it\n"
-        "   predicts %s (eq. 7). It knows compute and token bytes only: no latencies, memory kernels or\n"
-        "   overlap (the smart schedule's gain is outside it).\n\n",
-        format_time(shadowed->decision->latency_unshadowed).c_str());
-}
-
-void print_traffic(std::vector<variant_result> const& variants, double payload_scale) {
-  std::printf("3. All-to-all traffic of the measured step, forward + backward, all ranks (report().exchange;\n"
-              "   simulated bytes = real bytes x %g; shadowing's parameter broadcasts and reduces are not in it)\n",
-              payload_scale);
-  std::printf("   %-28s %12s %12s %12s %12s\n", "variant", "intra msgs", "intra bytes", "inter msgs", "inter bytes");
-  for (auto const& v : variants)
-    std::printf("   %-28s %12" PRId64 " %12s %12" PRId64 " %12s\n", v.name.c_str(), v.exchange.intra_messages,
-                format_bytes(static_cast<double>(v.exchange.intra_bytes) * payload_scale).c_str(),
-                v.exchange.inter_messages,
-                format_bytes(static_cast<double>(v.exchange.inter_bytes) * payload_scale).c_str());
-  std::printf("\n");
-}
-
-//! The transformer around the layer: FasterMoE's MoE-BERT-Wide (12 blocks, every FFN an MoE layer)
-//! at the model's H, one sequence of the step's tokens per rank, BERT's vocabulary, fp32 Adam.
-moecomm::transformer_shape transformer(problem const& p) {
-  moecomm::transformer_shape s;
-  s.layers = s.moe_layers = 12;
-  s.hidden = p.o.model_hidden;
-  s.sequence = p.o.tokens;
-  s.tokens_per_rank = p.o.tokens;
-  s.vocabulary = 30522;
-  s.gradient_bytes = sizeof(float);
-  s.optimizer_bytes_per_parameter = 28;  // fp32 Adam: reads weight, gradient, moments; writes weight, moments
-  return s;
-}
-
-//! Each variant's iteration: its step per block, and the rest simulated once on the same ranks
-//! (`simulate_dense_iteration`), beside `iteration_model`'s prediction of the rest.
-void print_iterations(problem const& p, std::vector<variant_result> const& variants) {
-  moecomm::transformer_shape const shape = transformer(p);
-  double const experts = p.local_experts * p.model.parameters();
-  std::vector<double> start(static_cast<std::size_t>(p.ranks)), end(start.size());
-  std::vector<int32_t> gpus(start.size());
-  for (std::size_t r = 0; r < gpus.size(); ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
-  world.run([&](simgrid_communicator comm) {
-    auto const me = static_cast<std::size_t>(comm.rank());
-    comm.barrier();
-    start[me] = moecomm::simulated_seconds{}();
-    moecomm::simulate_dense_iteration(comm, shape, experts);
-    end[me] = moecomm::simulated_seconds{}();
-  });
-  double const rest = *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
-  moecomm::iteration_model const model(p.platform.spec(), p.ranks, shape);
-  std::printf("5. Whole iterations: %d blocks, each the variant's step, and the rest of the model (attention,\n"
-              "   the LM head, the dense gradients' all-reduce, Adam): %s simulated, %s by iteration_model\n"
-              "   (compute %s, all-reduce %s, optimizer %s)\n",
-              shape.moe_layers, format_time(rest).c_str(), format_time(model.dense_seconds(experts)).c_str(),
-              format_time(model.compute_seconds()).c_str(), format_time(model.allreduce_seconds()).c_str(),
-              format_time(model.optimizer_seconds(experts)).c_str());
-  variant_result const& plain = variants.front();
-  double const base = shape.moe_layers * (plain.forward_s + plain.backward_s) + rest;
-  std::printf("   %-28s %11s %9s %12s\n", "variant", "iteration", "speed-up", "MoE share");
-  for (auto const& v : variants) {
-    double const layers = shape.moe_layers * (v.forward_s + v.backward_s), total = layers + rest;
-    std::printf("   %-28s %11s %8.2fx %11.0f%%\n", v.name.c_str(), format_time(total).c_str(), base / total, 100 * layers / total);
-  }
-  std::printf("\n");
-}
-
-//! Every variant's outputs and input gradients against plain flat's, every rank: bit for bit, or
-//! for the deduplicated exchange (whose combine adds per rank first) within fp32 rounding.
-bool identical_to_plain(std::vector<variant_result> const& variants) {
-  variant_result const& plain = variants.front();
-  bool same = true;
-  double regrouped = 0;
-  for (auto const& v : variants)
-    for (std::size_t r = 0; r < plain.out.size(); ++r) {
-      if (v.per_rank_sums) {
-        regrouped = std::max({regrouped, normwise_difference(v.out[r], plain.out[r]), normwise_difference(v.d_x[r], plain.d_x[r])});
-        continue;
-      }
-      bool const here = same_bits(v.out[r], plain.out[r]) && same_bits(v.d_x[r], plain.d_x[r]);
-      if (!here) std::printf("   %s differs from plain EP, flat on rank %zu\n", v.name.c_str(), r);
-      same = same && here;
-    }
-  std::printf("   dedup variants: per-rank (per-node) partial sums regroup the combine's fp32 additions (semantics §10a);\n"
-              "   largest difference from plain EP, flat, relative to the largest value: %.2e%s\n",
-              regrouped, regrouped <= 1e-6 ? "" : " (more than 1e-6: WRONG)");
-  return same && regrouped <= 1e-6;
-}
-
 int run(options const& o) {
-  auto const wall = clock_type::now();
   problem const p = make_problem(o);
   moecomm::fastermoe_cost_params const model = cost_params(p);
   print_setup(p, model);
@@ -417,15 +249,14 @@ int run(options const& o) {
   variants.push_back(run_variant("shadowing + dedup_per_rank", p, moecomm::dedup_per_rank<moecomm::flat>{}, shadowing));
   // One row per (token, destination node) between nodes, forwarded inside the node (DeepEP's internode kernels).
   variants.push_back(run_variant("plain EP, dedup_per_node", p, moecomm::dedup_per_node{}, moecomm::no_shadowing{}));
-  print_times(variants);
-  print_traffic(variants, p.scale.payload);
+  print_variant_times(variants);
+  print_variant_traffic(variants, p.scale.payload);
   bool const same = identical_to_plain(variants);
   std::printf("   outputs and input gradients identical to plain EP, flat on every rank (dedup within 1e-6): %s\n\n",
               same ? "yes" : "NO");
-  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
+  write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot,
                  "4. Timeline of the measured step of 'shadowing + smart schedule'");
-  print_iterations(p, variants);
-  std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
+  print_iterations(p.platform, p.ranks, transformer(o.model_hidden, o.tokens), p.local_experts * p.model.parameters(), variants);
   return same ? 0 : 1;
 }
 
@@ -433,12 +264,5 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  try {
-    return run(o);
-  } catch (moecomm::error const& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (std::bad_alloc const&) {
-    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or --ranks, or a smaller --hidden)\n", program);
-  }
-  return 1;
+  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return with_wall_clock_line([&] { return run(o); }); });
 }

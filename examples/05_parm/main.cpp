@@ -22,17 +22,20 @@
 //! A small real hidden size stands for the model's (`simulation_scale`), so the run is cheap and the
 //! times are the model-sized layer's. Run with --help for the flags.
 
-#include "../common/flags.hpp"
+#include "../common/exit_code.hpp"
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
+#include "../common/parm_tables.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
+#include "../common/simulated_experts.hpp"
+#include "../common/simulated_options.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
-#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/parm.hpp>
 #include <moecomm/simulation/platform.hpp>
@@ -42,82 +45,67 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <limits>
-#include <new>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace {
 
 using namespace example_support;  // flags, formatting, timing, inputs, experts, the gate, plots (examples/common/)
 
-using moecomm::simgrid_communicator;
 using std::int32_t;
 using std::int64_t;
 
-constexpr int32_t topk = 2;
-
 // ---- options ------------------------------------------------------------------------------------
 
-struct options {
-  std::string platform = "parm-2080ti";
+constexpr char const* program = "example_05_parm";
+constexpr int32_t topk = 2;  // experts per token
+
+struct options : simulated_options {
+  // tokens per MP group: batch 4 x sequence 1024
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
+  options() : simulated_options{"parm-2080ti", 4096, 8, 2048, 0.0, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
   int32_t ranks = 8;
   int32_t mp = 2, esp = 2;
   int32_t experts = 8;
-  int64_t tokens = 4096;       // per MP group: batch 4 x sequence 1024
-  int64_t hidden = 8;          // real elements per row
-  int64_t model_hidden = 2048; // what they stand for
-  int32_t ffn_ratio = 4;       // experts H -> ratio * H -> H
+  int32_t ffn_ratio = 4;  // experts H -> ratio * H -> H
   int32_t pieces = 4;
-  double zipf = 0;
-  std::uint64_t seed = 1;
-  std::string timeline = MOECOMM_EXAMPLE_TIMELINE_CSV;
-  bool plot = true;
 };
 
-constexpr char const* program = "example_05_parm";
+//! What `--help` says the example does.
+std::string const about = R"(Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:
+deepspeed_mp, DeepSpeed's drop_tokens (the strongest baseline), parm_s1, parm_s2 and parm_auto.
+Reports the rows each rank dispatches and computes, messages and bytes inside and between nodes,
+simulated times beside the cost model's predictions, which schedule parm_auto picked and why, checks
+every schedule against the baseline (bit for bit on sliced experts), and draws parm_s2's step as a
+per-rank timeline.)";
 
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs one MoE layer under MP + EP + ESP on a SIMULATED GPU cluster (SimGrid) with Parm's schedules:\n"
-                 "deepspeed_mp, DeepSpeed's drop_tokens (the strongest baseline), parm_s1, parm_s2 and parm_auto.\n"
-                 "Reports the rows each rank dispatches and computes, messages and bytes inside and between nodes,\n"
-                 "simulated times beside the cost model's predictions, which schedule parm_auto picked and why, checks\n"
-                 "every schedule against the baseline (bit for bit on sliced experts), and draws parm_s2's step as a\n"
-                 "per-rank timeline.");
-  flags.add("--platform", "NAME", "a platform of platforms/", o.platform)
-      .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes", o.ranks, 1, 1 << 14)
-      .add("--mp", "M", "model-parallel group size, dividing a node's GPUs", o.mp, 1, 1 << 10)
-      .add("--esp", "G", "expert-slicing group size, dividing M", o.esp, 1, 1 << 10)
-      .add("--experts", "E", "experts, a multiple of EP = R / M", o.experts, 1, 1 << 14)
-      .add("--tokens", "T", "tokens per MP group and step, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 20)
-      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
-      .add("--model-hidden", "HM", "the hidden size H stands for", o.model_hidden, 1, 1 << 16)
-      .add("--ffn-ratio", "F", "experts H -> F*H -> H", o.ffn_ratio, 1, 64)
-      .add("--pieces", "W", "pipeline depth of parm_s2 and parm_auto", o.pieces, 1, 1024)
-      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
-      .add("--timeline", "PATH.csv", "where parm_s2's measured step is written, per rank", o.timeline)
-      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o)
+        .add("--ranks", "R", "ranks on GPUs 0..R-1, whole nodes", o.ranks, 1, 1 << 14)
+        .add("--mp", "M", "model-parallel group size, dividing a node's GPUs", o.mp, 1, 1 << 10)
+        .add("--esp", "G", "expert-slicing group size, dividing M", o.esp, 1, 1 << 10)
+        .add("--experts", "E", "experts, a multiple of EP = R / M", o.experts, 1, 1 << 14);
+    add_row_flags(flags, o, "tokens per MP group and step, top-" + std::to_string(topk) + " routing", 1 << 20, "the hidden size H stands for")
+        .add("--ffn-ratio", "F", "experts H -> F*H -> H", o.ffn_ratio, 1, 64)
+        .add("--pieces", "W", "pipeline depth of parm_s2 and parm_auto", o.pieces, 1, 1024);
+    add_zipf_and_csv_flags(flags, o, zipf_help, "where parm_s2's measured step is written, per rank");
+  });
 }
 
 // ---- the problem: both steps' inputs and the experts' parameters, made before any simulation ------
 
-struct problem {
-  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+struct problem : simulated_experts {  // every whole expert; `scale` is a slice's (`scale_for`)
+  explicit problem(options const& opts)
+      : simulated_experts(make_simulated_experts(opts, opts.ffn_ratio, 2, opts.experts)), o(opts),
+        platform(moecomm::simulated_platform::named(opts.platform)) {}
 
   options o;
   moecomm::simulated_platform platform;
   moecomm::parallel_sizes sizes;
   int32_t per_node = 0, local_experts = 0;
-  int64_t inner = 0;  //!< the experts' real inner width
-  moecomm::simulation_scale scale;
   std::vector<std::vector<step_inputs>> steps;  //!< [warm-up, measured][MP group]: every rank of a group holds the same
-  std::vector<std::vector<float>> parameters;    //!< [E][...]: every whole expert's initial values
 };
 
 //! A rank holds one ESP slice of each of its experts (inner I / ESP, and its own copy of b2): the
@@ -137,105 +125,68 @@ problem unsliced(problem p) {
 
 problem make_problem(options const& o) {
   problem p(o);
-  int32_t const gpus = p.platform.spec().num_gpus();
-  p.per_node = std::min(o.ranks, p.platform.gpus_per_node());
+  p.per_node = whole_nodes(program, p.platform, o.ranks);
   auto const str = [](auto v) { return std::to_string(v); };
-  if (o.ranks > gpus) usage_error(program, "--ranks " + str(o.ranks) + " exceeds the " + str(gpus) + " GPUs of " + o.platform);
-  if (o.ranks % p.per_node != 0)
-    usage_error(program, "--ranks " + str(o.ranks) + " does not fill whole nodes of " + str(p.per_node) + " GPUs");
   if (p.per_node % o.mp != 0) usage_error(program, "--mp " + str(o.mp) + " does not divide a node's " + str(p.per_node) + " GPUs");
   if (o.mp % o.esp != 0) usage_error(program, "--esp " + str(o.esp) + " does not divide --mp " + str(o.mp));
   p.sizes = {o.mp, o.ranks / o.mp, o.esp};  // DP 1: EP spans the other ranks
   if (o.experts % p.sizes.expert != 0)
     usage_error(program, "--experts " + str(o.experts) + " is not a multiple of EP = " + str(p.sizes.expert));
   p.local_experts = o.experts / p.sizes.expert;
-  p.inner = o.ffn_ratio * o.hidden;
   if (p.inner % o.esp != 0) usage_error(program, "the experts' inner width " + str(p.inner) + " does not split into --esp slices");
   p.scale = scale_for(o, p.inner, o.esp);
   p.steps = make_step_inputs(o.seed, 2, p.sizes.expert, o.tokens, o.hidden,
                              [&](std::mt19937_64& rng) { return route_tokens(o.tokens, o.experts, topk, o.zipf, rng); });
-  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   return p;
 }
 
 // ---- one schedule: a fresh layer on a fresh world -----------------------------------------------
 
-struct schedule_result {
-  std::string name;
-  double predicted_s = 0;                //!< the cost model's step
-  double forward_s = 0, backward_s = 0;  //!< the measured step's, slowest rank
-  int64_t rows_dispatched = 0, rows_computed = 0;  //!< per rank, the largest
-  moecomm::alltoall_stats traffic;                 //!< forward, every collective, all ranks (real bytes)
-  moecomm::parm_report auto_report;                //!< rank 0's, for parm_auto
-  std::vector<std::vector<float>> out, d_x, d_w;   //!< [rank]
-};
-
-void add(moecomm::alltoall_stats& into, moecomm::alltoall_stats const& s) {
-  into.intra_messages += s.intra_messages;
-  into.intra_bytes += s.intra_bytes;
-  into.inter_messages += s.inter_messages;
-  into.inter_bytes += s.inter_bytes;
-}
-
 template <class Schedule>
 schedule_result run_schedule(char const* name, problem const& p, Schedule const& schedule,
                              moecomm::timeline* recorded = nullptr) {
-  using backend = moecomm::simulated_backend<>;
-  using layer_type = moecomm::parm_layer<float, backend, simgrid_communicator, Schedule>;
+  using layer_type = moecomm::parm_layer<float, sim_backend, sim_comm, Schedule>;
   auto const R = static_cast<std::size_t>(p.o.ranks);
   int64_t const T = p.o.tokens, H = p.o.hidden;
-  schedule_result res;
-  res.name = name;
-  res.out.resize(R);
-  res.d_x.resize(R);
-  res.d_w.resize(R);
+  schedule_result res(name, R);
   std::vector<double> forward(R), backward(R);
   std::vector<moecomm::parm_report> reports(R);
-  double measured_from = std::numeric_limits<double>::infinity();
-  std::vector<int32_t> gpus(R);
-  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
-  optional_recording recording(recorded);
-  world.run([&](simgrid_communicator comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    backend const be(moecomm::host_backend{}, p.scale);
-    moecomm::parallel_groups<simgrid_communicator> groups(comm, p.sizes, moecomm::topology(p.o.ranks, p.per_node));
+    moecomm::parallel_groups<sim_comm> groups(comm, p.sizes, moecomm::topology(p.o.ranks, p.per_node));
     auto const at = groups.coordinates();
     layer_type layer(be, groups, p.o.experts, H, schedule);
-    auto const clock = moecomm::simulated_seconds{};
+    double measured = 0;  // when the measured step began: the timeline keeps it alone
     for (std::size_t s = 0; s < 2; ++s) {
       step_inputs const& in = p.steps[s][static_cast<std::size_t>(at.ep)];  // the MP group's tokens
       sliced_mlp_experts experts = sliced_mlp_experts_of(H, p.inner, p.parameters, at.ep * p.local_experts,
                                                          p.local_experts, at.esp, p.sizes.expert_slicing);
       std::vector<float> out(static_cast<std::size_t>(T * H)), d_x(out.size()), d_w(static_cast<std::size_t>(T * topk));
-      comm.barrier();  // every rank starts each pass together: a pass's time is its slowest rank's
-      double const start = clock();
-      layer.forward({in.gate.idx.data(), in.gate.weights.data(), T, topk}, {in.x.data(), T, H}, {out.data(), T, H}, experts);
-      double const forward_end = clock();
-      comm.barrier();
-      double const backward_start = clock();
-      layer.backward({in.d_out.data(), T, H}, moecomm::matrix_view<float>{d_x.data(), T, H},
-                     moecomm::array_view<float>{d_w.data(), T * topk}, experts);
-      double const backward_end = clock();
+      step_times const t = timed_step(
+          comm, [&] { layer.forward({in.gate.idx.data(), in.gate.weights.data(), T, topk}, {in.x.data(), T, H}, {out.data(), T, H}, experts); },
+          [&] {
+            layer.backward({in.d_out.data(), T, H}, moecomm::matrix_view<float>{d_x.data(), T, H},
+                           moecomm::array_view<float>{d_w.data(), T * topk}, experts);
+          });
       if (s == 0) continue;
-      measured_from = std::min(measured_from, start);
-      forward[me] = forward_end - start;
-      backward[me] = backward_end - backward_start;
+      measured = t.start;
+      forward[me] = t.forward;
+      backward[me] = t.backward;
       reports[me] = layer.report();
       res.out[me] = std::move(out);
       res.d_x[me] = std::move(d_x);
       res.d_w[me] = std::move(d_w);
     }
+    return measured;
   });
-  recording.keep_from(measured_from);
-  res.forward_s = *std::max_element(forward.begin(), forward.end());
-  res.backward_s = *std::max_element(backward.begin(), backward.end());
+  res.forward_s = slowest(forward);
+  res.backward_s = slowest(backward);
   for (auto const& r : reports) {
     res.rows_dispatched = std::max(res.rows_dispatched, r.rows_dispatched);
     res.rows_computed = std::max(res.rows_computed, r.rows_computed);
-    add(res.traffic, r.alltoall);
-    add(res.traffic, r.expert_slicing);
-    add(res.traffic, r.model_gather);
+    add_traffic(res.traffic, r.alltoall);
+    add_traffic(res.traffic, r.expert_slicing);
+    add_traffic(res.traffic, r.model_gather);
   }
   res.auto_report = reports.front();
   return res;
@@ -248,8 +199,7 @@ void print_setup(problem const& p) {
   options const& o = p.o;
   print_simulated_heading("example 05: Parm's schedules (MP + EP + ESP) on a simulated cluster");
   std::printf("1. Configuration\n");
-  std::printf("   platform %s (%s)\n     source: %s\n", p.platform.name().c_str(), moecomm::platform_file(p.platform.name()).c_str(),
-              s.source.c_str());
+  print_platform(p.platform);
   std::printf("     %d GPUs per node; %s TFLOP/s, HBM %s GB/s per GPU; GPU ports %s GB/s%s, %d x %s Gb/s NIC per node\n",
               s.gpus_per_node, format("%g", s.gpu_flops / 1e12).c_str(), format("%g", s.hbm_bytes_per_second / 1e9).c_str(),
               format("%g", s.intra_node.bytes_per_second / 1e9).c_str(), s.intra_node_over_pcie ? " (PCIe)" : "",
@@ -267,71 +217,7 @@ void print_setup(problem const& p) {
               o.pieces);
 }
 
-void print_rows_and_traffic(std::vector<schedule_result> const& results, moecomm::parallel_sizes const& sizes, double payload_scale) {
-  std::printf("2. Work and traffic of the measured forward (rows: the busiest rank; traffic: all ranks, every collective,\n"
-              "   simulated bytes = real bytes x %g)\n", payload_scale);
-  std::printf("   %-14s %12s %12s %11s %12s %11s %12s\n", "schedule", "dispatched", "computed", "intra msgs", "intra bytes",
-              "inter msgs", "inter bytes");
-  for (auto const& r : results)
-    std::printf("   %-14s %12" PRId64 " %12" PRId64 " %11" PRId64 " %12s %11" PRId64 " %12s\n", r.name.c_str(), r.rows_dispatched,
-                r.rows_computed, r.traffic.intra_messages, format_bytes(static_cast<double>(r.traffic.intra_bytes) * payload_scale).c_str(),
-                r.traffic.inter_messages, format_bytes(static_cast<double>(r.traffic.inter_bytes) * payload_scale).c_str());
-  std::printf("   PauseMP dispatches each MP group's rows once instead of once on each of its %d ranks; a slice\n"
-              "   computes MP / ESP = %d times fewer rows (with ESP = MP the ESP all-gather gives it back the rows\n"
-              "   the MP split took away); PauseMP adds the MP all-gather of the output.\n\n",
-              sizes.model, sizes.model / sizes.expert_slicing);
-}
-
-//! Every result's speed-up over deepspeed_mp and over the strongest baseline, DeepSpeed-MoE with drop_tokens.
-void print_times(std::vector<schedule_result> const& results) {
-  auto const total_of = [](schedule_result const& r) { return r.forward_s + r.backward_s; };
-  double const base = total_of(results[0]), strongest = total_of(results[1]);
-  std::printf("3. Simulated time of the measured step (slowest rank) beside the cost model's prediction\n");
-  std::printf("   %-14s %11s %11s %11s %9s %13s %11s\n", "schedule", "forward", "backward", "total", "speed-up", "vs drop_tok.",
-              "model");
-  for (auto const& r : results)
-    std::printf("   %-14s %11s %11s %11s %8.2fx %12.2fx %11s\n", r.name.c_str(), format_time(r.forward_s).c_str(),
-                format_time(r.backward_s).c_str(), format_time(total_of(r)).c_str(), base / total_of(r), strongest / total_of(r),
-                format_time(r.predicted_s).c_str());
-  std::printf("   ds_drop_tokens is DeepSpeed-MoE with drop_tokens: each MP rank dispatches its share of the tokens to\n"
-              "   whole experts, replicated on the MP ranks (MP / ESP times a slice's parameters), and their gradients\n"
-              "   are summed in the trainer's expert-DP all-reduce; it needs no ESP collectives. Parm's schedules are for\n"
-              "   when the experts must be sliced.\n");
-  std::printf("   model: models/parm_cost_model.hpp with the platform's figures (parm_cost_params::from_cluster): an\n"
-              "   alpha-beta cost per collective and link class, balanced experts; not the gate, the permutations or\n"
-              "   the memory kernels other than the collectives' copies.\n\n");
-}
-
-void print_choice(schedule_result const& automatic, schedule_result const& s1, schedule_result const& s2) {
-  moecomm::parm_report const& r = automatic.auto_report;
-  bool const s2_faster = s2.forward_s + s2.backward_s < s1.forward_s + s1.backward_s;
-  std::printf("4. parm_auto picked %s: predicted step S1 %s, S2 %s (the smaller wins); simulated S1 %s, S2 %s,\n"
-              "   so the pick was %s\n\n",
-              r.schedule, format_time(r.choice.s1.step_total).c_str(), format_time(r.choice.s2.step_total).c_str(),
-              format_time(s1.forward_s + s1.backward_s).c_str(), format_time(s2.forward_s + s2.backward_s).c_str(),
-              (std::string(r.schedule) == "parm_s2") == s2_faster ? "the faster one" : "NOT the faster one");
-}
-
-//! Every schedule's outputs and gradients against deepspeed_mp's, every rank: bit for bit on the
-//! same sliced experts, within `1e-5` of the largest value on unsliced ones.
-bool identical_to_baseline(std::vector<schedule_result> const& results, std::string const& unsliced_name) {
-  schedule_result const& base = results.front();
-  bool same = true;
-  for (auto const& r : results)
-    for (std::size_t i = 0; i < base.out.size(); ++i) {
-      bool const here = r.name == unsliced_name
-                            ? normwise_difference(r.out[i], base.out[i]) <= 1e-5 &&
-                                  normwise_difference(r.d_x[i], base.d_x[i]) <= 1e-5 &&
-                                  normwise_difference(r.d_w[i], base.d_w[i]) <= 1e-5
-                            : same_bits(r.out[i], base.out[i]) && same_bits(r.d_x[i], base.d_x[i]) && same_bits(r.d_w[i], base.d_w[i]);
-      if (!here) std::printf("   %s differs from deepspeed_mp on rank %zu\n", r.name.c_str(), i);
-      same = same && here;
-    }
-  return same;
-}
-
 int run(options const& o) {
-  auto const wall = clock_type::now();
   problem const p = make_problem(o);
   print_setup(p);
   moecomm::parm_cost_model const model(moecomm::parm_cost_params::from_cluster(p.platform.spec()));
@@ -356,13 +242,12 @@ int run(options const& o) {
   results[2].predicted_s = priced.predict_s1(shape).step_total;
   results[3].predicted_s = priced.predict_s2(shape).step_total;
   results[4].predicted_s = std::string(results[4].auto_report.schedule) == "parm_s2" ? results[3].predicted_s : results[2].predicted_s;
-  print_times(results);
+  print_schedule_times(results);
   print_choice(results[4], results[2], results[3]);
   bool const same = identical_to_baseline(results, results[1].name);
   std::printf("5. Outputs, input gradients and routing-weight gradients identical to deepspeed_mp on every rank: %s\n\n",
               same ? "yes" : "NO");
-  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot, "6. Timeline of parm_s2's measured step");
-  std::printf("   ran in %.2f s (wall clock)\n", seconds_since(wall));
+  write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot, "6. Timeline of parm_s2's measured step");
   return same ? 0 : 1;
 }
 
@@ -370,12 +255,5 @@ int run(options const& o) {
 
 int main(int argc, char** argv) {
   options const o = parse_options(argc, argv);
-  try {
-    return run(o);
-  } catch (moecomm::error const& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (std::bad_alloc const&) {
-    std::fprintf(stderr, "%s: out of memory (try fewer --tokens or --ranks, or a smaller --hidden)\n", program);
-  }
-  return 1;
+  return exit_code_of(program, "fewer --tokens or --ranks, or a smaller --hidden", [&] { return with_wall_clock_line([&] { return run(o); }); });
 }

@@ -15,16 +15,17 @@
 //! A small real hidden size stands for the model's (`simulation_scale`), so the run is cheap and the
 //! times are the model-sized layer's. Run with --help for the flags.
 
-#include "../common/flags.hpp"
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
+#include "../common/simulated_experts.hpp"
+#include "../common/simulated_options.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
-#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/hybridep.hpp>
 #include <moecomm/planners/hybridep_planner.hpp>
@@ -44,61 +45,49 @@ namespace {
 
 using namespace example_support;  // flags, formatting, inputs, experts, the gate, plots (examples/common/)
 
-using comm_t = moecomm::simgrid_communicator;
-using backend = moecomm::simulated_backend<>;
 using std::int32_t;
 using std::int64_t;
 
 constexpr int32_t topk = 2;
 constexpr char const* program = "example_06_hybridep";
 
-struct options {
-  std::string platform = "hybridep-a800-16";
+// tokens per rank and step: 16384 x 2 slots x 150 x 2 B = 9.8 MB of traffic per GPU; H_model 150: 0.36 MB experts
+struct options : simulated_options {
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
+  options() : simulated_options{"hybridep-a800-16", 16384, 4, 150, 0.0, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
   int32_t experts = 32;
-  int64_t tokens = 16384;      // per rank and step: 16384 x 2 slots x 150 x 2 B = 9.8 MB of traffic per GPU
-  int64_t hidden = 4;          // real elements per row
-  int64_t model_hidden = 150;  // what they stand for: 0.36 MB experts
-  double pre_expert_ms = 2;    // attention and dense FFN before the MoE block
-  double compression = 50;     // the codec's run at the planner's S
-  double zipf = 0;
-  std::uint64_t seed = 1;
-  std::string timeline = MOECOMM_EXAMPLE_TIMELINE_CSV;
-  bool plot = true;
+  double pre_expert_ms = 2;  // attention and dense FFN before the MoE block
+  double compression = 50;   // the codec's run at the planner's S
 };
 
+//! What `--help` says the example does.
+constexpr char const* about = R"(Runs one MoE layer on a SIMULATED cross-data-centre cluster (SimGrid) as plain expert parallelism and as
+HybridEP with expert domains of every size S across the data centres (and the planner's S with the top-k
+codec): simulated step times beside the planner's predictions, bytes per link class, a bitwise check
+against plain EP, and the planner's S drawn as a per-rank timeline.)";
+
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Runs one MoE layer on a SIMULATED cross-data-centre cluster (SimGrid) as plain expert parallelism and as\n"
-                 "HybridEP with expert domains of every size S across the data centres (and the planner's S with the top-k\n"
-                 "codec): simulated step times beside the planner's predictions, bytes per link class, a bitwise check\n"
-                 "against plain EP, and the planner's S drawn as a per-rank timeline.");
-  flags.add("--platform", "NAME", "a platform of platforms/ with one node per data centre", o.platform)
-      .add("--experts", "E", "experts, a multiple of the ranks", o.experts, 1, 1 << 14)
-      .add("--tokens", "T", "tokens per rank and step, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 22)
-      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
-      .add("--model-hidden", "HM", "the hidden size H stands for; experts HM -> 4 HM -> HM", o.model_hidden, 1, 1 << 16)
-      .add("--pre-expert-ms", "MS", "pre-expert compute per step, simulated", o.pre_expert_ms, 0.0, 1e6)
-      .add("--compression", "C", "the codec's ratio at the planner's S", o.compression, 1.0, 1e6)
-      .add("--zipf", "s", "gate skew: P(expert e) ~ 1/(e+1)^s; 0 is uniform", o.zipf, 0.0, 16.0)
-      .add("--timeline", "PATH.csv", "where the planner's S's step is written, per rank", o.timeline)
-      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o, "a platform of platforms/ with one node per data centre")
+        .add("--experts", "E", "experts, a multiple of the ranks", o.experts, 1, 1 << 14);
+    add_row_flags(flags, o, "tokens per rank and step, top-" + std::to_string(topk) + " routing", 1 << 22,
+                  "the hidden size H stands for; experts HM -> 4 HM -> HM")
+        .add("--pre-expert-ms", "MS", "pre-expert compute per step, simulated", o.pre_expert_ms, 0.0, 1e6)
+        .add("--compression", "C", "the codec's ratio at the planner's S", o.compression, 1.0, 1e6);
+    add_zipf_and_csv_flags(flags, o, zipf_help, "where the planner's S's step is written, per rank");
+  });
 }
 
 // ---- the problem ------------------------------------------------------------------------------
 
-struct problem {
-  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+struct problem : simulated_experts {  // the experts H -> 4H -> H, the model's in fp16
+  explicit problem(options const& opts)
+      : simulated_experts(make_simulated_experts(opts, 4, 2, opts.experts)), o(opts),
+        platform(moecomm::simulated_platform::named(opts.platform)) {}
   options o;
   moecomm::simulated_platform platform;
   int32_t ranks = 0, per_node = 0, domains = 0, local_experts = 0;
-  int64_t inner = 0;
-  moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> 4 H_model -> H_model, fp16
-  moecomm::simulation_scale scale;
   std::vector<std::vector<step_inputs>> steps;  //!< [warm-up, measured][rank]
-  std::vector<std::vector<float>> parameters;   //!< [E]: every expert's initial values
 };
 
 problem make_problem(options const& o) {
@@ -113,12 +102,8 @@ problem make_problem(options const& o) {
   if (o.experts % p.ranks != 0)
     usage_error(program, "--experts " + std::to_string(o.experts) + " is not a multiple of the " + std::to_string(p.ranks) + " ranks");
   p.local_experts = o.experts / p.ranks;
-  p.inner = 4 * o.hidden;
-  p.model = {static_cast<double>(o.model_hidden), 4.0 * static_cast<double>(o.model_hidden), 2};
-  p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   p.steps = make_step_inputs(o.seed, 2, p.ranks, o.tokens, o.hidden,
                              [&](std::mt19937_64& rng) { return route_tokens(o.tokens, o.experts, topk, o.zipf, rng); });
-  for (int32_t e = 0; e < o.experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
   return p;
 }
 
@@ -144,15 +129,6 @@ struct run_result {
   std::vector<std::vector<float>> out, d_x, d_w, grads;  //!< [rank]
 };
 
-void add(moecomm::alltoall_stats& into, moecomm::alltoall_stats const& s) {
-  into.intra_messages += s.intra_messages;
-  into.intra_bytes += s.intra_bytes;
-  into.inter_messages += s.inter_messages;
-  into.inter_bytes += s.inter_bytes;
-  into.inter_domain_messages += s.inter_domain_messages;
-  into.inter_domain_bytes += s.inter_domain_bytes;
-}
-
 //! Plain expert parallelism, HybridEP with a policy, or EP inside each data centre with the experts
 //! data-parallel across them (`expert_data_parallel`: every data centre holds every expert).
 struct layout {
@@ -171,17 +147,12 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
   res.grads.resize(R);
   std::vector<double> start(R), end(R);
   std::vector<moecomm::alltoall_stats> tokens(R), experts(R);
-  std::vector<int32_t> gpus(R);
-  for (std::size_t r = 0; r < R; ++r) gpus[r] = static_cast<int32_t>(r);
-  moecomm::simgrid_world world(p.platform, gpus);
-  optional_recording recording(recorded);
-  world.run([&](comm_t comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     auto const me = static_cast<std::size_t>(comm.rank());
-    backend const be(moecomm::host_backend{}, p.scale);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(p.ranks, p.per_node, 1));  // a data centre = a node
-    std::optional<moecomm::expert_parallel_layer<float, backend, comm_t>> plain;
-    std::optional<moecomm::hybridep_layer<float, backend, comm_t>> hybrid;
-    std::optional<moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::expert_data_parallel>> replicated;
+    moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(p.ranks, p.per_node, 1));  // a data centre = a node
+    std::optional<moecomm::expert_parallel_layer<float, sim_backend, sim_comm>> plain;
+    std::optional<moecomm::hybridep_layer<float, sim_backend, sim_comm>> hybrid;
+    std::optional<moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::expert_data_parallel>> replicated;
     // Every data centre holds all E experts, E / per_node consecutive ones on each of its ranks.
     auto const per_domain = moecomm::replica_placement::per_domain(p.ranks, p.o.experts / p.per_node, p.per_node);
     if (how.hybridep) hybrid.emplace(be, groups, p.o.experts, H, *how.hybridep);
@@ -198,10 +169,8 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
       start[me] = moecomm::simulated_seconds{}();
       if (hybrid) hybrid->begin_expert_gather(mlp);  // in the background, beside the pre-expert compute
       be.charge_flops(p.o.pre_expert_ms * 1e-3 * p.platform.spec().gemm_flops() / p.scale.flops);
-      moecomm::matrix_view<float const> const x{in.x.data(), T, H};
-      moecomm::matrix_view<float> const y{out.data(), T, H};
-      moecomm::matrix_view<float const> const g{in.d_out.data(), T, H};
-      moecomm::matrix_view<float> const dx{d_x.data(), T, H};
+      moecomm::matrix_view<float const> const x{in.x.data(), T, H}, g{in.d_out.data(), T, H};
+      moecomm::matrix_view<float> const y{out.data(), T, H}, dx{d_x.data(), T, H};
       moecomm::array_view<float> const dw{d_w.data(), T * topk};
       auto const step = [&](auto& layer) {
         layer.forward(routing, x, y, mlp);
@@ -226,13 +195,13 @@ run_result run(problem const& p, std::string name, layout const& how, moecomm::t
       res.d_w[me] = std::move(d_w);
       res.grads[me] = mlp.grads;
     }
+    return start[me];  // the measured step's: the timeline keeps it alone
   });
   double const first = *std::min_element(start.begin(), start.end());
-  recording.keep_from(first);
   res.step_s = *std::max_element(end.begin(), end.end()) - first;
   for (std::size_t r = 0; r < R; ++r) {
-    add(res.tokens, tokens[r]);
-    add(res.experts, experts[r]);
+    add_traffic(res.tokens, tokens[r]);
+    add_traffic(res.experts, experts[r]);
   }
   return res;
 }
@@ -256,8 +225,7 @@ int main(int argc, char** argv) {
   moecomm::cluster_spec const& spec = p.platform.spec();
   print_simulated_heading("example 06: HybridEP on a simulated cross-data-centre cluster");
   std::printf("1. Configuration\n");
-  std::printf("   platform %s: %d data centres x %d GPUs (%s)\n     source: %s\n", p.platform.name().c_str(), p.domains,
-              p.per_node, moecomm::platform_file(p.platform.name()).c_str(), spec.source.c_str());
+  print_platform(p.platform, ": " + std::to_string(p.domains) + " data centres x " + std::to_string(p.per_node) + " GPUs");
   std::printf("     inside a data centre %s per GPU port; between data centres %s per data centre\n",
               format_bytes(spec.intra_node.bytes_per_second).c_str(), format_bytes(spec.inter_domain.bytes_per_second).c_str());
   moecomm::hybridep_layer_shape const shape = planner_shape(p);
@@ -321,7 +289,7 @@ int main(int argc, char** argv) {
   std::printf("4. Outputs, input gradients and routing-weight gradients of every exact run identical to plain EP on every\n"
               "   rank: %s (the codec's run differs by design: its gathered experts are approximations)\n\n",
               all_equal ? "yes" : "NO");
-  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
+  write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot,
                  "5. Timeline of the planner's S's measured step (the gather on each rank's lane, beside the compute)");
   return all_equal ? 0 : 1;
 }

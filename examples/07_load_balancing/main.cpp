@@ -20,17 +20,19 @@
 //! A small real hidden size stands for the model's (`simulation_scale`), so the run is cheap and the
 //! times are the model-sized layer's. Run with --help for the flags.
 
-#include "../common/flags.hpp"
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
+#include "../common/load_balancing_report.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
+#include "../common/simulated_experts.hpp"
+#include "../common/simulated_options.hpp"
 #include "../common/timing.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
-#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
 #include <moecomm/patterns/layer_policies.hpp>
@@ -42,10 +44,6 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -55,8 +53,6 @@ namespace {
 
 using namespace example_support;  // flags, formatting, inputs, experts, the gate, plots (examples/common/)
 
-using comm_t = moecomm::simgrid_communicator;
-using backend = moecomm::simulated_backend<>;
 using std::int32_t;
 using std::int64_t;
 
@@ -65,52 +61,41 @@ constexpr char const* program = "example_07_load_balancing";
 constexpr char const* pattern_names[] = {"plain EP", "FasterMoE", "FlexMoE", "FineMoE"};
 constexpr char const* csv_names[] = {"megatron", "fastermoe", "flexmoe", "finemoe"};
 
-struct options {
-  std::string platform = "finemoe-h100";
-  int64_t tokens = 4096;        // per rank and step
-  int64_t hidden = 8;           // real elements per row
-  int64_t model_hidden = 2048;  // what they stand for
+struct options : simulated_options {
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
+  options() : simulated_options{"finemoe-h100", 4096, 8, 2048, 1.2, 1, MOECOMM_EXAMPLE_STEPS_CSV} {}
   int32_t steps = 40;
-  int32_t interval = 10;        // FlexMoE's rebalancing interval
-  int32_t replace_after = 10;   // FineMoE's re-placement
-  double zipf = 1.2;
-  std::uint64_t seed = 1;
-  std::string csv = MOECOMM_EXAMPLE_STEPS_CSV;
-  bool plot = true;
+  int32_t interval = 10;       // FlexMoE's rebalancing interval
+  int32_t replace_after = 10;  // FineMoE's re-placement
 };
 
+//! What `--help` says the example does.
+std::string const about = "Trains one MoE layer for a few steps on a SIMULATED node (SimGrid) of " + std::to_string(ranks) + R"( GPUs under four patterns: plain expert
+parallelism, FasterMoE shadowing, FlexMoE (dynamic replicas, even split) and FineMoE (replicas, exact min-max
+split): rows per rank, bytes moved, simulated steps beside a model, solver times, and a bitwise check.)";
+
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Trains one MoE layer for a few steps on a SIMULATED node (SimGrid) of " + std::to_string(ranks) +
-                     " GPUs under four patterns: plain expert\n"
-                     "parallelism, FasterMoE shadowing, FlexMoE (dynamic replicas, even split) and FineMoE (replicas, exact min-max\n"
-                     "split): rows per rank, bytes moved, simulated steps beside a model, solver times, and a bitwise check.");
-  flags.add("--platform", "NAME", "a platform of platforms/ with " + std::to_string(ranks) + " GPUs per node", o.platform)
-      .add("--tokens", "T", "tokens per rank and step, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 20)
-      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
-      .add("--model-hidden", "HM", "the hidden size H stands for; experts HM -> 4 HM -> HM in bf16", o.model_hidden, 1, 1 << 16)
-      .add("--steps", "N", "training steps", o.steps, 1, 100000)
-      .add("--interval", "N", "FlexMoE rebalances every N steps", o.interval, 1, 100000)
-      .add("--replace-after", "N", "FineMoE re-places from the loads of its first N steps", o.replace_after, 1, 100000)
-      .add("--zipf", "s", "gate skew: P(expert) ~ 1/(i+1)^s over a shuffled order", o.zipf, 0.0, 16.0)
-      .add("--csv", "PATH.csv", "where the per-step results are written", o.csv)
-      .add_switch("--no-plot", "do not run scripts/plot-load-balancing on it", o.plot, false);
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o, "a platform of platforms/ with " + std::to_string(ranks) + " GPUs per node");
+    add_row_flags(flags, o, "tokens per rank and step, top-" + std::to_string(topk) + " routing", 1 << 20,
+                  "the hidden size H stands for; experts HM -> 4 HM -> HM in bf16")
+        .add("--steps", "N", "training steps", o.steps, 1, 100000)
+        .add("--interval", "N", "FlexMoE rebalances every N steps", o.interval, 1, 100000)
+        .add("--replace-after", "N", "FineMoE re-places from the loads of its first N steps", o.replace_after, 1, 100000);
+    add_zipf_and_csv_flags(flags, o, "gate skew: P(expert) ~ 1/(i+1)^s over a shuffled order", "where the per-step results are written",
+                           "plot-load-balancing", "--csv");
+  });
 }
 
 // ---- the problem ------------------------------------------------------------------------------
 
-struct problem {
-  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+struct problem : simulated_experts {  // the experts H -> 4H -> H, the model's in bf16
+  explicit problem(options const& opts)
+      : simulated_experts(make_simulated_experts(opts, 4, 2, experts)), o(opts),
+        platform(moecomm::simulated_platform::named(opts.platform)) {}
   options o;
   moecomm::simulated_platform platform;
-  int64_t inner = 0;
-  moecomm::mlp_shape model;  //!< the experts the real ones stand for: H_model -> 4 H_model -> H_model, bf16
-  moecomm::simulation_scale scale;
-  std::vector<int32_t> popularity;             //!< the gate's i-th most popular expert
-  std::vector<std::vector<float>> parameters;  //!< [E]: every expert's initial values
+  std::vector<int32_t> popularity;             //!< the gate's i-th most popular expert (hot experts anywhere, as a trained gate's)
   double seconds_per_row = 0;                  //!< a model row's fwd+bwd compute and transfer: the rows model
   double expert_bytes = 0;                     //!< bf16 parameters of one model expert
 };
@@ -119,14 +104,7 @@ problem make_problem(options const& o) {
   problem p(o);
   if (p.platform.gpus_per_node() != ranks || p.platform.spec().num_gpus() < ranks)
     usage_error(program, "--platform " + o.platform + " must have nodes of " + std::to_string(ranks) + " GPUs");
-  p.inner = 4 * o.hidden;
-  p.model = {static_cast<double>(o.model_hidden), 4.0 * static_cast<double>(o.model_hidden), 2};
-  p.scale = moecomm::mlp_simulation_scale(p.model, {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
-  std::mt19937_64 order(o.seed);
-  p.popularity.resize(experts);
-  std::iota(p.popularity.begin(), p.popularity.end(), 0);
-  std::shuffle(p.popularity.begin(), p.popularity.end(), order);  // hot experts anywhere, as a trained gate's
-  for (int32_t e = 0; e < experts; ++e) p.parameters.push_back(mlp_initial_parameters(o.seed, o.hidden, p.inner, e));
+  p.popularity = random_popularity(experts, o.seed);
   auto const& spec = p.platform.spec();
   p.seconds_per_row = 3 * p.model.flops_per_row() / spec.gemm_flops() + 4 * p.model.row_bytes() / spec.intra_node.bytes_per_second;
   p.expert_bytes = p.model.parameter_bytes();
@@ -142,37 +120,7 @@ routing_data gate_of(problem const& p, int32_t step, int32_t r) {
   return g;
 }
 
-//! Slot experts with Adam's state beside (12 B per parameter as fp32 master weights and moments):
-//! the optimizer state interface of collectives/replica_migration.hpp.
-struct adam_state {
-  std::vector<float> values;
-  int64_t count = 0;
-  [[nodiscard]] int64_t state_count() const { return count; }
-  float* state(int32_t l) { return values.data() + l * count; }
-};
-
 // ---- one pattern's run ----------------------------------------------------------------------------
-
-struct step_row {
-  double seconds = 0, move_seconds = 0, imbalance = 0, token_bytes = 0, parameter_bytes = 0, state_bytes = 0;
-};
-
-struct run_result {
-  std::vector<step_row> steps;
-  std::vector<int64_t> first_rows, last_rows;  //!< rows each rank computed, on the first and the last step
-  std::vector<std::uint64_t> digest;           //!< [step][rank]: the bits of out, d_x and d_w
-  double solver_seconds = 0;                   //!< host time per decision (FineMoE's split, FlexMoE's plan)
-  int32_t decisions = 0, moves = 0;
-};
-
-std::uint64_t fnv(std::uint64_t h, std::vector<float> const& v) {
-  for (float f : v) {
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, &f, sizeof bits);
-    h = (h ^ bits) * 1099511628211ull;
-  }
-  return h;
-}
 
 run_result run(problem const& p, int pattern) {
   options const& o = p.o;
@@ -183,18 +131,14 @@ run_result run(problem const& p, int pattern) {
   res.digest.resize(static_cast<std::size_t>(o.steps) * R);
   res.first_rows.resize(R);
   res.last_rows.resize(R);
-  std::vector<double> start(R), end(R), move_start(R), move_end(R), rows(R), tokens(R), moved(R);
-  std::vector<int32_t> gpus(R);
-  std::iota(gpus.begin(), gpus.end(), 0);
-  moecomm::simgrid_world world(p.platform, gpus);
-  world.run([&](comm_t comm) {
+  rank_figures f(R);  // every rank's figures of the step, summed up by rank 0
+  run_ranks(p.platform, R, p.scale, nullptr, [&](sim_comm comm, sim_backend const& be) {
     int32_t const me = comm.rank();
     auto const at = static_cast<std::size_t>(me);
-    backend const be(moecomm::host_backend{}, p.scale);
     // Plain EP and FasterMoE: EP groups of `ep` ranks side by side; the replicated patterns: all ranks.
-    comm_t ep_comm = comm.split(me / ep, me);
-    moecomm::exchange_groups<comm_t> ep_groups(ep_comm, moecomm::topology(ep, ep));
-    moecomm::exchange_groups<comm_t> all(comm, moecomm::topology(ranks, ranks));
+    sim_comm ep_comm = comm.split(me / ep, me);
+    moecomm::exchange_groups<sim_comm> ep_groups(ep_comm, moecomm::topology(ep, ep));
+    moecomm::exchange_groups<sim_comm> all(comm, moecomm::topology(ranks, ranks));
     moecomm::fastermoe_cost_params shadow;
     shadow.alpha = 4;
     shadow.bytes_per_element = 2;
@@ -209,34 +153,25 @@ run_result run(problem const& p, int pattern) {
     moecomm::replica_placement const even =
         moecomm::replica_placement::from_loads(ranks, slots, std::vector<double>(experts, 1.0), o.seed);
     auto const left = moecomm::replica_gradients::left_to_trainer;  // summed with the trainer's expert-DP reduction
-
     // The four layers; each is one policy of make_expert_parallel_layer.
-    using plain_t = moecomm::expert_parallel_layer_of<float, backend, comm_t>;
-    using shadow_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::fastermoe_shadowing<moecomm::collective_path>>;
-    using flex_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::flexmoe>;
-    using fine_t = moecomm::expert_parallel_layer_of<float, backend, comm_t, moecomm::finemoe>;
+    using plain_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm>;
+    using shadow_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::fastermoe_shadowing<moecomm::collective_path>>;
+    using flex_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::flexmoe>;
+    using fine_t = moecomm::expert_parallel_layer_of<float, sim_backend, sim_comm, moecomm::finemoe>;
     std::optional<plain_t> plain;
     std::optional<shadow_t> shadowed;
     std::optional<flex_t> flex;
     std::optional<fine_t> fine;
-    moecomm::replica_placement const* placed = nullptr;
     if (pattern == 0) plain.emplace(be, ep_groups, experts, H);
     if (pattern == 1) shadowed.emplace(be, ep_groups, experts, H, moecomm::dropless{}, moecomm::flat{}, moecomm::routing_checks{},
                                        moecomm::fastermoe_shadowing<moecomm::collective_path>{shadow, {}, {}});
     if (pattern == 2) flex.emplace(be, all, even, H, moecomm::even_split{}, moecomm::routing_checks{}, moecomm::dynamic_placement{planner}, left);
     if (pattern == 3) fine.emplace(be, all, cyclic, H, moecomm::finemoe_split{}, moecomm::routing_checks{}, moecomm::static_placement{}, left);
-    if (pattern == 2) placed = &even;
-    if (pattern == 3) placed = &cyclic;
+    moecomm::replica_placement const* const placed = pattern == 2 ? &even : pattern == 3 ? &cyclic : nullptr;
     // Slot l of this rank: expert `placed->expert_at(me, l)`, or the EP group's contiguous block.
-    mlp_experts mlp;
-    mlp.hidden = H;
-    mlp.inner = p.inner;
-    for (int32_t l = 0; l < slots; ++l) {
-      int32_t const e = placed ? std::max(placed->expert_at(me, l), 0) : (me % ep) * slots + l;
-      auto const& init = p.parameters[static_cast<std::size_t>(e)];
-      mlp.params.insert(mlp.params.end(), init.begin(), init.end());
-    }
-    mlp.grads.assign(mlp.params.size(), 0.0f);
+    mlp_experts mlp = mlp_experts_in_slots(H, p.inner, p.parameters, slots, [&](int32_t l) {
+      return placed ? std::max(placed->expert_at(me, l), 0) : (me % ep) * slots + l;
+    });
     // Adam's fp32 master weights and moments: 12 B per model parameter beside its 2 B of bf16, so 6 real
     // floats per real float parameter (both are scaled alike by simulation_scale::parameters).
     adam_state adam{std::vector<float>(mlp.params.size() * 6, 0.0f), mlp.parameter_count() * 6};
@@ -251,40 +186,36 @@ run_result run(problem const& p, int pattern) {
       std::mt19937_64 rng(o.seed * 1000003u + static_cast<std::uint64_t>(step * ranks + me));
       std::vector<float> const x = random_rows(T * H, rng), d_out = random_rows(T * H, rng);
       std::vector<float> out(x.size()), d_x(x.size()), d_w(static_cast<std::size_t>(T * topk));
-      moecomm::routing_view const routing{gate.idx.data(), gate.weights.data(), T, topk};
-      moecomm::matrix_view<float const> const xv{x.data(), T, H}, gv{d_out.data(), T, H};
-      moecomm::matrix_view<float> const yv{out.data(), T, H}, dxv{d_x.data(), T, H};
-      moecomm::array_view<float> const dwv{d_w.data(), T * topk};
       comm.barrier();
-      start[at] = moecomm::simulated_seconds{}();
+      f.start[at] = moecomm::simulated_seconds{}();
       auto const train = [&](auto& layer) {
-        layer.forward(routing, xv, yv, mlp);
-        layer.backward(gv, dxv, dwv, mlp);
+        layer.forward({gate.idx.data(), gate.weights.data(), T, topk}, {x.data(), T, H}, {out.data(), T, H}, mlp);
+        layer.backward({d_out.data(), T, H}, {d_x.data(), T, H}, d_w, mlp);
       };
       if (plain) train(*plain);
-      if (shadowed) train(*shadowed);
-      if (flex) train(*flex);
-      if (fine) train(*fine);
-      end[at] = moecomm::simulated_seconds{}();
+      else if (shadowed) train(*shadowed);
+      else if (flex) train(*flex);
+      else train(*fine);
+      f.end[at] = moecomm::simulated_seconds{}();
       std::fill(mlp.grads.begin(), mlp.grads.end(), 0.0f);  // the trainer's optimizer step would go here
       if (plain || shadowed) {
         auto const& d = plain ? plain->dispatch_state() : shadowed->dispatch_state();
-        rows[at] = static_cast<double>(d.received_rows() + d.home_rows());
-        tokens[at] = static_cast<double>(d.report().exchange.bytes()) * p.scale.payload;
+        f.rows[at] = static_cast<double>(d.received_rows() + d.home_rows());
+        f.tokens[at] = static_cast<double>(d.report().exchange.bytes()) * p.scale.payload;
       } else {
         auto const& report = flex ? flex->report() : fine->report();
-        rows[at] = static_cast<double>(report.rank_rows[at]);
-        tokens[at] = static_cast<double>(report.exchange.bytes()) * p.scale.payload;
+        f.rows[at] = static_cast<double>(report.rank_rows[at]);
+        f.tokens[at] = static_cast<double>(report.exchange.bytes()) * p.scale.payload;
       }
-      moved[at] = 0;
+      f.moved[at] = 0;
       if (shadowed && me % ep == 0)  // each shadowed expert: broadcast to and reduced from the other ranks of the EP group
-        moved[at] = static_cast<double>(shadowed->shadow_state().decision().shadowed.size()) * (ep - 1) * 2 * p.expert_bytes;
-      move_start[at] = move_end[at] = 0;
+        f.moved[at] = static_cast<double>(shadowed->shadow_state().decision().shadowed.size()) * (ep - 1) * 2 * p.expert_bytes;
+      f.move_start[at] = f.move_end[at] = 0;
       auto const timed_move = [&](auto&& move) {
         comm.barrier();
-        move_start[at] = moecomm::simulated_seconds{}();
+        f.move_start[at] = moecomm::simulated_seconds{}();
         move();
-        move_end[at] = moecomm::simulated_seconds{}();
+        f.move_end[at] = moecomm::simulated_seconds{}();
       };
       if (flex && step % o.interval == o.interval - 1) {
         if (me == 0) {  // the planner's host time, on the loads rebalance() is about to plan on
@@ -294,7 +225,7 @@ run_result run(problem const& p, int pattern) {
         timed_move([&] {
           moecomm::placement_decision const& d = flex->rebalance(mlp, adam);
           if (me == 0) res.moves += static_cast<int32_t>(d.moves.size());
-          if (!d.moves.empty()) moved[at] = static_cast<double>(flex->migration().bytes_sent) * p.scale.parameters;
+          if (!d.moves.empty()) f.moved[at] = static_cast<double>(flex->migration().bytes_sent) * p.scale.parameters;
         });
       }
       if (fine) {
@@ -307,52 +238,23 @@ run_result run(problem const& p, int pattern) {
         }
         if (step == o.replace_after - 1)
           timed_move([&] {
-            moved[at] = static_cast<double>(
+            f.moved[at] = static_cast<double>(
                             fine->move_replicas(moecomm::replica_placement::from_loads(ranks, slots, seen, o.seed), mlp, adam).bytes_sent) *
                         p.scale.parameters;
           });
       }
       res.digest[static_cast<std::size_t>(step) * R + at] = fnv(fnv(fnv(1469598103934665603ull, out), d_x), d_w);
-      if (step == 0) res.first_rows[at] = static_cast<int64_t>(rows[at]);
-      res.last_rows[at] = static_cast<int64_t>(rows[at]);
+      if (step == 0) res.first_rows[at] = static_cast<int64_t>(f.rows[at]);
+      res.last_rows[at] = static_cast<int64_t>(f.rows[at]);
       comm.barrier();
-      if (me == 0) {
-        step_row& s = res.steps[static_cast<std::size_t>(step)];
-        s.move_seconds = *std::max_element(move_end.begin(), move_end.end()) - *std::min_element(move_start.begin(), move_start.end());
-        s.seconds = *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end()) + s.move_seconds;
-        double const mean = std::accumulate(rows.begin(), rows.end(), 0.0) / ranks;
-        s.imbalance = mean > 0 ? *std::max_element(rows.begin(), rows.end()) / mean : 1.0;
-        s.token_bytes = std::accumulate(tokens.begin(), tokens.end(), 0.0);
-        double const all_moved = std::accumulate(moved.begin(), moved.end(), 0.0);
-        s.parameter_bytes = shadowed ? all_moved : all_moved / 7;  // replicas move 2 B of weights per 14 B
-        s.state_bytes = all_moved - s.parameter_bytes;
-      }
+      if (me == 0) res.steps[static_cast<std::size_t>(step)] = summarize_step(f, shadowed.has_value());
     }
+    return 0.0;  // nothing recorded
   });
   return res;
 }
 
 // ---- the report -----------------------------------------------------------------------------------
-
-void print_rows(char const* name, std::vector<int64_t> const& first, std::vector<int64_t> const& last) {
-  int64_t const most = std::max(*std::max_element(first.begin(), first.end()), *std::max_element(last.begin(), last.end()));
-  std::printf("   %s\n", name);
-  for (int32_t r = 0; r < ranks; ++r)
-    std::printf("     rank %d  %7" PRId64 " %-24s -> %7" PRId64 " %s\n", r, first[static_cast<std::size_t>(r)],
-                bar(static_cast<double>(first[static_cast<std::size_t>(r)]), static_cast<double>(most), 24).c_str(),
-                last[static_cast<std::size_t>(r)], bar(static_cast<double>(last[static_cast<std::size_t>(r)]), static_cast<double>(most), 24).c_str());
-}
-
-void write_csv(problem const& p, std::vector<run_result> const& runs) {
-  std::ofstream f(p.o.csv);
-  f << "platform,trace,pattern,step,seconds,move_seconds,imbalance,token_bytes,parameter_bytes,state_bytes\n";
-  for (std::size_t i = 0; i < runs.size(); ++i)
-    for (std::size_t s = 0; s < runs[i].steps.size(); ++s) {
-      step_row const& r = runs[i].steps[s];
-      f << p.platform.name() << ",zipf," << csv_names[i] << ',' << s << ',' << r.seconds << ',' << r.move_seconds << ',' << r.imbalance
-        << ',' << r.token_bytes << ',' << r.parameter_bytes << ',' << r.state_bytes << '\n';
-    }
-}
 
 }  // namespace
 
@@ -361,8 +263,7 @@ int main(int argc, char** argv) {
   problem const p = make_problem(o);
   print_simulated_heading("example 07: load balancing by replicated experts on a simulated node");
   std::printf("1. Configuration\n");
-  std::printf("   platform %s, its first node: %d GPUs (%s)\n     source: %s\n", p.platform.name().c_str(), ranks,
-              moecomm::platform_file(p.platform.name()).c_str(), p.platform.spec().source.c_str());
+  print_platform(p.platform, ", its first node: " + std::to_string(ranks) + " GPUs");
   std::printf("   E = %d experts, MLP %" PRId64 " -> %" PRId64 " -> %" PRId64 " bf16 (%s each, %s with Adam state); top-%d, Zipf(%.1f)\n",
               experts, o.model_hidden, 4 * o.model_hidden, o.model_hidden, format_bytes(p.expert_bytes).c_str(),
               format_bytes(p.expert_bytes * 7).c_str(), topk, o.zipf);
@@ -378,20 +279,7 @@ int main(int argc, char** argv) {
 
   std::printf("\n3. Per step (simulated), beside the rows model (busiest GPU's rows x %.3g us per row, compute and transfer)\n",
               p.seconds_per_row * 1e6);
-  std::printf("   %-10s %10s %10s %9s %10s %12s %12s %13s %18s\n", "pattern", "mean step", "last step", "model", "max/mean",
-              "tokens", "parameters", "Adam state", "solver (host)");
-  double const base = std::accumulate(runs[0].steps.begin(), runs[0].steps.end(), 0.0, [](double a, step_row const& s) { return a + s.seconds; });
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    run_result const& r = runs[i];
-    double total = 0, tokens = 0, params = 0, state = 0;
-    for (step_row const& s : r.steps) total += s.seconds, tokens += s.token_bytes, params += s.parameter_bytes, state += s.state_bytes;
-    int64_t const busiest = *std::max_element(r.last_rows.begin(), r.last_rows.end());
-    std::string const solver = r.decisions > 0 ? format_time(r.solver_seconds / r.decisions) + " x " + std::to_string(r.decisions) : "-";
-    std::printf("   %-10s %10s %10s %9s %9.2fx %12s %12s %13s %18s   %.2fx plain EP\n", pattern_names[i],
-                format_time(total / static_cast<double>(r.steps.size())).c_str(), format_time(r.steps.back().seconds).c_str(),
-                format_time(static_cast<double>(busiest) * p.seconds_per_row).c_str(), r.steps.back().imbalance,
-                format_bytes(tokens).c_str(), format_bytes(params).c_str(), format_bytes(state).c_str(), solver.c_str(), base / total);
-  }
+  print_steps_table(runs, pattern_names, p.seconds_per_row);
   std::printf("   FlexMoE made %d moves; the model leaves out latencies, the permutations and the all-to-all's contention.\n\n",
               runs[2].moves);
 
@@ -400,14 +288,8 @@ int main(int argc, char** argv) {
   std::printf("4. Outputs, input gradients and routing-weight gradients of every pattern identical to plain EP's, on every\n"
               "   rank at every step (before and after every move): %s\n\n", equal ? "yes" : "NO");
 
-  write_csv(p, runs);
-  std::string const draw = draw_command(MOECOMM_PLOT_LOAD_BALANCING, o.csv, png_path_of(o.csv));
+  write_steps_csv(o.csv, p.platform.name(), runs, csv_names);
   std::printf("5. The steps, per pattern: %s\n", o.csv.c_str());
-  if (o.plot) {
-    std::fflush(stdout);
-    if (std::system(draw.c_str()) != 0) std::printf("   (could not draw it: %s)\n", draw.c_str());
-  } else {
-    std::printf("   draw it with: %s\n", draw.c_str());
-  }
+  draw_csv(MOECOMM_PLOT_LOAD_BALANCING, o.csv, o.plot);
   return equal ? 0 : 1;
 }

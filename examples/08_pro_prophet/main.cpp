@@ -16,16 +16,17 @@
 //! A small real hidden size stands for the model's (`simulation_scale`), so the run is cheap and the
 //! times are the model-sized stack's. Run with --help for the flags.
 
-#include "../common/flags.hpp"
 #include "../common/format.hpp"
 #include "../common/inputs.hpp"
 #include "../common/mlp_experts.hpp"
 #include "../common/plot.hpp"
+#include "../common/simulated_cluster.hpp"
+#include "../common/simulated_experts.hpp"
+#include "../common/simulated_options.hpp"
 #include "../common/zipf_gate.hpp"
 
 #include <moecomm/backend/simulated.hpp>
 #include <moecomm/comm/simgrid.hpp>
-#include <moecomm/core/mlp_simulation_scale.hpp>
 #include <moecomm/moecomm.hpp>
 #include <moecomm/patterns/block_schedule.hpp>
 #include <moecomm/patterns/fastermoe.hpp>
@@ -37,6 +38,7 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -48,79 +50,58 @@ namespace {
 
 using namespace example_support;  // flags, formatting, inputs, experts, the gate, plots (examples/common/)
 
-using comm_t = moecomm::simgrid_communicator;
-using backend = moecomm::simulated_backend<>;
 using std::int32_t;
 using std::int64_t;
 
 constexpr int32_t topk = 2, blocks = 4;
 constexpr char const* program = "example_08_pro_prophet";
 
-struct options {
-  std::string platform = "proprophet-3090";
+// zipf 2.0: at 1.2 on 8 GPUs the code's balance threshold (eq. 7, α = 3) finds the blocks balanced
+struct options : simulated_options {
+  // platform, tokens, hidden, model hidden, zipf, seed, CSV
+  options() : simulated_options{"proprophet-3090", 2048, 4, 1024, 2.0, 1, MOECOMM_EXAMPLE_TIMELINE_CSV} {}
   int32_t ranks = 8;
-  int64_t tokens = 2048;        // per GPU and iteration
-  int64_t hidden = 4;           // real elements per row
-  int64_t model_hidden = 1024;  // what they stand for
-  int32_t iterations = 4;       // the first warms up (nothing to predict from)
-  double zipf = 2.0;  // at 1.2 on 8 GPUs the code's balance threshold (eq. 7, α = 3) finds the blocks balanced
-  std::uint64_t seed = 1;
-  std::string timeline = MOECOMM_EXAMPLE_TIMELINE_CSV;
-  bool plot = true;
+  int32_t iterations = 4;  // the first warms up (nothing to predict from)
 };
 
+//! What `--help` says the example does.
+std::string const about = "Trains a stack of " + std::to_string(blocks) + R"( MoE blocks on a SIMULATED cluster (SimGrid) as plain expert parallelism, with Pro-Prophet's
+planner, and with its planner and block-wise scheduler: per block the replicated experts and their subsets, bytes
+moved against bytes saved, predicted and simulated times, the hidden transfers, a bitwise check and a timeline.)";
+
 options parse_options(int argc, char** argv) {
-  options o;
-  flag_set flags(program, "%s [flags]",
-                 "Trains a stack of " + std::to_string(blocks) +
-                     " MoE blocks on a SIMULATED cluster (SimGrid) as plain expert parallelism, with Pro-Prophet's\n"
-                     "planner, and with its planner and block-wise scheduler: per block the replicated experts and their subsets, bytes\n"
-                     "moved against bytes saved, predicted and simulated times, the hidden transfers, a bitwise check and a timeline.");
-  flags.add("--platform", "NAME", "a platform of platforms/", o.platform)
-      .add("--ranks", "R", "GPUs, one expert each", o.ranks, 2, 1024)
-      .add("--tokens", "T", "tokens per GPU and iteration, top-" + std::to_string(topk) + " routing", o.tokens, 1, 1 << 20)
-      .add("--hidden", "H", "real elements per token row", o.hidden, 1, 1024)
-      .add("--model-hidden", "HM", "the hidden size H stands for; experts HM -> 2 HM -> HM in fp32", o.model_hidden, 1, 1 << 16)
-      .add("--iterations", "N", "iterations, the first a warm-up", o.iterations, 2, 1000)
-      .add("--zipf", "s", "gate skew", o.zipf, 0.0, 16.0)
-      .add("--timeline", "PATH.csv", "where the scheduled run's last iteration is written, per rank", o.timeline)
-      .add_switch("--no-plot", "do not run scripts/plot-timeline on it", o.plot, false);
-  flags.parse(argc, argv);
-  return o;
+  return parse_flags<options>(program, about, argc, argv, [](flag_set& flags, options& o) {
+    add_platform_flag(flags, o).add("--ranks", "R", "GPUs, one expert each", o.ranks, 2, 1024);
+    add_row_flags(flags, o, "tokens per GPU and iteration, top-" + std::to_string(topk) + " routing", 1 << 20,
+                  "the hidden size H stands for; experts HM -> 2 HM -> HM in fp32")
+        .add("--iterations", "N", "iterations, the first a warm-up", o.iterations, 2, 1000);
+    add_zipf_and_csv_flags(flags, o, "gate skew", "where the scheduled run's last iteration is written, per rank");
+  });
 }
 
 // ---- the problem ------------------------------------------------------------------------------
 
-struct problem {
-  explicit problem(options const& opts) : o(opts), platform(moecomm::simulated_platform::named(opts.platform)) {}
+struct problem : simulated_experts {  // the experts H -> 2H -> H, the model's in fp32; `parameters` per block below
+  explicit problem(options const& opts)
+      : simulated_experts(make_simulated_experts(opts, 2, sizeof(float), 0)), o(opts),
+        platform(moecomm::simulated_platform::named(opts.platform)) {}
   options o;
   moecomm::simulated_platform platform;
-  int64_t inner = 0;
-  moecomm::simulation_scale scale;
   moecomm::proprophet_cost_params costs;
   std::vector<std::vector<int32_t>> popularity;  //!< [block]: the gate's i-th most popular expert
-  std::vector<std::vector<std::vector<float>>> parameters;  //!< [block][expert]
+  std::vector<std::vector<std::vector<float>>> block_parameters;  //!< [block][expert]
 };
 
 problem make_problem(options const& o) {
   problem p(o);
   if (o.ranks > p.platform.spec().num_gpus())
     usage_error(program, "--ranks " + std::to_string(o.ranks) + " exceeds the platform's " + std::to_string(p.platform.spec().num_gpus()) + " GPUs");
-  p.inner = 2 * o.hidden;
-  double const model_hidden = static_cast<double>(o.model_hidden);
-  p.scale = moecomm::mlp_simulation_scale({model_hidden, 2 * model_hidden, sizeof(float)},
-                                          {static_cast<double>(o.hidden), static_cast<double>(p.inner), sizeof(float)});
   p.costs.hidden = o.model_hidden;
   p.costs.sequences_per_device = std::max<int64_t>(1, o.tokens / 256);
   p.costs.seq_length = 256;
   for (int32_t b = 0; b < blocks; ++b) {
-    std::mt19937_64 order(o.seed * 31 + static_cast<std::uint64_t>(b));
-    std::vector<int32_t> pop(static_cast<std::size_t>(o.ranks));
-    std::iota(pop.begin(), pop.end(), 0);
-    std::shuffle(pop.begin(), pop.end(), order);
-    p.popularity.push_back(pop);
-    p.parameters.emplace_back();
-    for (int32_t e = 0; e < o.ranks; ++e) p.parameters.back().push_back(mlp_initial_parameters(o.seed + 1000 * b, o.hidden, p.inner, e));
+    p.popularity.push_back(random_popularity(o.ranks, o.seed * 31 + static_cast<std::uint64_t>(b)));
+    p.block_parameters.push_back(initial_parameters_of(o.seed + 1000 * b, o.hidden, p.inner, o.ranks));
   }
   return p;
 }
@@ -128,9 +109,9 @@ problem make_problem(options const& o) {
 // ---- one run of the stack ---------------------------------------------------------------------------
 
 enum class mode { plain, planner, scheduled };
-using plain_t = moecomm::expert_parallel_layer<float, backend, comm_t>;
+using plain_t = moecomm::expert_parallel_layer<float, sim_backend, sim_comm>;
 using prophet_policy = moecomm::fastermoe_shadowing<moecomm::collective_path, moecomm::proprophet_planner<>>;
-using prophet_t = moecomm::expert_parallel_layer<float, backend, comm_t, moecomm::dropless, moecomm::flat, moecomm::weighted, prophet_policy>;
+using prophet_t = moecomm::expert_parallel_layer<float, sim_backend, sim_comm, moecomm::dropless, moecomm::flat, moecomm::weighted, prophet_policy>;
 
 struct block_view {
   std::vector<int32_t> experts, subset_offsets, subset_ranks;  //!< the last iteration's decision
@@ -154,16 +135,10 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
   res.d_x.resize(R);
   res.block.resize(blocks);
   std::vector<double> start(R), end(R);
-  std::vector<int32_t> gpus(R);
-  std::iota(gpus.begin(), gpus.end(), 0);
-  moecomm::simgrid_world world(p.platform, gpus);
-  optional_recording recording(recorded);
-  double last_start = 0;
-  world.run([&](comm_t comm) {
+  run_ranks(p.platform, R, p.scale, recorded, [&](sim_comm comm, sim_backend const& be) {
     int32_t const me = comm.rank();
     auto const at = static_cast<std::size_t>(me);
-    backend const be(moecomm::host_backend{}, p.scale);
-    moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(o.ranks, p.platform.gpus_per_node()));
+    moecomm::exchange_groups<sim_comm> groups(comm, moecomm::topology(o.ranks, p.platform.gpus_per_node()));
     prophet_policy policy{{}, {}, {}};
     policy.planner.model = moecomm::proprophet_cost_model(p.costs);
     policy.planner.options.schedule =
@@ -175,7 +150,7 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
         layers.push_back(std::make_unique<Layer>(be, groups, o.ranks, H, moecomm::dropless{}, moecomm::flat{}, moecomm::routing_checks{}, policy));
       else
         layers.push_back(std::make_unique<Layer>(be, groups, o.ranks, H));
-      experts.push_back(std::make_unique<mlp_experts>(mlp_experts_of(H, p.inner, p.parameters[static_cast<std::size_t>(b)], me, 1)));
+      experts.push_back(std::make_unique<mlp_experts>(mlp_experts_of(H, p.inner, p.block_parameters[static_cast<std::size_t>(b)], me, 1)));
     }
     std::optional<moecomm::block_schedule<Layer, mlp_experts>> schedule;
     if constexpr (Layer::shadowing_policy::shadows) {
@@ -187,7 +162,7 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
       }
     }
     double const fnec = moecomm::proprophet_cost_model(p.costs).forward_non_expert_time() * p.platform.spec().gemm_flops() / p.scale.flops;
-    double total = 0;
+    double total = 0, last_start = std::numeric_limits<double>::infinity();  // rank 0's last iteration: the timeline's
     for (int32_t it = 0; it < o.iterations; ++it) {
       std::vector<routing_data> gates;
       for (int32_t b = 0; b < blocks; ++b) {
@@ -239,8 +214,8 @@ run_result run(problem const& p, mode m, moecomm::timeline* recorded) {
       }
     }
     if (me == 0) res.iteration_s = total / (o.iterations - 1);
+    return last_start;
   });
-  recording.keep_from(last_start);
   return res;
 }
 
@@ -310,7 +285,7 @@ int main(int argc, char** argv) {
 
   bool const equal = same_bits(planner, plain) && same_bits(scheduled, plain);
   std::printf("4. The stack's outputs and input gradients identical to plain EP's on every rank: %s\n\n", equal ? "yes" : "NO");
-  write_timeline(recorded, o.timeline, MOECOMM_PLOT_TIMELINE, o.plot,
+  write_timeline(recorded, o.csv, MOECOMM_PLOT_TIMELINE, o.plot,
                  "5. Timeline of the scheduled run's last iteration (the transfers on each rank's lane, beside the compute)");
   return equal ? 0 : 1;
 }

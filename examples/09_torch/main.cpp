@@ -21,6 +21,10 @@
 
 #include "../common/flags.hpp"
 #include "../common/format.hpp"
+#include "../common/torch_moe_model.hpp"
+#include "../common/torch_training_report.hpp"
+#include "../common/training_options.hpp"
+#include "../common/zipf_successor_task.hpp"
 
 #include <moecomm/comm/c10d.hpp>
 #include <moecomm/moecomm.hpp>
@@ -48,22 +52,9 @@ using moecomm::libtorch::mlp_expert;
 using std::int32_t;
 using std::int64_t;
 
-struct options {
-  int32_t ranks = 4;
-  int32_t experts = 8;
-  int32_t topk = 2;
-  int32_t blocks = 2;
-  int64_t vocab = 64;
-  int64_t tokens = 128;  // per rank and step
-  int64_t hidden = 32;
-  int64_t inner = 64;
-  int steps = 60;
-  int every = 10;
-  double lr = 1e-3;
-  double aux = 1e-2;
-  double z = 1e-3;
-  double tolerance = 1e-4;
-  int64_t seed = 1;
+struct options : torch_model_options {
+  // ranks, experts, top-k, tokens, hidden, inner, steps, every, lr, aux, tolerance, seed | blocks, vocab, z
+  options() : torch_model_options{{4, 8, 2, 128, 32, 64, 60, 10, 1e-3, 1e-2, 1e-4, 1}, 2, 64, 1e-3} {}
   int processes = 0;
   bool unchecked = false;  // the c10d communicator without its checked mode (processes only)
   std::string pattern = "all";
@@ -90,10 +81,8 @@ options parse(int argc, char** argv) {
       .add("--tokens", "T", "tokens per rank and step", o.tokens, 1, 1 << 20)
       .add("--hidden", "H", "model width", o.hidden, 1, 4096)
       .add("--inner", "F", "hidden width of the MLPs and the experts, H -> F -> H", o.inner, 1, 16384)
-      .add("--vocab", "V", "vocabulary size", o.vocab, 2, 1 << 20)
-      .add("--steps", "S", "Adam steps", o.steps, 1, 100000)
-      .add("--every", "N", "print the losses every N steps", o.every, 1, 100000)
-      .add("--lr", "X", "Adam's learning rate", o.lr, 0.0, 10.0)
+      .add("--vocab", "V", "vocabulary size", o.vocab, 2, 1 << 20);
+  add_step_flags(flags, o, "Adam steps", "Adam's learning rate", 10.0)
       .add("--aux", "X", "the router's aux loss coefficient", o.aux, 0.0, 10.0)
       .add("--z", "X", "the router's z loss coefficient", o.z, 0.0, 10.0)
       .add("--tolerance", "X", "largest |loss - dense loss| / dense loss allowed", o.tolerance, 0.0, 1.0)
@@ -105,139 +94,7 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// ---- data: Zipf tokens, each to be followed by its fixed random successor ------------------------
-
-struct batch {
-  at::Tensor tokens, targets;  // [T] int64
-};
-
-batch make_batch(options const& o, int rank, int step) {
-  std::mt19937_64 rng(static_cast<std::uint64_t>(o.seed) * 1000003u + static_cast<std::uint64_t>(step) * 101u +
-                      static_cast<std::uint64_t>(rank));
-  std::vector<double> weight(static_cast<std::size_t>(o.vocab));
-  for (int64_t v = 0; v < o.vocab; ++v) weight[static_cast<std::size_t>(v)] = 1.0 / static_cast<double>(v + 1);
-  std::discrete_distribution<int64_t> zipf(weight.begin(), weight.end());
-  std::vector<int64_t> successor(static_cast<std::size_t>(o.vocab));
-  std::mt19937_64 fixed(static_cast<std::uint64_t>(o.seed));
-  for (int64_t v = 0; v < o.vocab; ++v) successor[static_cast<std::size_t>(v)] = static_cast<int64_t>(fixed() % o.vocab);
-  std::vector<int64_t> tokens(static_cast<std::size_t>(o.tokens)), targets(tokens.size());
-  for (std::size_t t = 0; t < tokens.size(); ++t) {
-    tokens[t] = zipf(rng);
-    targets[t] = successor[static_cast<std::size_t>(tokens[t])];
-  }
-  return {at::tensor(tokens), at::tensor(targets)};
-}
-
-// ---- the model: one template for moecomm's MoE (per rank) and the dense reference ----------------
-
-// The dense reference of one MoE: the router's rule in torch ops (top-K of the logits, softmax over
-// the K; Megatron's aux loss and z loss per rank's tokens, as each rank's router computes them) and
-// every expert on its tokens.
-struct dense_moe : torch::nn::Module {
-  dense_moe(options const& o, at::Tensor const& weights) : o_(o), mlp_{o.hidden, o.inner} {
-    experts = register_parameter("experts", weights.clone());
-  }
-
-  at::Tensor forward(at::Tensor const& x, at::Tensor const& logits) {
-    auto const [values, idx] = logits.topk(o_.topk, 1);
-    at::Tensor const w = values.softmax(1);
-    at::Tensor y = at::zeros_like(x);
-    for (int32_t e = 0; e < o_.experts; ++e) {
-      at::Tensor const hit = idx.eq(e);  // [T][K]
-      at::Tensor const rows = hit.any(1).nonzero().squeeze(1);
-      if (rows.numel() == 0) continue;
-      at::Tensor const weight = (w * hit).sum(1).index_select(0, rows).unsqueeze(1);
-      y = y.index_add(0, rows, mlp_(experts[e], x.index_select(0, rows)) * weight);
-    }
-    aux_and_z = at::zeros({}, at::kFloat);
-    int64_t const T = o_.tokens;
-    for (int64_t r = 0; r * T < logits.size(0); ++r) {
-      at::Tensor const l = logits.narrow(0, r * T, T);
-      at::Tensor const c = at::one_hot(idx.narrow(0, r * T, T).to(at::kLong), o_.experts).sum(at::IntArrayRef{0, 1}).to(at::kFloat);
-      double const scale = o_.aux * o_.experts / (o_.topk * static_cast<double>(T) * static_cast<double>(T));
-      aux_and_z = aux_and_z + scale * (l.softmax(1).sum(0) * c).sum() + o_.z * l.logsumexp(1).pow(2).mean();
-    }
-    return y;
-  }
-
-  at::Tensor experts, aux_and_z;
-  options o_;
-  mlp_expert mlp_;
-};
-
-template <class Moe>
-struct block : torch::nn::Module {
-  block(options const& o, std::shared_ptr<Moe> m)
-      : up(register_module("up", torch::nn::Linear(o.hidden, o.inner))),
-        down(register_module("down", torch::nn::Linear(o.inner, o.hidden))),
-        gate(register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(o.hidden, o.experts).bias(false)))),
-        moe(register_module("moe", std::move(m))) {}
-
-  at::Tensor forward(at::Tensor x) {
-    x = x + down(at::relu(up(x)));
-    return x + moe->forward(x, gate(x));
-  }
-
-  torch::nn::Linear up, down, gate;
-  std::shared_ptr<Moe> moe;
-};
-
-template <class Moe>
-struct model : torch::nn::Module {
-  // make_moe(b): block b's MoE.
-  template <class MakeMoe>
-  model(options const& o, MakeMoe&& make_moe)
-      : embed(register_module("embed", torch::nn::Embedding(o.vocab, o.hidden))),
-        head(register_module("head", torch::nn::Linear(o.hidden, o.vocab))) {
-    for (int32_t b = 0; b < o.blocks; ++b)
-      blocks.push_back(register_module("block" + std::to_string(b), std::make_shared<block<Moe>>(o, make_moe(b))));
-  }
-
-  at::Tensor forward(at::Tensor const& tokens) {
-    at::Tensor x = embed(tokens);
-    for (auto& b : blocks) x = b->forward(x);
-    return head(x);
-  }
-
-  torch::nn::Embedding embed;
-  torch::nn::Linear head;
-  std::vector<std::shared_ptr<block<Moe>>> blocks;
-};
-
-// The initial parameters, drawn once (seeded) and copied into every model: name -> tensor, and
-// per block the [E][P] expert parameters.
-struct initial_parameters {
-  std::vector<std::pair<std::string, at::Tensor>> dense;
-  std::vector<at::Tensor> experts;
-};
-
-initial_parameters draw_initial(options const& o) {
-  torch::manual_seed(static_cast<uint64_t>(o.seed));
-  mlp_expert const mlp{o.hidden, o.inner};
-  initial_parameters init;
-  for (int32_t b = 0; b < o.blocks; ++b) init.experts.push_back(at::randn({o.experts, mlp.parameter_count()}) * 0.15);
-  model<dense_moe> shape(o, [&](int32_t b) { return std::make_shared<dense_moe>(o, init.experts[static_cast<std::size_t>(b)]); });
-  for (auto const& p : shape.named_parameters())
-    if (p.key().find("moe.experts") == std::string::npos) init.dense.emplace_back(p.key(), p.value().detach().clone());
-  return init;
-}
-
-template <class M>
-void load_dense(M& m, initial_parameters const& init) {
-  torch::NoGradGuard const no_grad;
-  auto params = m.named_parameters();
-  for (auto const& [name, value] : init.dense) params[name].copy_(value);
-}
-
 // ---- training -------------------------------------------------------------------------------
-
-struct curve {
-  std::string name;
-  std::vector<double> loss;  // the mean cross-entropy over every rank's tokens, per step
-  double seconds = 0;        // wall time of the steps
-  std::vector<std::vector<int32_t>> shadowed;  // FasterMoE: block 0's shadow set per step
-  std::vector<std::int64_t> first_load, last_load;  // block 0's tokens per expert, every rank's, at the first and last step
-};
 
 curve train_dense(options const& o, initial_parameters const& init) {
   int32_t const R = o.ranks;
@@ -354,61 +211,6 @@ std::vector<curve> train_patterns(options const& o, Comm& comm, initial_paramete
     }, [&](int32_t l) { return placement.expert_at(comm.rank(), l); }, 2 * L));
   }
   return curves;
-}
-
-// ---- printing -------------------------------------------------------------------------------
-
-int report(options const& o, curve const& dense, std::vector<curve> const& curves, int ranks, char const* where) {
-  std::printf("moecomm example 09: a libtorch model trained with moecomm's MoE layer and torch::optim::Adam\n");
-  std::printf("  %d blocks of [Linear %lld->%lld->%lld] + [gate, router top-%d of %d, expert MLPs %lld->%lld->%lld], vocab %lld\n",
-              o.blocks, static_cast<long long>(o.hidden), static_cast<long long>(o.inner), static_cast<long long>(o.hidden),
-              o.topk, o.experts, static_cast<long long>(o.hidden), static_cast<long long>(o.inner),
-              static_cast<long long>(o.hidden), static_cast<long long>(o.vocab));
-  std::printf("  %d ranks (%s), %lld tokens per rank and step, Adam lr %g, aux %g, z %g\n\n", ranks, where,
-              static_cast<long long>(o.tokens), o.lr, o.aux, o.z);
-  std::printf("1. Loss (mean cross-entropy over every rank's tokens); 'dense' is one process, every expert on every token\n\n");
-  std::printf("  %6s  %10s", "step", "dense");
-  for (auto const& c : curves) std::printf("  %10s", c.name.c_str());
-  std::printf("\n");
-  for (int s = 0; s < o.steps; ++s) {
-    if (s % o.every != 0 && s != o.steps - 1) continue;
-    std::printf("  %6d  %10.6f", s, dense.loss[static_cast<std::size_t>(s)]);
-    for (auto const& c : curves) std::printf("  %10.6f", c.loss[static_cast<std::size_t>(s)]);
-    std::printf("\n");
-  }
-  int status = 0;
-  std::printf("\n2. Against the dense model (largest |loss - dense| / dense over the steps; tolerance %g)\n\n", o.tolerance);
-  for (auto const& c : curves) {
-    double worst = 0;
-    for (std::size_t s = 0; s < c.loss.size(); ++s) worst = std::max(worst, std::abs(c.loss[s] - dense.loss[s]) / dense.loss[s]);
-    bool const ok = worst <= o.tolerance;
-    std::printf("  %-10s %.2e  %s   %s per step\n", c.name.c_str(), worst, ok ? "ok" : "TOO FAR",
-                format_time(c.seconds / o.steps).c_str());
-    if (!ok) status = 1;
-  }
-  std::printf("  %-10s            %s per step (one process)\n", "dense", format_time(dense.seconds / o.steps).c_str());
-  for (auto const& c : curves) {
-    if (c.shadowed.empty()) continue;
-    int steps = 0;
-    for (auto const& s : c.shadowed) steps += s.empty() ? 0 : 1;
-    std::printf("\n3. FasterMoE shadowed an expert of block 0 in %d of %d steps (last: {", steps, o.steps);
-    for (std::size_t i = 0; i < c.shadowed.back().size(); ++i) std::printf("%s%d", i ? ", " : "", c.shadowed.back()[i]);
-    std::printf("})\n");
-  }
-  if (!curves.empty()) {
-    curve const& c = curves.front();
-    std::printf("\n4. Tokens per expert of block 0 (every rank's slots), first and last step: the router learns the load\n\n");
-    std::int64_t const most = std::max(*std::max_element(c.first_load.begin(), c.first_load.end()),
-                                       *std::max_element(c.last_load.begin(), c.last_load.end()));
-    for (int32_t e = 0; e < o.experts; ++e)
-      std::printf("  expert %2d  %5lld %-24s %5lld %s\n", e, static_cast<long long>(c.first_load[static_cast<std::size_t>(e)]),
-                  bar(static_cast<double>(c.first_load[static_cast<std::size_t>(e)]), static_cast<double>(most), 24).c_str(),
-                  static_cast<long long>(c.last_load[static_cast<std::size_t>(e)]),
-                  bar(static_cast<double>(c.last_load[static_cast<std::size_t>(e)]), static_cast<double>(most), 24).c_str());
-  }
-  bool const learned = dense.loss.back() < 0.8 * dense.loss.front();
-  std::printf("\n%s\n", learned ? "The loss decreased." : "The loss did not decrease enough (by 20%).");
-  return status != 0 || !learned ? 1 : 0;
 }
 
 }  // namespace

@@ -189,4 +189,15 @@ class flag_set {
   std::vector<flag> flags_;
 };
 
+//! An example's options from its command line: a default `Options`, the flags `declare(flags, o)`
+//! declares on it in the order its help shows them, under "usage: PROGRAM [flags]" and `about`.
+template <class Options, class Declare>
+Options parse_flags(char const* program, std::string about, int argc, char** argv, Declare&& declare) {
+  Options o;
+  flag_set flags(program, "%s [flags]", std::move(about));
+  declare(flags, o);
+  flags.parse(argc, argv);
+  return o;
+}
+
 }  // namespace example_support

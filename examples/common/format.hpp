@@ -45,6 +45,11 @@ inline std::string format_bytes(double bytes) {
   return format("%.0f B", bytes);
 }
 
+//! "4-7": the experts rank r holds when each holds L consecutive ones (contiguous placement).
+inline std::string experts_held(int r, int L) {
+  return L == 1 ? std::to_string(r * L) : std::to_string(r * L) + "-" + std::to_string(r * L + L - 1);
+}
+
 inline std::string bar(double value, double max_value, int width) {
   int const n = max_value > 0 ? static_cast<int>(std::lround(width * value / max_value)) : 0;
   return std::string(static_cast<std::size_t>(std::max(n, value > 0 ? 1 : 0)), '#');

@@ -5,6 +5,8 @@
 
 #include "zipf_gate.hpp"
 
+#include <moecomm/core/dtype.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +23,17 @@ inline std::vector<float> random_rows(std::int64_t n, std::mt19937_64& rng) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (float& f : v) f = static_cast<float>(static_cast<std::int16_t>(rng() >> 48)) * 0x1p-15f;
   return v;
+}
+
+//! Fills v[0, n) with multiples of 2^-15 in [-1, 1), four per draw of `rng`, as element type T
+//! (exact in bf16 too): the rows of the examples whose element type is a flag.
+template <class T>
+void fill_random_rows(T* v, std::int64_t n, std::mt19937_64& rng) {
+  for (std::int64_t i = 0; i < n; i += 4) {
+    std::uint64_t const bits = rng();
+    for (std::int64_t j = 0; j < 4 && i + j < n; ++j)
+      v[i + j] = moecomm::dtype_traits<T>::from_float(static_cast<float>(static_cast<std::int16_t>(bits >> (16 * j))) * 0x1p-15f);
+  }
 }
 
 //! One rank's inputs of one step.

@@ -135,6 +135,22 @@ inline mlp_experts mlp_experts_of(std::int64_t hidden, std::int64_t inner,
   return m;
 }
 
+//! A rank's experts in `slots` slots, slot l a copy of expert `expert_of(l)`'s initial values
+//! (replicated experts: a placement decides which expert a slot holds), with zeroed gradients.
+template <class ExpertOf>
+mlp_experts mlp_experts_in_slots(std::int64_t hidden, std::int64_t inner, std::vector<std::vector<float>> const& parameters,
+                                 std::int32_t slots, ExpertOf&& expert_of) {
+  mlp_experts m;
+  m.hidden = hidden;
+  m.inner = inner;
+  for (std::int32_t l = 0; l < slots; ++l) {
+    auto const& init = parameters[static_cast<std::size_t>(expert_of(l))];
+    m.params.insert(m.params.end(), init.begin(), init.end());
+  }
+  m.grads.assign(m.params.size(), 0.0f);
+  return m;
+}
+
 //! Experts sliced for expert-slicing parallelism (moecomm/patterns/experts.hpp, 3.): slice `part`
 //! of `parts` of each expert, cut along I: W1's columns and b1's entries `[part·I/parts, (part+1)·I/parts)`,
 //! the same rows of W2, and b2 in slice 0 only. The slices' outputs are partial sums of the expert's.

@@ -57,6 +57,18 @@ inline std::string draw_command(std::string const& plot_script, std::string cons
   return shell_quoted(plot_script) + " " + shell_quoted(csv_path) + " " + shell_quoted(png_path);
 }
 
+//! With `plot`, runs `plot_script` on `csv_path` to draw `<csv_path without .csv>.png`, and says so
+//! only when it failed; without, prints the command that would draw it.
+inline void draw_csv(std::string const& plot_script, std::string const& csv_path, bool plot) {
+  std::string const draw = draw_command(plot_script, csv_path, png_path_of(csv_path));
+  if (!plot) {
+    std::printf("   draw it with: %s\n", draw.c_str());
+    return;
+  }
+  std::fflush(stdout);
+  if (std::system(draw.c_str()) != 0) std::printf("   (could not draw it: %s)\n", draw.c_str());
+}
+
 //! Writes `recorded` to `csv_path` and, with `plot`, runs `plot_script` on it to draw
 //! `<csv_path without .csv>.png`; prints, under the heading `title`, what it did.
 inline void write_timeline(moecomm::timeline const& recorded, std::string const& csv_path, std::string const& plot_script,

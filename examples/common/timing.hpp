@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,16 @@ double seconds_of(F&& f) {
   auto const start = clock_type::now();
   f();
   return seconds_since(start);
+}
+
+//! `run()`'s exit code; then a line with how long it ran by the wall clock (beside a simulation's
+//! simulated times: what the simulation cost here).
+template <class Run>
+int with_wall_clock_line(Run&& run) {
+  auto const start = clock_type::now();
+  int const code = run();
+  std::printf("   ran in %.2f s (wall clock)\n", seconds_since(start));
+  return code;
 }
 
 //! The median and the range of repeated timings.
