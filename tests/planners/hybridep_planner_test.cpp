@@ -35,13 +35,8 @@ hybridep_params hybridep_paper_params() { return {{0, 1}, {0, 1}, 1}; }
 hybridep_layer_shape hybridep_shape(std::int32_t G, std::int32_t K, std::int32_t n, std::int64_t P_E, std::int64_t D,
                                     double Lat_PE, double flops) {
   hybridep_layer_shape s;
-  s.ranks_per_domain = G;
-  s.domains = K;
-  s.experts_per_rank = n;
-  s.parameter_bytes_per_expert = P_E;
-  s.token_bytes = D;
-  s.pre_expert_seconds = Lat_PE;
-  s.expert_flops = flops;
+  s.ranks_per_domain = G; s.domains = K; s.experts_per_rank = n;
+  s.parameter_bytes_per_expert = P_E; s.token_bytes = D; s.pre_expert_seconds = Lat_PE; s.expert_flops = flops;
   s.spread = moecomm::expert_domain_spread::within_data_centres;  // the layout of the hand-computed cases
   return s;
 }
