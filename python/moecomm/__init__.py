@@ -16,6 +16,7 @@ min-max token split). Each gives the same output as "plain" up to the order of f
 """
 
 import itertools
+import os
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,8 @@ from . import _C
 
 Error = _C.Error
 
-__all__ = ["MoELayer", "Dispatcher", "Router", "router", "Error", "mlp_parameter_count"]
+__all__ = ["MoELayer", "Dispatcher", "Router", "router", "Error", "mlp_parameter_count", "expert_parameter_names",
+           "ignore_experts_in_ddp"]
 
 
 def mlp_parameter_count(hidden, ffn_hidden):
@@ -64,6 +66,15 @@ def _group_and_store(group):
     return group, dist.distributed_c10d._get_default_store()
 
 
+def _ranks_per_node(ranks_per_node, size):
+    """The ranks of one node: as given, else the launcher's LOCAL_WORLD_SIZE (torchrun sets it) when it
+    divides the group, else the whole group (one node)."""
+    if ranks_per_node:
+        return ranks_per_node
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    return local if local > 0 and size % local == 0 else size
+
+
 class Dispatcher:
     """Expert parallelism's two exchanges as autograd functions, with the experts in between yours
     (as DeepEP's Buffer or Megatron-LM's token dispatchers):
@@ -81,7 +92,7 @@ class Dispatcher:
         group, store = _group_and_store(group)
         size = dist.get_world_size(group)
         self._d = _C.make_dispatcher(exchange, group, store, f"moecomm/layer{next(_layer_names)}", num_experts,
-                                     ranks_per_node or size, timeout)
+                                     _ranks_per_node(ranks_per_node, size), timeout)
 
     def dispatch(self, x, topk_idx, topk_weights):
         """(rows [received][H], counts [local experts] int64) for tokens x [T][H] routed by topk_idx
@@ -115,16 +126,20 @@ class MoELayer(torch.nn.Module):
         if tuple(expert_init.shape) != (num_experts, count):
             raise ValueError(f"expert_init has shape {tuple(expert_init.shape)}; needs ({num_experts}, {count})")
         self.pattern = pattern
+        self.num_experts = num_experts
         self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
         self.experts = torch.nn.Parameter(expert_init[self.slot_experts].detach().clone().float().contiguous())
         self.router = Router(top_k, aux_loss_coeff, z_loss_coeff)
         self._layer = _C.make_layer(pattern, group, store, f"moecomm/layer{next(_layer_names)}", num_experts, hidden,
-                                    ffn_hidden, self.experts, ranks_per_node or size, timeout)
+                                    ffn_hidden, self.experts, _ranks_per_node(ranks_per_node, size), timeout)
         self.last_losses = None
         self.last_topk_idx = None
 
     def forward(self, x, logits):
         """The layer's output for tokens x [T][H], routed by logits [T][E]."""
+        if logits.dim() != 2 or logits.shape[1] != self.num_experts:
+            raise ValueError(f"logits has shape {tuple(logits.shape)}: the gate must give one logit per expert, "
+                             f"[tokens][num_experts = {self.num_experts}]")
         weights, idx, losses = self.router(logits)
         self.last_losses, self.last_topk_idx = losses, idx
         return self.expert_forward(x, idx, weights)
@@ -137,3 +152,21 @@ class MoELayer(torch.nn.Module):
     def shadowed(self):
         """The experts FasterMoE shadowed in the last step (empty for the other patterns)."""
         return self._layer.shadowed()
+
+
+def expert_parameter_names(model):
+    """The names, as model.named_parameters() gives them, of every MoELayer's experts in model. Each
+    rank holds its own experts: data parallelism must neither broadcast them nor average their
+    gradients (give these names to DDP's ignore list, or keep them out of FSDP's and ZeRO's groups)."""
+    experts = {id(m.experts) for m in model.modules() if isinstance(m, MoELayer)}
+    return [name for name, p in model.named_parameters() if id(p) in experts]
+
+
+def ignore_experts_in_ddp(model):
+    """Tells torch.nn.parallel.DistributedDataParallel to leave every MoELayer's experts in model alone
+    (no broadcast from rank 0 when it wraps the model, no all-reduce of their gradients). Call it
+    before wrapping: DistributedDataParallel(ignore_experts_in_ddp(model)) then trains the other
+    parameters data parallel and the experts expert parallel. Returns model."""
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, expert_parameter_names(model))
+    return model

@@ -183,6 +183,10 @@ def _check_errors(rank):
     once = layer.experts.grad.clone()
     y.sum().backward()
     torch.testing.assert_close(layer.experts.grad, 2 * once, rtol=0, atol=1e-6)
+    # The gate must give one logit per expert: a narrower or a wider one is refused, naming both.
+    for width in (E - 1, E + 1):
+        with pytest.raises(ValueError, match=rf"logits has shape \({T}, {width}\).*num_experts = {E}"):
+            layer(xr, torch.randn(T, width))
     # Ranks that make different patterns are refused at construction, naming both.
     with pytest.raises(moecomm.Error, match="ranks disagree on the pattern: rank 0 has 'plain', but rank 1 has 'dedup'"):
         moecomm.MoELayer(H, F, E, top_k=K, expert_init=params, pattern="plain" if rank == 0 else "dedup")
@@ -190,6 +194,55 @@ def _check_errors(rank):
 
 def test_errors_are_moecomm_errors_also_from_backward():
     spawn(_check_errors)
+
+
+def test_ranks_per_node_defaults_to_the_launchers_local_world_size(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # as torchrun sets it
+    assert moecomm._ranks_per_node(None, 4) == 2
+    assert moecomm._ranks_per_node(4, 4) == 4  # given: as given
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # does not divide the group: one node
+    assert moecomm._ranks_per_node(None, 4) == 4
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert moecomm._ranks_per_node(None, 4) == 4
+
+
+class _GatedMoE(torch.nn.Module):
+    def __init__(self, hidden, inner, experts, top_k, params):
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, experts, bias=False)
+        self.moe = moecomm.MoELayer(hidden, inner, experts, top_k=top_k, expert_init=params)
+
+    def forward(self, x):
+        return self.moe(x, self.gate(x))
+
+
+def _check_ddp(rank):
+    T, H, F, E, K = 6, 5, 7, 8, 2
+    x, _, _, grad, params = problem(11, T, H, F, E, K)
+    torch.manual_seed(rank)  # a different gate per rank: DDP's broadcast makes them rank 0's
+    model = _GatedMoE(H, F, E, K, params)
+    assert moecomm.expert_parameter_names(model) == ["moe.experts"]
+    ddp = torch.nn.parallel.DistributedDataParallel(moecomm.ignore_experts_in_ddp(model))
+    # DDP gave every rank rank 0's gate, and left each rank its own experts.
+    gate = model.gate.weight.detach().clone()
+    gates = [torch.empty_like(gate) for _ in range(RANKS)]
+    dist.all_gather(gates, gate)
+    assert all(torch.equal(g, gates[0]) for g in gates)
+    assert torch.equal(model.moe.experts.detach(), params[model.moe.slot_experts])
+    mine = slice(rank * T, (rank + 1) * T)
+    (ddp(x[mine]) * grad[mine]).sum().backward()
+    # The dense reference over every rank's tokens: the router's rule (top-k logits, softmax over k).
+    g = gate.clone().requires_grad_(True)
+    p = params.clone().requires_grad_(True)
+    values, idx = (x @ g.t()).topk(K, dim=1)
+    ((dense_moe(p, x, idx, values.softmax(1), H, F)) * grad).sum().backward()
+    # DDP averages the replicated gate's gradient over the ranks; each expert's is its whole sum.
+    torch.testing.assert_close(model.gate.weight.grad * RANKS, g.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.moe.experts.grad, p.grad[model.moe.slot_experts], rtol=1e-5, atol=1e-5)
+
+
+def test_under_ddp_the_experts_stay_expert_parallel_and_equal_the_dense_reference():
+    spawn(_check_ddp)
 
 
 def test_router_follows_its_rule_and_its_losses_reach_the_logits():
