@@ -21,6 +21,7 @@
 #include <moecomm/planners/flexmoe_planner.hpp>
 #include <moecomm/planners/proprophet_planner.hpp>
 #include <moecomm/planners/replica_schedule.hpp>
+#include <moecomm/rows/router/router.hpp>
 
 #include <atomic>
 #include <cstdlib>
@@ -547,6 +548,36 @@ TEST_CASE("1000 drifting steps: buffers grow geometrically, so allocations stop 
   check_drifting_steps("capacity", moecomm::capacity<moecomm::drop_by_position>{1.25, 0, false, {}});
   check_drifting_steps("fastermoe", moecomm::fastermoe_shadowing<>{});
   check_drifting_steps("smart schedule", moecomm::smart_schedule{2});
+}
+
+// The router on its own: after router_state::reserve, not even its first pass allocates.
+TEST_CASE("the router allocates nothing after router_state::reserve, its first pass included") {
+  moecomm::host_backend const be;
+  constexpr std::int64_t tokens = 70, experts = 16;
+  constexpr std::int32_t k = 4;
+  std::vector<float> logits(tokens * experts), w(tokens * k), d_w(tokens * k, 1.0f), d_logits(tokens * experts);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>((i * 37) % 101) / 17.0f;
+  std::vector<std::int32_t> idx(tokens * k), counts(experts);
+  std::vector<moecomm::router_losses> losses(1);
+  moecomm::router_config config;
+  config.top_k = k;
+  config.aux_loss_coeff = 1e-2f;
+  config.z_loss_coeff = 1e-3f;
+  moecomm::router_state<moecomm::host_backend> state;
+  state.reserve(be, tokens, experts, k);
+  for (std::int64_t t : {tokens, std::int64_t{1}, std::int64_t{0}, std::int64_t{33}}) {
+    CAPTURE(t);
+    CHECK(allocations_in([&] {
+            moecomm::router_forward(be, moecomm::make_matrix_view<float const>(logits.data(), t, experts),
+                                    moecomm::make_matrix_view(idx.data(), t, k), moecomm::make_matrix_view(w.data(), t, k),
+                                    moecomm::make_array_view(counts.data(), experts),
+                                    moecomm::make_array_view(losses.data(), 1), state, config);
+            moecomm::router_backward(be, state, moecomm::make_matrix_view<float const>(d_w.data(), t, k),
+                                     moecomm::make_matrix_view(d_logits.data(), t, experts));
+          }) == 0);
+  }
+  check_error([&] { state.reserve(be, -1, experts, k); }, moecomm::status::invalid_argument,
+              {"router_state::reserve", "max_tokens = -1 must be >= 0"});
 }
 
 }  // namespace test

@@ -52,6 +52,17 @@ class router_state {
   //! `[T][K]` the selected experts of the last forward pass, best first (`topk_idx` as written).
   [[nodiscard]] std::int32_t const* selected_experts() const { return selected_.data(); }
 
+  //! Sizes the buffers for passes of up to `max_tokens` tokens over `num_experts` experts with
+  //! `top_k`, so that such passes allocate nothing (a trainer calls it beside its layer's `reserve`).
+  //! @throws error (invalid_argument) naming the argument that is negative.
+  void reserve(Backend const& be, std::int64_t max_tokens, std::int64_t num_experts, std::int32_t top_k) {
+    char const* const op = "router_state::reserve";
+    detail::require(max_tokens >= 0, op, "max_tokens = ", max_tokens, " must be >= 0");
+    detail::require(num_experts >= 0, op, "num_experts = ", num_experts, " must be >= 0");
+    detail::require(top_k >= 0, op, "top_k = ", top_k, " must be >= 0");
+    size_buffers(be, max_tokens, num_experts, top_k);
+  }
+
  private:
   friend void router_forward<Backend>(Backend const&, matrix_view<float const>, matrix_view<std::int32_t>,
                                       matrix_view<float>, optional_output<array_view<std::int32_t>>,
@@ -61,17 +72,21 @@ class router_state {
 
   //! Sizes the buffers for a pass (growing only) and records its shape.
   void begin_pass(Backend const& be, std::int64_t tokens, std::int64_t experts, router_config const& config) {
+    size_buffers(be, tokens, experts, config.top_k);
+    tokens_ = tokens;
+    experts_ = experts;
+    config_ = config;
+  }
+
+  void size_buffers(Backend const& be, std::int64_t tokens, std::int64_t experts, std::int32_t top_k) {
     grow(be, logits_, tokens * experts);
     grow(be, scores_, tokens * experts);
-    grow(be, selected_, tokens * config.top_k);
+    grow(be, selected_, tokens * top_k);
     grow(be, stats_, tokens);
     grow(be, aux_counts_, experts);
     grow(be, aux_sums_, experts);
     std::int64_t const blocks = (tokens + detail::router_sum_block - 1) / detail::router_sum_block;
     grow(be, block_sums_, blocks * (experts + 1));  // per block: E column sums, then the z sum
-    tokens_ = tokens;
-    experts_ = experts;
-    config_ = config;
   }
 
   std::int64_t tokens_ = -1;
