@@ -170,3 +170,6 @@ def ignore_experts_in_ddp(model):
     torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         model, expert_parameter_names(model))
     return model
+
+
+from . import megatron  # noqa: E402  (Megatron-core's token-dispatcher interface; needs Dispatcher)

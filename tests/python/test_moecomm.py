@@ -8,6 +8,7 @@ Run by scripts/test (ctest: python.moecomm) as `pytest tests/python` with PYTHON
 
 import os
 import tempfile
+import types
 import warnings
 
 import pytest
@@ -243,6 +244,41 @@ def _check_ddp(rank):
 
 def test_under_ddp_the_experts_stay_expert_parallel_and_equal_the_dense_reference():
     spawn(_check_ddp)
+
+
+def _check_megatron_dispatcher(rank, exchange):
+    S, B, H, F, E, K = 3, 2, 5, 6, 8, 2  # hidden_states [S][B][H], as Megatron hands them
+    T, L = S * B, E // RANKS
+    g = torch.Generator().manual_seed(21)
+    x, logits = torch.randn(RANKS * T, H, generator=g), torch.randn(RANKS * T, E, generator=g)
+    grad = torch.randn(RANKS * T, H, generator=g)
+    params = torch.randn(E, moecomm.mlp_parameter_count(H, F), generator=g) * 0.3
+    values, top = logits.topk(K, dim=1)  # Megatron's router: routing_map and probs, [tokens][experts]
+    weights = values.softmax(1)
+    routing_map = torch.zeros(RANKS * T, E, dtype=torch.bool).scatter(1, top, True)
+    probs = torch.zeros(RANKS * T, E).scatter(1, top, weights)
+    config = types.SimpleNamespace(num_moe_experts=E, moe_router_topk=K, moecomm_exchange=exchange)
+    d = moecomm.megatron.TokenDispatcher(L, list(range(rank * L, (rank + 1) * L)), config)
+    mine = slice(rank * T, (rank + 1) * T)
+    xr = x[mine].clone().view(S, B, H).requires_grad_(True)
+    pr = probs[mine].clone().requires_grad_(True)
+    p = params[rank * L:(rank + 1) * L].clone().requires_grad_(True)
+    tokens, tokens_per_expert, permuted_probs = d.token_permutation(xr, pr, routing_map[mine])
+    rows = tokens.split(tokens_per_expert.tolist())
+    out = torch.cat([mlp(p[l], r, H, F) for l, r in enumerate(rows)]) * permuted_probs[:, None]
+    y, bias = d.token_unpermutation(out)
+    assert bias is None and y.shape == (S, B, H)
+    (y.view(T, H) * grad[mine]).sum().backward()
+    wr = types.SimpleNamespace(grad=pr.grad.gather(1, top[mine]))  # the probs' gradient where routed
+    dense_grad = assert_equals_dense(y.view(T, H), types.SimpleNamespace(grad=xr.grad.view(T, H)), wr, params, x,
+                                     top, weights, grad, H, F)
+    torch.testing.assert_close(p.grad, dense_grad[rank * L:(rank + 1) * L], rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(pr.grad.masked_fill(routing_map[mine], 0)) == 0  # none where not routed
+
+
+@pytest.mark.parametrize("exchange", ["flat", "dedup"])
+def test_megatron_token_dispatcher_equals_the_dense_reference(exchange):
+    spawn(_check_megatron_dispatcher, exchange)
 
 
 def test_router_follows_its_rule_and_its_losses_reach_the_logits():
