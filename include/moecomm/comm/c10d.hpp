@@ -47,6 +47,7 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/call_fingerprint.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
+#include <moecomm/comm/detail/process_communicator.hpp>
 #include <moecomm/error.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -59,7 +60,6 @@
 #include <cstring>
 #include <exception>
 #include <functional>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -122,12 +122,12 @@ inline c10d::ReduceOp c10d_reduction(reduce_op op) {
 //! One rank's handle on a c10d process group: a model of the communicator concept
 //! (`<moecomm/comm/communicator.hpp>`) for host buffers. It is move-only, as `mpi_communicator`; a
 //! lane's copy (`split_for`) is a group of its own. See the file comment for the guarantees.
-class c10d_communicator {
+class c10d_communicator : public detail::process_communicator<c10d_communicator, c10d_options> {
  public:
   //! Wraps `group` (shared, not owned exclusively); `make_group` makes the groups of `split`.
   //! @throws error (invalid_argument) for a null group or factory or a timeout that is not positive.
   c10d_communicator(c10::intrusive_ptr<c10d::ProcessGroup> group, c10d_group_factory make_group, c10d_options options = {})
-      : group_(std::move(group)), make_group_(std::move(make_group)), options_(options) {
+      : base(std::move(options)), group_(std::move(group)), make_group_(std::move(make_group)) {
     char const* const here = "c10d_communicator::c10d_communicator";
     detail::require(group_.defined(), here, "group is null");
     detail::require(static_cast<bool>(make_group_), here, "make_group is empty: splits need a c10d_group_factory");
@@ -144,31 +144,17 @@ class c10d_communicator {
   c10d_communicator(c10d_communicator const&) = delete;
   c10d_communicator& operator=(c10d_communicator const&) = delete;
 
-  [[nodiscard]] int rank() const { return rank_; }
-  [[nodiscard]] int size() const { return size_; }
-  //! This rank in the group the first communicator was made on, which error messages use to name ranks.
-  [[nodiscard]] int world_rank() const { return world_rank_; }
   //! The process group this communicator runs on.
   [[nodiscard]] c10::intrusive_ptr<c10d::ProcessGroup> const& native_handle() const { return group_; }
-  [[nodiscard]] c10d_options const& options() const { return options_; }
   //! False after a timeout or a c10d error. Every call then throws.
   [[nodiscard]] bool usable() const { return failure_.empty(); }
-  //! The checked mode (`c10d_options::check_collectives`): calls are compared across ranks, and
-  //! `detail::agree_across_world` (`<moecomm/comm/world_agreement.hpp>`) runs.
-  [[nodiscard]] bool checks_collectives() const { return options_.check_collectives; }
 
   //! Grouped point-to-point: at most one send and one receive per peer (itself included: a `memcpy`);
   //! rank i's send to j and j's receive from i must have equal sizes (a missing block counts as 0).
   //! @throws error as `mpi_communicator::exchange` does.
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     char const* const op = "exchange";
-    auto const deadline = start(op);
-    agree(detail::collective_op::exchange, 0, 0,
-          local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }), deadline);
-    detail::self_message const self = detail::find_self_message(sends, recvs, rank_);
-    if (options_.check_collectives) check_exchange_sizes(sends, recvs, deadline);
-    else if (self.sent != self.expected)
-      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self.sent, self.expected));
+    auto const [deadline, self] = begin_exchange(sends, recvs);
     works_.clear();
     run(op, [&] {
       for (recv_block const& r : recvs)
@@ -188,33 +174,19 @@ class c10d_communicator {
 
   //! `recv[r * bytes, (r + 1) * bytes)` = rank r's `send`. `recv` must not overlap `send`.
   void allgather(void const* send, void* recv, std::int64_t bytes) {
-    char const* const op = "allgather";
-    auto const deadline = start(op);
-    agree(detail::collective_op::allgather, bytes, 0,
-          local_check(op, [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size_); }), deadline);
+    auto const deadline = begin(detail::collective_op::allgather, bytes, 0, [&](char const* here) {
+      detail::validate_allgather(here, send, recv, bytes, size_);
+    });
     if (bytes == 0) return;
-    gather_bytes(send, recv, bytes, deadline, op, "transferring the data");
-  }
-
-  //! Elementwise reduction over the ranks; `send == recv` is allowed. T is int32, int64, float or
-  //! double. Floating-point sums follow the group's order.
-  template <class T>
-  void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
-    reduce_in_place(send, recv, count, reduction, true, 0, "allreduce");
-  }
-
-  //! As `allreduce`, into `root`'s `recv` only; `recv` may be null elsewhere.
-  template <class T>
-  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
-    reduce_in_place(send, recv, count, reduction, false, root, "reduce");
+    gather_bytes(send, recv, bytes, deadline, "allgather", "transferring the data");
   }
 
   //! The root's `bytes` at `data` to every rank's `data`.
   void broadcast(void* data, std::int64_t bytes, int root) {
     char const* const op = "broadcast";
-    auto const deadline = start(op);
-    agree(detail::collective_op::broadcast, bytes, root,
-          local_check(op, [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size_); }), deadline);
+    auto const deadline = begin(detail::collective_op::broadcast, bytes, root, [&](char const* here) {
+      detail::validate_broadcast(here, data, bytes, root, size_);
+    });
     if (bytes == 0) return;
     works_.clear();
     run(op, [&] {
@@ -229,8 +201,7 @@ class c10d_communicator {
   //! Returns once every rank of the group has called `barrier`.
   void barrier() {
     char const* const op = "barrier";
-    auto const deadline = start(op);
-    agree(detail::collective_op::barrier, 0, 0, std::nullopt, deadline);
+    auto const deadline = begin(detail::collective_op::barrier, 0, 0, [](char const*) {});
     works_.clear();
     run(op, [&] { works_.push_back(group_->barrier()); });
     wait(deadline, op, "waiting at the barrier");
@@ -241,9 +212,8 @@ class c10d_communicator {
   //! inherits the options and the factory.
   [[nodiscard]] c10d_communicator split(int color, int key) {
     char const* const op = "split";
-    auto const deadline = start(op);
-    agree(detail::collective_op::split, 0, 0, local_check(op, [&](char const* here) { detail::validate_split(here, color); }),
-          deadline);
+    auto const deadline =
+        begin(detail::collective_op::split, 0, 0, [&](char const* here) { detail::validate_split(here, color); });
     std::int64_t const mine[2] = {color, key};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size_));
     gather_bytes(mine, all.data(), sizeof mine, deadline, op, "exchanging the colours");
@@ -264,30 +234,11 @@ class c10d_communicator {
     return made;
   }
 
-  //! The layer call this rank's collectives belong to (comm/detail/call_identity.hpp): shared with
-  //! the communicators split from this one; compared across ranks in the checked mode.
-  [[nodiscard]] detail::call_identity current_call() const { return call_.current(); }
-  void set_call(detail::call_identity call) { call_.set(call); }
-  //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
-  void detach_call() { call_.detach(); }
-  //! The number of a layer made now on this communicator or a same-rank split (1, 2, ...).
-  [[nodiscard]] std::int64_t number_layer() { return call_.number_layer(); }
-
  private:
-  using clock = std::chrono::steady_clock;
-
-  [[nodiscard]] static std::string where(char const* op) { return std::string("c10d_communicator::") + op; }
-
-  [[noreturn]] static void fail(status code, char const* op, std::string const& message) {
-    detail::fail(code, where(op).c_str(), message);
-  }
-
-  //! Throws if the communicator is unusable; otherwise returns the deadline of the call starting now.
-  [[nodiscard]] clock::time_point start(char const* op) const {
-    if (!failure_.empty())
-      fail(status::aborted, op, detail::concat("this communicator is unusable after an earlier failure: ", failure_));
-    return clock::now() + options_.timeout;
-  }
+  friend base;
+  friend detail::host_communicator<c10d_communicator>;
+  static constexpr char name[] = "c10d_communicator";
+  static constexpr char header[] = "moecomm/comm/c10d.hpp";
 
   //! Runs `post` (c10d calls); an exception from torch makes the communicator unusable and is
   //! rethrown as `error(status::c10d_error)` with torch's text.
@@ -325,12 +276,7 @@ class c10d_communicator {
           timed_out = true;  // torch words a timeout as an exception of its own
         }
       });
-      if (timed_out) {
-        failure_ = detail::concat("world rank ", world_rank_, " timed out after ", options_.timeout.count(), " ms in ", op,
-                                  " (", stage, ") waiting for the other ranks of this group of ", size_);
-        fail(status::timeout, op,
-             detail::concat(failure_, ". This communicator is unusable from now on (see moecomm/comm/c10d.hpp)"));
-      }
+      if (timed_out) time_out(op, stage);
     }
     works_.clear();
   }
@@ -348,20 +294,14 @@ class c10d_communicator {
     wait(deadline, op, stage);
   }
 
-  template <class Checks>
-  [[nodiscard]] static std::optional<error> local_check(char const* op, Checks&& checks) {
-    return detail::argument_error([&] { checks(where(op).c_str()); });
-  }
-
   //! `allreduce` (`all`) or `reduce` to `root`. c10d reduces a tensor in place, so the result is
   //! made in `recv` (a copy of `send` first) on a receiving rank, and in scratch elsewhere.
   template <class T>
-  void reduce_in_place(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root, char const* op) {
-    auto const deadline = start(op);
-    agree(all ? detail::collective_op::allreduce : detail::collective_op::reduce, count,
-          detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + (all ? 0 : 64 * std::int64_t{root}),
-          local_check(op, [&](char const* here) { detail::validate_reduction(here, send, recv, count, all, root, rank_, size_); }),
-          deadline);
+  void reduction_call(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root, char const* op) {
+    auto const deadline = begin(all ? detail::collective_op::allreduce : detail::collective_op::reduce, count,
+                                reduction_code<T>(reduction, all, root), [&](char const* here) {
+                                  detail::validate_reduction(here, send, recv, count, all, root, rank_, size_);
+                                });
     if (count == 0) return;
     bool const receives = all || rank_ == root;
     T* target = recv;
@@ -387,24 +327,20 @@ class c10d_communicator {
     wait(deadline, op, "reducing");
   }
 
-  //! The checked mode: all-gathers this rank's fingerprint, then throws on every rank if one passed a
-  //! bad argument or the ranks disagree. In the unchecked mode it only throws `bad`.
-  void agree(detail::collective_op what, std::int64_t size, std::int64_t extra, std::optional<error> const& bad,
-             clock::time_point deadline) {
-    char const* const op = detail::collective_op_name(static_cast<std::int64_t>(what));
-    if (!options_.check_collectives) {
-      if (bad) throw *bad;
-      return;
-    }
-    constexpr int words = detail::call_fingerprint::words;
-    std::int64_t mine[words];
-    detail::call_fingerprint::write(mine, what, size, extra, world_rank_, bad.has_value(), call_.current());
-    std::vector<std::int64_t>& all = scratch_.all;
-    all.resize(static_cast<std::size_t>(size_) * words);
-    gather_bytes(mine, all.data(), sizeof mine, deadline, op, "checking that every rank made the same call");
-    if (bad) throw *bad;
-    detail::judge_fingerprints(all.data(), size_, world_size_, where(op).c_str());
+  std::int64_t* fingerprint_out() {
+    scratch_.mine.resize(detail::call_fingerprint::words);
+    return scratch_.mine.data();
   }
+
+  std::int64_t const* gather_fingerprints(clock::time_point deadline, char const* op, char const* stage) {
+    std::vector<std::int64_t>& all = scratch_.all;
+    all.resize(static_cast<std::size_t>(size_) * detail::call_fingerprint::words);
+    gather_bytes(scratch_.mine.data(), all.data(), detail::call_fingerprint::words * sizeof(std::int64_t), deadline, op,
+                 stage);
+    return all.data();
+  }
+
+  [[nodiscard]] int world_size(char const*) const { return world_size_; }
 
   //! The checked mode's check of an exchange's sizes: every rank's sent and expected bytes per peer
   //! are all-gathered, and every rank judges each rank's verdict alike.
@@ -434,13 +370,8 @@ class c10d_communicator {
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   c10d_group_factory make_group_;
-  c10d_options options_;
-  int rank_ = 0;
-  int size_ = 0;
-  int world_rank_ = 0;
   int world_size_ = 0;
   std::int64_t splits_ = 0;  //!< splits made so far: every rank counts alike
-  std::string failure_;      //!< why the communicator became unusable; empty while it is usable
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   //! Host scratch kept between calls (capacity stays): the checked mode's gathered words and a
   //! non-root rank's copy for `reduce`.

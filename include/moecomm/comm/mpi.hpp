@@ -73,6 +73,7 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/detail/call_fingerprint.hpp>
 #include <moecomm/comm/detail/p2p_chunks.hpp>
+#include <moecomm/comm/detail/process_communicator.hpp>
 #include <moecomm/error.hpp>
 
 #include <mpi.h>
@@ -89,7 +90,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -159,7 +159,7 @@ struct mpi_scratch {
 //! One rank's handle on an MPI communicator: a model of the communicator concept
 //! (`<moecomm/comm/communicator.hpp>`) for host buffers. It is move-only. A communicator made by
 //! `split` owns its `MPI_Comm` and frees it when destroyed. See the file comment for the guarantees.
-class mpi_communicator {
+class mpi_communicator : public detail::process_communicator<mpi_communicator, mpi_options> {
  public:
   //! Wraps `comm` without taking ownership, and sets its error handler to `MPI_ERRORS_RETURN`.
   //! @throws error (invalid_argument) if MPI is not initialised, `comm` is `MPI_COMM_NULL` or an
@@ -184,21 +184,10 @@ class mpi_communicator {
   //! Frees the `MPI_Comm` if this communicator owns it, is still usable and MPI is not finalized.
   ~mpi_communicator() { release(); }
 
-  //! This rank's rank in the group.
-  [[nodiscard]] int rank() const { return rank_; }
-  //! The number of ranks in the group.
-  [[nodiscard]] int size() const { return size_; }
-  //! This rank's rank in `MPI_COMM_WORLD`, which error messages use to name ranks.
-  [[nodiscard]] int world_rank() const { return world_rank_; }
   //! The `MPI_Comm` this communicator runs on (`MPI_COMM_NULL` once moved from).
   [[nodiscard]] MPI_Comm native_handle() const { return comm_; }
-  //! The options it was made with. Sub-communicators inherit them.
-  [[nodiscard]] mpi_options const& options() const { return options_; }
   //! False after a timeout or an MPI error (or once moved from). Every call then throws.
   [[nodiscard]] bool usable() const { return comm_ != MPI_COMM_NULL && failure_.empty(); }
-  //! The checked mode (`mpi_options::check_collectives`): calls are compared across ranks, and
-  //! `detail::agree_across_world` (`<moecomm/comm/world_agreement.hpp>`) runs.
-  [[nodiscard]] bool checks_collectives() const { return options_.check_collectives; }
 
   //! Grouped point-to-point. Each rank may post at most one send and one receive per peer (itself
   //! included: that pair is a `memcpy`). Rank i's send to j and j's receive from i must have equal sizes
@@ -208,13 +197,7 @@ class mpi_communicator {
   //! or a null buffer with bytes.
   void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     char const* const op = "exchange";
-    auto const deadline = start(op);
-    agree(detail::collective_op::exchange, 0, 0, local_check(op, [&](char const* here) { detail::validate_exchange(here, sends, recvs, size_); }),
-          deadline);
-    detail::self_message const self = detail::find_self_message(sends, recvs, rank_);
-    if (options_.check_collectives) check_exchange_sizes(sends, recvs, deadline);
-    else if (self.sent != self.expected)
-      fail(status::invalid_usage, op, detail::pair_mismatch(rank_, rank_, self.sent, self.expected));
+    auto const [deadline, self] = begin_exchange(sends, recvs);
     std::vector<MPI_Request> requests;
     for (recv_block const& r : recvs) {
       if (r.peer == rank_) continue;
@@ -239,9 +222,9 @@ class mpi_communicator {
   //! `recv[r * bytes, (r + 1) * bytes)` = rank r's `send`. `recv` must not overlap `send`.
   void allgather(void const* send, void* recv, std::int64_t bytes) {
     char const* const op = "allgather";
-    auto const deadline = start(op);
-    agree(detail::collective_op::allgather, bytes, 0,
-          local_check(op, [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size_); }), deadline);
+    auto const deadline = begin(detail::collective_op::allgather, bytes, 0, [&](char const* here) {
+      detail::validate_allgather(here, send, recv, bytes, size_);
+    });
     auto const chunks = detail::split_into_chunks(bytes, options_.max_message_bytes);
     std::vector<MPI_Request> requests;
     for (detail::byte_chunk const& chunk : chunks) {
@@ -266,26 +249,13 @@ class mpi_communicator {
     wait(requests, deadline, op, "transferring the data");
   }
 
-  //! Elementwise reduction over the ranks. `send == recv` is allowed (`MPI_IN_PLACE`). T is int32,
-  //! int64, float or double. Floating-point sums follow MPI's reduction order (see the file comment).
-  template <class T>
-  void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
-    reduce_chunks(send, recv, count, reduction, true, 0, "allreduce");
-  }
-
-  //! As `allreduce`, into `root`'s `recv` only (`MPI_Ireduce`); `recv` may be null elsewhere.
-  template <class T>
-  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
-    reduce_chunks(send, recv, count, reduction, false, root, "reduce");
-  }
-
   //! The root's `bytes` at `data` to every rank's `data`.
   //! @throws error (invalid_argument) if `root` is not a rank of the group.
   void broadcast(void* data, std::int64_t bytes, int root) {
     char const* const op = "broadcast";
-    auto const deadline = start(op);
-    agree(detail::collective_op::broadcast, bytes, root,
-          local_check(op, [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size_); }), deadline);
+    auto const deadline = begin(detail::collective_op::broadcast, bytes, root, [&](char const* here) {
+      detail::validate_broadcast(here, data, bytes, root, size_);
+    });
     std::vector<MPI_Request> requests;
     for (detail::byte_chunk const& chunk : detail::split_into_chunks(bytes, options_.max_message_bytes))
       check(MPI_Ibcast(static_cast<char*>(data) + chunk.offset, static_cast<int>(chunk.bytes), MPI_BYTE, root, comm_,
@@ -297,8 +267,7 @@ class mpi_communicator {
   //! Returns once every rank of the group has called `barrier`.
   void barrier() {
     char const* const op = "barrier";
-    auto const deadline = start(op);
-    agree(detail::collective_op::barrier, 0, 0, std::nullopt, deadline);
+    auto const deadline = begin(detail::collective_op::barrier, 0, 0, [](char const*) {});
     std::vector<MPI_Request> requests(1);
     check(MPI_Ibarrier(comm_, requests.data()), op, "MPI_Ibarrier");
     wait(requests, deadline, op, "waiting at the barrier");
@@ -309,9 +278,8 @@ class mpi_communicator {
   //! @throws error (invalid_argument) if `color` is negative.
   [[nodiscard]] mpi_communicator split(int color, int key) {
     char const* const op = "split";
-    auto const deadline = start(op);
-    agree(detail::collective_op::split, 0, 0, local_check(op, [&](char const* here) { detail::validate_split(here, color); }),
-          deadline);
+    auto const deadline =
+        begin(detail::collective_op::split, 0, 0, [&](char const* here) { detail::validate_split(here, color); });
     // A bounded rendezvous first: MPI_Comm_split itself blocks, so it is entered only once every
     // rank is known to be in split.
     std::vector<MPI_Request> requests(1);
@@ -324,19 +292,13 @@ class mpi_communicator {
     return made;
   }
 
-  //! The layer call this rank's collectives belong to (comm/detail/call_identity.hpp): shared with
-  //! the communicators split from this one; compared across ranks in the checked mode.
-  [[nodiscard]] detail::call_identity current_call() const { return call_.current(); }
-  void set_call(detail::call_identity call) { call_.set(call); }
-  //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
-  void detach_call() { call_.detach(); }
-  //! The number of a layer made now on this communicator or a same-rank split (1, 2, ...).
-  [[nodiscard]] std::int64_t number_layer() { return call_.number_layer(); }
-
  private:
-  using clock = std::chrono::steady_clock;
+  friend base;
+  friend detail::host_communicator<mpi_communicator>;
+  static constexpr char name[] = "mpi_communicator";
+  static constexpr char header[] = "moecomm/comm/mpi.hpp";
 
-  mpi_communicator(MPI_Comm comm, mpi_options options, bool owned) : comm_(comm), options_(options), owned_(owned) {
+  mpi_communicator(MPI_Comm comm, mpi_options options, bool owned) : base(options), comm_(comm), owned_(owned) {
     try {
       init();
     } catch (...) {
@@ -400,18 +362,11 @@ class mpi_communicator {
     scratch_.reset();
   }
 
-  [[nodiscard]] static std::string where(char const* op) { return std::string("mpi_communicator::") + op; }
-
-  [[noreturn]] static void fail(status code, char const* op, std::string const& message) {
-    detail::fail(code, where(op).c_str(), message);
-  }
-
-  //! Throws if the communicator is unusable. Otherwise returns the deadline of the call starting now.
+  //! Throws if the communicator was moved from or is unusable. Otherwise returns the deadline of the
+  //! call starting now.
   [[nodiscard]] clock::time_point start(char const* op) const {
     if (comm_ == MPI_COMM_NULL) fail(status::invalid_usage, op, "this communicator was moved from");
-    if (!failure_.empty())
-      fail(status::aborted, op, detail::concat("this communicator is unusable after an earlier failure: ", failure_));
-    return clock::now() + options_.timeout;
+    return base::start(op);
   }
 
   //! Throws `error(status::mpi_error)` with MPI's text unless `rc` is `MPI_SUCCESS`, and marks the
@@ -441,35 +396,20 @@ class mpi_communicator {
           if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) check(s.MPI_ERROR, op, "a request");
       check(rc, op, "MPI_Testall");
       if (done != 0) return;
-      if (clock::now() >= deadline) {
-        failure_ = detail::concat("world rank ", world_rank_, " timed out after ", options_.timeout.count(), " ms in ", op,
-                                  " (", stage, ") waiting for the other ranks of this group of ", size_,
-                                  "; MPI cannot tell which rank is missing");
-        fail(status::timeout, op,
-             detail::concat(failure_, ". This communicator is unusable from now on (see moecomm/comm/mpi.hpp)"));
-      }
+      if (clock::now() >= deadline) time_out(op, stage, "; MPI cannot tell which rank is missing");
       std::this_thread::yield();
     }
-  }
-
-  //! Runs the local argument checks `checks(where)`. Returns the error they throw, if any.
-  template <class Checks>
-  [[nodiscard]] static std::optional<error> local_check(char const* op, Checks&& checks) {
-    return detail::argument_error([&] { checks(where(op).c_str()); });
   }
 
   //! `allreduce` (`all`) or `reduce` to `root`, in chunks of at most max_message_bytes. (A flag, not
   //! a negative root: `reduce` with root -1 is a bad argument, not an `allreduce`.)
   template <class T>
-  void reduce_chunks(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root,
+  void reduction_call(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root,
                      char const* op) {
-    auto const deadline = start(op);
-    agree(all ? detail::collective_op::allreduce : detail::collective_op::reduce, count,
-          detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction) + (all ? 0 : 64 * std::int64_t{root}),
-          local_check(op, [&](char const* here) {
-            detail::validate_reduction(here, send, recv, count, all, root, rank_, size_);
-          }),
-          deadline);
+    auto const deadline = begin(all ? detail::collective_op::allreduce : detail::collective_op::reduce, count,
+                                reduction_code<T>(reduction, all, root), [&](char const* here) {
+                                  detail::validate_reduction(here, send, recv, count, all, root, rank_, size_);
+                                });
     std::int64_t const per_chunk =
         std::max<std::int64_t>(1, options_.max_message_bytes / static_cast<std::int64_t>(sizeof(T)));
     bool const receives = all || rank_ == root;
@@ -490,27 +430,23 @@ class mpi_communicator {
     wait(requests, deadline, op, "reducing");
   }
 
-  //! The checked mode: all-gathers this rank's fingerprint, then throws on every rank if a rank passed
-  //! a bad argument (`bad`, found by `local_check`) or if the ranks disagree. In the unchecked mode it
-  //! only throws `bad`.
-  void agree(detail::collective_op what, std::int64_t size, std::int64_t extra, std::optional<error> const& bad,
-             clock::time_point deadline) {
-    char const* const op = detail::collective_op_name(static_cast<std::int64_t>(what));
-    if (!options_.check_collectives) {
-      if (bad) throw *bad;
-      return;
-    }
+  std::int64_t* fingerprint_out() { return scratch_->mine.data(); }
+
+  //! The checked mode's all-gather of the fingerprints, into scratch MPI may still write after a failure.
+  std::int64_t const* gather_fingerprints(clock::time_point deadline, char const* op, char const* stage) {
     detail::mpi_scratch& s = *scratch_;
-    detail::call_fingerprint::write(s.mine.data(), what, size, extra, world_rank_, bad.has_value(), call_.current());
     std::vector<MPI_Request> requests(1);
     check(MPI_Iallgather(s.mine.data(), detail::call_fingerprint::words, MPI_INT64_T, s.all.data(),
                          detail::call_fingerprint::words, MPI_INT64_T, comm_, requests.data()),
           op, "MPI_Iallgather");
-    wait(requests, deadline, op, "checking that every rank made the same call");
-    if (bad) throw *bad;
-    int world_size = 0;
-    check(MPI_Comm_size(MPI_COMM_WORLD, &world_size), op, "MPI_Comm_size");
-    detail::judge_fingerprints(s.all.data(), size_, world_size, where(op).c_str());
+    wait(requests, deadline, op, stage);
+    return s.all.data();
+  }
+
+  int world_size(char const* op) {
+    int size = 0;
+    check(MPI_Comm_size(MPI_COMM_WORLD, &size), op, "MPI_Comm_size");
+    return size;
   }
 
   //! The checked mode's check of an exchange's sizes: an all-to-all of the byte counts, then an
@@ -541,15 +477,9 @@ class mpi_communicator {
   [[nodiscard]] int tag(std::int64_t c) const { return static_cast<int>(c % (static_cast<std::int64_t>(tag_ub_) + 1)); }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  mpi_options options_;
   bool owned_ = false;  //!< made by split: free the MPI_Comm when destroyed
-  int rank_ = 0;
-  int size_ = 0;
-  int world_rank_ = 0;
   int tag_ub_ = 32767;
-  std::string failure_;  //!< why the communicator became unusable; empty while it is usable
   std::unique_ptr<detail::mpi_scratch> scratch_;
-  detail::call_identity_holder call_;  //!< shared with this rank's splits (call_identity.hpp)
 };
 
 MOECOMM_NAMESPACE_END

@@ -483,14 +483,21 @@ class nccl_communicator {
     fail_comm(status::nccl_error, op, call, " failed: ", detail::nccl_describe(result, comm_));
   }
 
+  //! The communicator's asynchronous state (`ncclCommGetAsyncError`): ncclSuccess, ncclInProgress or
+  //! the error of an operation. Throws (and marks the communicator failed) if it cannot be read.
+  ncclResult_t async_state(char const* op) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t const queried = ncclCommGetAsyncError(comm_, &state);
+    if (queried != ncclSuccess)
+      fail_comm(status::nccl_error, op, "ncclCommGetAsyncError failed: ", detail::nccl_describe(queried, comm_));
+    return state;
+  }
+
   //! Polls the communicator's state until it is no longer ncclInProgress.
   void settle(char const* op, char const* call) {
     auto const deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (detail::poll_backoff backoff;; backoff.pause()) {
-      ncclResult_t state = ncclSuccess;
-      ncclResult_t const queried = ncclCommGetAsyncError(comm_, &state);
-      if (queried != ncclSuccess)
-        fail_comm(status::nccl_error, op, "ncclCommGetAsyncError failed: ", detail::nccl_describe(queried, comm_));
+      ncclResult_t const state = async_state(op);
       if (state == ncclSuccess) return;
       if (state != ncclInProgress)
         fail_comm(status::nccl_error, op, call, " failed asynchronously: ", detail::nccl_describe(state, comm_));
@@ -514,10 +521,7 @@ class nccl_communicator {
     ensure_usable(op);
     auto const deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (detail::poll_backoff backoff;; backoff.pause()) {
-      ncclResult_t state = ncclSuccess;
-      ncclResult_t const queried = ncclCommGetAsyncError(comm_, &state);
-      if (queried != ncclSuccess)
-        fail_comm(status::nccl_error, op, "ncclCommGetAsyncError failed: ", detail::nccl_describe(queried, comm_));
+      ncclResult_t const state = async_state(op);
       if (state != ncclSuccess && state != ncclInProgress)
         fail_comm(status::nccl_error, op, "NCCL reported an asynchronous error: ", detail::nccl_describe(state, comm_));
       cudaError_t const stream_state = cudaStreamQuery(stream_);

@@ -38,8 +38,8 @@
 //! each waited.
 
 #include <moecomm/comm/communicator.hpp>
-#include <moecomm/comm/detail/p2p_chunks.hpp>
 #include <moecomm/comm/detail/posted_calls.hpp>
+#include <moecomm/comm/detail/rendezvous_communicator.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/simulation/device_time.hpp>
@@ -60,24 +60,17 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-struct simgrid_group {
-  int id = 0;
-  std::vector<int> members;              //!< world rank of each group rank
-  std::vector<posted_call> calls;        //!< per group rank
-  std::vector<std::uint64_t> arrived_for;  //!< per group rank: the phase it last arrived for
-  std::uint64_t phase = 0;
-  int arrived = 0;
+//! A group's rendezvous, with the SimGrid objects its ranks wait on and send through.
+struct simgrid_group : rendezvous_group {
   simgrid::s4u::MutexPtr mutex = simgrid::s4u::Mutex::create();
   simgrid::s4u::ConditionVariablePtr wake = simgrid::s4u::ConditionVariable::create();
   std::vector<simgrid::s4u::Mailbox*> mailboxes;  //!< [from][to], made on first use
@@ -93,15 +86,10 @@ struct simgrid_group {
 };
 
 //! Shared by every group of one world. Actors run one at a time, so no lock guards it.
-struct simgrid_state {
-  static constexpr int world_group_id = 1;
+struct simgrid_state : rendezvous_world<simgrid_group> {
   std::vector<simgrid::s4u::Host*> hosts;  //!< per world rank
   double timeout_seconds = 3600;           //!< simulated
-  bool aborted = false;
-  std::string abort_reason;
-  int next_group_id = world_group_id;
-  std::map<std::tuple<int, int, int>, std::shared_ptr<simgrid_group>> splits;  //!< (parent, split #, color)
-  std::vector<std::shared_ptr<simgrid_group>> groups;                           //!< to wake them all on abort
+  std::vector<std::shared_ptr<simgrid_group>> groups;  //!< to wake them all on abort
   //! Where a world rank waits: a collective of a group (described only when a deadlock is reported).
   struct wait_site {
     char const* op = nullptr;  //!< null: not in a collective
@@ -112,23 +100,16 @@ struct simgrid_state {
     }
   };
   std::vector<wait_site> waiting_in;  //!< per world rank
-  std::vector<char> returned;           //!< per world rank: its function in `run` returned
+  std::vector<char> returned;         //!< per world rank: its function in `run` returned
 
   std::shared_ptr<simgrid_group> make_group(std::vector<int> members) {
-    auto g = std::make_shared<simgrid_group>();
-    g->id = next_group_id++;
-    g->calls.resize(members.size());
-    g->arrived_for.assign(members.size(), 0);
-    g->members = std::move(members);
+    std::shared_ptr<simgrid_group> g = new_group(std::move(members));
     groups.push_back(g);
     return g;
   }
 
   void abort(std::string reason) {
-    if (!aborted) {
-      aborted = true;
-      abort_reason = std::move(reason);
-    }
+    mark_aborted(std::move(reason));
     wake_all();
   }
 
@@ -136,19 +117,23 @@ struct simgrid_state {
     for (auto const& g : groups) g->wake->notify_all();
   }
 
-  //! The world ranks of `g` that returned from `run` without arriving for `phase` (on a failure only).
-  [[nodiscard]] std::vector<int> returned_from(simgrid_group const& g, std::uint64_t phase) const {
+  //! Whether group rank `r` of `g` returned from `run` without arriving for the current phase.
+  [[nodiscard]] bool left(simgrid_group const& g, std::size_t r) const {
+    return returned[static_cast<std::size_t>(g.members[r])] && g.arrived_for[r] != g.phase + 1;
+  }
+
+  //! The world ranks of `g` that `left` (on a failure only).
+  [[nodiscard]] std::vector<int> returned_from(simgrid_group const& g) const {
     std::vector<int> gone;
     for (std::size_t r = 0; r < g.members.size(); ++r)
-      if (returned[static_cast<std::size_t>(g.members[r])] && g.arrived_for[r] != phase + 1) gone.push_back(g.members[r]);
+      if (left(g, r)) gone.push_back(g.members[r]);
     return gone;
   }
 
-  //! Whether any rank of `g` returned from `run` without arriving for `phase` (checked at every
-  //! wake-up, so it allocates nothing).
-  [[nodiscard]] bool any_returned_from(simgrid_group const& g, std::uint64_t phase) const {
+  //! Whether any rank of `g` `left` (checked at every wake-up, so it allocates nothing).
+  [[nodiscard]] bool any_returned_from(simgrid_group const& g) const {
     for (std::size_t r = 0; r < g.members.size(); ++r)
-      if (returned[static_cast<std::size_t>(g.members[r])] && g.arrived_for[r] != phase + 1) return true;
+      if (left(g, r)) return true;
     return false;
   }
 };
@@ -169,189 +154,83 @@ class simgrid_world;
 
 //! One rank's handle on a group of simulated ranks. Use it only on that rank's actor (or a lane of
 //! it). See the file comment for the messages each operation sends.
-class simgrid_communicator {
+class simgrid_communicator
+    : public detail::rendezvous_communicator<simgrid_communicator, detail::simgrid_state, detail::simgrid_group> {
  public:
-  [[nodiscard]] int rank() const { return rank_; }
-  [[nodiscard]] int size() const { return static_cast<int>(group_->members.size()); }
-  [[nodiscard]] int world_rank() const { return group_->members[static_cast<std::size_t>(rank_)]; }
-  //! Always true: calls are compared across ranks (see `<moecomm/comm/world_agreement.hpp>`).
-  [[nodiscard]] bool checks_collectives() const { return true; }
-  //! The layer call this rank's collectives belong to (comm/detail/call_identity.hpp): shared with
-  //! the communicators split from this one; compared across ranks with every collective.
-  [[nodiscard]] detail::call_identity current_call() const { return call_.current(); }
-  void set_call(detail::call_identity call) { call_.set(call); }
-  //! Gives this communicator an identity of its own (a lane's copy: `split_for`).
-  void detach_call() { call_.detach(); }
-  //! The number of a layer made now on this communicator or a same-rank split (1, 2, ...).
-  [[nodiscard]] std::int64_t number_layer() { return call_.number_layer(); }
-
-  void exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
-    collective(post("exchange", 0, 0, nullptr,
-                    [&](char const* here) { detail::validate_exchange(here, sends, recvs, size()); }),
-               [&] {
-                 if (auto problem = detail::check_exchange_pairs(group_->calls, site("exchange"), pair_bytes_)) return problem;
-                 move_exchange(sends, recvs);
-                 return detail::call_problem{};
-               },
-               &sends, &recvs);
-  }
-
-  void allgather(void const* send, void* recv, std::int64_t bytes) {
-    collective(post("allgather", bytes, 0, send,
-                    [&](char const* here) { detail::validate_allgather(here, send, recv, bytes, size()); }),
-               [&] {
-                 ring_allgather(send, static_cast<char*>(recv), bytes);
-                 return detail::call_problem{};
-               });
-  }
-
-  template <class T>
-  void allreduce(T const* send, T* recv, std::int64_t count, reduce_op reduction) {
-    reduction_call(send, recv, count, reduction, true, 0, "allreduce");
-  }
-
-  template <class T>
-  void reduce(T const* send, T* recv, std::int64_t count, reduce_op reduction, int root) {
-    reduction_call(send, recv, count, reduction, false, root, "reduce");
-  }
-
-  void broadcast(void* data, std::int64_t bytes, int root) {
-    collective(post("broadcast", bytes, root, data,
-                    [&](char const* here) { detail::validate_broadcast(here, data, bytes, root, size()); }),
-               [&] {
-                 chain(root, bytes, static_cast<char*>(data), true);
-                 return detail::call_problem{};
-               });
-  }
-
-  void barrier() {
-    collective(post("barrier", 0, 0, nullptr, [](char const*) {}), [&] {
-      for (int distance = 1; distance < size(); distance *= 2)
-        send_and_receive((rank_ + distance) % size(), (rank_ - distance + size()) % size(), nullptr, 0, nullptr);
-      return detail::call_problem{};
-    });
-  }
-
   [[nodiscard]] simgrid_communicator split(int color, int key) {
     std::int32_t const mine[2] = {color, key};
-    auto const id = std::make_tuple(group_->id, splits_made_++, 0);
+    int const split = splits_made_++;
     collective(post("split", 0, 0, mine, [&](char const* here) { detail::validate_split(here, color); }), [&] {
       price_ring(size() - 1, sizeof mine);
       // Group rank 0 makes every group of this split while the others wait at the collective's end:
       // making one yields to other actors (SimGrid makes its lock), so only one rank may.
       if (rank_ != 0) return detail::call_problem{};
-      std::map<std::int32_t, std::vector<std::pair<std::int32_t, int>>> by_color;  // color -> (key, group rank)
-      for (int r = 0; r < size(); ++r) {
-        auto const* theirs = static_cast<std::int32_t const*>(group_->calls[static_cast<std::size_t>(r)].send);
-        by_color[theirs[0]].emplace_back(theirs[1], r);
-      }
-      for (auto& [c, order] : by_color) {  // ids in ascending color, so messages name groups the same every run
-        std::sort(order.begin(), order.end());
-        std::vector<int> members;
-        for (auto const& key_rank : order) members.push_back(group_->members[static_cast<std::size_t>(key_rank.second)]);
-        state_->splits[std::make_tuple(std::get<0>(id), std::get<1>(id), c)] = state_->make_group(std::move(members));
-      }
+      for (auto& [c, members] : split_members())  // ids in ascending color, so messages name groups the same every run
+        state_->splits[split_key(split, c)] = state_->make_group(std::move(members));
       return detail::call_problem{};
     });
-    simgrid_communicator sub(state_);
-    sub.call_ = call_;  // a sub-group on this rank is in the same layer call
-    sub.group_ = state_->splits.at(std::make_tuple(std::get<0>(id), std::get<1>(id), color));
-    auto const& members = sub.group_->members;
-    sub.rank_ = static_cast<int>(std::find(members.begin(), members.end(), world_rank()) - members.begin());
-    return sub;
+    return on_group(state_->splits.at(split_key(split, color)));
   }
 
  private:
+  friend base;
   friend class simgrid_world;
-  explicit simgrid_communicator(std::shared_ptr<detail::simgrid_state> state) : state_(std::move(state)) {}
+  static constexpr char name[] = "simgrid_communicator";
 
-  [[nodiscard]] static char const* where(char const* op) {
-    static constexpr char const* names[][2] = {
-        {"exchange", "simgrid_communicator::exchange"},   {"allgather", "simgrid_communicator::allgather"},
-        {"allreduce", "simgrid_communicator::allreduce"}, {"reduce", "simgrid_communicator::reduce"},
-        {"broadcast", "simgrid_communicator::broadcast"}, {"barrier", "simgrid_communicator::barrier"},
-        {"split", "simgrid_communicator::split"}};
-    for (auto const& name : names)
-      if (std::strcmp(name[0], op) == 0) return name[1];
-    return "simgrid_communicator";
-  }
+  using base::base;
 
   //! Whether `op` runs as a device kernel (NCCL's collectives), not as a host-side agreement.
   [[nodiscard]] static bool is_device_kernel(char const* op) {
     return std::strcmp(op, "barrier") != 0 && std::strcmp(op, "split") != 0;
   }
 
-  [[nodiscard]] detail::call_site site(char const* op) const {
-    return {where(op), group_->members, rank_, group_->id, group_->id == detail::simgrid_state::world_group_id};
+  //! Posts (`post()`) and waits; actors run one at a time, so nothing is locked.
+  template <class Post>
+  void rendezvous(char const* op, bool after_reading, Post&& post) {
+    post();
+    wait_for_all(op, after_reading);
   }
 
-  template <class Checks>
-  [[nodiscard]] detail::posted_call post(char const* op, std::int64_t size, std::int64_t extra, void const* send,
-                                         Checks&& checks) const {
-    return detail::make_call(op, where(op), size, extra, send, call_.current(), checks);
-  }
-
-  //! Posts `call`, waits for every rank, checks the posted calls and, if they are fine, runs
-  //! `move` (the messages); then waits until every rank has finished, and throws what was found.
-  template <class Move>
-  void collective(detail::posted_call call, Move&& move, std::vector<send_block> const* sends = nullptr,
-                  std::vector<recv_block> const* recvs = nullptr) {
-    char const* const op = call.op;
-    group_->calls[static_cast<std::size_t>(rank_)].assign(std::move(call), sends, recvs);
-    wait_for_all(op);
-    detail::call_problem problem = detail::check_posted_calls(group_->calls, site(op));
-    if (!problem && is_device_kernel(op)) {
-      detail::communication_kernel const kernel;
-      problem = move();
-    } else if (!problem) {
-      problem = move();
-    }
-    wait_for_all(op, true);
-    if (problem) throw error(problem.code, problem.message);
+  //! Runs `transfer` (the messages), inside a communication kernel for a device collective.
+  template <class Transfer>
+  detail::call_problem run_transfer(char const* op, Transfer&& transfer) {
+    if (!is_device_kernel(op)) return transfer();
+    detail::communication_kernel const kernel;
+    return transfer();
   }
 
   //! Waits, in simulated time bounded by the world's timeout, until every rank of the group has
   //! arrived for this phase. `after_reading` (a collective's second wait): an abort does not end
   //! the wait, because a peer may still copy from this rank's buffers (S4U passes pointers); the
   //! peers' transfers are all within the group, so they arrive (the timeout still bounds the wait).
-  void wait_for_all(char const* op, bool after_reading = false) {
+  void wait_for_all(char const* op, bool after_reading) {
     detail::simgrid_state& s = *state_;
-    char const* const here = where(op);
-    bool const ends_on_abort = !after_reading;
-    if (s.aborted && ends_on_abort) detail::fail(status::aborted, here, s.abort_reason);
     detail::simgrid_group& g = *group_;
     std::uint64_t const phase = g.phase;
-    g.arrived_for[static_cast<std::size_t>(rank_)] = phase + 1;
-    if (++g.arrived == size()) {
-      g.arrived = 0;
-      ++g.phase;
+    if (arrive(op, after_reading)) {
       g.wake->notify_all();
       return;
     }
+    char const* const here = where(op);
+    bool const ends_on_abort = !after_reading;
     auto const me = static_cast<std::size_t>(world_rank());
     s.waiting_in[me] = {op, &g};
     double const deadline = simgrid::s4u::Engine::get_clock() + s.timeout_seconds;
     {
       std::unique_lock<simgrid::s4u::Mutex> lock(*g.mutex);
-      while (g.phase == phase && !(s.aborted && ends_on_abort) && !s.any_returned_from(g, phase))
+      while (g.phase == phase && !(s.aborted && ends_on_abort) && !s.any_returned_from(g))
         if (g.wake->wait_until(lock, deadline) == std::cv_status::timeout) break;
     }
     s.waiting_in[me] = {};
     if (g.phase != phase) return;
     if (s.aborted && ends_on_abort) detail::fail(status::aborted, here, s.abort_reason);
-    if (std::vector<int> const gone = s.returned_from(g, phase); !gone.empty()) {
-      --g.arrived;  // withdrawn: the group is as if this rank had never called
-      g.arrived_for[static_cast<std::size_t>(rank_)] = phase;
+    if (std::vector<int> const gone = s.returned_from(g); !gone.empty()) {
+      g.withdraw(rank_);
       detail::fail(status::invalid_usage, here, "world rank ", world_rank(), " waits in ", op, site(op).suffix(),
                    gone.size() > 1 ? " for world ranks " : " for world rank ", detail::rank_ranges(gone),
                    gone.size() > 1 ? ", which have" : ", which has", " returned from run");
     }
-    std::vector<int> missing;
-    for (int r = 0; r < size(); ++r)
-      if (g.arrived_for[static_cast<std::size_t>(r)] != phase + 1) missing.push_back(g.members[static_cast<std::size_t>(r)]);
-    std::string const reason = detail::concat("world rank ", world_rank(), " timed out after ", s.timeout_seconds,
-                                              " simulated seconds in ", op, " waiting for world rank(s) ",
-                                              detail::rank_ranges(missing), site(op).suffix());
+    std::string const reason = timeout_reason(op, s.timeout_seconds, " simulated seconds");
     s.abort(reason);
     detail::fail(status::timeout, here, reason);
   }
@@ -391,7 +270,7 @@ class simgrid_communicator {
   }
 
   //! The exchange: every block at once; the own block is a device copy.
-  void move_exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
+  void transfer_exchange(std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
     comms_.clear();
     payloads_.assign(recvs.size(), nullptr);
     double const start = simgrid::s4u::Engine::get_clock();
@@ -418,7 +297,7 @@ class simgrid_communicator {
 
   //! Ring all-gather: at step s a rank forwards block (rank − s) to the next rank and receives
   //! block (rank − s − 1) from the previous one, from that rank's own copy.
-  void ring_allgather(void const* send, char* recv, std::int64_t bytes) {
+  void transfer_allgather(void const* send, char* recv, std::int64_t bytes) {
     int const n = size();
     if (bytes > 0) std::memcpy(recv + rank_ * bytes, send, static_cast<std::size_t>(bytes));
     for (int step = 0; step + 1 < n; ++step) {
@@ -427,6 +306,21 @@ class simgrid_communicator {
       send_and_receive((rank_ + 1) % n, (rank_ - 1 + n) % n, recv + forwarded * bytes, bytes, &payload);
       if (bytes > 0) std::memcpy(recv + arriving * bytes, payload, static_cast<std::size_t>(bytes));
     }
+  }
+
+  void transfer_broadcast(char* data, std::int64_t bytes, int root) { chain(root, bytes, data, true); }
+
+  //! Dissemination: ⌈log2 n⌉ rounds of empty messages.
+  void transfer_barrier() {
+    for (int distance = 1; distance < size(); distance *= 2)
+      send_and_receive((rank_ + distance) % size(), (rank_ - distance + size()) % size(), nullptr, 0, nullptr);
+  }
+
+  //! The price of a reduction of `bytes`: a ring (reduce-scatter, then all-gather) for `allreduce`, a
+  //! chain towards the root for `reduce`. The result is computed from the posted sends.
+  void transfer_reduction(std::int64_t bytes, bool all, int root) {
+    if (all) price_ring(2 * (size() - 1), bytes / size());
+    else chain(root, bytes, nullptr, false);
   }
 
   //! `steps` ring steps of `bytes` each, priced only (the data is read at the end).
@@ -462,36 +356,6 @@ class simgrid_communicator {
     comms_.clear();
   }
 
-  template <class T>
-  void reduction_call(T const* send, T* recv, std::int64_t count, reduce_op reduction, bool all, int root, char const* op) {
-    std::int64_t const code = detail::reduce_type_code<T>() * 8 + static_cast<int>(reduction);
-    detail::posted_call call = post(op, count, all ? code : code + 64 * std::int64_t{root}, send, [&](char const* here) {
-      detail::validate_reduction(here, send, recv, count, all, root, rank_, size());
-    });
-    bool const receives = !call.bad && (all || rank_ == root);
-    std::size_t const bytes = receives ? static_cast<std::size_t>(count) * sizeof(T) : 0;
-    if (reduce_scratch_.size() < bytes) reduce_scratch_.resize(bytes);
-    T* const result = reinterpret_cast<T*>(reduce_scratch_.data());
-    collective(std::move(call), [&] {
-      std::int64_t const total = count * static_cast<std::int64_t>(sizeof(T));
-      if (all) {
-        price_ring(2 * (size() - 1), total / size());
-      } else {
-        chain(root, total, nullptr, false);
-      }
-      if (receives) detail::reduce_posted_sends(group_->calls, result, count, reduction);
-      return detail::call_problem{};
-    });
-    if (receives) std::copy(result, result + count, recv);
-  }
-
-  std::shared_ptr<detail::simgrid_state> state_;
-  std::shared_ptr<detail::simgrid_group> group_;
-  int rank_ = 0;
-  detail::call_identity_holder call_;  //!< shared with this rank's splits (call_identity.hpp)
-  int splits_made_ = 0;
-  std::vector<char> reduce_scratch_;
-  std::vector<std::int64_t> pair_bytes_;
   std::vector<simgrid::s4u::CommPtr> comms_;
   std::vector<char*> payloads_;
 };
@@ -517,9 +381,7 @@ class simgrid_world {
     state_->timeout_seconds = timeout_seconds;
     state_->waiting_in.resize(state_->hosts.size());
     state_->returned.assign(state_->hosts.size(), 0);
-    std::vector<int> everyone(state_->hosts.size());
-    for (std::size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<int>(r);
-    group_ = state_->make_group(std::move(everyone));
+    group_ = state_->make_group(detail::every_rank(state_->hosts.size()));
   }
 
   //! Ranks on the GPUs of `platform` (built now, if it is not yet): rank r on GPU `gpu_of_rank[r]`
@@ -584,10 +446,7 @@ class simgrid_world {
   }
 
   [[nodiscard]] simgrid_communicator communicator(int rank) const {
-    simgrid_communicator c(state_);
-    c.group_ = group_;
-    c.rank_ = rank;
-    return c;
+    return simgrid_communicator(state_, group_, rank);
   }
 
   std::shared_ptr<detail::simgrid_state> state_;

@@ -40,6 +40,7 @@
 #include <moecomm/config.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/core/cluster_spec.hpp>
+#include <moecomm/planners/detail/workload_scales.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -165,13 +166,8 @@ class parm_cost_model {
   //! model-sized ones). Scales multiply.
   //! @throws error (invalid_argument) naming the first scale that is not finite and positive.
   [[nodiscard]] parm_cost_model scaled(double token_bytes, double parameter_bytes, double flops) const {
-    require_positive("token_bytes scale", token_bytes);
-    require_positive("parameter_bytes scale", parameter_bytes);
-    require_positive("flops scale", flops);
     parm_cost_model m = *this;
-    m.token_bytes_scale_ *= token_bytes;
-    m.parameter_bytes_scale_ *= parameter_bytes;
-    m.flops_scale_ *= flops;
+    m.scales_ = scales_.times("parm_cost_model", token_bytes, parameter_bytes, flops);
     return m;
   }
 
@@ -272,7 +268,7 @@ class parm_cost_model {
                     " (an ESP group lies inside an MP group)");
     std::int32_t const M = s.sizes.model, P = s.sizes.expert, G = s.sizes.expert_slicing;
     symbols l;
-    l.b = static_cast<double>(s.hidden) * s.element_bytes * token_bytes_scale_;
+    l.b = static_cast<double>(s.hidden) * s.element_bytes * scales_.token_bytes;
     l.T = static_cast<double>(s.tokens);
     l.S = l.T * s.top_k * s.kept_fraction;
     l.M = M;
@@ -280,9 +276,9 @@ class parm_cost_model {
     l.P = P;
     l.W = s.pieces;
     l.L = static_cast<double>(s.num_experts / P);
-    l.slice_bytes = static_cast<double>(s.parameter_bytes_per_expert) * parameter_bytes_scale_ / G;
+    l.slice_bytes = static_cast<double>(s.parameter_bytes_per_expert) * scales_.parameter_bytes / G;
     // Two GEMMs, H x F/G and F/G x H, 2 FLOPs per multiply-add.
-    l.flops_per_row = 2.0 * 2.0 * static_cast<double>(s.hidden) * static_cast<double>(s.ffn) * flops_scale_ / G;
+    l.flops_per_row = 2.0 * 2.0 * static_cast<double>(s.hidden) * static_cast<double>(s.ffn) * scales_.flops / G;
     l.mp = group_of(M, 1, s.ranks_per_node);
     l.ep = group_of(P, M, s.ranks_per_node);
     l.esp = group_of(G, 1, s.ranks_per_node);
@@ -392,7 +388,7 @@ class parm_cost_model {
   parm_prediction s2(symbols const& l) const { return pause_mp(l); }
 
   parm_cost_params params_;
-  double token_bytes_scale_ = 1, parameter_bytes_scale_ = 1, flops_scale_ = 1;  //!< see `scaled`
+  detail::workload_scales scales_;  //!< see `scaled`
 };
 
 inline parm_cost_params parm_cost_params::from_cluster(cluster_spec const& spec) {

@@ -63,6 +63,7 @@
 #include <moecomm/core/expert_domains.hpp>
 #include <moecomm/error.hpp>
 #include <moecomm/core/cluster_spec.hpp>
+#include <moecomm/planners/detail/workload_scales.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -182,13 +183,8 @@ class hybridep_planner {
   //! `simulation_scale`). `pre_expert_seconds` is a time and is not scaled. Scales multiply.
   //! @throws error (invalid_argument) naming the first scale that is not finite and positive.
   [[nodiscard]] hybridep_planner scaled(double token_bytes, double parameter_bytes, double flops) const {
-    require_positive("token_bytes scale", token_bytes);
-    require_positive("parameter_bytes scale", parameter_bytes);
-    require_positive("flops scale", flops);
     hybridep_planner m = *this;
-    m.token_bytes_scale_ *= token_bytes;
-    m.parameter_bytes_scale_ *= parameter_bytes;
-    m.flops_scale_ *= flops;
+    m.scales_ = scales_.times("hybridep_planner", token_bytes, parameter_bytes, flops);
     return m;
   }
 
@@ -281,10 +277,10 @@ class hybridep_planner {
     l.K = s.domains;
     l.N = static_cast<double>(ranks);
     l.n = s.experts_per_rank;
-    l.P_E = static_cast<double>(s.parameter_bytes_per_expert) * parameter_bytes_scale_;
-    l.D = static_cast<double>(s.token_bytes) * token_bytes_scale_;
+    l.P_E = static_cast<double>(s.parameter_bytes_per_expert) * scales_.parameter_bytes;
+    l.D = static_cast<double>(s.token_bytes) * scales_.token_bytes;
     l.Lat_PE = s.pre_expert_seconds;
-    l.expert_seconds = s.expert_flops * flops_scale_ / params_.gemm_flops;
+    l.expert_seconds = s.expert_flops * scales_.flops / params_.gemm_flops;
     l.ranks = ranks;
     l.within = s.spread == expert_domain_spread::within_data_centres;
     return l;
@@ -342,7 +338,7 @@ class hybridep_planner {
   }
 
   hybridep_params params_;
-  double token_bytes_scale_ = 1, parameter_bytes_scale_ = 1, flops_scale_ = 1;  //!< see `scaled`
+  detail::workload_scales scales_;  //!< see `scaled`
 };
 
 inline hybridep_params hybridep_params::from_cluster(cluster_spec const& spec) {

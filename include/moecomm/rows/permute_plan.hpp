@@ -281,6 +281,14 @@ class permute_plan {
   friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
                                  routing_checks const&, std::int64_t);
 
+  //! The plan is now one of `routing` over `num_experts`: reads its expert offsets back to the host.
+  void take_routing(Backend const& be, routing_view const& routing, std::int32_t num_experts) {
+    host_offsets_.resize(static_cast<std::size_t>(num_experts) + 1);
+    detail::read_back(be, host_offsets_.data(), expert_offsets_.data(), num_experts + 1);
+    routing_ = routing;
+    num_experts_ = num_experts;
+  }
+
   routing_view routing_;
   std::int32_t num_experts_ = 0;
   buffer_t<std::int32_t> row_of_, token_of_, slot_of_, expert_offsets_;
@@ -358,14 +366,10 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
   std::int64_t invalid = 0;
   if (!checks.scan_values)
     invalid = be.reduce(slots, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts}, detail::plus{});
-  plan.host_offsets_.resize(static_cast<std::size_t>(num_experts) + 1);
-  detail::read_back(be, plan.host_offsets_.data(), plan.expert_offsets_.data(), num_experts + 1);
-  std::int32_t const num_rows = plan.host_offsets_.back();
-  plan.routing_ = routing;
-  plan.num_experts_ = num_experts;
+  plan.take_routing(be, routing, num_experts);
   plan.padded_capacity_ = padded_capacity;
   plan.num_invalid_slots_ = invalid;
-  plan.num_rows_ = num_rows;
+  plan.num_rows_ = plan.host_offsets_.back();
 }
 
 namespace detail {
@@ -418,10 +422,7 @@ void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_vi
                                           relabeled.top_k, old_token_of, old_slot_of, plan.token_of_.data(),
                                           plan.slot_of_.data(), plan.row_of_.data()});
   be.copy(plan.expert_offsets_.data(), device_tables + num_blocks + 1, std::int64_t{num_experts} + 1);
-  plan.host_offsets_.resize(static_cast<std::size_t>(num_experts) + 1);
-  detail::read_back(be, plan.host_offsets_.data(), plan.expert_offsets_.data(), num_experts + 1);
-  plan.routing_ = relabeled;
-  plan.num_experts_ = num_experts;
+  plan.take_routing(be, relabeled, num_experts);
 }
 
 }  // namespace detail
@@ -572,13 +573,9 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
                                                  kept_routing.topk_idx, positions, kept_offsets, padded_capacity,
                                                  routing.top_k, kept.token_of_.data(), kept.slot_of_.data(),
                                                  kept.row_of_.data()});
-  kept.host_offsets_.resize(static_cast<std::size_t>(experts) + 1);
-  detail::read_back(be, kept.host_offsets_.data(), kept.expert_offsets_.data(), experts + 1);
-  std::int32_t const num_rows = kept.host_offsets_.back();
-  kept.routing_ = kept_routing;
-  kept.num_experts_ = experts;
+  kept.take_routing(be, kept_routing, experts);
   kept.padded_capacity_ = padded_capacity;
-  kept.num_rows_ = num_rows;
+  kept.num_rows_ = kept.host_offsets_.back();
 }
 
 //! `build_permute_plan` into a new plan, with scratch of its own: for a one-off routing. A loop

@@ -8,12 +8,8 @@
 //! crosses back (semantics §10a).
 
 #include <moecomm/config.hpp>
-#include <moecomm/collectives/alltoall/alltoall_workspace.hpp>
-#include <moecomm/collectives/alltoall/byte_matrix.hpp>
 #include <moecomm/collectives/alltoall/dedup_per_rank.hpp>
-#include <moecomm/collectives/alltoall/exchange_groups.hpp>
 #include <moecomm/collectives/alltoall/flat.hpp>
-#include <moecomm/collectives/alltoall/stats.hpp>
 
 #include <type_traits>
 
@@ -22,15 +18,8 @@ MOECOMM_NAMESPACE_BEGIN
 //! One row per (token, destination node) between nodes, one per (token, destination rank) inside a
 //! node. Both hops are one grouped exchange each (`flat`): the first only between ranks of equal
 //! local index (and the self-copy), the second only inside nodes.
-struct dedup_per_node {
+struct dedup_per_node : detail::dedup_exchange<flat> {
   static constexpr char const* name = "dedup_per_node";
-  flat inner{};
-
-  template <class Backend, class Comm>
-  void run(Backend const& be, exchange_groups<Comm>& groups, byte_matrix const& m, void const* send, void* recv,
-           alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
-    inner.run(be, groups, m, send, recv, stats, scratch);
-  }
 };
 
 namespace detail {

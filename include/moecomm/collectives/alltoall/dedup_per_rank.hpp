@@ -17,15 +17,12 @@
 #include <type_traits>
 
 MOECOMM_NAMESPACE_BEGIN
+namespace detail {
 
-//! One row per (token, destination rank) instead of one per (token, expert) slot. `Inner` is the
-//! all-to-all that moves the rows: `flat`, `hierarchical_2d` or `pairwise` (the smart schedule
-//! pipelines slot rows and is not an inner algorithm).
-template <class Inner = flat>
-struct dedup_per_rank {
-  static_assert(std::is_same_v<Inner, flat> || std::is_same_v<Inner, hierarchical_2d> || std::is_same_v<Inner, pairwise>,
-                "moecomm::dedup_per_rank<Inner>: Inner must be flat, hierarchical_2d or pairwise");
-  static constexpr char const* name = "dedup_per_rank";
+//! What the deduplicating policies (`dedup_per_rank`, `dedup_per_node`) do with the bytes: the
+//! dispatcher has already made the rows unique, so the exchange is `Inner`'s own.
+template <class Inner>
+struct dedup_exchange {
   Inner inner{};
 
   template <class Backend, class Comm>
@@ -33,6 +30,18 @@ struct dedup_per_rank {
            alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
     inner.run(be, groups, m, send, recv, stats, scratch);
   }
+};
+
+}  // namespace detail
+
+//! One row per (token, destination rank) instead of one per (token, expert) slot. `Inner` is the
+//! all-to-all that moves the rows: `flat`, `hierarchical_2d` or `pairwise` (the smart schedule
+//! pipelines slot rows and is not an inner algorithm).
+template <class Inner = flat>
+struct dedup_per_rank : detail::dedup_exchange<Inner> {
+  static_assert(std::is_same_v<Inner, flat> || std::is_same_v<Inner, hierarchical_2d> || std::is_same_v<Inner, pairwise>,
+                "moecomm::dedup_per_rank<Inner>: Inner must be flat, hierarchical_2d or pairwise");
+  static constexpr char const* name = "dedup_per_rank";
 };
 
 namespace detail {

@@ -75,6 +75,25 @@ struct hierarchical_2d {
     char* const stage_b = stage_a + a_bytes;
     char* const stage_c = stage_b + b_bytes;
     char* const stage_d = stage_c + b_bytes;
+    // One exchange round over `comm`, whose rank `mine` is this one: peer p gets segment p of `from`
+    // (`from_begin`) and sends segment p of `to` (`to_begin`); this rank's own segment is copied.
+    auto const round = [&](Comm& comm, std::int32_t peers, std::int32_t mine, char const* from,
+                           std::int64_t const* from_begin, char* to, std::int64_t const* to_begin, auto world_rank_of) {
+      scratch.clear_messages();
+      for (std::int32_t p = 0; p < peers; ++p) {
+        std::int64_t const out = from_begin[p + 1] - from_begin[p];
+        std::int64_t const back = to_begin[p + 1] - to_begin[p];
+        if (p == mine) {
+          be.copy(to + to_begin[p], from + from_begin[p], out);
+          continue;
+        }
+        if (out > 0) scratch.sends.push_back({p, from + from_begin[p], out});
+        if (back > 0) scratch.recvs.push_back({p, to + to_begin[p], back});
+        stats.record(topo, me, world_rank_of(p), out);
+      }
+      detail::exchange_in_stream_order(comm, scratch.sends, scratch.recvs);
+      stats.rounds += 1;
+    };
 
     // 1. Reorder my blocks [destination node][destination local] -> [destination local][destination node].
     std::int64_t at = 0;
@@ -90,22 +109,8 @@ struct hierarchical_2d {
 
     // 2. Intra-node: local peer g gets my blocks for (n, g), all n; I get from each local peer g'
     //    its blocks for (n, my_local), all n. Stage B is [source local][destination node].
-    {
-      scratch.clear_messages();
-      for (std::int32_t g = 0; g < locals; ++g) {
-        std::int64_t const out = a_begin[g + 1] - a_begin[g];
-        std::int64_t const back = b_begin[g + 1] - b_begin[g];
-        if (g == my_local) {
-          be.copy(stage_b + b_begin[g], stage_a + a_begin[g], out);
-          continue;
-        }
-        if (out > 0) scratch.sends.push_back({g, stage_a + a_begin[g], out});
-        if (back > 0) scratch.recvs.push_back({g, stage_b + b_begin[g], back});
-        stats.record(topo, me, rank_at(my_node, g), out);
-      }
-      detail::exchange_in_stream_order(groups.intra(), scratch.sends, scratch.recvs);
-      stats.rounds += 1;
-    }
+    round(groups.intra(), locals, my_local, stage_a, a_begin, stage_b, b_begin,
+          [&](std::int32_t g) { return rank_at(my_node, g); });
 
     // 3. Reorder [source local][destination node] -> [destination node][source local].
     at = 0;
@@ -123,22 +128,8 @@ struct hierarchical_2d {
 
     // 4. Inter-node, among the ranks with my local index: node n gets the blocks bound for
     //    (n, my_local); I get, from each node, the blocks its ranks sent me, in local order.
-    {
-      scratch.clear_messages();
-      for (std::int32_t n = 0; n < nodes; ++n) {
-        std::int64_t const out = c_begin[n + 1] - c_begin[n];
-        std::int64_t const back = d_begin[n + 1] - d_begin[n];
-        if (n == my_node) {
-          be.copy(stage_d + d_begin[n], stage_c + c_begin[n], out);
-          continue;
-        }
-        if (out > 0) scratch.sends.push_back({n, stage_c + c_begin[n], out});
-        if (back > 0) scratch.recvs.push_back({n, stage_d + d_begin[n], back});
-        stats.record(topo, me, rank_at(n, my_local), out);
-      }
-      detail::exchange_in_stream_order(groups.inter(), scratch.sends, scratch.recvs);
-      stats.rounds += 1;
-    }
+    round(groups.inter(), nodes, my_node, stage_c, c_begin, stage_d, d_begin,
+          [&](std::int32_t n) { return rank_at(n, my_local); });
 
     // 5. Blocks into source-rank order (a plain copy of whole segments when nodes are contiguous).
     at = 0;

@@ -29,6 +29,21 @@ template <class Team>
 struct team_fragments_per_step<Team, std::void_t<decltype(Team::fragments_per_step)>>
     : std::integral_constant<int, Team::fragments_per_step> {};
 
+//! Host only: a team that takes `Tile` > 1 fragments a step runs the kernel's host loop,
+//! `kernel.host_row<Tile, Streaming>(row)`, streaming as `kernel.streaming` says. False (nothing
+//! run) for a team of one fragment a step, which runs the kernel's fragment loop.
+template <class Team, class Kernel>
+bool run_host_row([[maybe_unused]] Kernel const& kernel, [[maybe_unused]] std::int64_t row) {
+  if constexpr (team_fragments_per_step<Team>::value > 1) {
+    constexpr int tile = team_fragments_per_step<Team>::value;
+    if (kernel.streaming) kernel.template host_row<tile, true>(row);
+    else kernel.template host_row<tile, false>(row);
+    return true;
+  } else {
+    return false;
+  }
+}
+
 //! Host outputs from this size on are written with non-temporal stores: they would not stay in
 //! cache for their consumer anyway, and streaming saves the read-for-ownership of every line.
 inline constexpr std::int64_t streaming_store_min_bytes = std::int64_t{8} << 20;
@@ -74,11 +89,7 @@ struct gather_rows_kernel {
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r, Team const& team) const {
 #if !MOECOMM_DEVICE_PASS()
-    if constexpr (team_fragments_per_step<Team>::value > 1) {
-      constexpr int tile = team_fragments_per_step<Team>::value;
-      if (streaming) host_row<tile, true>(r); else host_row<tile, false>(r);
-      return;
-    }
+    if (run_host_row<Team>(*this, r)) return;
 #endif
     std::int64_t const s = source(r);
     T* out = dst + r * hidden;
@@ -97,6 +108,9 @@ struct gather_rows_kernel {
   }
 
  private:
+  template <class Team, class Kernel>
+  friend bool run_host_row(Kernel const&, std::int64_t);
+
   //! The host's row, `Tile` fragments per step with all loads before the stores, so that
   //! streaming stores fill whole cache lines back to back.
   template <int Tile, bool Streaming>
@@ -306,11 +320,7 @@ struct combine_rows_kernel {
   template <class Team>
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t, Team const& team) const {
 #if !MOECOMM_DEVICE_PASS()
-    if constexpr (team_fragments_per_step<Team>::value > 1) {
-      constexpr int tile = team_fragments_per_step<Team>::value;
-      if (streaming) host_row<tile, true>(t); else host_row<tile, false>(t);
-      return;
-    }
+    if (run_host_row<Team>(*this, t)) return;
 #endif
     std::int32_t const* rows = row_of + t * top_k;
     T* out = dst + t * hidden;
@@ -337,6 +347,9 @@ struct combine_rows_kernel {
   }
 
  private:
+  template <class Team, class Kernel>
+  friend bool run_host_row(Kernel const&, std::int64_t);
+
   //! How far ahead of its reads the host prefetches each slot's row, in bytes. The K rows are
   //! scattered, so the hardware prefetcher, which stops at page ends, starts cold on each, and the
   //! bf16 combine, with twice the instructions per byte of fp32, keeps too few misses in flight to
