@@ -29,8 +29,11 @@ __all__ = ["MoELayer", "Dispatcher", "Router", "router", "Error", "mlp_parameter
            "ignore_experts_in_ddp"]
 
 
-def mlp_parameter_count(hidden, ffn_hidden):
-    """Parameters of one MLP expert, relu(x W1 + b1) W2 + b2: W1 [H][F], b1, W2 [F][H], b2, flat in that order."""
+def mlp_parameter_count(hidden, ffn_hidden, activation="relu"):
+    """Parameters of one MLP expert, flat: "relu", relu(x W1 + b1) W2 + b2 with W1 [H][F], b1, W2 [F][H],
+    b2 in that order; "swiglu", (silu(x Wg) * (x Wu)) W2 without biases, W1 = [Wg | Wu] [H][2F], then W2."""
+    if activation == "swiglu":
+        return 3 * hidden * ffn_hidden
     return 2 * hidden * ffn_hidden + ffn_hidden + hidden
 
 
@@ -107,19 +110,19 @@ class Dispatcher:
 class MoELayer(torch.nn.Module):
     """One MoE layer, expert parallel over a torch.distributed process group (Gloo, CPU tensors).
 
-    The experts are MLPs H -> F -> H with ReLU; this rank's are the parameter `experts`,
-    [slots][mlp_parameter_count(H, F)]: the global experts `slot_experts` lists (num_experts / size
+    The experts are MLPs H -> F -> H, with ReLU or (activation="swiglu") SwiGLU; this rank's are the
+    parameter `experts`, [slots][mlp_parameter_count(H, F, activation)]: the global experts `slot_experts` lists (num_experts / size
     of them, or twice as many replicas for "finemoe"). `expert_init`, [num_experts][P], gives every
     expert's initial parameters (the same on every rank); by default they are drawn from `seed`.
     Layers must be made in the same order on every rank (their sub-groups are named by that order).
     """
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k=2, pattern="plain", group=None, ranks_per_node=None,
-                 aux_loss_coeff=0.0, z_loss_coeff=0.0, expert_init=None, seed=0, timeout=60.0):
+                 aux_loss_coeff=0.0, z_loss_coeff=0.0, expert_init=None, seed=0, timeout=60.0, activation="relu"):
         super().__init__()
         group, store = _group_and_store(group)
         rank, size = dist.get_rank(group), dist.get_world_size(group)
-        count = mlp_parameter_count(hidden, ffn_hidden)
+        count = mlp_parameter_count(hidden, ffn_hidden, activation)
         if expert_init is None:
             g = torch.Generator().manual_seed(seed)
             expert_init = torch.randn(num_experts, count, generator=g) * (1.0 / hidden) ** 0.5
@@ -131,7 +134,7 @@ class MoELayer(torch.nn.Module):
         self.experts = torch.nn.Parameter(expert_init[self.slot_experts].detach().clone().float().contiguous())
         self.router = Router(top_k, aux_loss_coeff, z_loss_coeff)
         self._layer = _C.make_layer(pattern, group, store, f"moecomm/layer{next(_layer_names)}", num_experts, hidden,
-                                    ffn_hidden, self.experts, _ranks_per_node(ranks_per_node, size), timeout)
+                                    ffn_hidden, activation, self.experts, _ranks_per_node(ranks_per_node, size), timeout)
         self.last_losses = None
         self.last_topk_idx = None
 

@@ -137,9 +137,11 @@ std::unique_ptr<layer_handle> handle(comm_t comm, std::int32_t per_node, Make ma
 
 std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object const& group, py::object const& store,
                                          std::string const& name, std::int32_t num_experts, std::int64_t hidden,
-                                         std::int64_t inner, at::Tensor const& experts, std::int32_t ranks_per_node,
-                                         double timeout) {
+                                         std::int64_t inner, std::string const& activation, at::Tensor const& experts,
+                                         std::int32_t ranks_per_node, double timeout) {
   char const* const op = "moecomm.MoELayer";
+  moecomm::detail::require(activation == "relu" || activation == "swiglu", op, "activation = '", activation,
+                           "' is not one of relu, swiglu");
   moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup" || pattern == "fastermoe" ||
                                pattern == "finemoe",
                            op, "pattern = '", pattern, "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
@@ -150,9 +152,13 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
                            " is not a multiple of the group's size ", comm.size());
   moecomm::detail::require(ranks_per_node >= 1 && comm.size() % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
                            " does not divide the group's size ", comm.size());
-  experts_t ex(moecomm::libtorch::mlp_expert{hidden, inner}, experts);
-  moecomm::detail::require(ex.parameter_count() == 2 * hidden * inner + inner + hidden, op, "experts has ",
-                           ex.parameter_count(), " columns; an MLP expert has 2 H F + F + H = ", 2 * hidden * inner + inner + hidden);
+  moecomm::libtorch::mlp_expert const mlp{hidden, inner,
+                                          activation == "swiglu" ? moecomm::libtorch::mlp_activation::swiglu
+                                                                 : moecomm::libtorch::mlp_activation::relu};
+  experts_t ex(mlp, experts);
+  moecomm::detail::require(ex.parameter_count() == mlp.parameter_count(), op, "experts has ", ex.parameter_count(),
+                           " columns; a ", activation, " MLP expert has ",
+                           activation == "swiglu" ? "3 H F = " : "2 H F + F + H = ", mlp.parameter_count());
   moecomm::host_backend const be;
   using groups_t = moecomm::exchange_groups<comm_t>;
   if (pattern == "plain")
@@ -238,8 +244,8 @@ PYBIND11_MODULE(_C, m) {
       .def("shadowed", &layer_handle::shadowed);
 
   m.def("make_layer", &make_layer, py::arg("pattern"), py::arg("group"), py::arg("store"), py::arg("name"),
-        py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("experts"), py::arg("ranks_per_node"),
-        py::arg("timeout"));
+        py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("experts"),
+        py::arg("ranks_per_node"), py::arg("timeout"));
   py::class_<dispatcher_handle>(m, "Dispatcher")
       .def(
           "dispatch",

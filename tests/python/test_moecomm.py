@@ -36,7 +36,10 @@ def _worker(rank, fn, store, args):
         dist.destroy_process_group()
 
 
-def mlp(p, x, hidden, inner):
+def mlp(p, x, hidden, inner, activation="relu"):
+    if activation == "swiglu":  # (silu(x Wg) * (x Wu)) W2, W1 = [Wg | Wu]
+        a = x @ p[: 2 * hidden * inner].view(hidden, 2 * inner)
+        return (torch.nn.functional.silu(a[:, :inner]) * a[:, inner:]) @ p[2 * hidden * inner:].view(inner, hidden)
     w1 = p[: hidden * inner].view(hidden, inner)
     b1 = p[hidden * inner: hidden * inner + inner]
     w2 = p[hidden * inner + inner: 2 * hidden * inner + inner].view(inner, hidden)
@@ -44,18 +47,18 @@ def mlp(p, x, hidden, inner):
     return torch.addmm(b2, torch.relu(torch.addmm(b1, x, w1)), w2)
 
 
-def dense_moe(params, x, idx, w, hidden, inner):
+def dense_moe(params, x, idx, w, hidden, inner, activation="relu"):
     """y[t] = sum_k w[t][k] * expert_{idx[t][k]}(x[t]): every token through its experts, one process."""
     y = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for k in range(idx.shape[1]):
             e = int(idx[t, k])
             if e >= 0:
-                y[t] = y[t] + w[t, k] * mlp(params[e], x[t:t + 1], hidden, inner)[0]
+                y[t] = y[t] + w[t, k] * mlp(params[e], x[t:t + 1], hidden, inner, activation)[0]
     return y
 
 
-def problem(seed, tokens, hidden, inner, experts, top_k):
+def problem(seed, tokens, hidden, inner, experts, top_k, activation="relu"):
     """Every rank's inputs, the same on every process: x, routing (expert 0 hot, one masked slot), g."""
     g = torch.Generator().manual_seed(seed)
     n = RANKS * tokens
@@ -65,7 +68,7 @@ def problem(seed, tokens, hidden, inner, experts, top_k):
     idx[1, top_k - 1] = -1
     w = torch.rand(n, top_k, generator=g)
     grad = torch.randn(n, hidden, generator=g)
-    params = torch.randn(experts, moecomm.mlp_parameter_count(hidden, inner), generator=g) * 0.3
+    params = torch.randn(experts, moecomm.mlp_parameter_count(hidden, inner, activation), generator=g) * 0.3
     return x, idx, w, grad, params
 
 
@@ -75,12 +78,12 @@ def gathered(t):
     return torch.cat(parts)
 
 
-def assert_equals_dense(y, xr, wr, params, x, idx, w, grad, hidden, inner):
+def assert_equals_dense(y, xr, wr, params, x, idx, w, grad, hidden, inner, activation="relu"):
     """This rank's output and input gradients (of x and w) equal the dense MoE's rows, its loss being
     sum(y * grad) over every rank; returns the dense parameters' gradient."""
     p = params.clone().requires_grad_(True)
     xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    ref = dense_moe(p, xs, idx, ws, hidden, inner)
+    ref = dense_moe(p, xs, idx, ws, hidden, inner, activation)
     (ref * grad).sum().backward()
     torch.testing.assert_close(gathered(y.detach()), ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gathered(xr.grad), xs.grad, rtol=1e-5, atol=1e-5)
@@ -88,17 +91,18 @@ def assert_equals_dense(y, xr, wr, params, x, idx, w, grad, hidden, inner):
     return p.grad
 
 
-def _check_against_dense(rank, pattern):
+def _check_against_dense(rank, pattern, activation="relu"):
     T, H, F, E, K = 7, 5, 6, 8, 3
-    x, idx, w, grad, params = problem(1, T, H, F, E, K)
-    layer = moecomm.MoELayer(H, F, E, top_k=K, pattern=pattern, ranks_per_node=2, expert_init=params)
+    x, idx, w, grad, params = problem(1, T, H, F, E, K, activation)
+    layer = moecomm.MoELayer(H, F, E, top_k=K, pattern=pattern, ranks_per_node=2, expert_init=params,
+                             activation=activation)
     mine = slice(rank * T, (rank + 1) * T)
     xr = x[mine].clone().requires_grad_(True)
     wr = w[mine].clone().requires_grad_(True)
     y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
     (y * grad[mine]).sum().backward()
 
-    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, H, F)
+    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, H, F, activation)
     # Each slot's gradient is its expert's whole gradient (replicas' summed for finemoe).
     torch.testing.assert_close(layer.experts.grad, dense_grad[layer.slot_experts], rtol=1e-5, atol=1e-5)
     if pattern == "fastermoe":
@@ -108,6 +112,11 @@ def _check_against_dense(rank, pattern):
 @pytest.mark.parametrize("pattern", ["plain", "hierarchical", "dedup", "fastermoe", "finemoe"])
 def test_every_pattern_equals_the_dense_reference(pattern):
     spawn(_check_against_dense, pattern)
+
+
+@pytest.mark.parametrize("pattern", ["plain", "fastermoe"])
+def test_swiglu_experts_equal_the_dense_reference(pattern):
+    spawn(_check_against_dense, pattern, "swiglu")
 
 
 def _check_bitwise(rank):
@@ -188,6 +197,8 @@ def _check_errors(rank):
     for width in (E - 1, E + 1):
         with pytest.raises(ValueError, match=rf"logits has shape \({T}, {width}\).*num_experts = {E}"):
             layer(xr, torch.randn(T, width))
+    with pytest.raises(moecomm.Error, match="activation = 'gelu' is not one of relu, swiglu"):
+        moecomm.MoELayer(H, F, E, top_k=K, expert_init=params, activation="gelu")
     # Ranks that make different patterns are refused at construction, naming both.
     with pytest.raises(moecomm.Error, match="ranks disagree on the pattern: rank 0 has 'plain', but rank 1 has 'dedup'"):
         moecomm.MoELayer(H, F, E, top_k=K, expert_init=params, pattern="plain" if rank == 0 else "dedup")

@@ -27,15 +27,29 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace libtorch {
 
-//! A 2-layer MLP expert, `relu(x W1 + b1) W2 + b2` with W1 `[H][I]`, W2 `[I][H]`, its flat parameters
-//! in the order W1, b1, W2, b2 (the layout of the examples' plain-loop experts).
+//! The activation of an `mlp_expert`.
+enum class mlp_activation { relu, swiglu };
+
+//! A 2-layer MLP expert. `relu`: `relu(x W1 + b1) W2 + b2` with W1 `[H][I]`, W2 `[I][H]`, its flat
+//! parameters in the order W1, b1, W2, b2 (the layout of the examples' plain-loop experts).
+//! `swiglu`: `(silu(x Wg) * (x Wu)) W2` without biases (Megatron-LM's `--swiglu` with
+//! `--disable-bias-linear`), W1 = [Wg | Wu] `[H][2I]`, W2 `[I][H]`, flat in the order W1, W2.
 struct mlp_expert {
   std::int64_t hidden = 0, inner = 0;
+  mlp_activation activation = mlp_activation::relu;
 
-  [[nodiscard]] std::int64_t parameter_count() const { return 2 * hidden * inner + inner + hidden; }
+  [[nodiscard]] std::int64_t parameter_count() const {
+    return activation == mlp_activation::swiglu ? 3 * hidden * inner : 2 * hidden * inner + inner + hidden;
+  }
 
   at::Tensor operator()(at::Tensor const& p, at::Tensor const& x) const {
     std::int64_t const h = hidden, i = inner;
+    if (activation == mlp_activation::swiglu) {
+      at::Tensor const w1 = p.narrow(0, 0, h * 2 * i).view({h, 2 * i});
+      at::Tensor const w2 = p.narrow(0, h * 2 * i, i * h).view({i, h});
+      at::Tensor const a = at::mm(x, w1);
+      return at::mm(at::silu(a.narrow(1, 0, i)) * a.narrow(1, i, i), w2);
+    }
     at::Tensor const w1 = p.narrow(0, 0, h * i).view({h, i});
     at::Tensor const b1 = p.narrow(0, h * i, i);
     at::Tensor const w2 = p.narrow(0, h * i + i, i * h).view({i, h});
