@@ -17,6 +17,7 @@ min-max token split). Each gives the same output as "plain" up to the order of f
 
 import itertools
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,13 @@ from . import _C
 Error = _C.Error
 
 __all__ = ["MoELayer", "Dispatcher", "Router", "router", "Error", "mlp_parameter_count", "expert_parameter_names",
-           "ignore_experts_in_ddp"]
+           "ignore_experts_in_ddp", "DROP_POLICIES"]
+
+DROP_POLICIES = ("probs", "position", "random")
+"""The capacity policies' rules for the slots over capacity (Megatron-LM's moe_token_drop_policy, and
+DeepSpeed's random token selection): "probs" keeps each expert's C slots of largest weight (ties to the
+lower token, then the lower slot), "position" its first C slots in (token, slot) order, "random" C
+slots by a Philox priority drawn from (seed, layer, token, slot)."""
 
 
 def mlp_parameter_count(hidden, ffn_hidden, activation="relu"):
@@ -78,6 +85,30 @@ def _ranks_per_node(ranks_per_node, size):
     return local if local > 0 and size % local == 0 else size
 
 
+def _capacity_spec(capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity, seed, layer):
+    """The C++ capacity policy of the layer's and the dispatcher's capacity arguments, checked by name."""
+    spec = _C.CapacitySpec()
+    if capacity_factor is not None and rank_capacity is not None:
+        raise ValueError("capacity_factor and rank_capacity are two capacity policies; give at most one")
+    if pad_to_capacity and capacity_factor is None:
+        raise ValueError("pad_to_capacity needs capacity_factor (the capacity it pads every expert's rows to)")
+    if capacity_factor is not None:
+        if drop_policy not in DROP_POLICIES:
+            raise ValueError(f"drop_policy = {drop_policy!r} is not one of {', '.join(DROP_POLICIES)}")
+        if not capacity_factor > 0:
+            raise ValueError(f"capacity_factor = {capacity_factor} must be > 0 (None: dropless)")
+        if min_capacity < 0:
+            raise ValueError(f"min_capacity = {min_capacity} must be >= 0")
+        spec.drop, spec.factor, spec.min_capacity, spec.pad = drop_policy, float(capacity_factor), int(min_capacity), \
+            bool(pad_to_capacity)
+        spec.seed, spec.layer = int(seed), int(layer)
+    elif rank_capacity is not None:
+        if rank_capacity < 0:
+            raise ValueError(f"rank_capacity = {rank_capacity} must be >= 0 (rows a rank receives over its experts)")
+        spec.drop, spec.rows_per_rank = "rank", int(rank_capacity)
+    return spec
+
+
 class Dispatcher:
     """Expert parallelism's two exchanges as autograd functions, with the experts in between yours
     (as DeepEP's Buffer or Megatron-LM's token dispatchers):
@@ -89,13 +120,25 @@ class Dispatcher:
     Local expert l of rank r is global expert r * num_experts / size + l; each expert's rows come
     in (source rank, source token) order. `exchange` is "flat", "hierarchical" or "dedup" (each token
     sent once per destination rank). Both calls are collective, forward and backward.
+
+    Capacity (as MoELayer): dropless by default; `capacity_factor` C = ceil(T K / E * factor) slots per
+    expert from each rank (at least `min_capacity`, the largest over the ranks), the rest dropped by
+    `drop_policy` (DROP_POLICIES) and, with `pad_to_capacity`, every expert's rows padded with zero rows
+    to C per source rank (fixed sizes, Megatron's moe_pad_expert_input_to_capacity); or `rank_capacity`,
+    at most that many rows received by each rank over its experts. A dropped slot adds nothing to its
+    token. `checks=False` skips the scan of topk_idx and topk_weights (an id out of range is then a
+    masked slot).
     """
 
-    def __init__(self, num_experts, group=None, exchange="flat", ranks_per_node=None, timeout=60.0):
+    def __init__(self, num_experts, group=None, exchange="flat", ranks_per_node=None, timeout=60.0,
+                 capacity_factor=None, drop_policy="probs", pad_to_capacity=False, min_capacity=0, rank_capacity=None,
+                 checks=True, seed=0):
         group, store = _group_and_store(group)
         size = dist.get_world_size(group)
-        self._d = _C.make_dispatcher(exchange, group, store, f"moecomm/layer{next(_layer_names)}", num_experts,
-                                     _ranks_per_node(ranks_per_node, size), timeout)
+        index = next(_layer_names)
+        capacity = _capacity_spec(capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity, seed, index)
+        self._d = _C.make_dispatcher(exchange, group, store, f"moecomm/layer{index}", num_experts,
+                                     _ranks_per_node(ranks_per_node, size), capacity, bool(checks), timeout)
 
     def dispatch(self, x, topk_idx, topk_weights):
         """(rows [received][H], counts [local experts] int64) for tokens x [T][H] routed by topk_idx
@@ -107,36 +150,134 @@ class Dispatcher:
         return self._d.combine(rows, topk_weights)
 
 
+_functional_call = getattr(getattr(torch, "func", None), "functional_call", None) or \
+    torch.nn.utils.stateless.functional_call  # torch 2.x, else 1.12-1.13
+
+
+class _FunctionalExpert:
+    """An expert module as the function the layer calls, fn(params [P], rows [n][H]) -> [n][H], params
+    one flat row of its parameters in named_parameters() order. A plain object (not a submodule): the
+    module's own parameters are a template, never trained; the layer's `experts` rows are."""
+
+    def __init__(self, module, expert):
+        self.module, self.first = module, expert
+        named = list(module.named_parameters())
+        if not named:
+            raise ValueError(f"expert module {type(module).__name__} has no parameters")
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+
+    def flatten(self, module, expert):
+        """The flat parameters of `module`, global expert `expert`, which must be shaped as the template."""
+        named = list(module.named_parameters())
+        shapes = [(n, tuple(p.shape)) for n, p in named]
+        if shapes != [(n, tuple(s)) for n, s in zip(self.names, self.shapes)]:
+            raise ValueError(f"expert({expert}) has parameters {shapes}, expert({self.first}) "
+                             f"{[(n, tuple(s)) for n, s in zip(self.names, self.shapes)]}: every expert must have the same")
+        return torch.cat([p.detach().reshape(-1).float() for _, p in named])
+
+    def __call__(self, params, rows):
+        views = {n: t.view(s) for n, t, s in zip(self.names, params.split(self.sizes), self.shapes)}
+        return _functional_call(self.module, views, (rows,))
+
+
+def _made_experts(expert, experts, seed):
+    """expert(e) for each global expert e of `experts`, each under torch's generator seeded from (seed, e),
+    so that expert e starts the same on every rank (FineMoE's replicas of it too)."""
+    modules = []
+    with torch.random.fork_rng(devices=[]):
+        for e in experts:
+            torch.manual_seed(seed * 1000003 + e)
+            modules.append(expert(e))
+    return modules
+
+
 class MoELayer(torch.nn.Module):
     """One MoE layer, expert parallel over a torch.distributed process group (Gloo, CPU tensors).
 
-    The experts are MLPs H -> F -> H, with ReLU or (activation="swiglu") SwiGLU; this rank's are the
-    parameter `experts`, [slots][mlp_parameter_count(H, F, activation)]: the global experts `slot_experts` lists (num_experts / size
-    of them, or twice as many replicas for "finemoe"). `expert_init`, [num_experts][P], gives every
-    expert's initial parameters (the same on every rank); by default they are drawn from `seed`.
+    The experts, one of three kinds:
+    - built in (default): MLPs H -> ffn_hidden -> H, with ReLU or (activation="swiglu") SwiGLU;
+    - `expert`: your own, expert(e) -> an nn.Module mapping rows [n][H] to [n][H] row by row (any
+      layers; every expert shaped the same), made for each expert this rank holds under torch's
+      generator seeded from (seed, e), so that expert e starts the same on every rank;
+    - `grouped_experts`: one nn.Module holding all of this rank's experts, called as
+      grouped_experts(rows [n][H], counts [local experts] int64) with each local expert's rows
+      contiguous (the form grouped-GEMM MLPs take); patterns "plain", "hierarchical" and "dedup" only,
+      which leave experts where they are.
+    With the first two the trained parameters are `experts`, [slots][P] (P = mlp_parameter_count(H,
+    F, activation), or the expert module's parameter count): a flat row for each global expert
+    `slot_experts` lists (num_experts / size of them, or twice as many replicas for "finemoe"), which
+    every pattern moves and shadows as it needs. `expert_init`, [num_experts][P], overrides the
+    initial values (the same on every rank); the built-in MLPs are otherwise drawn from `seed`.
+
+    Capacity: dropless by default; `capacity_factor` keeps C = ceil(T K / E * capacity_factor) slots
+    (at least `min_capacity`, the largest over the ranks) per expert from each rank, choosing by
+    `drop_policy` (DROP_POLICIES) and, with `pad_to_capacity`, padding each expert's rows to C per
+    source rank; or `rank_capacity` rows received by a rank over its experts. A dropped slot adds
+    nothing to its token. Not with "finemoe" (dropless). `checks=False` skips the routing scan.
+
     Layers must be made in the same order on every rank (their sub-groups are named by that order).
+    Under DistributedDataParallel the experts must be left out (ignore_experts_in_ddp); the layer
+    refuses to run otherwise.
     """
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k=2, pattern="plain", group=None, ranks_per_node=None,
-                 aux_loss_coeff=0.0, z_loss_coeff=0.0, expert_init=None, seed=0, timeout=60.0, activation="relu"):
+                 aux_loss_coeff=0.0, z_loss_coeff=0.0, expert_init=None, seed=0, timeout=60.0, activation="relu",
+                 expert=None, grouped_experts=None, capacity_factor=None, drop_policy="probs", pad_to_capacity=False,
+                 min_capacity=0, rank_capacity=None, checks=True):
         super().__init__()
+        if expert is not None and grouped_experts is not None:
+            raise ValueError("expert and grouped_experts are two kinds of experts; give at most one")
         group, store = _group_and_store(group)
         rank, size = dist.get_rank(group), dist.get_world_size(group)
-        count = mlp_parameter_count(hidden, ffn_hidden, activation)
-        if expert_init is None:
-            g = torch.Generator().manual_seed(seed)
-            expert_init = torch.randn(num_experts, count, generator=g) * (1.0 / hidden) ** 0.5
-        if tuple(expert_init.shape) != (num_experts, count):
-            raise ValueError(f"expert_init has shape {tuple(expert_init.shape)}; needs ({num_experts}, {count})")
         self.pattern = pattern
         self.num_experts = num_experts
-        self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
-        self.experts = torch.nn.Parameter(expert_init[self.slot_experts].detach().clone().float().contiguous())
         self.router = Router(top_k, aux_loss_coeff, z_loss_coeff)
-        self._layer = _C.make_layer(pattern, group, store, f"moecomm/layer{next(_layer_names)}", num_experts, hidden,
-                                    ffn_hidden, activation, self.experts, _ranks_per_node(ranks_per_node, size), timeout)
         self.last_losses = None
         self.last_topk_idx = None
+        index = next(_layer_names)
+        capacity = _capacity_spec(capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity, seed, index)
+        ranks_per_node = _ranks_per_node(ranks_per_node, size)
+        if grouped_experts is not None:
+            exchanges = {"plain": "flat", "hierarchical": "hierarchical", "dedup": "dedup"}
+            if pattern not in exchanges:
+                raise ValueError(f"pattern = {pattern!r} moves or replicates experts, which needs each expert's own "
+                                 f"parameters: give `expert` instead of grouped_experts (grouped_experts: "
+                                 f"{', '.join(exchanges)})")
+            self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
+            self.experts = None
+            self.grouped_experts = grouped_experts
+            self._dispatcher = Dispatcher(num_experts, group, exchanges[pattern], ranks_per_node, timeout,
+                                          capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity,
+                                          checks, seed)
+            self._layer = None
+            return
+        self.grouped_experts = None
+        self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
+        function = None
+        if expert is not None:
+            modules = _made_experts(expert, self.slot_experts, seed)
+            function = _FunctionalExpert(modules[0], self.slot_experts[0])
+            initial = torch.stack([function.flatten(m, e) for m, e in zip(modules, self.slot_experts)])
+            count = initial.shape[1]
+        else:
+            count = mlp_parameter_count(hidden, ffn_hidden, activation)
+            if expert_init is None:
+                g = torch.Generator().manual_seed(seed)
+                expert_init = torch.randn(num_experts, count, generator=g) * (1.0 / hidden) ** 0.5
+        if expert_init is not None:
+            if tuple(expert_init.shape) != (num_experts, count):
+                raise ValueError(f"expert_init has shape {tuple(expert_init.shape)}; needs ({num_experts}, {count})")
+            initial = expert_init[self.slot_experts]
+        self.experts = torch.nn.Parameter(initial.detach().clone().float().contiguous())
+        self._layer = _C.make_layer(pattern, group, store, f"moecomm/layer{index}", num_experts, hidden,
+                                    ffn_hidden or 0, activation, function, self.experts, ranks_per_node, capacity,
+                                    bool(checks), timeout)
+
+    def expert_parameters(self):
+        """The parameters that hold this rank's experts (each rank its own: not for data parallelism)."""
+        return [self.experts] if self.experts is not None else list(self.grouped_experts.parameters())
 
     def forward(self, x, logits):
         """The layer's output for tokens x [T][H], routed by logits [T][E]."""
@@ -150,18 +291,44 @@ class MoELayer(torch.nn.Module):
     def expert_forward(self, x, topk_idx, topk_weights):
         """The layer's output for tokens x [T][H] routed by topk_idx [T][K] int32 (-1 masks a slot)
         with weights topk_weights [T][K]: dispatch, this rank's experts, combine."""
-        return self._layer.forward(x, topk_idx, topk_weights)
+        _refuse_ddp_that_moves_experts()
+        if self._layer is not None:
+            return self._layer.forward(x, topk_idx, topk_weights)
+        rows, counts = self._dispatcher.dispatch(x, topk_idx, topk_weights)
+        out = self.grouped_experts(rows, counts)
+        if not isinstance(out, torch.Tensor) or out.shape != rows.shape:
+            raise ValueError(f"grouped_experts returned {getattr(out, 'shape', type(out).__name__)} for rows of shape "
+                             f"{tuple(rows.shape)}: it must return one output row per row")
+        return self._dispatcher.combine(out, topk_weights)
 
     def shadowed(self):
         """The experts FasterMoE shadowed in the last step (empty for the other patterns)."""
-        return self._layer.shadowed()
+        return self._layer.shadowed() if self._layer is not None else []
+
+
+def _refuse_ddp_that_moves_experts():
+    """Raises Error when a DistributedDataParallel whose forward is running (found on the call stack)
+    does not ignore every MoELayer's experts: it gave every rank rank 0's experts when it wrapped the
+    model, and would average their gradients. Every rank raises (they run the same model)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.parallel.DistributedDataParallel):
+            ignored = set(getattr(owner, "parameters_to_ignore", ()))
+            moved = [n for n in expert_parameter_names(owner.module) if n not in ignored]
+            if moved:
+                raise Error(f"DistributedDataParallel wraps MoE experts it does not ignore ({', '.join(moved)}): it gave "
+                            "every rank rank 0's experts and would average their gradients. Wrap "
+                            "moecomm.ignore_experts_in_ddp(model) instead of the model")
+            return
+        frame = frame.f_back
 
 
 def expert_parameter_names(model):
     """The names, as model.named_parameters() gives them, of every MoELayer's experts in model. Each
     rank holds its own experts: data parallelism must neither broadcast them nor average their
     gradients (give these names to DDP's ignore list, or keep them out of FSDP's and ZeRO's groups)."""
-    experts = {id(m.experts) for m in model.modules() if isinstance(m, MoELayer)}
+    experts = {id(p) for m in model.modules() if isinstance(m, MoELayer) for p in m.expert_parameters()}
     return [name for name, p in model.named_parameters() if id(p) in experts]
 
 

@@ -15,6 +15,11 @@ switches to moecomm's exchange by constructing it instead, with `config.moecomm_
     self.token_dispatcher = moecomm.megatron.TokenDispatcher(num_local_experts, local_expert_indices, config,
                                                              model_comm_pgs)
 
+Megatron's capacity settings carry over: `config.moe_expert_capacity_factor` (None: dropless),
+`moe_token_drop_policy` ("probs" or "position") and `moe_pad_expert_input_to_capacity`. The capacity
+is Megatron's, ceil(tokens * topk / num_experts * factor) per expert from each rank, taken as the
+largest over the expert-parallel ranks (so that padded blocks have one size everywhere).
+
 The rows come grouped by local expert, each expert's in (source rank, source token) order, as
 Megatron's all-to-all dispatcher gives them. The probs are applied where moecomm applies them, when
 the rows are combined: `permuted_probs` is all ones, so experts that multiply by it (Megatron's
@@ -42,7 +47,10 @@ class TokenDispatcher:
         self.config = config
         self.num_local_experts = num_local_experts
         self.local_expert_indices = list(local_expert_indices)
-        self._dispatcher = Dispatcher(experts, group=group, exchange=getattr(config, "moecomm_exchange", "flat"))
+        self._dispatcher = Dispatcher(experts, group=group, exchange=getattr(config, "moecomm_exchange", "flat"),
+                                      capacity_factor=getattr(config, "moe_expert_capacity_factor", None),
+                                      drop_policy=getattr(config, "moe_token_drop_policy", "probs"),
+                                      pad_to_capacity=getattr(config, "moe_pad_expert_input_to_capacity", False))
         self._hidden_shape = None
         self._weights = None
 

@@ -16,7 +16,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -27,7 +29,70 @@ namespace py = pybind11;
 namespace {
 
 using comm_t = moecomm::c10d_communicator;
-using experts_t = moecomm::libtorch::torch_experts<moecomm::libtorch::mlp_expert>;
+// An expert as a function of its flat parameters and its rows: the built-in MLP, or a Python
+// callable (the package's functional form of the user's nn.Module), one type for every pattern.
+using expert_fn = std::function<at::Tensor(at::Tensor const&, at::Tensor const&)>;
+using experts_t = moecomm::libtorch::torch_experts<expert_fn>;
+
+// A Python expert function `fn(params [P], rows [n][H]) -> [n][H]`, called from the layer's threads
+// (the forward runs with the GIL released, the backward on autograd's thread): it takes the GIL.
+struct python_expert {
+  std::shared_ptr<py::object> fn;  // released under the GIL (python_expert::release)
+
+  at::Tensor operator()(at::Tensor const& params, at::Tensor const& rows) const {
+    py::gil_scoped_acquire const gil;
+    py::object const out = (*fn)(params, rows);
+    at::Tensor y = out.cast<at::Tensor>();
+    moecomm::detail::require(y.dim() == 2 && y.size(0) == rows.size(0) && y.size(1) == rows.size(1) &&
+                                 y.scalar_type() == at::kFloat,
+                             "moecomm.MoELayer", "the expert returned a ", y.scalar_type(), " tensor of shape ", y.sizes(),
+                             " for rows of shape ", rows.sizes(), ": an expert maps [n][H] float rows to [n][H]");
+    return y;
+  }
+
+  // Drops the Python object with the GIL held, whichever thread drops the last copy.
+  static std::shared_ptr<py::object> hold(py::object f) {
+    return std::shared_ptr<py::object>(new py::object(std::move(f)), [](py::object* o) {
+      py::gil_scoped_acquire const gil;
+      delete o;
+    });
+  }
+};
+
+// The capacity policy the Python arguments name: drop = "none" (dropless), "position", "probs",
+// "random" (capacity<rule> with `factor`, `min_capacity`, `pad`) or "rank" (receiver_budget of
+// `rows_per_rank`). The layer's patterns and the dispatcher's exchanges are instantiated for each.
+struct capacity_spec {
+  std::string drop = "none";
+  double factor = 1.0;
+  std::int64_t min_capacity = 0;
+  bool pad = false;
+  std::uint64_t seed = 0;
+  std::uint32_t layer = 0;
+  std::int64_t rows_per_rank = 0;
+};
+
+template <class Rule>
+moecomm::capacity<Rule> capacity_of(capacity_spec const& c, Rule rule) {
+  moecomm::capacity<Rule> policy;
+  policy.factor = c.factor;
+  policy.min_capacity = c.min_capacity;
+  policy.pad_to_capacity = c.pad;
+  policy.rule = rule;
+  return policy;
+}
+
+// Calls `f(policy)` with the capacity policy `c` names.
+template <class F>
+decltype(auto) with_capacity(capacity_spec const& c, char const* op, F&& f) {
+  moecomm::detail::require(c.drop == "none" || c.drop == "position" || c.drop == "probs" || c.drop == "random" || c.drop == "rank",
+                           op, "drop policy '", c.drop, "' is not one of position, probs, random");
+  if (c.drop == "position") return f(capacity_of(c, moecomm::drop_by_position{}));
+  if (c.drop == "probs") return f(capacity_of(c, moecomm::drop_by_probability{}));
+  if (c.drop == "random") return f(capacity_of(c, moecomm::drop_random{c.seed, c.layer}));
+  if (c.drop == "rank") return f(moecomm::receiver_budget{c.rows_per_rank});
+  return f(moecomm::dropless{});
+}
 
 // One MoE layer of any pattern behind one interface, for Python.
 class layer_handle {
@@ -78,13 +143,14 @@ class dispatcher_handle {
   virtual at::Tensor combine(at::Tensor const& rows, at::Tensor const& topk_weights) = 0;
 };
 
-template <class Algorithm>
+template <class Capacity, class Algorithm>
 class dispatcher_of final : public dispatcher_handle {
  public:
-  dispatcher_of(comm_t comm, std::int32_t ranks_per_node, std::int32_t num_experts)
+  dispatcher_of(comm_t comm, std::int32_t ranks_per_node, std::int32_t num_experts, Capacity capacity,
+                moecomm::routing_checks checks)
       : comm_(std::move(comm)),
         groups_(comm_, moecomm::topology(comm_.size(), ranks_per_node)),
-        dispatcher_(moecomm::host_backend{}, groups_, num_experts) {}
+        dispatcher_(moecomm::host_backend{}, groups_, num_experts, capacity, Algorithm{}, checks) {}
 
   std::vector<at::Tensor> dispatch(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) override {
     return dispatcher_.dispatch(x, topk_idx, topk_weights);
@@ -96,7 +162,7 @@ class dispatcher_of final : public dispatcher_handle {
  private:
   comm_t comm_;
   moecomm::exchange_groups<comm_t> groups_;
-  moecomm::libtorch::token_dispatcher<moecomm::host_backend, comm_t, moecomm::dropless, Algorithm> dispatcher_;
+  moecomm::libtorch::token_dispatcher<moecomm::host_backend, comm_t, Capacity, Algorithm> dispatcher_;
 };
 
 // The communicator on a Python process group; its splits are Gloo groups on `store` named `name`.
@@ -135,73 +201,112 @@ std::unique_ptr<layer_handle> handle(comm_t comm, std::int32_t per_node, Make ma
   return std::make_unique<layer_of<Make>>(std::move(comm), per_node, std::move(make), std::move(experts));
 }
 
-std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object const& group, py::object const& store,
-                                         std::string const& name, std::int32_t num_experts, std::int64_t hidden,
-                                         std::int64_t inner, std::string const& activation, at::Tensor const& experts,
-                                         std::int32_t ranks_per_node, double timeout) {
-  char const* const op = "moecomm.MoELayer";
-  moecomm::detail::require(activation == "relu" || activation == "swiglu", op, "activation = '", activation,
-                           "' is not one of relu, swiglu");
-  moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup" || pattern == "fastermoe" ||
-                               pattern == "finemoe",
-                           op, "pattern = '", pattern, "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
-  comm_t comm = communicator_of(group, store, name, timeout);
-  std::vector<std::int64_t> agreed;  // every rank makes the same pattern (their layers' collectives would not match)
-  moecomm::detail::agree_on_text(comm, op, "on the pattern", pattern, agreed);
-  moecomm::detail::require(num_experts % comm.size() == 0, op, "num_experts = ", num_experts,
-                           " is not a multiple of the group's size ", comm.size());
-  moecomm::detail::require(ranks_per_node >= 1 && comm.size() % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
-                           " does not divide the group's size ", comm.size());
-  moecomm::libtorch::mlp_expert const mlp{hidden, inner,
-                                          activation == "swiglu" ? moecomm::libtorch::mlp_activation::swiglu
-                                                                 : moecomm::libtorch::mlp_activation::relu};
-  experts_t ex(mlp, experts);
-  moecomm::detail::require(ex.parameter_count() == mlp.parameter_count(), op, "experts has ", ex.parameter_count(),
-                           " columns; a ", activation, " MLP expert has ",
-                           activation == "swiglu" ? "3 H F = " : "2 H F + F + H = ", mlp.parameter_count());
+// The layer of `pattern` with the capacity policy `capacity`.
+template <class Capacity>
+std::unique_ptr<layer_handle> pattern_layer(std::string const& pattern, comm_t comm, std::int32_t per_node, std::int32_t num_experts,
+                                            std::int64_t hidden, std::int64_t inner, Capacity capacity,
+                                            moecomm::routing_checks checks, experts_t experts) {
   moecomm::host_backend const be;
   using groups_t = moecomm::exchange_groups<comm_t>;
   if (pattern == "plain")
-    return handle(std::move(comm), ranks_per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden);
-    }, std::move(ex));
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, capacity, checks);
+    }, std::move(experts));
   if (pattern == "hierarchical")
-    return handle(std::move(comm), ranks_per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::hierarchical_2d{});
-    }, std::move(ex));
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::hierarchical_2d{}, capacity, checks);
+    }, std::move(experts));
   if (pattern == "dedup")
-    return handle(std::move(comm), ranks_per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::dedup_per_rank<moecomm::flat>{});
-    }, std::move(ex));
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::dedup_per_rank<moecomm::flat>{}, capacity,
+                                                        checks);
+    }, std::move(experts));
   if (pattern == "fastermoe") {
     moecomm::fastermoe_cost_params model;  // a small machine's model, so that hot experts are shadowed
     model.hidden = hidden;
     model.alpha = static_cast<double>(inner) / static_cast<double>(hidden);
     model.gemm_flops = 1e9;
     model.net_bandwidth = model.local_bandwidth = 1e9;
-    return handle(std::move(comm), ranks_per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::fastermoe_shadowing<>{model});
-    }, std::move(ex));
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::fastermoe_shadowing<>{model}, capacity,
+                                                        checks);
+    }, std::move(experts));
   }
-  auto const placement = finemoe_placement(comm.size(), num_experts);  // "finemoe", the last one
-  return handle(std::move(comm), ranks_per_node, [=](groups_t& g) {
-    return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::finemoe{placement});
-  }, std::move(ex));
+  if constexpr (std::is_same_v<Capacity, moecomm::dropless>) {  // "finemoe", the last one: dropless only
+    auto const placement = finemoe_placement(comm.size(), num_experts);
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::finemoe{placement}, checks);
+    }, std::move(experts));
+  } else {
+    throw moecomm::error(moecomm::status::internal_error, "moecomm.MoELayer: finemoe with a capacity policy passed make_layer's check");
+  }
+}
+
+// `expert` is None for the built-in MLP of `activation`, else `fn(params [P], rows) -> rows`, the
+// functional form of the user's expert module, whose P is `experts`' width.
+std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object const& group, py::object const& store,
+                                         std::string const& name, std::int32_t num_experts, std::int64_t hidden,
+                                         std::int64_t inner, std::string const& activation, py::object const& expert,
+                                         at::Tensor const& experts, std::int32_t ranks_per_node, capacity_spec const& capacity,
+                                         bool checks, double timeout) {
+  char const* const op = "moecomm.MoELayer";
+  moecomm::detail::require(activation == "relu" || activation == "swiglu", op, "activation = '", activation,
+                           "' is not one of relu, swiglu");
+  moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup" || pattern == "fastermoe" ||
+                               pattern == "finemoe",
+                           op, "pattern = '", pattern, "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
+  moecomm::detail::require(pattern != "finemoe" || capacity.drop == "none", op, "pattern 'finemoe' is dropless (its replicas "
+                           "split every expert's tokens): capacity_factor and rank_capacity are not supported with it");
+  comm_t comm = communicator_of(group, store, name, timeout);
+  std::vector<std::int64_t> agreed;  // every rank makes the same pattern (their layers' collectives would not match)
+  moecomm::detail::agree_on_text(comm, op, "on the pattern", pattern, agreed);
+  moecomm::detail::agree_on_text(comm, op, "on the drop policy", capacity.drop, agreed);
+  moecomm::detail::require(num_experts % comm.size() == 0, op, "num_experts = ", num_experts,
+                           " is not a multiple of the group's size ", comm.size());
+  moecomm::detail::require(ranks_per_node >= 1 && comm.size() % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
+                           " does not divide the group's size ", comm.size());
+  std::optional<experts_t> ex;
+  if (expert.is_none()) {
+    moecomm::libtorch::mlp_expert const mlp{hidden, inner,
+                                            activation == "swiglu" ? moecomm::libtorch::mlp_activation::swiglu
+                                                                   : moecomm::libtorch::mlp_activation::relu};
+    ex.emplace(mlp, experts);
+    moecomm::detail::require(ex->parameter_count() == mlp.parameter_count(), op, "experts has ", ex->parameter_count(),
+                             " columns; a ", activation, " MLP expert has ",
+                             activation == "swiglu" ? "3 H F = " : "2 H F + F + H = ", mlp.parameter_count());
+  } else {
+    ex.emplace(python_expert{python_expert::hold(expert)}, experts);
+  }
+  moecomm::routing_checks const routing_checks{checks, false};
+  return with_capacity(capacity, op, [&](auto policy) {
+    return pattern_layer(pattern, std::move(comm), ranks_per_node, num_experts, hidden, inner, policy, routing_checks,
+                         std::move(*ex));
+  });
 }
 
 std::unique_ptr<dispatcher_handle> make_dispatcher(std::string const& exchange, py::object const& group, py::object const& store,
                                                    std::string const& name, std::int32_t num_experts,
-                                                   std::int32_t ranks_per_node, double timeout) {
+                                                   std::int32_t ranks_per_node, capacity_spec const& capacity, bool checks,
+                                                   double timeout) {
   char const* const op = "moecomm.Dispatcher";
   moecomm::detail::require(exchange == "flat" || exchange == "hierarchical" || exchange == "dedup", op, "exchange = '", exchange,
                            "' is not one of flat, hierarchical, dedup");
   comm_t comm = communicator_of(group, store, name, timeout);
   std::vector<std::int64_t> agreed;  // every rank makes the same exchange
   moecomm::detail::agree_on_text(comm, op, "on the exchange", exchange, agreed);
-  if (exchange == "flat") return std::make_unique<dispatcher_of<moecomm::flat>>(std::move(comm), ranks_per_node, num_experts);
-  if (exchange == "hierarchical")
-    return std::make_unique<dispatcher_of<moecomm::hierarchical_2d>>(std::move(comm), ranks_per_node, num_experts);
-  return std::make_unique<dispatcher_of<moecomm::dedup_per_rank<moecomm::flat>>>(std::move(comm), ranks_per_node, num_experts);
+  moecomm::detail::agree_on_text(comm, op, "on the drop policy", capacity.drop, agreed);
+  moecomm::routing_checks const routing_checks{checks, false};
+  return with_capacity(capacity, op, [&](auto policy) -> std::unique_ptr<dispatcher_handle> {
+    using capacity_t = decltype(policy);
+    if (exchange == "flat")
+      return std::make_unique<dispatcher_of<capacity_t, moecomm::flat>>(std::move(comm), ranks_per_node, num_experts, policy,
+                                                                        routing_checks);
+    if (exchange == "hierarchical")
+      return std::make_unique<dispatcher_of<capacity_t, moecomm::hierarchical_2d>>(std::move(comm), ranks_per_node, num_experts,
+                                                                                   policy, routing_checks);
+    return std::make_unique<dispatcher_of<capacity_t, moecomm::dedup_per_rank<moecomm::flat>>>(std::move(comm), ranks_per_node,
+                                                                                              num_experts, policy, routing_checks);
+  });
 }
 
 // moecomm.Error, and the backwards' errors raised as it (moecomm/torch/backward_errors.hpp).
@@ -243,9 +348,18 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("shadowed", &layer_handle::shadowed);
 
+  py::class_<capacity_spec>(m, "CapacitySpec")
+      .def(py::init<>())
+      .def_readwrite("drop", &capacity_spec::drop)
+      .def_readwrite("factor", &capacity_spec::factor)
+      .def_readwrite("min_capacity", &capacity_spec::min_capacity)
+      .def_readwrite("pad", &capacity_spec::pad)
+      .def_readwrite("seed", &capacity_spec::seed)
+      .def_readwrite("layer", &capacity_spec::layer)
+      .def_readwrite("rows_per_rank", &capacity_spec::rows_per_rank);
   m.def("make_layer", &make_layer, py::arg("pattern"), py::arg("group"), py::arg("store"), py::arg("name"),
-        py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("experts"),
-        py::arg("ranks_per_node"), py::arg("timeout"));
+        py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("expert"), py::arg("experts"),
+        py::arg("ranks_per_node"), py::arg("capacity"), py::arg("checks"), py::arg("timeout"));
   py::class_<dispatcher_handle>(m, "Dispatcher")
       .def(
           "dispatch",
@@ -258,7 +372,7 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>());
 
   m.def("make_dispatcher", &make_dispatcher, py::arg("exchange"), py::arg("group"), py::arg("store"), py::arg("name"),
-        py::arg("num_experts"), py::arg("ranks_per_node"), py::arg("timeout"));
+        py::arg("num_experts"), py::arg("ranks_per_node"), py::arg("capacity"), py::arg("checks"), py::arg("timeout"));
   m.def("slot_experts", &slot_experts, py::arg("pattern"), py::arg("rank"), py::arg("ranks"), py::arg("num_experts"),
         "the global expert each local slot of `rank` holds");
 }

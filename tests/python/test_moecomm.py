@@ -6,8 +6,6 @@ against torch.autograd.gradcheck, the router against its own rule, and a trainin
 Run by scripts/test (ctest: python.moecomm) as `pytest tests/python` with PYTHONPATH=build/python.
 """
 
-import os
-import tempfile
 import types
 import warnings
 
@@ -18,77 +16,7 @@ import torch.multiprocessing as mp
 
 import moecomm
 
-RANKS = 4
-
-
-def spawn(fn, *args):
-    """Runs fn(rank, *args) in RANKS processes of one Gloo world; a failure in any fails the test."""
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(fn, os.path.join(d, "store"), args), nprocs=RANKS, join=True)
-
-
-def _worker(rank, fn, store, args):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS)
-    try:
-        fn(rank, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def mlp(p, x, hidden, inner, activation="relu"):
-    if activation == "swiglu":  # (silu(x Wg) * (x Wu)) W2, W1 = [Wg | Wu]
-        a = x @ p[: 2 * hidden * inner].view(hidden, 2 * inner)
-        return (torch.nn.functional.silu(a[:, :inner]) * a[:, inner:]) @ p[2 * hidden * inner:].view(inner, hidden)
-    w1 = p[: hidden * inner].view(hidden, inner)
-    b1 = p[hidden * inner: hidden * inner + inner]
-    w2 = p[hidden * inner + inner: 2 * hidden * inner + inner].view(inner, hidden)
-    b2 = p[2 * hidden * inner + inner:]
-    return torch.addmm(b2, torch.relu(torch.addmm(b1, x, w1)), w2)
-
-
-def dense_moe(params, x, idx, w, hidden, inner, activation="relu"):
-    """y[t] = sum_k w[t][k] * expert_{idx[t][k]}(x[t]): every token through its experts, one process."""
-    y = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        for k in range(idx.shape[1]):
-            e = int(idx[t, k])
-            if e >= 0:
-                y[t] = y[t] + w[t, k] * mlp(params[e], x[t:t + 1], hidden, inner, activation)[0]
-    return y
-
-
-def problem(seed, tokens, hidden, inner, experts, top_k, activation="relu"):
-    """Every rank's inputs, the same on every process: x, routing (expert 0 hot, one masked slot), g."""
-    g = torch.Generator().manual_seed(seed)
-    n = RANKS * tokens
-    x = torch.randn(n, hidden, generator=g)
-    idx = torch.randint(1, experts, (n, top_k), generator=g, dtype=torch.int32)
-    idx[:, 0] = 0
-    idx[1, top_k - 1] = -1
-    w = torch.rand(n, top_k, generator=g)
-    grad = torch.randn(n, hidden, generator=g)
-    params = torch.randn(experts, moecomm.mlp_parameter_count(hidden, inner, activation), generator=g) * 0.3
-    return x, idx, w, grad, params
-
-
-def gathered(t):
-    parts = [torch.empty_like(t) for _ in range(RANKS)]
-    dist.all_gather(parts, t.contiguous())
-    return torch.cat(parts)
-
-
-def assert_equals_dense(y, xr, wr, params, x, idx, w, grad, hidden, inner, activation="relu"):
-    """This rank's output and input gradients (of x and w) equal the dense MoE's rows, its loss being
-    sum(y * grad) over every rank; returns the dense parameters' gradient."""
-    p = params.clone().requires_grad_(True)
-    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    ref = dense_moe(p, xs, idx, ws, hidden, inner, activation)
-    (ref * grad).sum().backward()
-    torch.testing.assert_close(gathered(y.detach()), ref.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gathered(xr.grad), xs.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gathered(wr.grad), ws.grad, rtol=1e-5, atol=1e-5)
-    return p.grad
+from moe_reference import RANKS, assert_equals_dense, dense_moe, mlp, mlp_of, problem, spawn
 
 
 def _check_against_dense(rank, pattern, activation="relu"):
@@ -102,7 +30,7 @@ def _check_against_dense(rank, pattern, activation="relu"):
     y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
     (y * grad[mine]).sum().backward()
 
-    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, H, F, activation)
+    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, mlp_of(H, F, activation))
     # Each slot's gradient is its expert's whole gradient (replicas' summed for finemoe).
     torch.testing.assert_close(layer.experts.grad, dense_grad[layer.slot_experts], rtol=1e-5, atol=1e-5)
     if pattern == "fastermoe":
@@ -247,7 +175,7 @@ def _check_ddp(rank):
     g = gate.clone().requires_grad_(True)
     p = params.clone().requires_grad_(True)
     values, idx = (x @ g.t()).topk(K, dim=1)
-    ((dense_moe(p, x, idx, values.softmax(1), H, F)) * grad).sum().backward()
+    ((dense_moe(p, x, idx, values.softmax(1), mlp_of(H, F))) * grad).sum().backward()
     # DDP averages the replicated gate's gradient over the ranks; each expert's is its whole sum.
     torch.testing.assert_close(model.gate.weight.grad * RANKS, g.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model.moe.experts.grad, p.grad[model.moe.slot_experts], rtol=1e-5, atol=1e-5)
@@ -282,7 +210,7 @@ def _check_megatron_dispatcher(rank, exchange):
     (y.view(T, H) * grad[mine]).sum().backward()
     wr = types.SimpleNamespace(grad=pr.grad.gather(1, top[mine]))  # the probs' gradient where routed
     dense_grad = assert_equals_dense(y.view(T, H), types.SimpleNamespace(grad=xr.grad.view(T, H)), wr, params, x,
-                                     top, weights, grad, H, F)
+                                     top, weights, grad, mlp_of(H, F))
     torch.testing.assert_close(p.grad, dense_grad[rank * L:(rank + 1) * L], rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(pr.grad.masked_fill(routing_map[mine], 0)) == 0  # none where not routed
 
@@ -382,7 +310,7 @@ def _check_dispatcher(rank, exchange):
     y = d.combine(out, wr)
     (y * grad[mine]).sum().backward()
 
-    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, H, F)
+    dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, mlp_of(H, F))
     torch.testing.assert_close(p.grad, dense_grad[rank * L:(rank + 1) * L], rtol=1e-5, atol=1e-5)
 
 

@@ -42,8 +42,8 @@ class token_dispatcher {
 
  public:
   token_dispatcher(Backend be, exchange_groups<Comm>& groups, std::int32_t num_experts, Capacity capacity = {},
-                   Algorithm algorithm = {})
-      : dispatcher_(std::move(be), groups, num_experts, capacity, algorithm) {}
+                   Algorithm algorithm = {}, routing_checks checks = {})
+      : dispatcher_(std::move(be), groups, num_experts, capacity, algorithm, checks) {}
 
   //! `{rows [received][H], counts [local experts] int64}` for tokens `x` `[T][H]` routed by
   //! `topk_idx` (int32) and `topk_weights` (float), `[T][K]`; differentiable in `x`.
