@@ -386,28 +386,35 @@ constexpr std::int64_t kTokens[] = {4096, 16384};
 constexpr std::int64_t kHidden[] = {1024, 4096, 7168};
 constexpr std::int32_t kTopK[] = {1, 2, 8};
 
+//! One (dtype, T, H, K) case: its memcpy, then permute and unpermute for each E, on one data set.
+template <class T>
+void register_case(std::int64_t tokens, std::int64_t hidden, std::int32_t top_k) {
+  std::string const args = "<" + std::string(moecomm::dtype_traits<T>::name) + ">/T:" + std::to_string(tokens) +
+                           "/H:" + std::to_string(hidden) + "/K:" + std::to_string(top_k);
+  benchmark::RegisterBenchmark(("memcpy" + args).c_str(), bm_case_memcpy<T>, tokens, hidden, top_k)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  for (std::int32_t experts : kExperts) {
+    std::string const name = args + "/E:" + std::to_string(experts);
+    benchmark::RegisterBenchmark(("permute" + name).c_str(), bm_permute<T>, tokens, hidden, top_k, experts)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("unpermute" + name).c_str(), bm_unpermute<T>, tokens, hidden, top_k, experts)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+//! The grid, then the same ops on data that fits in a core's L2 (512 KiB of permuted rows, H =
+//! 4096): with memory out of the way, what their instructions allow (docs/performance.md).
 template <class T>
 void register_ops() {
-  std::string const dtype = moecomm::dtype_traits<T>::name;
   for (std::int64_t tokens : kTokens)
     for (std::int64_t hidden : kHidden)
-      for (std::int32_t top_k : kTopK) {
-        std::string const args =
-            "<" + dtype + ">/T:" + std::to_string(tokens) + "/H:" + std::to_string(hidden) + "/K:" + std::to_string(top_k);
-        // the case's memcpy, then permute and unpermute for each E: one data set for all of them
-        benchmark::RegisterBenchmark(("memcpy" + args).c_str(), bm_case_memcpy<T>, tokens, hidden, top_k)
-            ->UseRealTime()
-            ->Unit(benchmark::kMillisecond);
-        for (std::int32_t experts : kExperts) {
-          std::string const name = args + "/E:" + std::to_string(experts);
-          benchmark::RegisterBenchmark(("permute" + name).c_str(), bm_permute<T>, tokens, hidden, top_k, experts)
-              ->UseRealTime()
-              ->Unit(benchmark::kMillisecond);
-          benchmark::RegisterBenchmark(("unpermute" + name).c_str(), bm_unpermute<T>, tokens, hidden, top_k, experts)
-              ->UseRealTime()
-              ->Unit(benchmark::kMillisecond);
-        }
-      }
+      for (std::int32_t top_k : kTopK) register_case<T>(tokens, hidden, top_k);
+  constexpr std::int64_t in_cache_hidden = 4096, in_cache_rows_bytes = std::int64_t{512} << 10;
+  for (std::int32_t top_k : kTopK)
+    register_case<T>(in_cache_rows_bytes / (top_k * in_cache_hidden * std::int64_t{sizeof(T)}), in_cache_hidden, top_k);
 }
 
 void register_all() {

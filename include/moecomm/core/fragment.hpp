@@ -114,6 +114,30 @@ inline void stream_bytes(void* dst, void const* src, std::int64_t bytes) {
 #endif
 }
 
+//! Host only: `stream_bytes` of a fixed `Bytes` (a multiple of 64) into a 64-byte aligned `dst`: whole
+//! lines, no alignment checks, so that a kernel's values can go from registers to memory directly.
+template <int Bytes>
+inline void stream_lines(void* dst, void const* src) {
+  static_assert(Bytes % 64 == 0, "stream_lines: whole cache lines only");
+#if !MOECOMM_DEVICE_PASS() && defined(__SSE2__)
+  auto* out = static_cast<char*>(dst);
+  auto const* in = static_cast<char const*>(src);
+  for (int b = 0; b < Bytes; b += 64) {
+#  if defined(__AVX512F__)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(out + b), _mm512_loadu_si512(in + b));
+#  elif defined(__AVX__)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + b), _mm256_loadu_si256(reinterpret_cast<__m256i const*>(in + b)));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + b + 32), _mm256_loadu_si256(reinterpret_cast<__m256i const*>(in + b + 32)));
+#  else
+    for (int i = 0; i < 64; i += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + b + i), _mm_loadu_si128(reinterpret_cast<__m128i const*>(in + b + i)));
+#  endif
+  }
+#else
+  memcpy(dst, src, static_cast<std::size_t>(Bytes));
+#endif
+}
+
 //! Host only: asks for the cache line at `p` ahead of its use (a hint; `p` need not be valid).
 inline void prefetch_line(void const* p) {
 #if !MOECOMM_DEVICE_PASS() && (defined(__GNUC__) || defined(__clang__))

@@ -322,10 +322,19 @@ struct combine_rows_kernel {
 #if !MOECOMM_DEVICE_PASS()
     if (run_host_row<Team>(*this, t)) return;
 #endif
+    fragment_row(t, team.lane(), team.size());
+  }
+
+ private:
+  template <class Team, class Kernel>
+  friend bool run_host_row(Kernel const&, std::int64_t);
+
+  //! Token t's row, fragment `lane`, `lane + lanes`, ...: the GPU's loop (a warp's lanes share the row).
+  MOECOMM_HOST_DEVICE void fragment_row(std::int64_t t, std::int64_t lane, std::int64_t lanes) const {
     std::int32_t const* rows = row_of + t * top_k;
     T* out = dst + t * hidden;
     std::int64_t const fragments = hidden / N;
-    for (std::int64_t f = team.lane(); f < fragments; f += team.size()) {
+    for (std::int64_t f = lane; f < fragments; f += lanes) {
       float acc[N];
       for (int j = 0; j < N; ++j) acc[j] = 0.0f;
       MOECOMM_DEVICE_UNROLL(1)  // unrolled, ptxas spills the 16-bit paths (tests/cuda/check_kernels.sh)
@@ -346,65 +355,80 @@ struct combine_rows_kernel {
     }
   }
 
- private:
-  template <class Team, class Kernel>
-  friend bool run_host_row(Kernel const&, std::int64_t);
-
   //! How far ahead of its reads the host prefetches each slot's row, in bytes. The K rows are
   //! scattered, so the hardware prefetcher, which stops at page ends, starts cold on each, and the
   //! bf16 combine, with twice the instructions per byte of fp32, keeps too few misses in flight to
   //! hide that (docs/performance.md: bf16 with K = 8 went from about 0.55 to 0.7 of memcpy).
   static constexpr std::int64_t host_prefetch_bytes = 2048;
 
-  //! The host's row, `Tile` fragments per step: each slot's row then feeds `Tile * N` independent
-  //! FMA chains (one fragment per step is bound by the FMA latency), and the K rows are read side
-  //! by side (one row after the other was measured slower). Every element still sums its slots in
-  //! ascending k with one FMA each from +0.0, so the bits are those of the loop above.
+  //! The most slots the host's row keeps pointers to; a token with more takes the fragment loop.
+  static constexpr std::int32_t host_max_slots = 32;
+
+  //! The host's row. Per token, once: the valid slots' row pointers and weights, in ascending k, and
+  //! the rows of the next token's same slots. Then a tight loop of steps of `Tile` fragments: each
+  //! slot's row feeds `Tile * N` independent FMA chains (one fragment per step is bound by the FMA
+  //! latency), the K rows are read side by side (one row after the other was measured slower), and
+  //! every element still sums its slots in ascending k with one FMA each from +0.0, so the bits are
+  //! those of the loop above. Per-step work was the limit on data in cache (docs/performance.md).
   template <int Tile, bool Streaming>
   void host_row(std::int64_t t) const {
-    T* out = dst + t * hidden;
-    std::int32_t const* next = t + 1 < num_tokens ? row_of + (t + 1) * top_k : nullptr;
+    if (top_k > host_max_slots) return fragment_row(t, 0, 1);
+    T const* rows[host_max_slots];
+    T const* next_rows[host_max_slots];
+    float w[host_max_slots];
+    std::int32_t const* slots = row_of + t * top_k;
+    std::int32_t const* next = t + 1 < num_tokens ? slots + top_k : nullptr;
+    std::int32_t n = 0;
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      if (slots[k] < 0) continue;
+      rows[n] = src + static_cast<std::int64_t>(slots[k]) * hidden;
+      next_rows[n] = next != nullptr && next[k] >= 0 ? src + static_cast<std::int64_t>(next[k]) * hidden : nullptr;
+      w[n] = Weighted ? weights[t * top_k + k] : 1.0f;
+      ++n;
+    }
+    T* const out = dst + t * hidden;
     std::int64_t const fragments = hidden / N;
     std::int64_t f = 0;
-    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming>(t, next, out, f);
-    for (; f < fragments; ++f) host_step<1, Streaming>(t, next, out, f);
+    constexpr std::int64_t step_bytes = Tile * N * std::int64_t{sizeof(T)};
+    if constexpr (Streaming && step_bytes % 64 == 0) {
+      if (is_aligned(out, 64))  // whole lines: straight from registers
+        for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming, true>(rows, next_rows, w, n, out, f);
+    }
+    for (; f + Tile <= fragments; f += Tile) host_step<Tile, Streaming, false>(rows, next_rows, w, n, out, f);
+    for (; f < fragments; ++f) host_step<1, Streaming, false>(rows, next_rows, w, n, out, f);
   }
 
-  template <int Count, bool Streaming>
-  void host_step(std::int64_t t, std::int32_t const* next, T* out, std::int64_t f0) const {
-    // What to prefetch: `host_prefetch_bytes` past this step in each slot's row, or past its end
-    // in the next token's row of the same slot (none when that is beyond the next row too).
+  template <int Count, bool Streaming, bool Lines>
+  void host_step(T const* const* rows, T const* const* next_rows, float const* w, std::int32_t n, T* out, std::int64_t f0) const {
+    // Prefetch `host_prefetch_bytes` past this step in each slot's row, or past its end in the next
+    // token's row of the same slot.
     constexpr std::int64_t step_bytes = Count * N * std::int64_t{sizeof(T)};
     std::int64_t const row_bytes = hidden * std::int64_t{sizeof(T)};
-    std::int64_t ahead = f0 * N * std::int64_t{sizeof(T)} + host_prefetch_bytes;
-    std::int32_t const* rows_ahead = row_of + t * top_k;
-    if (ahead >= row_bytes) {
-      ahead -= row_bytes;
-      rows_ahead = ahead + step_bytes <= row_bytes ? next : nullptr;
-    }
-    std::int32_t const* rows = row_of + t * top_k;
+    std::int64_t const ahead = f0 * N * std::int64_t{sizeof(T)} + host_prefetch_bytes;
+    bool const into_next = ahead >= row_bytes;
+    std::int64_t const offset = into_next ? ahead - row_bytes : ahead;
     float acc[Count * N];
     for (int e = 0; e < Count * N; ++e) acc[e] = 0.0f;
-    for (std::int32_t k = 0; k < top_k; ++k) {
-      std::int32_t const r = rows[k];
-      if (r < 0) continue;
-      if (rows_ahead != nullptr && rows_ahead[k] >= 0) {
-        char const* p = reinterpret_cast<char const*>(src + static_cast<std::int64_t>(rows_ahead[k]) * hidden) + ahead;
+    for (std::int32_t i = 0; i < n; ++i) {
+      T const* ahead_row = into_next ? next_rows[i] : rows[i];
+      if (ahead_row != nullptr && offset + step_bytes <= row_bytes) {
+        char const* p = reinterpret_cast<char const*>(ahead_row) + offset;
         for (std::int64_t b = 0; b < step_bytes; b += 64) prefetch_line(p + b);
       }
       // Elements are read directly: copies through `fragment` (memcpy) make g++ move them
       // through general registers instead of vectorising this loop.
-      T const* in = src + static_cast<std::int64_t>(r) * hidden + f0 * N;
+      T const* in = rows[i] + f0 * N;
+      float const wi = w[i];
       if constexpr (Weighted) {
-        float const w = weights[t * top_k + k];
-        for (int e = 0; e < Count * N; ++e) acc[e] = fma32(w, dtype_traits<T>::to_float(in[e]), acc[e]);
+        for (int e = 0; e < Count * N; ++e) acc[e] = fma32(wi, dtype_traits<T>::to_float(in[e]), acc[e]);
       } else {
         for (int e = 0; e < Count * N; ++e) acc[e] = add32(acc[e], dtype_traits<T>::to_float(in[e]));
       }
     }
     alignas(64) T rounded[Count * N];
     for (int e = 0; e < Count * N; ++e) rounded[e] = dtype_traits<T>::from_float(acc[e]);
-    host_copy_elements<Streaming, N>(out + f0 * N, rounded, Count * N);
+    if constexpr (Lines) stream_lines<static_cast<int>(step_bytes)>(out + f0 * N, rounded);
+    else host_copy_elements<Streaming, N>(out + f0 * N, rounded, Count * N);
   }
 };
 
