@@ -16,6 +16,17 @@ import moecomm
 from moe_reference import RANKS, assert_equals_dense, capacity, gathered, kept_by_rule, mlp, mlp_of, problem, spawn
 
 
+def _step(layer, rank, tokens, x, idx, w, grad):
+    """This rank's forward and backward through layer (loss: sum(y * grad) over every rank's rows):
+    (y, xr, wr), its tokens and weights holding their gradients."""
+    mine = slice(rank * tokens, (rank + 1) * tokens)
+    xr = x[mine].clone().requires_grad_(True)
+    wr = w[mine].clone().requires_grad_(True)
+    y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
+    (y * grad[mine]).sum().backward()
+    return y, xr, wr
+
+
 class TanhExpert(torch.nn.Module):
     """A user's expert: any row-wise module (two linear layers and a tanh here)."""
 
@@ -42,11 +53,7 @@ def _check_user_experts(rank, pattern):
     params = torch.stack([function.flatten(m, e) for e, m in enumerate(modules)])
     assert torch.equal(layer.experts.detach(), params[layer.slot_experts])
     assert len(list(layer.parameters())) == 1  # the flat experts: the template module is not trained
-    mine = slice(rank * T, (rank + 1) * T)
-    xr = x[mine].clone().requires_grad_(True)
-    wr = w[mine].clone().requires_grad_(True)
-    y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
-    (y * grad[mine]).sum().backward()
+    y, xr, wr = _step(layer, rank, T, x, idx, w, grad)
     dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, function)
     torch.testing.assert_close(layer.experts.grad, dense_grad[layer.slot_experts], rtol=1e-5, atol=1e-5)
     if pattern == "fastermoe":
@@ -79,11 +86,7 @@ def _check_grouped(rank, pattern):
     model = torch.nn.Module()
     model.moe = moecomm.MoELayer(H, F, E, top_k=K, pattern=pattern, ranks_per_node=2, grouped_experts=grouped)
     assert moecomm.expert_parameter_names(model) == ["moe.grouped_experts.weight"]
-    mine = slice(rank * T, (rank + 1) * T)
-    xr = x[mine].clone().requires_grad_(True)
-    wr = w[mine].clone().requires_grad_(True)
-    y = model.moe.expert_forward(xr, idx[mine].contiguous(), wr)
-    (y * grad[mine]).sum().backward()
+    y, xr, wr = _step(model.moe, rank, T, x, idx, w, grad)
     dense_grad = assert_equals_dense(y, xr, wr, params, x, idx, w, grad, mlp_of(H, F))
     torch.testing.assert_close(grouped.weight.grad, dense_grad[rank * L:(rank + 1) * L], rtol=1e-5, atol=1e-5)
     # Patterns that move or replicate experts need each expert's own parameters.
@@ -101,11 +104,7 @@ def _check_capacity(rank, pattern, drop, pad):
     x, idx, w, grad, params = problem(33, T, H, F, E, K)
     layer = moecomm.MoELayer(H, F, E, top_k=K, pattern=pattern, ranks_per_node=2, expert_init=params,
                              capacity_factor=factor, drop_policy=drop, pad_to_capacity=pad, seed=5)
-    mine = slice(rank * T, (rank + 1) * T)
-    xr = x[mine].clone().requires_grad_(True)
-    wr = w[mine].clone().requires_grad_(True)
-    y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
-    (y * grad[mine]).sum().backward()
+    y, xr, wr = _step(layer, rank, T, x, idx, w, grad)
     # A dropped slot adds nothing to its token: its weight's gradient is exactly 0, a kept one's not.
     kept = gathered(wr.grad) != 0
     cap = capacity(T, K, E, factor)
@@ -133,11 +132,7 @@ def _check_rank_capacity(rank):
     T, H, F, E, K, budget = 9, 4, 5, 8, 2, 7
     x, idx, w, grad, params = problem(34, T, H, F, E, K)
     layer = moecomm.MoELayer(H, F, E, top_k=K, expert_init=params, rank_capacity=budget)
-    mine = slice(rank * T, (rank + 1) * T)
-    xr = x[mine].clone().requires_grad_(True)
-    wr = w[mine].clone().requires_grad_(True)
-    y = layer.expert_forward(xr, idx[mine].contiguous(), wr)
-    (y * grad[mine]).sum().backward()
+    y, xr, wr = _step(layer, rank, T, x, idx, w, grad)
     kept = gathered(wr.grad) != 0
     # Semantics §7: each rank keeps the longest prefix of its receive stream (source rank, then the
     # sender's expert-major order) that fits its budget.
@@ -209,10 +204,7 @@ def _check_checks_switch(rank):
     with pytest.raises(moecomm.Error, match=rf"topk_idx.*{E + 3}"):
         checked.expert_forward(x[mine], bad[mine].contiguous(), w[mine])
     unchecked = moecomm.MoELayer(H, F, E, top_k=K, expert_init=params, checks=False)
-    xr = x[mine].clone().requires_grad_(True)
-    wr = w[mine].clone().requires_grad_(True)
-    y = unchecked.expert_forward(xr, bad[mine].contiguous(), wr)
-    (y * grad[mine]).sum().backward()
+    y, xr, wr = _step(unchecked, rank, T, x, bad, w, grad)
     masked = bad.clone()
     masked[3::T, 1] = -1  # unchecked, an id out of range is a masked slot, never an out-of-bounds access
     assert_equals_dense(y, xr, wr, params, x, masked, w, grad, mlp_of(H, F))

@@ -20,10 +20,11 @@
 //!   source's, the receive map) and 1 hop, `dedup_per_node` 4 and 2 hops (and the relay's origins);
 //! - the row kernels move their bytes at HBM bandwidth, each launch costing `kernel_launch_seconds`
 //!   (permute, the chunk sort or the receive map, the relay's copy and sum, unpermute;
-//!   `hierarchical_2d`'s block copies one launch each).
+//!   `hierarchical_2d`'s three batched block copies and two own-segment copies).
 //! What it leaves out: the plans' kernels' bytes, and what `link_model` leaves out.
 
 #include <moecomm/config.hpp>
+#include <moecomm/collectives/alltoall/hierarchical_2d.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/error.hpp>
@@ -247,12 +248,12 @@ class exchange_adviser {
     matrix const there = scaled(slots, row_bytes), back = links_.transposed(there);
     double const exchange = two_step ? two_step_seconds(there) : links_.round_seconds(there);
     double const returned = two_step ? two_step_seconds(back) : links_.round_seconds(back);
-    // hierarchical_2d stages the blocks in five reorderings (semantics §11), one copy per block or
-    // group: 3R + G + N copies, each a launch, each stage moving the rank's rows once (a copy
+    // hierarchical_2d stages the blocks in five reorderings (semantics §11), in
+    // `hierarchical_2d::copy_launches(R)` launches; each stage moves the rank's rows once (a copy
     // reads and writes them).
     double most = 0;
     for (std::int32_t s = 0; s < R; ++s) most = std::max(most, std::max(row_sum(slots, s), column_sum(slots, s)));
-    double const copies = 3.0 * R + links_.topo().ranks_per_node() + links_.topo().num_nodes();
+    double const copies = hierarchical_2d::copy_launches(R);
     double const reorders = two_step ? copies * links_.spec().kernel_launch_seconds + 5 * 2 * most * row_bytes / links_.spec().hbm_bytes_per_second : 0;
     double const permute = busiest_pass([&](std::int32_t s) { return tokens[static_cast<std::size_t>(s)] + row_sum(slots, s); }, row_bytes);
     double const sort = busiest_pass([&](std::int32_t d) { return 2 * column_sum(slots, d); }, row_bytes);

@@ -7,6 +7,7 @@
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/workspace.hpp>
+#include <moecomm/rows/kernels/block_copies.hpp>
 
 #include <cstdint>
 #include <vector>
@@ -19,6 +20,7 @@ struct alltoall_workspace : message_lists {  //!< the lists: one round's message
   workspace<Backend> staging;        //!< hierarchical_2d's staged blocks
   std::vector<std::int64_t> offsets;  //!< hierarchical_2d's segment offsets
   std::vector<std::int64_t> agreement;  //!< hierarchical_2d's all-gathered layout check
+  std::vector<block_copy> blocks;       //!< hierarchical_2d's staging copies of one stage
 };
 
 MOECOMM_NAMESPACE_END

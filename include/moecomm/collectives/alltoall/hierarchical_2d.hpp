@@ -7,7 +7,8 @@
 //! N·G - 1; the receive buffer is bit for bit that of `flat`. Where the communicator checks
 //! collectives, the ranks first agree on the topology and the byte matrix across the whole group
 //! (`detail::agree_across_world`), so a disagreement is an `invalid_usage` on every rank, not a wait
-//! in different sub-groups.
+//! in different sub-groups. Each of the three reorderings is one batched copy (`copy_blocks`: one
+//! launch for its R blocks), not a copy per block.
 
 #include <moecomm/comm/communicator.hpp>
 #include <moecomm/comm/world_agreement.hpp>
@@ -17,6 +18,7 @@
 #include <moecomm/collectives/alltoall/exchange_groups.hpp>
 #include <moecomm/collectives/alltoall/flat.hpp>
 #include <moecomm/collectives/alltoall/stats.hpp>
+#include <moecomm/rows/kernels/block_copies.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,8 +37,17 @@ struct hierarchical_2d {
   void reserve(Backend const& be, topology const& topo, std::int64_t max_send, std::int64_t max_recv,
                alltoall_workspace<Backend>& scratch) const {
     if (topo.num_nodes() == 1 || topo.ranks_per_node() == 1) return;
+    scratch.blocks.reserve(static_cast<std::size_t>(topo.num_ranks()));
     std::int64_t const to_my_index = std::min(topo.ranks_per_node() * max_send, topo.num_nodes() * max_recv);
     (void)scratch.staging.template get<char>(be, max_send + 2 * to_my_index + max_recv);
+  }
+
+  //! The copies it launches per exchange among `ranks` ranks (N, G > 1): three batched reorderings
+  //! of `ranks` blocks each (`copy_blocks`) and the two rounds' own segments (what the exchange
+  //! adviser prices).
+  [[nodiscard]] static constexpr std::int32_t copy_launches(std::int32_t ranks) {
+    constexpr std::int32_t per_launch = detail::block_copies_kernel::max_blocks;
+    return 3 * ((ranks + per_launch - 1) / per_launch) + 2;
   }
 
   template <class Backend, class Comm>
@@ -97,15 +108,17 @@ struct hierarchical_2d {
 
     // 1. Reorder my blocks [destination node][destination local] -> [destination local][destination node].
     std::int64_t at = 0;
+    scratch.blocks.clear();
     for (std::int32_t g = 0; g < locals; ++g) {
       a_begin[g] = at;
       for (std::int32_t n = 0; n < nodes; ++n) {
         std::int32_t const d = rank_at(n, g);
-        be.copy(stage_a + at, in + m.send_offset(me, d), m.bytes(me, d));
+        scratch.blocks.push_back({stage_a + at, in + m.send_offset(me, d), m.bytes(me, d)});
         at += m.bytes(me, d);
       }
     }
     a_begin[locals] = at;
+    copy_blocks(be, scratch.blocks);
 
     // 2. Intra-node: local peer g gets my blocks for (n, g), all n; I get from each local peer g'
     //    its blocks for (n, my_local), all n. Stage B is [source local][destination node].
@@ -114,17 +127,19 @@ struct hierarchical_2d {
 
     // 3. Reorder [source local][destination node] -> [destination node][source local].
     at = 0;
+    scratch.blocks.clear();
     for (std::int32_t n = 0; n < nodes; ++n) {
       c_begin[n] = at;
       for (std::int32_t g = 0; g < locals; ++g) {
         std::int32_t const src = rank_at(my_node, g), dst = rank_at(n, my_local);
         std::int64_t within = 0;  // offset of (src -> dst) inside src's segment of stage B
         for (std::int32_t n2 = 0; n2 < n; ++n2) within += m.bytes(src, rank_at(n2, my_local));
-        be.copy(stage_c + at, stage_b + b_begin[g] + within, m.bytes(src, dst));
+        scratch.blocks.push_back({stage_c + at, stage_b + b_begin[g] + within, m.bytes(src, dst)});
         at += m.bytes(src, dst);
       }
     }
     c_begin[nodes] = at;
+    copy_blocks(be, scratch.blocks);
 
     // 4. Inter-node, among the ranks with my local index: node n gets the blocks bound for
     //    (n, my_local); I get, from each node, the blocks its ranks sent me, in local order.
@@ -133,12 +148,14 @@ struct hierarchical_2d {
 
     // 5. Blocks into source-rank order (a plain copy of whole segments when nodes are contiguous).
     at = 0;
+    scratch.blocks.clear();
     for (std::int32_t n = 0; n < nodes; ++n)
       for (std::int32_t g = 0; g < locals; ++g) {
         std::int32_t const src = rank_at(n, g);
-        be.copy(static_cast<char*>(recv) + m.recv_offset(src, me), stage_d + at, m.bytes(src, me));
+        scratch.blocks.push_back({static_cast<char*>(recv) + m.recv_offset(src, me), stage_d + at, m.bytes(src, me)});
         at += m.bytes(src, me);
       }
+    copy_blocks(be, scratch.blocks);
     // No wait: the staging is reused only by later work on the same stream.
   }
 
