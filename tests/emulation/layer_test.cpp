@@ -113,16 +113,34 @@ std::pair<std::int64_t, std::int64_t> host_waits_of_a_step(Algorithm const& algo
 
 TEST_CASE("host waits per step of the plain layer on emulated GPUs") {
   using waits = std::pair<std::int64_t, std::int64_t>;
-  moecomm::capacity<moecomm::drop_by_position> const drop{1.0, 0, false, {}};
-  CHECK(host_waits_of_a_step(moecomm::flat{}, moecomm::dropless{}) == waits{3, 1});
-  CHECK(host_waits_of_a_step(moecomm::hierarchical_2d{}, moecomm::dropless{}) == waits{3, 1});
-  CHECK(host_waits_of_a_step(moecomm::pairwise{1}, moecomm::dropless{}) == waits{3, 1});
-  CHECK(host_waits_of_a_step(moecomm::flat{}, drop) == waits{6, 1});
-  for (auto const& [name, got] : {std::pair<char const*, waits>{"flat", host_waits_of_a_step(moecomm::flat{}, moecomm::dropless{})},
-                                  {"hierarchical_2d", host_waits_of_a_step(moecomm::hierarchical_2d{}, moecomm::dropless{})},
-                                  {"pairwise", host_waits_of_a_step(moecomm::pairwise{1}, moecomm::dropless{})},
-                                  {"flat + capacity", host_waits_of_a_step(moecomm::flat{}, drop)}})
-    MESSAGE(std::string(name), ": forward ", got.first, ", backward ", got.second);
+  using moecomm::capacity;
+  struct counted {
+    char const* name;
+    waits got, goal;
+  };
+  // Dropless: the count all-gather is the one wait (the plan's counts and its value scan's verdict
+  // ride on it). A capacity policy adds one: the capacity agreement (or the receiver budget's
+  // dropless counts), which carries the dropless plan's counts and verdict.
+  counted const steps[] = {
+      {"flat", host_waits_of_a_step(moecomm::flat{}, moecomm::dropless{}), {1, 0}},
+      {"hierarchical_2d", host_waits_of_a_step(moecomm::hierarchical_2d{}, moecomm::dropless{}), {1, 0}},
+      {"pairwise", host_waits_of_a_step(moecomm::pairwise{1}, moecomm::dropless{}), {1, 0}},
+      {"dedup_per_rank<flat>", host_waits_of_a_step(moecomm::dedup_per_rank<moecomm::flat>{}, moecomm::dropless{}), {1, 0}},
+      {"dedup_per_node", host_waits_of_a_step(moecomm::dedup_per_node{}, moecomm::dropless{}), {1, 0}},
+      {"flat + capacity<drop_by_position>",
+       host_waits_of_a_step(moecomm::flat{}, capacity<moecomm::drop_by_position>{1.0, 0, false, {}}), {2, 0}},
+      {"flat + capacity<drop_by_probability>, padded",
+       host_waits_of_a_step(moecomm::flat{}, capacity<moecomm::drop_by_probability>{0.5, 0, true, {}}), {2, 0}},
+      {"flat + capacity<drop_random>", host_waits_of_a_step(moecomm::flat{}, capacity<moecomm::drop_random>{0.75, 0, false, {42, 0}}),
+       {2, 0}},
+      {"flat + receiver_budget", host_waits_of_a_step(moecomm::flat{}, moecomm::receiver_budget{40}), {2, 0}},
+      {"dedup_per_node + capacity<drop_by_position>",
+       host_waits_of_a_step(moecomm::dedup_per_node{}, capacity<moecomm::drop_by_position>{1.0, 0, false, {}}), {2, 0}}};
+  for (counted const& c : steps) {
+    MESSAGE(std::string(c.name), ": forward ", c.got.first, ", backward ", c.got.second);
+    CHECK_MESSAGE(c.got == c.goal, c.name, " waits ", c.got.first, " + ", c.got.second, "; the goal is ", c.goal.first, " + ",
+                  c.goal.second);
+  }
 }
 
 #endif  // the emulation counts host waits

@@ -7,6 +7,7 @@
 #include <moecomm/comm/inproc.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <numeric>
 #include <set>
 #include <chrono>
@@ -367,6 +368,58 @@ TEST_CASE("the smart schedule runs the experts on a worker thread, one step's so
   });
 }
 
+template <class Capacity>
+void check_a_bad_routing_on_one_rank(Capacity const& capacity) {
+  // The value scan's verdict rides on the route's first all-gather (the dropless count exchange,
+  // or a capacity policy's agreement): the bad rank names the token and slot, every other rank
+  // that rank, and no rank waits for rows.
+  constexpr int32_t ranks = 4, experts = 8, top_k = 2, tokens = 3;
+  for (bool const nan_weight : {false, true}) {
+    CAPTURE(nan_weight);
+    moecomm::inproc_world const world(ranks, std::chrono::seconds(20));
+    world.run([&](moecomm::inproc_communicator comm) {
+      int32_t const me = comm.rank();
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(ranks, 2));
+      moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator, Capacity> d(moecomm::host_backend{}, groups,
+                                                                                           experts, capacity);
+      auto ids = [&](int32_t rank) {
+        std::vector<int32_t> idx;
+        for (int32_t t = 0; t < tokens; ++t)
+          for (int32_t k = 0; k < top_k; ++k) idx.push_back((t + rank + k) % experts);
+        return idx;
+      };
+      std::vector<int32_t> idx = ids(me);
+      std::vector<float> w(idx.size(), 0.5f);
+      if (me == 2) {
+        if (nan_weight) w[3] = std::nanf("");  // token 1, slot 1
+        else idx[3] = experts + 1;
+      }
+      moecomm::routing_view const bad{idx.data(), w.data(), tokens, top_k};
+      if (me == 2) {
+        check_error([&] { d.route(bad); }, moecomm::status::invalid_argument,
+                    {"make_permute_plan", nan_weight ? "topk_weights[1][1] is NaN" : "topk_idx[1][1] = 9", "(token 1, slot 1)"});
+      } else {
+        check_error([&] { d.route(bad); }, moecomm::status::aborted,
+                    {"dispatcher::route", "rank 2's routing is invalid at slot 3", "No rows were exchanged"});
+      }
+      idx = ids(me);
+      std::fill(w.begin(), w.end(), 0.5f);
+      d.route({idx.data(), w.data(), tokens, top_k});
+      int64_t expected = 0;  // nothing is dropped: no expert gets more than 2 slots of a rank
+      for (int32_t s = 0; s < ranks; ++s)
+        for (int32_t e : ids(s)) expected += e / (experts / ranks) == me ? 1 : 0;
+      CHECK(d.received_rows() == expected);
+      CHECK(d.report().dropped_slots == 0);
+    });
+  }
+}
+
+TEST_CASE("a bad routing value on one rank makes every rank raise at the route's first all-gather, naming that rank; the next route works") {
+  SUBCASE("dropless") { check_a_bad_routing_on_one_rank(moecomm::dropless{}); }
+  SUBCASE("capacity") { check_a_bad_routing_on_one_rank(moecomm::capacity<moecomm::drop_by_position>{8.0, 0, false, {}}); }
+  SUBCASE("receiver budget") { check_a_bad_routing_on_one_rank(moecomm::receiver_budget{100}); }
+}
+
 TEST_CASE("ranks that disagree on the number of experts get an error on every rank") {
   moecomm::inproc_world const world(2, std::chrono::seconds(20));
   std::atomic<int> named{0};
@@ -379,7 +432,7 @@ TEST_CASE("ranks that disagree on the number of experts get an error on every ra
       d.route({idx.data(), nullptr, 1, 2});
     } catch (moecomm::error const& e) {
       if (e.code() == moecomm::status::invalid_usage &&
-          std::string(e.what()).find("world rank 0 called allgather(size 32, 0), but world rank 1 called allgather(size 64, 0)") !=
+          std::string(e.what()).find("world rank 0 called allgather(size 48, 0), but world rank 1 called allgather(size 80, 0)") !=
               std::string::npos)
         ++named;
       throw;

@@ -12,6 +12,7 @@
 #include <moecomm/core/checked_math.hpp>
 #include <moecomm/core/lane.hpp>
 #include <moecomm/core/dtype.hpp>
+#include <moecomm/core/functional.hpp>
 #include <moecomm/error.hpp>
 
 #if MOECOMM_CUDA_EMULATION()
@@ -241,19 +242,22 @@ class cuda_backend {
   [[nodiscard]] T reduce(std::int64_t n, T init, Map const& map, Op const& op) const {
     if (n <= 0) return init;
     std::lock_guard<std::mutex> const hold(reduce_scratch_->lock);
-    thrust::counting_iterator<std::int64_t> const first(0);
-    std::size_t bytes = 0;
-    detail::cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, first, static_cast<T*>(nullptr), n, op, map, init, stream_),
-                       "cub::DeviceReduce::TransformReduce");
     std::size_t const slot = (sizeof(T) + 255) / 256 * 256;  // CUB's scratch stays 256-byte aligned
-    grow(*this, reduce_scratch_->bytes, static_cast<std::int64_t>(slot + bytes));
-    T* const result = reinterpret_cast<T*>(reduce_scratch_->bytes.data());
-    detail::cuda_check(cub::DeviceReduce::TransformReduce(reduce_scratch_->bytes.data() + slot, bytes, first, result, n, op, map,
-                                                          init, stream_),
-                       "cub::DeviceReduce::TransformReduce");
+    unsigned char* const scratch = reduce_scratch_locked(n, init, map, op, slot);
+    T* const result = reinterpret_cast<T*>(scratch - slot);
+    enqueue_reduce(result, n, init, map, op, scratch);
     T value = init;
     read_back_locked(&value, result, 1);
     return value;
+  }
+
+  //! The same reduction left in device memory at `result` (no host wait): for later kernels, or one
+  //! read-back together with other values. Its CUB scratch is the back-end's, reused in stream order.
+  template <class T, class Map, class Op>
+  void reduce_into(T* result, std::int64_t n, T init, Map const& map, Op const& op) const {
+    if (n <= 0) return for_each_index(1, detail::fill_value<T>{result, init});
+    std::lock_guard<std::mutex> const hold(reduce_scratch_->lock);
+    enqueue_reduce(result, n, init, map, op, reduce_scratch_locked(n, init, map, op, 0));
   }
 
   //! `host[0, n)` = `src[0, n)`, through pinned memory of the back-end's (kept between calls): the
@@ -331,6 +335,25 @@ class cuda_backend {
   }
 
  private:
+  //! The reduction's CUB scratch, `offset` bytes into the back-end's reduce buffer (grown to fit).
+  template <class T, class Map, class Op>
+  unsigned char* reduce_scratch_locked(std::int64_t n, T init, Map const& map, Op const& op, std::size_t offset) const {
+    std::size_t bytes = 0;
+    detail::cuda_check(cub::DeviceReduce::TransformReduce(nullptr, bytes, thrust::counting_iterator<std::int64_t>(0),
+                                                          static_cast<T*>(nullptr), n, op, map, init, stream_),
+                       "cub::DeviceReduce::TransformReduce");
+    grow(*this, reduce_scratch_->bytes, static_cast<std::int64_t>(offset + bytes));
+    return reduce_scratch_->bytes.data() + offset;
+  }
+
+  template <class T, class Map, class Op>
+  void enqueue_reduce(T* result, std::int64_t n, T init, Map const& map, Op const& op, unsigned char* scratch) const {
+    std::size_t bytes = static_cast<std::size_t>(reduce_scratch_->bytes.size() - (scratch - reduce_scratch_->bytes.data()));
+    detail::cuda_check(cub::DeviceReduce::TransformReduce(scratch, bytes, thrust::counting_iterator<std::int64_t>(0), result, n, op,
+                                                          map, init, stream_),
+                       "cub::DeviceReduce::TransformReduce");
+  }
+
   template <class T>
   void read_back_locked(T* host, T const* src, std::int64_t n) const {
     if (n <= 0) return synchronize();

@@ -133,6 +133,13 @@ class host_backend {
     return init;
   }
 
+  //! `*result = reduce(n, init, map, op)`, `result` in the back-end's memory: on a device the value
+  //! stays there (no host wait), for later device work or one read-back with others.
+  template <class T, class Map, class Op>
+  void reduce_into(T* result, std::int64_t n, T init, Map const& map, Op const& op) const {
+    *result = reduce(n, init, map, op);
+  }
+
   //! Bytes of scratch `stable_sort_by_key` needs for `n` pairs (CUB's two-phase temporary storage).
   [[nodiscard]] static std::size_t stable_sort_scratch_bytes(std::int64_t n) {
     return n > 0 ? static_cast<std::size_t>(n) * (sizeof(std::uint32_t) + sizeof(std::int32_t)) : 0;

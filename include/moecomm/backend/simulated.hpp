@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `for_each_row(rows, k)` | `Σ_r k.bytes_of_row(r)` (rows of the hidden size: scaled; a slot kernel counts the slots that map to a row) |
 //! | `for_each_index(n, f)` | `n × 8` (an index read and written); `n × f.bytes_per_index()`, scaled inside a payload scope, when `f` declares it (a kernel over row elements) |
-//! | `reduce(n, ...)` | `n × 8` |
+//! | `reduce(n, ...)`, `reduce_into(result, n, ...)` | `n × 8` |
 //! | `stable_sort_by_key(n, end_bit)` | `⌈end_bit / 8⌉` radix passes × `n × 16` (key and value, read and written) |
 //! | `exclusive_sum(n)` | `n × 8` (an element read and written) |
 //! | `copy(n)` | `2 × n × sizeof(T)`, scaled inside a payload scope |
@@ -89,6 +89,12 @@ class simulated_backend {
     T const result = inner_.reduce(n, init, map, op);
     detail::charge_memory(8.0 * static_cast<double>(n));
     return result;
+  }
+
+  template <class T, class Map, class Op>
+  void reduce_into(T* result, std::int64_t n, T init, Map const& map, Op const& op) const {
+    inner_.reduce_into(result, n, init, map, op);
+    detail::charge_memory(8.0 * static_cast<double>(n));
   }
 
   [[nodiscard]] static std::size_t stable_sort_scratch_bytes(std::int64_t n) { return Inner::stable_sort_scratch_bytes(n); }

@@ -27,6 +27,7 @@
 #include <moecomm/comm/detail/call_identity.hpp>
 #include <moecomm/config.hpp>
 #include <moecomm/core/messages.hpp>
+#include <moecomm/core/read_back.hpp>
 #include <moecomm/error.hpp>
 
 #include <cstdint>
@@ -122,6 +123,12 @@ template <class Comm>
 struct has_allgather_host<Comm, std::void_t<decltype(std::declval<Comm&>().allgather_host(
                                     std::declval<void const*>(), std::declval<void*>(), std::int64_t{}))>> : std::true_type {};
 
+template <class Comm, class = void>
+struct has_allgather_to_host : std::false_type {};
+template <class Comm>
+struct has_allgather_to_host<Comm, std::void_t<decltype(std::declval<Comm&>().allgather_to_host(
+                                       std::declval<void const*>(), std::declval<void*>(), std::int64_t{}))>> : std::true_type {};
+
 }  // namespace detail
 
 //! A communicator over the same ranks as `comm` (a collective split) whose operations enqueue where
@@ -147,6 +154,24 @@ template <class Comm>
 void allgather_host(Comm& comm, void const* send, void* recv, std::int64_t bytes) {
   if constexpr (detail::has_allgather_host<Comm>::value) comm.allgather_host(send, recv, bytes);
   else comm.allgather(send, recv, bytes);
+}
+
+//! `recv[r * bytes ...]` (host memory) = rank r's `send`, which is in `be`'s memory (a kernel on
+//! `be` wrote it): values the host needs from every rank, with one host wait in all. A communicator
+//! that gathers device memory into the host itself (`nccl_communicator::allgather_to_host`) does so;
+//! otherwise `send` is read back into `host_staging` (`bytes`, host memory) and all-gathered from
+//! there (a back-end whose memory the host reads needs no read-back).
+template <class Comm, class Backend>
+void allgather_to_host(Comm& comm, Backend const& be, void const* send, void* recv, std::int64_t bytes, void* host_staging) {
+  if constexpr (Backend::is_host_accessible) {
+    be.synchronize();
+    allgather_host(comm, send, recv, bytes);
+  } else if constexpr (detail::has_allgather_to_host<Comm>::value) {
+    comm.allgather_to_host(send, recv, bytes);
+  } else {
+    detail::read_back(be, static_cast<char*>(host_staging), static_cast<char const*>(send), bytes);
+    allgather_host(comm, host_staging, recv, bytes);
+  }
 }
 
 MOECOMM_NAMESPACE_END

@@ -251,6 +251,24 @@ class nccl_communicator {
     std::memcpy(recv, pinned, slot * static_cast<std::size_t>(size_));
   }
 
+  //! `allgather` of values in device memory (`send`, on this communicator's stream: a kernel before
+  //! it wrote them) into host memory (`recv`, `size() * bytes`): gathered in device memory of this
+  //! communicator and copied to the host through its pinned buffer, with one host wait. A layer's
+  //! counts go this way: the one wait of its step (`moecomm::allgather_to_host`).
+  void allgather_to_host(void const* send, void* recv, std::int64_t bytes) {
+    char const* op = "nccl_communicator::allgather_to_host";
+    ensure_ready(op);
+    detail::validate_allgather(op, send, recv, bytes, size_);
+    require_device_memory(op, "send", send, bytes);
+    if (bytes == 0) return;
+    std::size_t const all = static_cast<std::size_t>(bytes) * static_cast<std::size_t>(size_);
+    grow_staging(op, all);
+    check_call(ncclAllGather(send, device_staging_, static_cast<std::size_t>(bytes), ncclChar, comm_, stream_), op, "ncclAllGather");
+    detail::cuda_check(cudaMemcpyAsync(pinned_staging_, device_staging_, all, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    wait_for(op);
+    std::memcpy(recv, pinned_staging_, all);
+  }
+
   //! Elementwise reduction over the ranks (`ncclAllReduce`), then `wait()`; `send == recv` is
   //! allowed. T = int32, int64, float or double. Floating-point sums are added in NCCL's order
   //! (which depends on the algorithm and topology), not necessarily in ascending rank order.
@@ -404,7 +422,7 @@ class nccl_communicator {
                  ": NCCL moves device memory (host values go through allgather_host)");
   }
 
-  //! Grows the pinned and device staging of `allgather_host` to `bytes` each.
+  //! Grows the pinned and device staging of `allgather_host` and `allgather_to_host` to `bytes` each.
   void grow_staging(char const* op, std::size_t bytes) {
     if (bytes <= staging_bytes_) return;
     detail::cuda_device_guard const guard(device_);

@@ -9,7 +9,9 @@
 //! per rank, then per node on the relay, then at the source.
 
 #include <moecomm/config.hpp>
+#include <moecomm/core/atomic.hpp>
 #include <moecomm/core/buffer.hpp>
+#include <moecomm/core/functional.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/topology.hpp>
 #include <moecomm/core/workspace.hpp>
@@ -25,6 +27,24 @@
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
+namespace detail {
+
+//! `counts[d]` += the tokens that have a slot on rank d (a row each, had they gone straight there).
+struct count_rows_per_rank {
+  std::int32_t const* idx;
+  dedup_route route;  //!< without relays
+  std::int32_t top_k;
+  std::int32_t* counts;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t t) const {
+    std::int32_t const* ids = idx + t * top_k;
+    for (std::int32_t k = 0; k < top_k; ++k) {
+      std::int32_t const d = route.destination(ids[k]);
+      if (d >= 0 && route.first_slot_to(d, ids) == k) atomic_add(&counts[d], 1);
+    }
+  }
+};
+
+}  // namespace detail
 
 //! `dedup_plan`'s interface, for `dedup_per_node`. Built by the dispatcher's `route`.
 template <class Backend>
@@ -38,18 +58,53 @@ class dedup_node_plan {
     use_relays(be, groups);
     to_relay_.build_source(be, kept, home, num_experts, groups.world().size(), scratch);
   }
-  [[nodiscard]] std::vector<std::int64_t> const& sent_counts() const { return to_relay_.sent_counts(); }
+  //! `build_source` without home experts and without a host wait (`dedup_plan::enqueue_source`).
+  //! Besides the rows to each relay (`source_offsets()`), it counts the rows this rank's tokens
+  //! would send each rank directly (`direct_rows()`): from every rank's, each relay knows what it
+  //! forwards where, so hop 2 needs no count exchange of its own (`take_counts`).
+  template <class Comm>
+  void enqueue_source(Backend const& be, routing_view const& kept, std::int32_t num_experts, exchange_groups<Comm>& groups,
+                      workspace<Backend>& scratch) {
+    use_relays(be, groups);
+    std::int32_t const ranks = groups.world().size();
+    to_relay_.enqueue_source(be, kept, num_experts, ranks, scratch);
+    std::int32_t* const direct = grow(be, direct_rows_, ranks).data();
+    be.for_each_index(ranks, detail::fill_value<std::int32_t>{direct, 0});
+    be.for_each_index(kept.num_tokens, detail::count_rows_per_rank{kept.topk_idx, to_relay_.direct_route(), kept.top_k, direct});
+    hop2_from_counts_ = true;
+  }
+  [[nodiscard]] std::int32_t const* source_offsets() const { return to_relay_.source_offsets(); }
+  //! `[R]` device counts of `enqueue_source`: the rows this rank's tokens would send each rank directly.
+  [[nodiscard]] std::int32_t const* direct_rows() const { return direct_rows_.data(); }
   template <class Comm>
   void gather_counts(Comm& comm) {
     to_relay_.gather_counts(comm);
   }
-  void take_counts(std::int64_t const* all, std::int64_t stride) { to_relay_.take_counts(all, stride); }
+  //! Rank s's rows to each relay at `all + s * stride`, and after `enqueue_source` its direct rows
+  //! R words later: hop 2's counts follow from them (relay r forwards to rank d of its node the rows
+  //! of every rank with r's local index).
+  template <class Comm>
+  void take_counts(Backend const& be, std::int64_t const* all, std::int64_t stride, exchange_groups<Comm>& groups) {
+    topology const& topo = groups.topo();
+    std::int32_t const ranks = topo.num_ranks(), me = groups.world().rank();
+    to_relay_.take_counts(be, all, stride, me);
+    if (!hop2_from_counts_) return;
+    hop2_counts_.assign(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks), 0);
+    for (std::int32_t s = 0; s < ranks; ++s)
+      for (std::int32_t d = 0; d < ranks; ++d) {
+        std::int32_t const relay = topo.rank_at(topo.node_of(d), topo.local_of(s));
+        hop2_counts_[static_cast<std::size_t>(relay) * ranks + d] += all[s * stride + ranks + d];
+      }
+  }
 
   //! Hop 1's lists reach the relays; each relay builds hop 2 over the rows it got (its counts
   //! all-gathered in its node) and hop 2's lists reach the experts' ranks. Collective.
+  //! `chunk_rows`: as `dedup_plan::build_receive`'s, for hop 2's receive map (its lists name each
+  //! row's own source rank, so the counts are the source ranks' own).
   template <class Comm, class Algorithm>
   void build_receive(Backend const& be, exchange_groups<Comm>& groups, std::int64_t padded_capacity, Algorithm const& algorithm,
-                     alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch) {
+                     alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch,
+                     std::int64_t const* chunk_rows = nullptr) {
     detail::require_no_padded_home(padded_capacity, to_relay_.has_home());
     routing_view const at_relay = to_relay_.exchange_lists(be, groups, algorithm, stats, exchange_scratch);
     std::int32_t const ranks = groups.world().size(), me = groups.world().rank();
@@ -57,9 +112,16 @@ class dedup_node_plan {
     for (std::int32_t s = 0; s < ranks; ++s) origin_table_.insert(origin_table_.end(), static_cast<std::size_t>(to_relay_.rows_between(s, me)), s);
     std::int64_t const relayed = at_relay.num_tokens;
     be.copy(grow(be, origin_, relayed).data(), origin_table_.data(), relayed);
-    from_relay_.build_source(be, at_relay, {}, to_relay_.num_experts(), ranks, scratch);
-    from_relay_.gather_counts_in_node(groups);  // hop 2 stays inside the node
-    from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, origin_.data());
+    if (hop2_from_counts_) {  // hop 2's counts are known: its map is built without a wait
+      from_relay_.enqueue_source(be, at_relay, to_relay_.num_experts(), ranks, scratch);
+      from_relay_.take_counts(be, hop2_counts_.data(), ranks, me);
+      hop2_from_counts_ = false;
+    } else {
+      from_relay_.build_source(be, at_relay, {}, to_relay_.num_experts(), ranks, scratch);
+      from_relay_.gather_counts_in_node(groups);  // hop 2 stays inside the node
+    }
+    from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, chunk_rows,
+                              origin_.data());
   }
 
   //! Sizes both hops, the relay's tables and rows for steps of at most `largest`'s slots, rows of
@@ -76,6 +138,8 @@ class dedup_node_plan {
     detail::largest_routing<Backend> const at_relay(be, relayed, top_k, num_experts);
     from_relay_.reserve(be, at_relay.view(), num_experts, ranks, received_rows, scratch);
     origin_table_.reserve(static_cast<std::size_t>(relayed));
+    hop2_counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));
+    grow(be, direct_rows_, ranks);
     grow(be, origin_, relayed);
     grow(be, relay_rows_, relayed * row_bytes);
     grow(be, relay_sent_, relayed * std::min(top_k, topo.ranks_per_node()) * row_bytes);
@@ -149,6 +213,9 @@ class dedup_node_plan {
 
   dedup_plan<Backend> to_relay_, from_relay_;
   bool relays_set_ = false;
+  bool hop2_from_counts_ = false;       //!< `take_counts` gave hop 2's counts (`enqueue_source`)
+  std::vector<std::int64_t> hop2_counts_;  //!< [R][R] rows each relay forwards each rank
+  typename Backend::template buffer_type<std::int32_t> direct_rows_;
   std::vector<std::int32_t> origin_table_;  //!< [rows this relay got] their source ranks
   typename Backend::template buffer_type<std::int32_t> origin_;
   typename Backend::template buffer_type<char> relay_rows_, relay_sent_;

@@ -172,26 +172,35 @@ class dedup_plan {
   //! (`sent_counts()`, which every rank must then learn: `gather_counts` or `take_counts`). Local.
   void build_source(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home, std::int32_t num_experts,
                     std::int32_t ranks, workspace<Backend>& scratch) {
-    std::int32_t const top_k = kept.top_k;
-    std::int64_t const slots = kept.num_tokens * top_k;
-    home_table_.assign(static_cast<std::size_t>(num_experts), -1);
-    for (std::size_t i = 0; i < home.size(); ++i) home_table_[static_cast<std::size_t>(home[i])] = static_cast<std::int32_t>(i);
-    be.copy(grow(be, home_index_, num_experts).data(), home_table_.data(), num_experts);
-    kept_ = kept;
-    has_home_ = !home.empty();
-    ranks_ = ranks;
-    // One row per (token, destination), then the home rows.
-    routing_view source{grow(be, source_idx_, slots).data(), grow(be, source_weights_, slots).data(), kept.num_tokens, top_k};
-    be.for_each_index(kept.num_tokens, detail::dedup_source_slots{kept.topk_idx, kept.topk_weights, route(), ranks, top_k,
-                                                                  source_idx_.data(), source_weights_.data()});
-    // Blocks past R + home are empty; a plan has at least K of them.
-    std::int32_t const source_blocks = std::max(ranks + static_cast<std::int32_t>(home.size()), top_k);
-    build_permute_plan(be, source, source_blocks, source_, scratch, unchecked_routing);
+    routing_view const source = source_routing(be, kept, home, num_experts, ranks);
+    build_permute_plan(be, source, source_blocks(), source_, scratch, unchecked_routing);
     std::int32_t const* offsets = source_.host_expert_offsets().data;
     sent_rows_ = offsets[ranks];
     my_counts_.resize(static_cast<std::size_t>(ranks));
     for (std::int32_t d = 0; d < ranks; ++d) my_counts_[static_cast<std::size_t>(d)] = offsets[d + 1] - offsets[d];
   }
+
+  //! `build_source` without home experts and without a host wait: the source map is built on the
+  //! device, and the rows it sends each rank (`[R + 1]` offsets, `source_offsets()`) ride on the
+  //! caller's count all-gather, whose result completes it (`take_counts`). Local.
+  void enqueue_source(Backend const& be, routing_view const& kept, std::int32_t num_experts, std::int32_t ranks,
+                      workspace<Backend>& scratch) {
+    routing_view const source = source_routing(be, kept, {}, num_experts, ranks);
+    detail::enqueue_permute_plan(be, source, source_blocks(), source_, scratch, unchecked_routing, grow(be, status_, 2).data());
+    source_pending_ = true;
+  }
+  //! The same over `groups`' ranks (`dedup_node_plan`'s form).
+  template <class Comm>
+  void enqueue_source(Backend const& be, routing_view const& kept, std::int32_t num_experts, exchange_groups<Comm>& groups,
+                      workspace<Backend>& scratch) {
+    enqueue_source(be, kept, num_experts, groups.world().size(), scratch);
+  }
+  //! Where each slot's row would go without relays, over the same home experts (after a `build_source`).
+  [[nodiscard]] detail::dedup_route direct_route() const {
+    return {home_index_.data(), nullptr, num_experts(), local_experts()};
+  }
+  //! `[R + 1]` device offsets of the rows this rank sends each rank (the source map's first blocks).
+  [[nodiscard]] std::int32_t const* source_offsets() const { return source_.expert_offsets(); }
 
   //! The same over `groups`' ranks (`dedup_node_plan`'s form).
   template <class Comm>
@@ -223,11 +232,25 @@ class dedup_plan {
       std::copy_n(node_counts_.begin() + static_cast<std::ptrdiff_t>(g * ranks), ranks,
                   counts_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(topo.rank_at(node, static_cast<std::int32_t>(g))) * ranks));
   }
-  //! The same from a gather the caller made: rank s's counts at `all + s * stride`.
-  void take_counts(std::int64_t const* all, std::int64_t stride) {
-    std::size_t const ranks = my_counts_.size();
+  //! The same from a gather the caller made: rank s's counts at `all + s * stride`; a source map
+  //! from `enqueue_source` is completed from rank `me`'s.
+  void take_counts(Backend const& be, std::int64_t const* all, std::int64_t stride, std::int32_t me) {
+    auto const ranks = static_cast<std::size_t>(ranks_);
+    if (source_pending_) {
+      my_counts_.assign(all + me * stride, all + me * stride + ranks);
+      block_counts_.assign(static_cast<std::size_t>(source_blocks()), 0);  // no home experts: blocks past R are empty
+      std::copy(my_counts_.begin(), my_counts_.end(), block_counts_.begin());
+      detail::complete_permute_plan(be, source_, block_counts_.data(), -1, 0);
+      sent_rows_ = source_.num_rows();
+      source_pending_ = false;
+    }
     counts_.resize(ranks * ranks);
     for (std::size_t s = 0; s < ranks; ++s) std::copy_n(all + s * stride, ranks, counts_.begin() + static_cast<std::ptrdiff_t>(s * ranks));
+  }
+  //! The same over `groups`' ranks (`dedup_node_plan`'s form).
+  template <class Comm>
+  void take_counts(Backend const& be, std::int64_t const* all, std::int64_t stride, exchange_groups<Comm>& groups) {
+    take_counts(be, all, stride, groups.world().rank());
   }
   //! Rows rank s sends rank d (after the counts are known).
   [[nodiscard]] std::int64_t rows_between(std::int32_t s, std::int32_t d) const {
@@ -265,14 +288,24 @@ class dedup_plan {
   //! The receiving side: the lists travel (`exchange_lists`) and the receive map spreads the rows
   //! this rank gets over its experts. Collective.
   //! @param padded_capacity C when every (source, expert) chunk is padded to C rows, else 0.
+  //! @param chunk_rows `[L][R]` (host), the slots each source rank sends each local expert, as the
+  //!        count exchange gave them: unpadded, the receive map takes its sizes from them instead of
+  //!        reading them back (the lists were made from validated routings, so they are not
+  //!        scanned again); null: the map is built and checked on its own.
   template <class Comm, class Algorithm>
   void build_receive(Backend const& be, exchange_groups<Comm>& groups, std::int64_t padded_capacity, Algorithm const& algorithm,
                      alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch,
-                     std::int32_t const* origin_of = nullptr) {
+                     std::int64_t const* chunk_rows = nullptr, std::int32_t const* origin_of = nullptr) {
     detail::require_no_padded_home(padded_capacity, has_home_);
     routing_view const received = exchange_lists(be, groups, algorithm, stats, exchange_scratch, origin_of);
     // The receive id l * R + s orders the arrived rows by (expert, source, token, slot), padded per chunk.
-    build_permute_plan(be, received, local_experts() * ranks_, receive_, scratch, routing_checks{}, padded_capacity);
+    std::int32_t const receive_ids = local_experts() * ranks_;
+    if (chunk_rows != nullptr && padded_capacity == 0) {
+      detail::enqueue_permute_plan(be, received, receive_ids, receive_, scratch, unchecked_routing, grow(be, status_, 2).data());
+      detail::complete_permute_plan(be, receive_, chunk_rows, -1, 0);
+    } else {
+      build_permute_plan(be, received, receive_ids, receive_, scratch, routing_checks{}, padded_capacity);
+    }
   }
 
   //! Sizes both maps and the lists for steps of at most `largest`'s slots (a routing of the largest
@@ -284,6 +317,8 @@ class dedup_plan {
     home_table_.reserve(static_cast<std::size_t>(num_experts));
     counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));
     node_counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));  // G <= R
+    block_counts_.reserve(static_cast<std::size_t>(std::max(ranks + num_experts, top_k)));
+    grow(be, status_, 2);
     std::vector<std::int32_t> every_expert(static_cast<std::size_t>(num_experts));
     for (std::int32_t e = 0; e < num_experts; ++e) every_expert[static_cast<std::size_t>(e)] = e;
     build_source(be, largest, every_expert, num_experts, ranks, scratch);  // the most source blocks a step can have
@@ -367,6 +402,30 @@ class dedup_plan {
 
  private:
   [[nodiscard]] std::int32_t local_experts() const { return num_experts() / ranks_; }
+  //! A source plan's blocks: one per rank, then the home experts; blocks past them are empty (a
+  //! plan has at least K).
+  [[nodiscard]] std::int32_t source_blocks() const {
+    return std::max(ranks_ + static_cast<std::int32_t>(home_count_), kept_.top_k);
+  }
+
+  //! The home table and the source routing of `kept`: one row per (token, destination), then the home rows.
+  routing_view source_routing(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home,
+                              std::int32_t num_experts, std::int32_t ranks) {
+    std::int32_t const top_k = kept.top_k;
+    std::int64_t const slots = kept.num_tokens * top_k;
+    home_table_.assign(static_cast<std::size_t>(num_experts), -1);
+    for (std::size_t i = 0; i < home.size(); ++i) home_table_[static_cast<std::size_t>(home[i])] = static_cast<std::int32_t>(i);
+    be.copy(grow(be, home_index_, num_experts).data(), home_table_.data(), num_experts);
+    kept_ = kept;
+    has_home_ = !home.empty();
+    home_count_ = home.size();
+    ranks_ = ranks;
+    source_pending_ = false;
+    routing_view source{grow(be, source_idx_, slots).data(), grow(be, source_weights_, slots).data(), kept.num_tokens, top_k};
+    be.for_each_index(kept.num_tokens, detail::dedup_source_slots{kept.topk_idx, kept.topk_weights, route(), ranks, top_k,
+                                                                  source_idx_.data(), source_weights_.data()});
+    return source;
+  }
   [[nodiscard]] detail::dedup_route route() const {
     return {home_index_.data(), relay_table_.empty() ? nullptr : relay_.data(), num_experts(), local_experts()};
   }
@@ -380,9 +439,13 @@ class dedup_plan {
   std::vector<std::int64_t> my_counts_;    //!< [R] rows this rank sends each rank
   std::vector<std::int64_t> counts_;       //!< [R][R] rows each rank sends each rank
   std::vector<std::int64_t> node_counts_;  //!< [G][R] `gather_counts_in_node`'s all-gather
+  std::vector<std::int64_t> block_counts_;  //!< a pending source map's rows per block
   std::int64_t sent_rows_ = 0, received_rows_ = 0;
+  std::size_t home_count_ = 0;
   bool has_home_ = false;
+  bool source_pending_ = false;  //!< the source map waits for `take_counts` (`enqueue_source`)
   buffer_t<std::int32_t> home_index_, relay_, source_idx_, received_idx_;
+  buffer_t<std::int64_t> status_;  //!< the status words of the plans built without a host wait
   buffer_t<float> source_weights_, received_weights_, received_grads_, sent_grads_;
   buffer_t<char> sent_lists_, received_lists_;
   byte_matrix matrix_, back_matrix_;

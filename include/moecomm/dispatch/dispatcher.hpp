@@ -53,6 +53,36 @@ struct relabel_experts {
   }
 };
 
+//! A rank's row of an all-gather, after its head (host values the caller copies in first, such as a
+//! capacity agreement's fields): `[E counts][R dedup counts][R direct counts][top_k][first bad
+//! slot][ids out of range]`, the dedup counts only with a deduplicated exchange whose source map
+//! rides along, the direct counts only per node, top_k only deduplicated. The counts come from the
+//! plans' device offsets; the two status words from a plan whose value scan is still on the device
+//! (`status`: the first bad slot, or `slots` when none, and the ids out of range), else -1 and 0.
+struct pack_count_row {
+  std::int32_t const* expert_offsets;  //!< `[E + 1]`
+  std::int32_t num_experts;
+  std::int32_t const* rank_offsets;  //!< `[R + 1]` the deduplicated rows to each rank (or relay), or null
+  std::int32_t const* direct_rows;   //!< `[R]` `dedup_node_plan::direct_rows`, or null
+  std::int32_t ranks;                //!< R with `rank_offsets`, else 0
+  std::int64_t top_k;                //!< written after them with a deduplicated exchange, else -1: not written
+  std::int64_t const* status;        //!< `[2]`, or null
+  std::int64_t slots;
+  std::int64_t* row;  //!< where the counts start
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int64_t words() const {
+    return num_experts + ranks * (direct_rows != nullptr ? 2 : 1) + (top_k >= 0 ? 1 : 0) + 2;
+  }
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int64_t const status_at = words() - 2, direct_at = num_experts + ranks;
+    if (i < num_experts) row[i] = expert_offsets[i + 1] - expert_offsets[i];
+    else if (i < direct_at) row[i] = rank_offsets[i - num_experts + 1] - rank_offsets[i - num_experts];
+    else if (direct_rows != nullptr && i < direct_at + ranks) row[i] = direct_rows[i - direct_at];
+    else if (i < status_at) row[i] = top_k;
+    else if (i == status_at) row[i] = status != nullptr && status[0] < slots ? status[0] : -1;
+    else row[i] = status != nullptr ? status[1] : 0;
+  }
+};
+
 }  // namespace detail
 
 //! What one routing decision did on this rank (host values, valid after `route`).
@@ -167,8 +197,9 @@ class dispatcher {
   template <class ChooseHome>
   void route(routing_view const& routing, ChooseHome&& choose_home) {
     begin_route();
-    build_permute_plan(be_, routing, num_experts_, dropless_plan(), scratch_, checks_);
-    finish_route(std::forward<ChooseHome>(choose_home));
+    // Checked and counted with every rank's counts: the first all-gather brings the plan's host side.
+    detail::enqueue_permute_plan(be_, routing, num_experts_, dropless_plan(), scratch_, checks_, status_words());
+    finish_route(std::forward<ChooseHome>(choose_home), true);
   }
 
   //! As `route(routing)`, for a caller that already holds the routing's plan (`build_permute_plan`,
@@ -187,7 +218,7 @@ class dispatcher {
     detail::require(plan.padded_capacity() == 0, "dispatcher::route", "argument 'plan' is padded to ",
                     plan.padded_capacity(), " rows per expert; route takes the routing's unpadded plan (the capacity policy pads)");
     std::swap(dropless_plan(), plan);
-    finish_route(std::forward<ChooseHome>(choose_home));
+    finish_route(std::forward<ChooseHome>(choose_home), false);
   }
 
   //! Sends each kept slot's token row to its expert's rank. `expert_rows` receives
@@ -407,6 +438,14 @@ class dispatcher {
  private:
   using bytes_t = typename Backend::template buffer_type<char>;
   static constexpr bool deduplicated = detail::is_dedup_v<Algorithm>;
+  //! Host words at the head of a gathered row: the capacity agreement's fields and the tokens.
+  static constexpr std::int32_t max_head_words = detail::capacity_fields + 1;
+
+  //! The widest gathered row (`gather_row`), and before it the status words of a plan whose value
+  //! scan is still on the device: device memory kept between steps.
+  std::int64_t* status_words() {
+    return grow(be_, count_row_, 2 + max_head_words + std::int64_t{num_experts_} + 2 * ranks_ + 3).data();
+  }
 
   void require_routed(char const* op) const {
     if (!routed_) detail::fail(status::invalid_usage, "dispatcher", op, " was called before route()");
@@ -593,9 +632,11 @@ class dispatcher {
     auto const R = static_cast<std::size_t>(ranks_), E = static_cast<std::size_t>(num_experts_),
                L = static_cast<std::size_t>(local_experts_);
     counts_.reserve(R * E);
-    gathered_.reserve(R * (E + R));
-    my_counts_.reserve(E + R);
+    gathered_.reserve(R * (max_head_words + E + 2 * R + 3));
+    my_counts_.reserve(max_head_words + E + 2 * R + 3);
+    (void)status_words();
     chunk_counts_.reserve(R * L);
+    receive_chunks_.reserve(R * L);
     local_offsets_.reserve(L + 1);
     rank_major_offsets_.reserve(R * L + 1);
     allowance_.reserve(R);
@@ -637,16 +678,21 @@ class dispatcher {
     else return dropless_plan_;
   }
 
-  //! The capacity policy on the dropless plan, the count exchange and the home experts.
+  //! The capacity policy on the dropless plan, the count exchange and the home experts; `deferred`:
+  //! the dropless plan is from `enqueue_permute_plan`, completed by the first all-gather.
   template <class ChooseHome>
-  void finish_route(ChooseHome&& choose_home) {
-    apply_capacity();
+  void finish_route(ChooseHome&& choose_home, bool deferred) {
+    bool const pending = apply_capacity(deferred);
     routing_view const kept = plan_.routing();  // before keep_home relabels it
     // Without home experts the deduplicated rows' counts ride on the count exchange; with them they
     // depend on the choice, made from the counts, and take an all-gather of their own.
     constexpr bool counts_ride_along = deduplicated && std::is_same_v<std::decay_t<ChooseHome>, no_home_experts>;
-    if constexpr (counts_ride_along) dedup_.build_source(be_, kept, {}, num_experts_, *groups_, scratch_);
-    exchange_counts(plan_, counts_ride_along);
+    if constexpr (counts_ride_along) dedup_.enqueue_source(be_, kept, num_experts_, *groups_, scratch_);
+    exchange_counts(plan_, counts_ride_along, pending, pending && detail::is_dropless_v<Capacity>);
+    if constexpr (detail::is_dropless_v<Capacity> || detail::is_receiver_budget_v<Capacity>) {
+      report_.kept_slots = plan_.num_rows();
+      report_.dropped_slots = dropless_plan().num_rows() - report_.kept_slots;
+    }
     decltype(auto) chosen = choose_home(counts_);
     if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
       keep_home(chosen);
@@ -660,7 +706,12 @@ class dispatcher {
         dedup_.build_source(be_, kept, home_, num_experts_, *groups_, scratch_);
         dedup_.gather_counts(groups_->world());
       }
-      dedup_.build_receive(be_, *groups_, plan_.padded_capacity(), algorithm_, report_.slot_metadata, exchange_scratch_, scratch_);
+      receive_chunks_.resize(chunk_counts_.size());  // [L][R]: the receive map's ids are l * R + s
+      for (std::int32_t s = 0; s < ranks_; ++s)
+        for (std::int32_t l = 0; l < local_experts_; ++l)
+          receive_chunks_[static_cast<std::size_t>(l) * ranks_ + s] = chunk_counts_[static_cast<std::size_t>(s) * local_experts_ + l];
+      dedup_.build_receive(be_, *groups_, plan_.padded_capacity(), algorithm_, report_.slot_metadata, exchange_scratch_, scratch_,
+                           receive_chunks_.data());
       detail::require(dedup_.receive().num_rows() == received_rows(), "dispatcher::route", "the slot lists received give ",
                       dedup_.receive().num_rows(), " rows for this rank's experts; the exchanged counts ", received_rows());
     }
@@ -686,15 +737,17 @@ class dispatcher {
                      "and pairwise accept a top_k per rank");
   }
 
-  //! `plan_` from the dropless plan: the kept slots' plan, derived without a second sort.
-  void apply_capacity() {
+  //! `plan_` from the dropless plan: the kept slots' plan, derived without a second sort. Returns
+  //! whether `plan_`'s host side waits for the count exchange (`gather_row`'s `complete`): the
+  //! dropless plan itself when `deferred`, an unpadded kept plan always.
+  bool apply_capacity(bool deferred) {
     if constexpr (detail::is_dropless_v<Capacity>) {
-      report_.kept_slots = plan_.num_rows();
+      return deferred;
     } else if constexpr (detail::is_receiver_budget_v<Capacity>) {
       detail::require(capacity_.rows_per_rank >= 0, "dispatcher::route", "receiver_budget.rows_per_rank = ",
                       capacity_.rows_per_rank, " is negative");
       routing_view const& routing = dropless_plan_.routing();
-      exchange_counts(dropless_plan_);  // the dropless counts of every rank
+      exchange_counts(dropless_plan_, false, deferred, deferred);  // the dropless counts of every rank
       receiver_prefix_allowance();
       std::int64_t* const allowed = scratch_.template get<std::int64_t>(be_, ranks_);
       be_.copy(allowed, allowance_.data(), ranks_);
@@ -704,27 +757,37 @@ class dispatcher {
                                                              dropless_plan_.expert_offsets(), allowed, local_experts_, kept_idx});
       routing_view kept = routing;
       kept.topk_idx = kept_idx;
-      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, unchecked_routing);  // a masking by construction
+      detail::enqueue_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, 0);  // a masking by construction
       report_.capacity = capacity_.rows_per_rank;
-      report_.kept_slots = plan_.num_rows();
-      report_.dropped_slots = dropless_plan_.num_rows() - report_.kept_slots;
+      return true;
     } else {
-      validate_capacity_policy(capacity_, "dispatcher::route");
+      char const* op = "dispatcher::route";
+      validate_capacity_policy(capacity_, op);
       routing_view const& routing = dropless_plan_.routing();
-      std::int64_t const c = detail::agree_on_capacity(groups_->world(), capacity_,
-                                                       expert_capacity(routing.num_tokens, routing.top_k, num_experts_,
-                                                                       capacity_.factor, capacity_.min_capacity),
-                                                       scratch_, "dispatcher::route");
+      // One all-gather: the capacity agreement, the tokens before this rank (drop_random's counter),
+      // and the dropless plan's counts and value scan.
+      std::int64_t head[max_head_words];
+      detail::write_capacity_fields(capacity_, expert_capacity(routing.num_tokens, routing.top_k, num_experts_, capacity_.factor,
+                                                               capacity_.min_capacity), head);
+      head[detail::capacity_fields] = routing.num_tokens;
+      std::int64_t const width = gather_row({head, max_head_words}, dropless_plan_, false, deferred, deferred);
+      std::int64_t const c = detail::agreed_capacity(gathered_.data(), width, ranks_, op);
+      std::int64_t first_token = 0;  // the tokens of the ranks before this one
+      if constexpr (std::is_same_v<decltype(capacity_.rule), drop_random>)
+        for (std::int32_t s = 0; s < groups_->world().rank(); ++s)
+          first_token += gathered_[static_cast<std::size_t>(s * width + detail::capacity_fields)];
       report_.capacity = c;
       std::int64_t const slots = routing.num_tokens * routing.top_k;
       array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
-      capacity_result const result = drop_to_capacity(be_, dropless_plan_, c, kept_idx, scratch_, capacity_.rule,
-                                                        detail::first_token(groups_->world(), capacity_, routing.num_tokens, scratch_));
+      detail::enqueue_drop_to_capacity(be_, dropless_plan_, c, kept_idx, scratch_, capacity_.rule, first_token);
       routing_view kept = routing;
       kept.topk_idx = kept_idx.data;
-      build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, unchecked_routing, capacity_.pad_to_capacity ? c : 0);
-      report_.kept_slots = result.kept_slots;
-      report_.dropped_slots = result.dropped_slots;
+      detail::enqueue_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, capacity_.pad_to_capacity ? c : 0);
+      // Every rule keeps the first C of each expert's slots (by its order): min(n_e, C) of them.
+      std::int32_t const* const offsets = dropless_plan_.host_expert_offsets().data;
+      for (std::int32_t e = 0; e < num_experts_; ++e) report_.kept_slots += std::min<std::int64_t>(offsets[e + 1] - offsets[e], c);
+      report_.dropped_slots = dropless_plan_.num_rows() - report_.kept_slots;
+      return plan_.padded_capacity() == 0;  // padded to C > 0, the plan is whole already
     }
   }
 
@@ -784,26 +847,51 @@ class dispatcher {
     }
   }
 
-  //! Every rank learns the rows every rank sends every expert in `plan` (one all-gather of E counts),
-  //! and with `with_dedup_counts` the rows of the deduplicated exchange it sends each rank (R more).
-  void exchange_counts(permute_plan<Backend> const& plan, bool with_dedup_counts = false) {
-    detail::require(plan.host_expert_offsets().size == num_experts_ + 1, "dispatcher::route", "the plan holds ",
+  //! One all-gather of a row per rank, packed on the device (`detail::pack_count_row`): `head` (host
+  //! values), `plan`'s E counts, with `with_dedup_counts` the deduplicated exchange's counts, and the
+  //! verdict words; `gathered_` holds `[R][width]`, the width is returned. With `complete`, `plan`'s
+  //! host side (from `enqueue_permute_plan` or `enqueue_kept_permute_plan`) is completed from this
+  //! rank's counts; with `verdict`, its value scan rides along, and every rank learns whether any
+  //! routing was bad, so that all raise (the bad rank its own error, the others `aborted` naming it)
+  //! and none waits for rows that will never come.
+  std::int64_t gather_row(array_view<std::int64_t const> head, permute_plan<Backend>& plan, bool with_dedup_counts, bool complete,
+                          bool verdict) {
+    detail::require(complete || plan.host_expert_offsets().size == num_experts_ + 1, "dispatcher::route", "the plan holds ",
                     plan.host_expert_offsets().size, " host offsets for ", num_experts_, " experts (was it built?)");
-    std::int32_t const* const offsets = plan.host_expert_offsets().data;
-    // [E counts][R dedup counts, with them][top_k, with a deduplicated exchange]
-    std::int64_t const width = num_experts_ + (with_dedup_counts ? ranks_ : 0) + (deduplicated ? 1 : 0);
-    my_counts_.resize(static_cast<std::size_t>(width));
-    std::vector<std::int64_t>& mine = my_counts_;
-    for (std::int32_t e = 0; e < num_experts_; ++e) mine[static_cast<std::size_t>(e)] = offsets[e + 1] - offsets[e];
-    if (with_dedup_counts) std::copy(dedup_.sent_counts().begin(), dedup_.sent_counts().end(), mine.begin() + num_experts_);
-    if constexpr (deduplicated) mine.back() = plan.routing().top_k;
+    routing_view const& routing = plan.routing();
+    std::int64_t* const scan = status_words();  // what the plan's value scan left
+    std::int32_t const* direct_rows = nullptr;
+    if constexpr (std::is_same_v<Algorithm, dedup_per_node>) direct_rows = with_dedup_counts ? dedup_.direct_rows() : nullptr;
+    std::int64_t* const row = scan + 2;
+    detail::pack_count_row const pack{plan.expert_offsets(), num_experts_, with_dedup_counts ? dedup_.source_offsets() : nullptr,
+                                      direct_rows, with_dedup_counts ? ranks_ : 0, deduplicated ? routing.top_k : -1,
+                                      verdict ? scan : nullptr, routing.num_tokens * routing.top_k, row + head.size};
+    std::int64_t const width = head.size + pack.words();
+    if (head.size > 0) be_.copy(row, head.data, head.size);  // from pageable memory: read when the copy is enqueued
+    be_.for_each_index(pack.words(), pack);
+    my_counts_.resize(static_cast<std::size_t>(width));  // a read-back's staging, where the communicator needs one
     gathered_.assign(static_cast<std::size_t>(ranks_ * width), 0);
-    allgather_host(groups_->world(), mine.data(), gathered_.data(), width * static_cast<std::int64_t>(sizeof(std::int64_t)));
-    if constexpr (deduplicated) check_same_top_k(gathered_.data(), width, width - 1);
+    allgather_to_host(groups_->world(), be_, row, gathered_.data(), width * static_cast<std::int64_t>(sizeof(std::int64_t)),
+                      my_counts_.data());
+    std::int64_t const* const my_row = gathered_.data() + groups_->world().rank() * width;
+    if (complete) detail::complete_permute_plan(be_, plan, my_row + head.size, my_row[width - 2], my_row[width - 1]);
+    for (std::int32_t s = 0; s < ranks_; ++s)
+      if (std::int64_t const bad = gathered_[static_cast<std::size_t>(s * width + width - 2)]; bad >= 0)
+        detail::fail(status::aborted, "dispatcher::route", "rank ", s, "'s routing is invalid at slot ", bad,
+                     " of its topk_idx (flattened); that rank's error names the token, the slot and the value. No rows were exchanged");
+    return width;
+  }
+
+  //! Every rank learns the rows every rank sends every expert in `plan` (one all-gather of E counts),
+  //! and with `with_dedup_counts` the rows of the deduplicated exchange it sends each rank (R more):
+  //! `gather_row` without a head. The count exchange: the receive sizes of every exchange.
+  void exchange_counts(permute_plan<Backend>& plan, bool with_dedup_counts, bool complete, bool verdict) {
+    std::int64_t const width = gather_row({}, plan, with_dedup_counts, complete, verdict);
+    if constexpr (deduplicated) check_same_top_k(gathered_.data(), width, width - 3);
     counts_.resize(static_cast<std::size_t>(ranks_) * num_experts_);
     for (std::int32_t s = 0; s < ranks_; ++s)
       std::copy_n(gathered_.begin() + s * width, num_experts_, counts_.begin() + static_cast<std::ptrdiff_t>(s) * num_experts_);
-    if (with_dedup_counts) dedup_.take_counts(gathered_.data() + num_experts_, width);
+    if (with_dedup_counts) dedup_.take_counts(be_, gathered_.data() + num_experts_, width, *groups_);
     derive_local_counts();
   }
 
@@ -935,9 +1023,12 @@ class dispatcher {
   std::vector<std::int64_t> allowance_;  //!< receiver budget: rows this rank may send each rank
   bool routed_ = false;                  //!< `route` succeeded: plan_ is this step's
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
-  std::vector<std::int64_t> my_counts_;     //!< [E (+ R)] this rank's row of counts_ (and of the dedup counts), before the all-gather
-  std::vector<std::int64_t> gathered_;      //!< [R][E (+ R) (+ 1)] the all-gather of every rank's my_counts_
+  std::vector<std::int64_t> my_counts_;     //!< this rank's count row on the host (its host words; a read-back's staging)
+  std::vector<std::int64_t> gathered_;      //!< [R][width] the all-gather of every rank's count row
+  //! [2 status words of a deferred plan][the count row]: device memory, sized once (`status_words`)
+  typename Backend::template buffer_type<std::int64_t> count_row_;
   std::vector<std::int32_t> chunk_counts_;  //!< [R][L] rows each rank sends each of my experts
+  std::vector<std::int64_t> receive_chunks_;  //!< dedup: chunk_counts_ as [L][R], the receive map's sizes
   std::vector<std::int64_t> local_offsets_;
   std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_
   std::vector<std::int32_t> home_;           //!< this rank's home experts, ascending

@@ -110,7 +110,8 @@ class expert_parallel_layer : public detail::layer_mode {
   //! last `forward`; parametric experts also get their parameter gradients (the replicas' summed
   //! into the owner's, when shadowed). Collective: every rank calls it, also one that needs no
   //! gradient. `d_x` and `d_weights` are written together at the end, when nothing can fail any
-  //! more: after an error neither holds a partial result (parameter gradients may).
+  //! more: after an error neither holds a partial result (parameter gradients may). No host wait:
+  //! on a device they are written in the back-end's stream order, for the caller's next work there.
   //! @param d_out `[>= T][hidden]` the gradient of the forward's `out`.
   //! @param d_x `[>= T][hidden]`, or `not_needed`.
   //! @param d_weights `[>= T * K]` (weighted layers only), or `not_needed`.
@@ -295,7 +296,6 @@ class expert_parallel_layer : public detail::layer_mode {
     if constexpr (stage_d_x)
       if (d_x.wanted()) be.copy(d_x.view().data, d_x_staged.view().data, tokens * hidden_);
     if (d_weights.wanted()) be.copy(d_weights.view().data, d_weights_staged.view().data, slots);
-    be.synchronize();
   }
 
 

@@ -255,10 +255,34 @@ struct capacity_result {
 //! @param scratch the slots' scores, kept between calls.
 //! @param rule `drop_by_position`, `drop_by_probability` (needs weights) or `drop_random`.
 //! @param first_token for `drop_random`: the global index of this rank's token 0 (Philox counter).
+namespace detail {
+template <class Backend, class Rule>
+void enqueue_drop_to_capacity(Backend const& be, permute_plan<Backend> const& plan, std::int64_t capacity,
+                              array_view<std::int32_t> kept_topk_idx, workspace<Backend>& scratch, Rule const& rule,
+                              std::int64_t first_token);
+}  // namespace detail
+
 template <class Backend, class Rule = drop_by_position>
 capacity_result drop_to_capacity(Backend const& be, permute_plan<Backend> const& plan, std::int64_t capacity,
                                  array_view<std::int32_t> kept_topk_idx, workspace<Backend>& scratch, Rule const& rule = {},
                                  std::int64_t first_token = 0) {
+  detail::enqueue_drop_to_capacity(be, plan, capacity, kept_topk_idx, scratch, rule, first_token);
+  routing_view const& routing = plan.routing();
+  capacity_result result;
+  result.kept_slots = be.reduce(routing.num_tokens * routing.top_k, std::int64_t{0}, detail::is_kept_slot{kept_topk_idx.data},
+                                detail::plus{});
+  result.dropped_slots = plan.num_rows() - result.kept_slots;
+  return result;
+}
+
+namespace detail {
+
+//! `drop_to_capacity`'s work without counting what it kept (no host wait): every rule keeps
+//! `min(n_e, C)` of expert e's `n_e` slots, which a caller that knows the counts adds up itself.
+template <class Backend, class Rule>
+void enqueue_drop_to_capacity(Backend const& be, permute_plan<Backend> const& plan, std::int64_t capacity,
+                              array_view<std::int32_t> kept_topk_idx, workspace<Backend>& scratch, Rule const& rule,
+                              std::int64_t first_token) {
   char const* op = "drop_to_capacity";
   routing_view const& routing = plan.routing();
   std::int64_t const slots = routing.num_tokens * routing.top_k;
@@ -299,34 +323,25 @@ capacity_result drop_to_capacity(Backend const& be, permute_plan<Backend> const&
     detail::require(first_token >= 0, op, "first_token = ", first_token, " must be >= 0");
     survivors(detail::random_score{rule.seed, rule.layer, first_token});
   }
-  capacity_result result;
-  result.kept_slots = be.reduce(slots, std::int64_t{0}, detail::is_kept_slot{kept_topk_idx.data}, detail::plus{});
-  result.dropped_slots = plan.num_rows() - result.kept_slots;
-  return result;
 }
 
-namespace detail {
+//! What ranks compare to agree on a capacity: C, the factor (bit for bit), min_capacity, the padding.
+inline constexpr std::int32_t capacity_fields = 4;
+template <class Rule>
+void write_capacity_fields(capacity<Rule> const& policy, std::int64_t mine, std::int64_t* fields) {
+  fields[0] = mine;
+  std::memcpy(&fields[1], &policy.factor, sizeof(double));  // compared bit for bit
+  fields[2] = policy.min_capacity;
+  fields[3] = policy.pad_to_capacity ? 1 : 0;
+}
 
-//! The capacity every rank of `comm` uses: the largest rank's `mine` (DeepSpeed's and Tutel's rule).
-//! The same all-gather compares the policies: ranks whose factor, min_capacity or padding differ
-//! would each drop differently, so every rank throws the same invalid_usage naming two of them.
-//! Collective over `comm` (the ranks that exchange rows).
-template <class Comm, class Rule, class Backend>
-std::int64_t agree_on_capacity(Comm& comm, capacity<Rule> const& policy, std::int64_t mine, workspace<Backend>& scratch,
-                               char const* op) {
-  constexpr std::int32_t fields = 4;
-  std::int32_t const ranks = comm.size();
-  std::int64_t* const all = scratch.template host<std::int64_t>(std::int64_t{fields} * (ranks + 1));
-  std::int64_t* const sent = all + std::int64_t{fields} * ranks;
-  sent[0] = mine;
-  std::memcpy(&sent[1], &policy.factor, sizeof(double));  // compared bit for bit
-  sent[2] = policy.min_capacity;
-  sent[3] = policy.pad_to_capacity ? 1 : 0;
-  allgather_host(comm, sent, all, fields * static_cast<std::int64_t>(sizeof(std::int64_t)));
+//! The largest rank's C from every rank's `capacity_fields` at `all + r * stride`, once every
+//! rank's policy equals rank 0's; otherwise the same invalid_usage on every rank, naming two.
+inline std::int64_t agreed_capacity(std::int64_t const* all, std::int64_t stride, std::int32_t ranks, char const* op) {
   std::int64_t c = 0;
   for (std::int32_t r = 0; r < ranks; ++r) {
-    std::int64_t const* theirs = all + std::int64_t{fields} * r;
-    if (!std::equal(theirs + 1, theirs + fields, all + 1)) {
+    std::int64_t const* theirs = all + stride * r;
+    if (!std::equal(theirs + 1, theirs + capacity_fields, all + 1)) {
       double factor = 0, first = 0;
       std::memcpy(&factor, &theirs[1], sizeof(double));
       std::memcpy(&first, &all[1], sizeof(double));
@@ -337,6 +352,21 @@ std::int64_t agree_on_capacity(Comm& comm, capacity<Rule> const& policy, std::in
     c = theirs[0] > c ? theirs[0] : c;
   }
   return c;
+}
+
+//! The capacity every rank of `comm` uses: the largest rank's `mine` (DeepSpeed's and Tutel's rule).
+//! The same all-gather compares the policies: ranks whose factor, min_capacity or padding differ
+//! would each drop differently, so every rank throws the same invalid_usage naming two of them.
+//! Collective over `comm` (the ranks that exchange rows).
+template <class Comm, class Rule, class Backend>
+std::int64_t agree_on_capacity(Comm& comm, capacity<Rule> const& policy, std::int64_t mine, workspace<Backend>& scratch,
+                               char const* op) {
+  std::int32_t const ranks = comm.size();
+  std::int64_t* const all = scratch.template host<std::int64_t>(std::int64_t{capacity_fields} * (ranks + 1));
+  std::int64_t* const sent = all + std::int64_t{capacity_fields} * ranks;
+  write_capacity_fields(policy, mine, sent);
+  allgather_host(comm, sent, all, capacity_fields * static_cast<std::int64_t>(sizeof(std::int64_t)));
+  return agreed_capacity(all, capacity_fields, ranks, op);
 }
 
 //! The global index of this rank's token 0 over `comm`, for `drop_random`'s Philox counter (one

@@ -231,6 +231,22 @@ template <class Backend>
 void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled, std::int32_t* tables,
                       std::int32_t num_blocks, std::int32_t const* labels, std::int32_t num_experts,
                       workspace<Backend>& scratch, char const* op);
+template <class Backend>
+void enqueue_permute_plan(Backend const&, routing_view const&, std::int32_t, permute_plan<Backend>&, workspace<Backend>&,
+                          routing_checks const&, std::int64_t*);
+template <class Backend>
+void complete_permute_plan(Backend const&, permute_plan<Backend>&, std::int64_t const*, std::int64_t, std::int64_t);
+template <class Backend>
+void enqueue_plan_arrays(Backend const&, routing_view const&, std::int32_t, permute_plan<Backend>&, workspace<Backend>&,
+                         std::int64_t, char const*);
+template <class Backend>
+void check_kept_arguments(permute_plan<Backend> const&, routing_view const&, permute_plan<Backend>&, std::int64_t, char const*);
+template <class Backend>
+void enqueue_kept_permute_plan(Backend const&, permute_plan<Backend> const&, routing_view const&, permute_plan<Backend>&,
+                               workspace<Backend>&, std::int64_t);
+template <class Backend>
+std::int32_t const* enqueue_kept_plan_arrays(Backend const&, permute_plan<Backend> const&, routing_view const&, permute_plan<Backend>&,
+                                             workspace<Backend>&, std::int64_t, char const*);
 }  // namespace detail
 
 //! The row map of one routing decision: slot `(t, k)` of expert `e` goes to row `row_of[t][k]`,
@@ -280,6 +296,22 @@ class permute_plan {
   template <class B>
   friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
                                  routing_checks const&, std::int64_t);
+  template <class B>
+  friend void detail::enqueue_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
+                                           routing_checks const&, std::int64_t*);
+  template <class B>
+  friend void detail::complete_permute_plan(B const&, permute_plan<B>&, std::int64_t const*, std::int64_t, std::int64_t);
+  template <class B>
+  friend void detail::enqueue_plan_arrays(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
+                                          std::int64_t, char const*);
+  template <class B>
+  friend void detail::check_kept_arguments(permute_plan<B> const&, routing_view const&, permute_plan<B>&, std::int64_t, char const*);
+  template <class B>
+  friend void detail::enqueue_kept_permute_plan(B const&, permute_plan<B> const&, routing_view const&, permute_plan<B>&,
+                                                workspace<B>&, std::int64_t);
+  template <class B>
+  friend std::int32_t const* detail::enqueue_kept_plan_arrays(B const&, permute_plan<B> const&, routing_view const&, permute_plan<B>&,
+                                                              workspace<B>&, std::int64_t, char const*);
 
   //! The plan is now one of `routing` over `num_experts`: reads its expert offsets back to the host.
   void take_routing(Backend const& be, routing_view const& routing, std::int32_t num_experts) {
@@ -321,12 +353,74 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
   plan.num_rows_ = plan.num_invalid_slots_ = plan.padded_capacity_ = 0;
   validate_routing(be, routing, num_experts, checks, op);
   detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
-  (void)detail::checked_int32(std::int64_t{num_experts} + 1, op, "num_experts + 1",
-                              "the plan's expert offsets [E + 1] are indexed by int32 expert ids");
-  std::int64_t const slots = routing.num_tokens * routing.top_k;  // fits int32: validate_routing checked it
+  detail::enqueue_plan_arrays(be, routing, num_experts, plan, scratch, padded_capacity, op);
+  std::int64_t invalid = 0;
+  if (!checks.scan_values)
+    invalid = be.reduce(routing.num_tokens * routing.top_k, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts},
+                        detail::plus{});
+  plan.take_routing(be, routing, num_experts);
+  plan.padded_capacity_ = padded_capacity;
+  plan.num_invalid_slots_ = invalid;
+  plan.num_rows_ = plan.host_offsets_.back();
+}
+
+namespace detail {
+
+//! The routing's plan (unpadded) without a host wait, for a caller that reads its expert counts
+//! back with other values (a dispatcher: with the counts of every rank, its step's one wait). The
+//! routing's shape is checked here; `status[0]` (the back-end's memory) receives the value scan's
+//! first bad slot (the slot count when there is none: `scan_routing_into`) and `status[1]` the ids
+//! out of range when the scan is off; the device arrays are built; the host side (`num_rows()`,
+//! the host offsets) waits for `complete_permute_plan`. A bad slot sorts with the masked ones, so
+//! nothing here reads or writes out of bounds before the error is raised.
+template <class Backend>
+void enqueue_permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts, permute_plan<Backend>& plan,
+                          workspace<Backend>& scratch, routing_checks const& checks, std::int64_t* status) {
+  char const* op = "make_permute_plan";
+  plan.routing_ = {};
+  plan.num_rows_ = plan.num_invalid_slots_ = plan.padded_capacity_ = 0;
+  plan.host_offsets_.clear();
+  check_routing_shape(routing, num_experts, op);
+  scan_routing_into(be, routing, num_experts, checks, status);
+  std::int64_t const slots = routing.num_tokens * routing.top_k;
+  if (checks.scan_values) be.for_each_index(1, fill_value<std::int64_t>{status + 1, 0});
+  else be.reduce_into(status + 1, slots, std::int64_t{0}, out_of_range_slot{routing.topk_idx, num_experts}, plus{});
+  enqueue_plan_arrays(be, routing, num_experts, plan, scratch, 0, op);
+  plan.routing_ = routing;
+  plan.num_experts_ = num_experts;
+}
+
+//! Completes an `enqueue_permute_plan` plan from what was read back: `counts[e]`, the slots of each
+//! expert (host), the first bad slot (-1: none) and the ids out of range. Raises the value scan's
+//! error, naming the token and slot (it reads that token back); otherwise the plan is whole.
+//! @throws error (invalid_argument) for a bad slot; the plan is empty after it.
+template <class Backend>
+void complete_permute_plan(Backend const& be, permute_plan<Backend>& plan, std::int64_t const* counts, std::int64_t first_bad,
+                           std::int64_t invalid) {
+  if (first_bad >= 0) {
+    routing_view const routing = plan.routing_;
+    plan.routing_ = {};
+    report_slot_problem(be, routing, plan.num_experts_, first_bad, "make_permute_plan");
+  }
+  plan.host_offsets_.resize(static_cast<std::size_t>(plan.num_experts_) + 1);  // capacity kept between steps
+  plan.host_offsets_[0] = 0;
+  for (std::size_t e = 0; e + 1 < plan.host_offsets_.size(); ++e)
+    plan.host_offsets_[e + 1] = plan.host_offsets_[e] + static_cast<std::int32_t>(counts[e]);
+  plan.num_rows_ = plan.host_offsets_.back();
+  plan.num_invalid_slots_ = invalid;
+}
+
+//! The device arrays of a plan (the sort, the offsets, both row maps), as `build_permute_plan`
+//! builds them; a padded plan reads its counts back to check them against the capacity.
+template <class Backend>
+void enqueue_plan_arrays(Backend const& be, routing_view const& routing, std::int32_t num_experts, permute_plan<Backend>& plan,
+                         workspace<Backend>& scratch, std::int64_t padded_capacity, char const* op) {
+  (void)checked_int32(std::int64_t{num_experts} + 1, op, "num_experts + 1",
+                      "the plan's expert offsets [E + 1] are indexed by int32 expert ids");
+  std::int64_t const slots = routing.num_tokens * routing.top_k;  // fits int32: check_routing_shape checked it
   char const* const padded = "padded_capacity * num_experts";
-  std::int64_t const padded_rows = detail::checked_int32(detail::checked_mul(padded_capacity, num_experts, op, padded),
-                                                         op, padded, "the plan's row ids are int32");
+  std::int64_t const padded_rows = checked_int32(checked_mul(padded_capacity, num_experts, op, padded), op, padded,
+                                                 "the plan's row ids are int32");
   std::int64_t const max_rows = padded_capacity > 0 ? padded_rows : slots;
   grow(be, plan.row_of_, slots);
   grow(be, plan.token_of_, max_rows);
@@ -342,35 +436,28 @@ void build_permute_plan(Backend const& be, routing_view const& routing, std::int
   std::int32_t* const sorted_slots = slot_ids + slots;
   std::int32_t* const unpadded = base + 4 * slots;
   void* const sort_scratch = base + words;
-  be.for_each_index(slots, detail::slot_sort_key{routing.topk_idx, num_experts, keys, slot_ids});
-  be.stable_sort_by_key(keys, sorted_keys, slot_ids, sorted_slots, slots, detail::key_bits(num_experts), sort_scratch,
-                        sort_bytes);
-  be.for_each_index(num_experts + 1, detail::expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
+  be.for_each_index(slots, slot_sort_key{routing.topk_idx, num_experts, keys, slot_ids});
+  be.stable_sort_by_key(keys, sorted_keys, slot_ids, sorted_slots, slots, key_bits(num_experts), sort_scratch, sort_bytes);
+  be.for_each_index(num_experts + 1, expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
   if (padded_capacity > 0) {
     std::int32_t* const counts = scratch.template host<std::int32_t>(std::int64_t{num_experts} + 1);
-    detail::read_back(be, counts, plan.expert_offsets_.data(), num_experts + 1);
+    read_back(be, counts, plan.expert_offsets_.data(), num_experts + 1);
     for (std::int32_t e = 0; e < num_experts; ++e) {
       std::int64_t const n = counts[e + 1] - counts[e];
-      detail::require(n <= padded_capacity, op, "expert ", e, " has ", n, " slots, more than padded_capacity = ",
-                      padded_capacity, " (drop to capacity first)");
+      require(n <= padded_capacity, op, "expert ", e, " has ", n, " slots, more than padded_capacity = ", padded_capacity,
+              " (drop to capacity first)");
     }
-    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{plan.token_of_.data(), -1});
-    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{plan.slot_of_.data(), -1});
+    be.for_each_index(padded_rows, fill_value<std::int32_t>{plan.token_of_.data(), -1});
+    be.for_each_index(padded_rows, fill_value<std::int32_t>{plan.slot_of_.data(), -1});
     be.copy(unpadded, plan.expert_offsets_.data(), num_experts + 1);
   }
-  be.for_each_index(slots, detail::row_maps_from_sorted_slots{sorted_keys, sorted_slots, unpadded, padded_capacity,
-                                                              num_experts, routing.top_k, plan.row_of_.data(),
-                                                              plan.token_of_.data(), plan.slot_of_.data()});
-  if (padded_capacity > 0)
-    be.for_each_index(num_experts + 1, detail::padded_offsets{padded_capacity, plan.expert_offsets_.data()});
-  std::int64_t invalid = 0;
-  if (!checks.scan_values)
-    invalid = be.reduce(slots, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts}, detail::plus{});
-  plan.take_routing(be, routing, num_experts);
-  plan.padded_capacity_ = padded_capacity;
-  plan.num_invalid_slots_ = invalid;
-  plan.num_rows_ = plan.host_offsets_.back();
+  be.for_each_index(slots, row_maps_from_sorted_slots{sorted_keys, sorted_slots, unpadded, padded_capacity, num_experts,
+                                                      routing.top_k, plan.row_of_.data(), plan.token_of_.data(),
+                                                      plan.slot_of_.data()});
+  if (padded_capacity > 0) be.for_each_index(num_experts + 1, padded_offsets{padded_capacity, plan.expert_offsets_.data()});
 }
+
+}  // namespace detail
 
 namespace detail {
 
@@ -507,19 +594,9 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
                              permute_plan<Backend>& kept, workspace<Backend>& scratch, routing_checks const& checks = {},
                              std::int64_t padded_capacity = 0) {
   char const* op = "build_kept_permute_plan";
-  detail::require(&kept != &dropless, op, "argument 'kept' is 'dropless': the kept plan needs arrays of its own");
-  kept.routing_ = {};
-  kept.num_rows_ = kept.num_invalid_slots_ = kept.padded_capacity_ = 0;
-  detail::require(dropless.padded_capacity_ == 0, op, "argument 'dropless' is padded to ", dropless.padded_capacity_,
-                  " rows per expert; it must be the routing's unpadded plan");
+  detail::check_kept_arguments(dropless, kept_routing, kept, padded_capacity, op);
   routing_view const& routing = dropless.routing_;
-  detail::require(kept_routing.num_tokens == routing.num_tokens && kept_routing.top_k == routing.top_k, op,
-                  "argument 'kept_routing' has ", kept_routing.num_tokens, " x ", kept_routing.top_k,
-                  " slots; the dropless plan's routing ", routing.num_tokens, " x ", routing.top_k);
-  detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
-  std::int32_t const experts = dropless.num_experts_;
-  std::int64_t const slots = routing.num_tokens * routing.top_k, rows = dropless.num_rows_;
-  detail::require(slots == 0 || kept_routing.topk_idx != nullptr, op, "argument 'kept_routing' has null topk_idx");
+  std::int64_t const slots = routing.num_tokens * routing.top_k;
   if (checks.scan_values) {
     std::int64_t const bad =
         be.reduce(slots, slots,
@@ -535,9 +612,74 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
                    " (a kept routing only masks slots, to -1)");
     }
   }
+  std::int32_t const* const kept_offsets = detail::enqueue_kept_plan_arrays(be, dropless, kept_routing, kept, scratch, padded_capacity, op);
+  if (padded_capacity > 0) {
+    std::int32_t const experts = dropless.num_experts_;
+    std::int32_t* const counts = scratch.template host<std::int32_t>(std::int64_t{experts} + 1);
+    detail::read_back(be, counts, kept_offsets, experts + 1);
+    for (std::int32_t e = 0; e < experts; ++e) {
+      std::int64_t const n = counts[e + 1] - counts[e];
+      detail::require(n <= padded_capacity, op, "expert ", e, " keeps ", n, " slots, more than padded_capacity = ",
+                      padded_capacity);
+    }
+  }
+  kept.take_routing(be, kept_routing, dropless.num_experts_);
+  kept.padded_capacity_ = padded_capacity;
+  kept.num_rows_ = kept.host_offsets_.back();
+}
+
+namespace detail {
+
+//! `build_kept_permute_plan`'s O(1) checks; `kept` is empty after them.
+template <class Backend>
+void check_kept_arguments(permute_plan<Backend> const& dropless, routing_view const& kept_routing, permute_plan<Backend>& kept,
+                          std::int64_t padded_capacity, char const* op) {
+  require(&kept != &dropless, op, "argument 'kept' is 'dropless': the kept plan needs arrays of its own");
+  kept.routing_ = {};
+  kept.num_rows_ = kept.num_invalid_slots_ = kept.padded_capacity_ = 0;
+  kept.host_offsets_.clear();
+  require(dropless.padded_capacity_ == 0, op, "argument 'dropless' is padded to ", dropless.padded_capacity_,
+          " rows per expert; it must be the routing's unpadded plan");
+  routing_view const& routing = dropless.routing_;
+  require(kept_routing.num_tokens == routing.num_tokens && kept_routing.top_k == routing.top_k, op, "argument 'kept_routing' has ",
+          kept_routing.num_tokens, " x ", kept_routing.top_k, " slots; the dropless plan's routing ", routing.num_tokens, " x ",
+          routing.top_k);
+  require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
+  require(routing.num_tokens * routing.top_k == 0 || kept_routing.topk_idx != nullptr, op, "argument 'kept_routing' has null topk_idx");
+}
+
+//! `build_kept_permute_plan` for a kept routing that keeps at most `padded_capacity` slots per
+//! expert by construction (a drop to that capacity: `enqueue_drop_to_capacity`), without a host
+//! wait: padded, the plan is whole at once (its offsets are `e * C`); unpadded, its host side waits
+//! for `complete_permute_plan` with the kept counts (which a count exchange brings).
+template <class Backend>
+void enqueue_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dropless, routing_view const& kept_routing,
+                               permute_plan<Backend>& kept, workspace<Backend>& scratch, std::int64_t padded_capacity) {
+  char const* op = "build_kept_permute_plan";
+  check_kept_arguments(dropless, kept_routing, kept, padded_capacity, op);
+  (void)enqueue_kept_plan_arrays(be, dropless, kept_routing, kept, scratch, padded_capacity, op);
+  std::int32_t const experts = dropless.num_experts_;
+  kept.routing_ = kept_routing;
+  kept.num_experts_ = experts;
+  kept.padded_capacity_ = padded_capacity;
+  if (padded_capacity > 0) {
+    kept.host_offsets_.resize(static_cast<std::size_t>(experts) + 1);  // capacity kept between steps
+    for (std::int32_t e = 0; e <= experts; ++e) kept.host_offsets_[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(e * padded_capacity);
+    kept.num_rows_ = kept.host_offsets_.back();
+  }
+}
+
+//! The kept plan's device arrays; returns the unpadded kept offsets (`[E + 1]`, in the scratch).
+template <class Backend>
+std::int32_t const* enqueue_kept_plan_arrays(Backend const& be, permute_plan<Backend> const& dropless, routing_view const& kept_routing,
+                                             permute_plan<Backend>& kept, workspace<Backend>& scratch, std::int64_t padded_capacity,
+                                             char const* op) {
+  routing_view const& routing = dropless.routing_;
+  std::int32_t const experts = dropless.num_experts_;
+  std::int64_t const slots = routing.num_tokens * routing.top_k, rows = dropless.num_rows_;
   char const* const padded = "padded_capacity * num_experts";
-  std::int64_t const padded_rows = detail::checked_int32(detail::checked_mul(padded_capacity, experts, op, padded), op,
-                                                         padded, "the plan's row ids are int32");
+  std::int64_t const padded_rows = checked_int32(checked_mul(padded_capacity, experts, op, padded), op, padded,
+                                                 "the plan's row ids are int32");
   std::int64_t const max_rows = padded_capacity > 0 ? padded_rows : rows;
   grow(be, kept.row_of_, slots);
   grow(be, kept.token_of_, max_rows);
@@ -549,34 +691,25 @@ void build_kept_permute_plan(Backend const& be, permute_plan<Backend> const& dro
   std::int32_t* const positions = scratch.template get<std::int32_t>(be, words + static_cast<std::int64_t>(scan_bytes / 4 + 1));
   std::int32_t* const kept_offsets = positions + rows + 1;
   void* const scan_scratch = positions + words;
-  be.for_each_index(rows + 1, detail::kept_row_flags{dropless.token_of(), dropless.slot_of(), kept_routing.topk_idx,
-                                                     routing.top_k, rows, positions});
+  be.for_each_index(rows + 1, kept_row_flags{dropless.token_of(), dropless.slot_of(), kept_routing.topk_idx, routing.top_k, rows,
+                                             positions});
   be.exclusive_sum(positions, positions, rows + 1, scan_scratch, scan_bytes);
-  be.for_each_index(std::int64_t{experts} + 1, detail::kept_offsets_from_positions{dropless.expert_offsets(), positions,
-                                                                                   kept_offsets});
+  be.for_each_index(std::int64_t{experts} + 1, kept_offsets_from_positions{dropless.expert_offsets(), positions, kept_offsets});
   if (padded_capacity > 0) {
-    std::int32_t* const counts = scratch.template host<std::int32_t>(std::int64_t{experts} + 1);
-    detail::read_back(be, counts, kept_offsets, experts + 1);
-    for (std::int32_t e = 0; e < experts; ++e) {
-      std::int64_t const n = counts[e + 1] - counts[e];
-      detail::require(n <= padded_capacity, op, "expert ", e, " keeps ", n, " slots, more than padded_capacity = ",
-                      padded_capacity);
-    }
-    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{kept.token_of_.data(), -1});
-    be.for_each_index(padded_rows, detail::fill_value<std::int32_t>{kept.slot_of_.data(), -1});
-    be.for_each_index(std::int64_t{experts} + 1, detail::padded_offsets{padded_capacity, kept.expert_offsets_.data()});
+    be.for_each_index(padded_rows, fill_value<std::int32_t>{kept.token_of_.data(), -1});
+    be.for_each_index(padded_rows, fill_value<std::int32_t>{kept.slot_of_.data(), -1});
+    be.for_each_index(std::int64_t{experts} + 1, padded_offsets{padded_capacity, kept.expert_offsets_.data()});
   } else {
     be.copy(kept.expert_offsets_.data(), kept_offsets, experts + 1);
   }
-  be.for_each_index(slots, detail::fill_value<std::int32_t>{kept.row_of_.data(), -1});
-  be.for_each_index(rows, detail::move_kept_rows{dropless.token_of(), dropless.slot_of(), routing.topk_idx,
-                                                 kept_routing.topk_idx, positions, kept_offsets, padded_capacity,
-                                                 routing.top_k, kept.token_of_.data(), kept.slot_of_.data(),
-                                                 kept.row_of_.data()});
-  kept.take_routing(be, kept_routing, experts);
-  kept.padded_capacity_ = padded_capacity;
-  kept.num_rows_ = kept.host_offsets_.back();
+  be.for_each_index(slots, fill_value<std::int32_t>{kept.row_of_.data(), -1});
+  be.for_each_index(rows, move_kept_rows{dropless.token_of(), dropless.slot_of(), routing.topk_idx, kept_routing.topk_idx, positions,
+                                         kept_offsets, padded_capacity, routing.top_k, kept.token_of_.data(), kept.slot_of_.data(),
+                                         kept.row_of_.data()});
+  return kept_offsets;
 }
+
+}  // namespace detail
 
 //! `build_permute_plan` into a new plan, with scratch of its own: for a one-off routing. A loop
 //! that routes every step keeps a plan and a workspace and rebuilds.

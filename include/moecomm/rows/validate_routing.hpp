@@ -54,6 +54,16 @@ struct slot_problem {
   }
 };
 
+//! Whether `checks` scan every slot's values (ids, weights, duplicates).
+inline bool scans_values(routing_checks const& checks) { return checks.scan_values || checks.reject_duplicates; }
+
+//! `i` for a slot that breaks the contract, else the number of slots: minimised, the first bad slot.
+inline first_index_where<slot_problem> first_bad_slot(routing_view const& routing, std::int32_t num_experts,
+                                                      routing_checks const& checks) {
+  return {slot_problem{routing.topk_idx, routing.topk_weights, routing.top_k, num_experts, checks.reject_duplicates},
+          routing.num_tokens * routing.top_k};
+}
+
 //! The O(1) checks: shapes and pointers.
 inline void check_routing_shape(routing_view const& routing, std::int32_t num_experts, char const* op) {
   require(num_experts > 0, op, "num_experts = ", num_experts, " must be positive");
@@ -104,13 +114,26 @@ template <class Backend>
 void validate_routing(Backend const& be, routing_view const& routing, std::int32_t num_experts,
                       routing_checks const& checks, char const* op = "validate_routing") {
   detail::check_routing_shape(routing, num_experts, op);
-  if (!checks.scan_values && !checks.reject_duplicates) return;
+  if (!detail::scans_values(checks)) return;
   std::int64_t const slots = routing.num_tokens * routing.top_k;
-  detail::slot_problem const problem{routing.topk_idx, routing.topk_weights, routing.top_k, num_experts,
-                                     checks.reject_duplicates};
-  std::int64_t const first_bad = be.reduce(slots, slots, detail::first_index_where<detail::slot_problem>{problem, slots},
-                                           detail::minimum{});
+  std::int64_t const first_bad = be.reduce(slots, slots, detail::first_bad_slot(routing, num_experts, checks), detail::minimum{});
   if (first_bad < slots) detail::report_slot_problem(be, routing, num_experts, first_bad, op);
 }
+
+namespace detail {
+
+//! `validate_routing`'s value scan without its host wait: `*first_bad` (the back-end's memory)
+//! becomes the first slot that breaks the contract, or the number of slots when none does or the
+//! scan is off. The caller reads it back with other values and, when it is a slot, raises the
+//! error with `report_slot_problem`.
+template <class Backend>
+void scan_routing_into(Backend const& be, routing_view const& routing, std::int32_t num_experts, routing_checks const& checks,
+                       std::int64_t* first_bad) {
+  std::int64_t const slots = routing.num_tokens * routing.top_k;
+  if (scans_values(checks)) be.reduce_into(first_bad, slots, slots, first_bad_slot(routing, num_experts, checks), minimum{});
+  else be.for_each_index(1, fill_value<std::int64_t>{first_bad, slots});
+}
+
+}  // namespace detail
 
 MOECOMM_NAMESPACE_END
