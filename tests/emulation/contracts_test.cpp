@@ -9,10 +9,12 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +81,39 @@ std::string hex(std::vector<std::uint16_t> const& bits) {
     text += word;
   }
   return text;
+}
+
+// `y[i] = 2 * x[i] + 1`: a kernel to capture.
+struct affine_kernel {
+  float const* x;
+  float* y;
+  void operator()(std::int64_t i) const { y[i] = 2.0f * x[i] + 1.0f; }
+};
+
+cudaError_t launch_affine(cudaStream_t stream, float const* x, float* y, std::int64_t n) {
+  return moecomm_emulation::launch(stream, "affine", affine_kernel{x, y}, [n](affine_kernel const& k) {
+    for (std::int64_t i = 0; i < n; ++i) k(i);
+  });
+}
+
+template <class T>
+T* device_array(std::size_t n) {
+  void* p = nullptr;
+  REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+template <class T>
+T* pinned_array(std::size_t n) {
+  void* p = nullptr;
+  REQUIRE(cudaMallocHost(&p, n * sizeof(T)) == cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+cudaStreamCaptureStatus capture_status(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CHECK(cudaStreamIsCapturing(stream, &status) == cudaSuccess);
+  return status;
 }
 
 }  // namespace
@@ -536,6 +571,408 @@ TEST_CASE("non-blocking NCCL: init, split, a group and a collective return ncclI
     REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
   });
   CHECK(moecomm_emulation::violations().empty());
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("a captured kernel, device copy and memset run at each of 100 graph launches, not at capture, as eagerly, without host waits") {
+  moecomm_emulation::clear_violations();
+  int const device = 2;
+  REQUIRE(cudaSetDevice(device) == cudaSuccess);
+  constexpr std::size_t n = 64, bytes = n * sizeof(float);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  float* const x = device_array<float>(n);
+  float* const y = device_array<float>(n);
+  float* const z = device_array<float>(n);
+  float* const eager_y = device_array<float>(n);
+  float* const eager_z = device_array<float>(n);
+  float* const in = pinned_array<float>(n);
+  float* const out = pinned_array<float>(4 * n);
+  // The step: y = 2x + 1, z = y, then y's first half zeroed.
+  auto step = [&](float* step_y, float* step_z) {
+    REQUIRE(launch_affine(stream, x, step_y, n) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(step_z, step_y, bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(step_y, 0, bytes / 2, stream) == cudaSuccess);
+  };
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  REQUIRE(cudaStreamGetCaptureInfo(stream, &status, &id) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  CHECK(id != 0);
+  step(y, z);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  CHECK(capture_status(stream) == cudaStreamCaptureStatusNone);
+  // Nothing ran at capture: y and z hold cudaMalloc's bytes (0xff) still.
+  REQUIRE(cudaMemcpyAsync(out, y, bytes, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(out + n, z, bytes, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  auto const* const raw = reinterpret_cast<unsigned char const*>(out);
+  CHECK(std::all_of(raw, raw + 2 * bytes, [](unsigned char b) { return b == 0xff; }));
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  std::int64_t const waits = moecomm_emulation::host_waits(device);
+  std::int64_t const allocations = moecomm_emulation::device_allocations(device);
+  std::int64_t const launches = moecomm_emulation::graph_launches(device);
+  for (int round = 0; round < 100; ++round) {
+    for (std::size_t i = 0; i < n; ++i) in[i] = float(round * 1000 + int(i));  // the last round's copies were waited for
+    REQUIRE(cudaMemcpyAsync(x, in, bytes, cudaMemcpyHostToDevice, stream) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    step(eager_y, eager_z);
+    float* const results[] = {y, z, eager_y, eager_z};
+    for (std::size_t k = 0; k < 4; ++k)
+      REQUIRE(cudaMemcpyAsync(out + k * n, results[k], bytes, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    std::vector<float> expected_y(n), expected_z(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      expected_z[i] = 2.0f * in[i] + 1.0f;
+      expected_y[i] = i < n / 2 ? 0.0f : expected_z[i];
+    }
+    std::vector<float> const replayed_y(out, out + n), replayed_z(out + n, out + 2 * n);
+    CHECK(replayed_y == std::vector<float>(out + 2 * n, out + 3 * n));
+    CHECK(replayed_z == std::vector<float>(out + 3 * n, out + 4 * n));
+    CHECK(replayed_y == expected_y);
+    CHECK(replayed_z == expected_z);
+  }
+  CHECK(moecomm_emulation::host_waits(device) == waits + 100);  // the test's own synchronisations
+  CHECK(moecomm_emulation::device_allocations(device) == allocations);
+  CHECK(moecomm_emulation::graph_launches(device) == launches + 100);
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  CHECK(cudaGraphExecDestroy(exec) == cudaErrorInvalidValue);
+  CHECK(cudaGraphDestroy(graph) == cudaErrorInvalidValue);
+  CHECK(cudaGraphLaunch(exec, stream) == cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  for (float* p : {x, y, z, eager_y, eager_z}) REQUIRE(cudaFree(p) == cudaSuccess);
+  for (float* p : {in, out}) REQUIRE(cudaFreeHost(p) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  CHECK(moecomm_emulation::violations().empty());
+}
+
+TEST_CASE("captured NCCL calls, an all-reduce and a grouped send/receive ring, replay 100 times on four ranks as eager calls do") {
+  moecomm_emulation::clear_violations();
+  constexpr int ranks = 4;
+  constexpr std::size_t n = 16, bytes = n * sizeof(float);
+  ncclUniqueId nccl_id;
+  REQUIRE(ncclGetUniqueId(&nccl_id) == ncclSuccess);
+  std::vector<ncclResult_t> lone_replay(ranks, ncclSuccess);
+  std::vector<std::string> lone_replay_said(ranks);
+  run_threads(ranks, [](int r) { return r; }, [&](int r) {
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    ncclComm_t comm = nullptr;
+    REQUIRE(ncclCommInitRank(&comm, ranks, nccl_id, r) == ncclSuccess);
+    float* const send = device_array<float>(n);
+    float* const sum = device_array<float>(n);
+    float* const got = device_array<float>(n);
+    float* const eager_sum = device_array<float>(n);
+    float* const eager_got = device_array<float>(n);
+    float* const in = pinned_array<float>(n);
+    float* const out = pinned_array<float>(4 * n);
+    int const to = (r + 1) % ranks, from = (r + ranks - 1) % ranks;
+    auto step = [&](float* step_sum, float* step_got) {
+      REQUIRE(ncclAllReduce(send, step_sum, n, ncclFloat32, ncclSum, comm, stream) == ncclSuccess);
+      REQUIRE(ncclGroupStart() == ncclSuccess);
+      REQUIRE(ncclSend(send, n, ncclFloat32, to, comm, stream) == ncclSuccess);
+      REQUIRE(ncclRecv(step_got, n, ncclFloat32, from, comm, stream) == ncclSuccess);
+      REQUIRE(ncclGroupEnd() == ncclSuccess);
+    };
+    // Thread-local: a global capture would forbid the other ranks' allocations meanwhile.
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    step(sum, got);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    for (int round = 0; round < 100; ++round) {
+      for (std::size_t i = 0; i < n; ++i) in[i] = float(100 * r + round + int(i));
+      REQUIRE(cudaMemcpyAsync(send, in, bytes, cudaMemcpyHostToDevice, stream) == cudaSuccess);
+      REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+      step(eager_sum, eager_got);
+      float* const results[] = {sum, got, eager_sum, eager_got};
+      for (std::size_t k = 0; k < 4; ++k)
+        REQUIRE(cudaMemcpyAsync(out + k * n, results[k], bytes, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      std::vector<float> expected_sum(n), expected_got(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        expected_sum[i] = float(100 * (0 + 1 + 2 + 3) + ranks * (round + int(i)));
+        expected_got[i] = float(100 * from + round + int(i));
+      }
+      std::vector<float> const replayed_sum(out, out + n), replayed_got(out + n, out + 2 * n);
+      CHECK(replayed_sum == std::vector<float>(out + 2 * n, out + 3 * n));
+      CHECK(replayed_got == std::vector<float>(out + 3 * n, out + 4 * n));
+      CHECK(replayed_sum == expected_sum);
+      CHECK(replayed_got == expected_got);
+    }
+    // A rank that replays alone waits for peers that left: its communicator fails instead of hanging.
+    if (r != 0) REQUIRE(ncclCommDestroy(comm) == ncclSuccess);
+    if (r == 0) {
+      REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      REQUIRE(ncclCommGetAsyncError(comm, &lone_replay[0]) == ncclSuccess);
+      lone_replay_said[0] = ncclGetLastError(comm);
+      REQUIRE(ncclCommDestroy(comm) == ncclSuccess);
+    }
+    REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+    REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+    for (float* p : {send, sum, got, eager_sum, eager_got}) REQUIRE(cudaFree(p) == cudaSuccess);
+    for (float* p : {in, out}) REQUIRE(cudaFreeHost(p) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  });
+  CHECK(lone_replay[0] == ncclRemoteError);
+  CHECK_MESSAGE(contains(lone_replay_said[0], "destroyed its communicator"), lone_replay_said[0]);
+  CHECK(moecomm_emulation::violations().empty());
+}
+
+TEST_CASE("a call CUDA forbids during a capture fails, names the call and the stream, and invalidates the capture") {
+  moecomm_emulation::clear_violations();
+  REQUIRE(cudaSetDevice(3) == cudaSuccess);
+  cudaStream_t stream = nullptr, blocking = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+  cudaEvent_t event = nullptr;
+  REQUIRE(cudaEventCreate(&event) == cudaSuccess);
+  float* const x = device_array<float>(64);
+  float* const spare = device_array<float>(64);
+  float* const spare_host = pinned_array<float>(64);
+  std::vector<float> pageable(64);
+  void* made = nullptr;
+  struct forbidden {
+    char const* call;
+    cudaError_t error;
+    std::function<cudaError_t()> make;
+    char const* why;
+  };
+  char const* const unsafe = "captures a CUDA graph (begun with cudaStreamCaptureModeGlobal on this thread";
+  char const* const host_wait = "while it captures a CUDA graph: a captured step may not wait on the host";
+  char const* const captured_event = "during a CUDA graph's capture";
+  char const* const stream_memory = "a captured step allocates and frees nothing";
+  std::vector<forbidden> const cases{
+      {"cudaMalloc", cudaErrorStreamCaptureUnsupported, [&] { return cudaMalloc(&made, 64); }, unsafe},
+      {"cudaMallocHost", cudaErrorStreamCaptureUnsupported, [&] { return cudaMallocHost(&made, 64); }, unsafe},
+      {"cudaHostAlloc", cudaErrorStreamCaptureUnsupported, [&] { return cudaHostAlloc(&made, 64, 0); }, unsafe},
+      {"cudaFree", cudaErrorStreamCaptureUnsupported, [&] { return cudaFree(spare); }, unsafe},
+      {"cudaFreeHost", cudaErrorStreamCaptureUnsupported, [&] { return cudaFreeHost(spare_host); }, unsafe},
+      {"cudaMemcpy", cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaMemcpy(pageable.data(), x, 256, cudaMemcpyDeviceToHost); }, unsafe},
+      {"cudaMemset", cudaErrorStreamCaptureUnsupported, [&] { return cudaMemset(x, 0, 256); }, unsafe},
+      {"cudaDeviceSynchronize", cudaErrorStreamCaptureUnsupported, [] { return cudaDeviceSynchronize(); }, unsafe},
+      {"cudaStreamSynchronize", cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamSynchronize(stream); }, host_wait},
+      {"cudaStreamQuery", cudaErrorStreamCaptureUnsupported, [&] { return cudaStreamQuery(stream); }, host_wait},
+      {"cudaEventSynchronize", cudaErrorCapturedEvent,
+       [&] {
+         REQUIRE(cudaEventRecord(event, stream) == cudaSuccess);
+         return cudaEventSynchronize(event);
+       },
+       captured_event},
+      {"cudaEventQuery", cudaErrorCapturedEvent,
+       [&] {
+         REQUIRE(cudaEventRecord(event, stream) == cudaSuccess);
+         return cudaEventQuery(event);
+       },
+       captured_event},
+      {"cudaMemcpyAsync", cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaMemcpyAsync(x, pageable.data(), 256, cudaMemcpyHostToDevice, stream); }, "pageable host memory"},
+      {"cudaMallocAsync", cudaErrorStreamCaptureUnsupported, [&] { return cudaMallocAsync(&made, 64, stream); }, stream_memory},
+      {"cudaFreeAsync", cudaErrorStreamCaptureUnsupported, [&] { return cudaFreeAsync(spare, stream); }, stream_memory},
+  };
+  for (forbidden const& c : cases) {
+    CAPTURE(c.call);
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(x, 0, 256, stream) == cudaSuccess);
+    CHECK(c.make() == c.error);
+    std::string const said = cudaGetErrorString(c.error);
+    CHECK_MESSAGE(said.rfind(std::string(c.call) + " ", 0) == 0, said);
+    CHECK_MESSAGE(contains(said, "stream "), said);
+    CHECK_MESSAGE(contains(said, "(device 3)"), said);
+    CHECK_MESSAGE(contains(said, c.why), said);
+    CHECK(capture_status(stream) == cudaStreamCaptureStatusInvalidated);
+    CHECK(cudaMemsetAsync(x, 0, 256, stream) == cudaErrorStreamCaptureInvalidated);
+    cudaGraph_t graph = reinterpret_cast<cudaGraph_t>(&made);  // not null: the call sets it
+    CHECK(cudaStreamEndCapture(stream, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    CHECK_MESSAGE(contains(cudaGetErrorString(cudaErrorStreamCaptureInvalidated), said), cudaGetErrorString(cudaErrorStreamCaptureInvalidated));
+    CHECK(capture_status(stream) == cudaStreamCaptureStatusNone);
+    CHECK(any_violation_mentions(said));
+  }
+  // The legacy stream may not depend on a capturing blocking stream of its device.
+  REQUIRE(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CHECK(cudaStreamIsCapturing(nullptr, &status) == cudaErrorStreamCaptureImplicit);  // the capture goes on
+  CHECK(capture_status(blocking) == cudaStreamCaptureStatusActive);
+  CHECK(cudaMemsetAsync(x, 0, 256, nullptr) == cudaErrorStreamCaptureImplicit);
+  std::string const said = cudaGetErrorString(cudaErrorStreamCaptureImplicit);
+  CHECK_MESSAGE(contains(said, "cudaMemsetAsync on the legacy default stream of device 3 while stream"), said);
+  CHECK_MESSAGE(contains(said, "(device 3), a blocking stream, captures a CUDA graph"), said);
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(blocking, &graph) == cudaErrorStreamCaptureInvalidated);
+  CHECK(graph == nullptr);
+  // Where the calls are allowed again, they work (the refused ones did nothing).
+  REQUIRE(cudaMemset(x, 0, 256) == cudaSuccess);
+  REQUIRE(cudaFree(spare) == cudaSuccess);
+  REQUIRE(cudaFreeHost(spare_host) == cudaSuccess);
+  REQUIRE(cudaFree(x) == cudaSuccess);
+  (void)cudaEventDestroy(event);
+  (void)cudaStreamDestroy(stream);
+  (void)cudaStreamDestroy(blocking);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("the capture mode decides which threads a capture forbids potentially unsafe calls, as CUDA's rule says") {
+  moecomm_emulation::clear_violations();
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  // What cudaMalloc answers on a new thread in `mode` (cudaThreadExchangeStreamCaptureMode).
+  auto malloc_on_thread = [](cudaStreamCaptureMode mode) {
+    cudaError_t result = cudaSuccess;
+    std::thread([&] {
+      cudaStreamCaptureMode swapped = mode;
+      REQUIRE(cudaThreadExchangeStreamCaptureMode(&swapped) == cudaSuccess);
+      CHECK(swapped == cudaStreamCaptureModeGlobal);  // a thread's default
+      void* p = nullptr;
+      result = cudaMalloc(&p, 64);
+      if (result == cudaSuccess) REQUIRE(cudaFree(p) == cudaSuccess);
+    }).join();
+    return result;
+  };
+  auto end = [&](cudaError_t expected) {
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(stream, &graph) == expected);
+    CHECK((graph != nullptr) == (expected == cudaSuccess));
+    if (graph != nullptr) REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  };
+  // Relaxed: the capturing thread itself may allocate.
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, 64) == cudaSuccess);
+  CHECK(cudaFree(p) == cudaSuccess);
+  CHECK(malloc_on_thread(cudaStreamCaptureModeGlobal) == cudaSuccess);
+  end(cudaSuccess);
+  // Thread-local: forbids the capturing thread's calls only.
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  CHECK(malloc_on_thread(cudaStreamCaptureModeGlobal) == cudaSuccess);
+  end(cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  CHECK(cudaMalloc(&p, 64) == cudaErrorStreamCaptureUnsupported);
+  end(cudaErrorStreamCaptureInvalidated);
+  // Global: forbids every thread in global mode, not those that chose thread-local or relaxed.
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(malloc_on_thread(cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  CHECK(malloc_on_thread(cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  CHECK(malloc_on_thread(cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported);
+  CHECK(any_violation_mentions("cudaMalloc while stream"));
+  CHECK(any_violation_mentions("captures a CUDA graph (begun with cudaStreamCaptureModeGlobal on another thread"));
+  end(cudaErrorStreamCaptureInvalidated);
+  // The capturing thread in relaxed mode may allocate during its own global capture.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  REQUIRE(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaMalloc(&p, 64) == cudaSuccess);
+  CHECK(cudaFree(p) == cudaSuccess);
+  end(cudaSuccess);
+  REQUIRE(cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess);
+  CHECK(mode == cudaStreamCaptureModeRelaxed);
+  (void)cudaStreamDestroy(stream);
+  moecomm_emulation::clear_violations();
+}
+
+TEST_CASE("a capture forks to a second stream and joins back through events; an unjoined fork, an outside event, the wrong stream or thread fail as in CUDA") {
+  moecomm_emulation::clear_violations();
+  REQUIRE(cudaSetDevice(4) == cudaSuccess);
+  constexpr std::size_t n = 32, bytes = n * sizeof(float);
+  cudaStream_t a = nullptr, b = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t forked = nullptr, joined = nullptr, outside = nullptr;
+  for (cudaEvent_t* e : {&forked, &joined, &outside}) REQUIRE(cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess);
+  float* const x = device_array<float>(n);
+  float* const y = device_array<float>(n);
+  float* const z = device_array<float>(n);
+  float* const in = pinned_array<float>(n);
+  float* const out = pinned_array<float>(n);
+  cudaGraph_t graph = nullptr;
+  // y = 2x + 1 on a; z = 2y + 1 on b, forked from a and joined back.
+  REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(launch_affine(a, x, y, n) == cudaSuccess);
+  REQUIRE(cudaEventRecord(forked, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, forked, 0) == cudaSuccess);
+  CHECK(capture_status(b) == cudaStreamCaptureStatusActive);
+  REQUIRE(launch_affine(b, y, z, n) == cudaSuccess);
+  REQUIRE(cudaEventRecord(joined, b) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(a, joined, 0) == cudaSuccess);
+  REQUIRE(cudaStreamEndCapture(a, &graph) == cudaSuccess);
+  CHECK(capture_status(b) == cudaStreamCaptureStatusNone);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < n; ++i) in[i] = float(round * 10 + int(i));
+    REQUIRE(cudaMemcpyAsync(x, in, bytes, cudaMemcpyHostToDevice, a) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, a) == cudaSuccess);  // b's work replays on a, after a's
+    REQUIRE(cudaMemcpyAsync(out, z, bytes, cudaMemcpyDeviceToHost, a) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+    std::vector<float> expected(n);
+    for (std::size_t i = 0; i < n; ++i) expected[i] = 4.0f * in[i] + 3.0f;
+    CHECK(std::vector<float>(out, out + n) == expected);
+  }
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  CHECK(moecomm_emulation::violations().empty());
+  CHECK(cudaEventQuery(forked) == cudaErrorCapturedEvent);  // its last record is a point of the graph
+  // A fork whose last work the origin never waited for.
+  REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(cudaEventRecord(forked, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, forked, 0) == cudaSuccess);
+  REQUIRE(launch_affine(b, x, y, n) == cudaSuccess);
+  CHECK(cudaStreamEndCapture(a, &graph) == cudaErrorStreamCaptureUnjoined);
+  CHECK(graph == nullptr);
+  std::string said = cudaGetErrorString(cudaErrorStreamCaptureUnjoined);
+  CHECK_MESSAGE(contains(said, "joined the capture and its last captured work is not waited for on the origin stream"), said);
+  CHECK(capture_status(b) == cudaStreamCaptureStatusNone);
+  // A capturing stream waiting for an event recorded outside the capture.
+  REQUIRE(cudaEventRecord(outside, b) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaStreamWaitEvent(a, outside, 0) == cudaErrorStreamCaptureIsolation);
+  said = cudaGetErrorString(cudaErrorStreamCaptureIsolation);
+  CHECK_MESSAGE(contains(said, "of an event recorded outside the capture"), said);
+  CHECK(cudaStreamEndCapture(a, &graph) == cudaErrorStreamCaptureInvalidated);
+  // Ended on a stream that joined, not on the origin.
+  REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(cudaEventRecord(forked, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, forked, 0) == cudaSuccess);
+  CHECK(cudaStreamEndCapture(b, &graph) == cudaErrorStreamCaptureUnmatched);
+  CHECK(cudaStreamEndCapture(a, &graph) == cudaErrorStreamCaptureInvalidated);
+  // Ended by another thread: refused unless the capture is relaxed.
+  REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  cudaError_t ended = cudaSuccess;
+  std::thread([&] { ended = cudaStreamEndCapture(a, &graph); }).join();
+  CHECK(ended == cudaErrorStreamCaptureWrongThread);
+  CHECK(cudaStreamEndCapture(a, &graph) == cudaErrorStreamCaptureInvalidated);
+  REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  REQUIRE(launch_affine(a, x, y, n) == cudaSuccess);
+  std::thread([&] { ended = cudaStreamEndCapture(a, &graph); }).join();
+  CHECK(ended == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  // Neither the legacy stream nor a capturing one begins a capture; a capture ends once.
+  CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported);
+  REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal) == cudaErrorIllegalState);
+  REQUIRE(cudaStreamEndCapture(a, &graph) == cudaSuccess);
+  cudaGraph_t none = nullptr;
+  CHECK(cudaStreamEndCapture(a, &none) == cudaErrorIllegalState);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  (void)cudaGetLastError();
+  REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+  for (float* p : {x, y, z}) REQUIRE(cudaFree(p) == cudaSuccess);
+  for (float* p : {in, out}) REQUIRE(cudaFreeHost(p) == cudaSuccess);
+  for (cudaEvent_t e : {forked, joined, outside}) (void)cudaEventDestroy(e);
+  (void)cudaStreamDestroy(a);
+  (void)cudaStreamDestroy(b);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
   moecomm_emulation::clear_violations();
 }
 

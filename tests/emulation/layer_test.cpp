@@ -4,6 +4,10 @@
 
 #include "device_layer_cases.hpp"
 
+#include <cstring>
+#include <random>
+#include <tuple>
+
 namespace test {
 
 TEST_CASE_TEMPLATE("the expert-parallel layer on GPUs equals the oracle", Placement, gpu_per_rank, ranks_on_one_gpu) {
@@ -54,6 +58,184 @@ TEST_CASE_TEMPLATE("over a host-memory communicator (MPI's kind) the layer stage
   });
   auto const seen = take_violations();
   CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
+}
+
+// ---- CUDA graphs: a padded capacity step captured once, replayed on changing routings and rows
+
+// The host waits for `device`'s work so far (the emulation counts them; a GPU: 0, nothing checked).
+inline std::int64_t host_waits_of([[maybe_unused]] int device) {
+#if MOECOMM_CUDA_EMULATION()
+  return moecomm_emulation::host_waits(device);
+#else
+  return 0;
+#endif
+}
+
+// One rank's inputs of a step: routing (some slots masked), rows and the output gradient, drawn from
+// `seed` (the step and the rank); written into the same device buffers each step, which a captured
+// graph reads when it replays.
+struct capture_inputs {
+  std::vector<int32_t> idx;
+  std::vector<float> w, x, d_out;
+  capture_inputs(uint64_t seed, int64_t tokens, int32_t top_k, int32_t experts, int64_t hidden) {
+    std::mt19937_64 rng(seed);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int32_t k = 0; k < top_k; ++k) {
+        bool const masked = rng() % 9 == 0;
+        idx.push_back(masked ? -1 : static_cast<int32_t>((rng() % 4 == 0 ? 0 : rng()) % static_cast<uint64_t>(experts)));
+        w.push_back(static_cast<float>(rng() % 1000) / 997.0f);
+      }
+    for (int64_t i = 0; i < tokens * hidden; ++i) {
+      x.push_back(static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 64.0f);
+      d_out.push_back(static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 128.0f);
+    }
+  }
+};
+
+// One layer's step on device buffers: forward, then backward.
+struct device_step {
+  moecomm::cuda_backend::buffer_type<float> out, d_x, d_w;
+  device_step(moecomm::cuda_backend const& be, int64_t tokens, int32_t top_k, int64_t hidden)
+      : out(be.allocate<float>(tokens * hidden)), d_x(be.allocate<float>(tokens * hidden)), d_w(be.allocate<float>(tokens * top_k)) {}
+  template <class Layer, class Experts>
+  void run(Layer& layer, moecomm::routing_view const& routing, float const* x, float const* d_out, int64_t hidden, Experts const& experts) {
+    int64_t const tokens = routing.num_tokens;
+    layer.forward(routing, {x, tokens, hidden}, {out.data(), tokens, hidden}, experts);
+    layer.backward({d_out, tokens, hidden}, {d_x.data(), tokens, hidden}, moecomm::array_view<float>{d_w.data(), tokens * routing.top_k},
+                   experts);
+  }
+};
+
+// Captures one forward + backward of a padded-capacity layer after an eager warm-up step, replays
+// the graph on 100 new routings and rows (the inputs rewritten in place), and checks each replay
+// against the eager step of a second layer on the same inputs, bit for bit; the capture and the
+// replays wait for nothing on the host.
+template <class Capacity, class Algorithm>
+void check_captured_layer(int32_t ranks, int32_t per_node, Capacity const& capacity, Algorithm const& algorithm) {
+  CAPTURE(Capacity::name);
+  CAPTURE(Algorithm::name);
+  int32_t const experts = 2 * ranks, top_k = 2;
+  int64_t const tokens = 24, hidden = 8;
+  int const replays = 100;
+  run_emulated_ranks(ranks, [&](emulated_rank& rank) {
+    using Layer = moecomm::expert_parallel_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, Algorithm>;
+    int32_t const me = rank.comm.rank();
+    moecomm::cuda_backend const& be = rank.be;
+    moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(ranks, per_node));
+    Layer captured(be, groups, experts, hidden, capacity, algorithm), eager(be, groups, experts, hidden, capacity, algorithm);
+    REQUIRE(captured.capture_blocker().empty());
+    for (Layer* layer : {&captured, &eager}) layer->reserve(moecomm::step_bounds{tokens, top_k, 0, 0});
+    auto idx = be.allocate<int32_t>(tokens * top_k);
+    auto w = be.allocate<float>(tokens * top_k);
+    auto x = be.allocate<float>(tokens * hidden);
+    auto d_out = be.allocate<float>(tokens * hidden);
+    moecomm::routing_view const routing{idx.data(), w.data(), tokens, top_k};
+    auto write_inputs = [&](int step, int32_t slot_3 = 0) {  // slot_3: a value for slot 3 (0: as drawn)
+      capture_inputs in(static_cast<uint64_t>(step) * 1000 + static_cast<uint64_t>(me), tokens, top_k, experts, hidden);
+      if (slot_3 != 0) in.idx[3] = slot_3;
+      be.copy(idx.data(), in.idx.data(), tokens * top_k);  // pageable: read when enqueued
+      be.copy(w.data(), in.w.data(), tokens * top_k);
+      be.copy(x.data(), in.x.data(), tokens * hidden);
+      be.copy(d_out.data(), in.d_out.data(), tokens * hidden);
+    };
+    device_scale_experts<float> const scale{me * 2, {}, {}};
+    device_step mine(be, tokens, top_k, hidden), reference(be, tokens, top_k, hidden);
+    write_inputs(0);
+    mine.run(captured, routing, x.data(), d_out.data(), hidden, scale);  // the eager warm-up: its capacity is the graph's
+    be.synchronize();
+    std::int64_t waits = host_waits_of(rank.device);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    mine.run(captured, routing, x.data(), d_out.data(), hidden, scale);
+    REQUIRE(cudaStreamEndCapture(be.stream(), &graph) == cudaSuccess);
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    CHECK_MESSAGE(host_waits_of(rank.device) == waits, "the captured step waited on the host");
+    CHECK(captured.dispatch_state().report().kept_slots == -1);
+    auto require_equal_steps = [&](int step) {
+      for (auto [got, want, what] : {std::tuple{&mine.out, &reference.out, "out"}, std::tuple{&mine.d_x, &reference.d_x, "d_x"},
+                                     std::tuple{&mine.d_w, &reference.d_w, "d_weights"}}) {
+        auto const a = download(be, got->data(), got->size()), b = download(be, want->data(), want->size());
+        REQUIRE_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, "rank ", me, " replay ", step, ": the captured ",
+                        what, " differs from the eager step's");
+      }
+    };
+    for (int step = 1; step <= replays; ++step) {
+      write_inputs(step);
+      waits = host_waits_of(rank.device);
+      REQUIRE(cudaGraphLaunch(exec, be.stream()) == cudaSuccess);
+      REQUIRE_MESSAGE(host_waits_of(rank.device) == waits, "a replay waited on the host");
+      reference.run(eager, routing, x.data(), d_out.data(), hidden, scale);
+      require_equal_steps(step);
+      captured.dispatch_state().check_captured_routing();
+    }
+    // An id out of range on rank 1: the replay masks it (the eager step with that slot masked is
+    // equal), and check_captured_routing raises it there, naming the slot.
+    write_inputs(replays + 1, me == 1 ? experts + 5 : 0);
+    REQUIRE(cudaGraphLaunch(exec, be.stream()) == cudaSuccess);
+    write_inputs(replays + 1, me == 1 ? -1 : 0);
+    reference.run(eager, routing, x.data(), d_out.data(), hidden, scale);
+    require_equal_steps(replays + 1);
+    write_inputs(replays + 1, me == 1 ? experts + 5 : 0);
+    if (me == 1)
+      check_error([&] { captured.dispatch_state().check_captured_routing(); }, moecomm::status::invalid_argument,
+                  {"check_captured_routing", "topk_idx[1][1] = " + std::to_string(experts + 5), "out of range"});
+    else
+      captured.dispatch_state().check_captured_routing();
+    (void)cudaGraphExecDestroy(exec);
+    (void)cudaGraphDestroy(graph);
+  });
+  auto const seen = take_violations();
+  CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
+}
+
+TEST_CASE("a captured step of a padded capacity layer replays 100 times equal to the eager step, with no host wait") {
+  using moecomm::capacity;
+  check_captured_layer(2, 2, capacity<moecomm::drop_by_position>{1.0, 0, true, {}}, moecomm::flat{});
+  check_captured_layer(2, 2, capacity<moecomm::drop_by_probability>{0.75, 0, true, {}}, moecomm::flat{});
+  check_captured_layer(2, 2, capacity<moecomm::drop_random>{1.25, 2, true, {7, 1}}, moecomm::flat{});
+  check_captured_layer(4, 2, capacity<moecomm::drop_by_probability>{1.0, 0, true, {}}, moecomm::hierarchical_2d{});
+  check_captured_layer(4, 2, capacity<moecomm::drop_by_position>{0.5, 0, true, {}}, moecomm::pairwise{1});
+}
+
+TEST_CASE("a layer that is not capturable says why, and refuses capture by that reason") {
+  using moecomm::capacity;
+  run_emulated_ranks(2, [](emulated_rank& rank) {
+    moecomm::cuda_backend const& be = rank.be;
+    moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(2, 2));
+    auto dropless = moecomm::make_expert_parallel_layer<float>(be, groups, 4, 8);
+    auto unpadded = moecomm::make_expert_parallel_layer<float>(be, groups, 4, 8, capacity<moecomm::drop_by_position>{1.0, 0, false, {}});
+    auto padded = moecomm::make_expert_parallel_layer<float>(be, groups, 4, 8, capacity<moecomm::drop_by_position>{1.0, 0, true, {}});
+    CHECK(dropless.capture_blocker().find("dropless") != std::string::npos);
+    CHECK(unpadded.capture_blocker().find("without pad_to_capacity") != std::string::npos);
+    CHECK(padded.capture_blocker().empty());
+    capture_inputs const in(5, 6, 2, 4, 8);
+    auto const idx = upload(be, in.idx);
+    auto const w = upload(be, in.w);
+    auto const x = upload(be, in.x);
+    auto out = be.allocate<float>(6 * 8);
+    device_scale_experts<float> const scale{rank.comm.rank() * 2, {}, {}};
+    moecomm::routing_view const routing{idx.data(), w.data(), 6, 2};
+    be.synchronize();
+    auto capture_forward = [&](auto& layer, moecomm::routing_view const& r, std::vector<std::string> const& fragments,
+                               moecomm::status code = moecomm::status::invalid_usage) {
+      REQUIRE(cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+      check_error([&] { layer.forward(r, {x.data(), r.num_tokens, 8}, {out.data(), r.num_tokens, 8}, scale); }, code, fragments);
+      cudaGraph_t graph = nullptr;
+      REQUIRE(cudaStreamEndCapture(be.stream(), &graph) == cudaSuccess);  // nothing was enqueued
+      (void)cudaGraphDestroy(graph);
+    };
+    capture_forward(dropless, routing, {"not capturable", "dropless", "pad_to_capacity = true"});
+    capture_forward(unpadded, routing, {"not capturable", "without pad_to_capacity"});
+    capture_forward(padded, routing, {"eager route of the same shape", "there was none"});
+    padded.set_training(false);
+    padded.forward(routing, {x.data(), 6, 8}, {out.data(), 6, 8}, scale);  // eager, 6 tokens
+    be.synchronize();
+    moecomm::routing_view shorter = routing;
+    shorter.num_tokens = 5;
+    capture_forward(padded, shorter, {"argument 'routing' has 5 tokens", "eager route before the capture had 6"},
+                    moecomm::status::invalid_argument);
+  });
 }
 
 TEST_CASE("a layer whose back-end and communicator enqueue on different streams is refused (F2)") {

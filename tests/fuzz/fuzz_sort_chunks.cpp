@@ -23,8 +23,9 @@ bool one_case(run& r) {
   bool const to_expert_major = r.chance(0.5);
   std::vector<int32_t> counts(static_cast<std::size_t>(ranks * locals));
   int64_t total = 0;
-  for (auto& c : counts) total += c = static_cast<int32_t>(r.uniform(0, max_count));
-  r.note("R=", ranks, " L=", locals, " H=", hidden, " max_count=", max_count, " total=", total,
+  bool const alike = r.chance(0.2);  // a padded exchange's chunks, moved without a table
+  for (auto& c : counts) total += c = static_cast<int32_t>(alike ? max_count : r.uniform(0, max_count));
+  r.note("R=", ranks, " L=", locals, " H=", hidden, " max_count=", max_count, " alike=", alike, " total=", total,
          " to_expert_major=", to_expert_major);
   auto m = make_matrices(r, random_fault(r), total, total, hidden);
   int32_t const* counts_arg = counts.data();

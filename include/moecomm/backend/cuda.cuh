@@ -190,6 +190,13 @@ class cuda_backend {
   }
 
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  //! Whether the stream captures a CUDA graph (`cudaStreamIsCapturing`): work enqueued now is
+  //! recorded, not run, and a host wait is an error until the capture ends.
+  [[nodiscard]] bool capturing() const {
+    cudaStreamCaptureStatus state = cudaStreamCaptureStatusNone;
+    detail::cuda_check(cudaStreamIsCapturing(stream_, &state), "cudaStreamIsCapturing");
+    return state != cudaStreamCaptureStatusNone;
+  }
   //! The device every launch and allocation of this back-end is on.
   [[nodiscard]] int device() const { return device_; }
   //! The longest any host wait may take.

@@ -88,8 +88,8 @@ struct pack_count_row {
 //! What one routing decision did on this rank (host values, valid after `route`).
 struct dispatch_report {
   std::int64_t capacity = 0;       //!< C agreed across ranks, the receiver budget, or 0 when dropless
-  std::int64_t kept_slots = 0;     //!< slots sent to an expert
-  std::int64_t dropped_slots = 0;  //!< valid slots dropped by the capacity policy
+  std::int64_t kept_slots = 0;     //!< slots sent to an expert (-1 after a captured route: on the device only)
+  std::int64_t dropped_slots = 0;  //!< valid slots dropped by the capacity policy (likewise)
   std::int64_t received_rows = 0;  //!< rows this rank's experts get (padding included)
   std::int64_t home_rows = 0;      //!< rows of this rank's tokens computed here by home experts
   alltoall_stats exchange;         //!< messages and bytes sent, accumulated over the step's all-to-alls
@@ -197,6 +197,11 @@ class dispatcher {
   template <class ChooseHome>
   void route(routing_view const& routing, ChooseHome&& choose_home) {
     begin_route();
+    if (detail::capturing(be_)) {
+      refuse_capture_unless_capturable(!std::is_same_v<std::decay_t<ChooseHome>, no_home_experts>, "route");
+      route_captured(routing);
+      return;
+    }
     // Checked and counted with every rank's counts: the first all-gather brings the plan's host side.
     detail::enqueue_permute_plan(be_, routing, num_experts_, dropless_plan(), scratch_, checks_, status_words());
     finish_route(std::forward<ChooseHome>(choose_home), true);
@@ -213,6 +218,9 @@ class dispatcher {
   template <class ChooseHome>
   void route(permute_plan<Backend>& plan, ChooseHome&& choose_home) {
     begin_route();
+    if (detail::capturing(be_))
+      detail::fail(status::invalid_usage, "dispatcher::route", "route(plan) is not capturable in a CUDA graph (the plan's host side "
+                   "comes from an eager build); a captured step calls route(routing)");
     detail::require(plan.num_experts() == num_experts_, "dispatcher::route",
                     "argument 'plan' is over ", plan.num_experts(), " experts; the dispatcher's num_experts = ", num_experts_);
     detail::require(plan.padded_capacity() == 0, "dispatcher::route", "argument 'plan' is padded to ",
@@ -431,6 +439,44 @@ class dispatcher {
     return counts_[static_cast<std::size_t>(source) * num_experts_ + expert];
   }
   [[nodiscard]] dispatch_report const& report() const { return report_; }
+
+  //! Why a step of this dispatcher cannot be captured into a CUDA graph, or "" when it can: with a
+  //! padded capacity policy over flat, hierarchical_2d or pairwise, without home experts
+  //! (`home_experts`: the caller's shadowing chooses some), every size is known when the graph is
+  //! built. Such a route, called while the back-end's stream captures, waits for nothing and reads
+  //! nothing back; any other is refused then with this reason.
+  [[nodiscard]] std::string capture_blocker(bool home_experts = false) const {
+    if constexpr (detail::is_dropless_v<Capacity> || detail::is_receiver_budget_v<Capacity>) {
+      return detail::concat(Capacity::name, ": the rows each rank receives depend on every rank's routing, which the host reads "
+                            "(one wait a step); a captured step needs capacity<rule> with pad_to_capacity = true");
+    } else {
+      if (!capacity_.pad_to_capacity)
+        return detail::concat("capacity<", Capacity::name, "> without pad_to_capacity: the rows kept per expert vary with the "
+                              "routing; with pad_to_capacity = true every expert's block is C rows and the exchange's sizes are "
+                              "known when the graph is built");
+      if (deduplicated)
+        return detail::concat(algorithm_label(), ": the rows sent to each rank depend on the routing, which the host reads");
+      if (std::is_same_v<Algorithm, smart_schedule>)
+        return "smart_schedule: the experts run on a host lane between the pairwise exchanges";
+      if (home_experts)
+        return "home experts (FasterMoE's shadowing): the host chooses them from every rank's counts";
+      return "";
+    }
+  }
+
+  //! After a captured route's graph ran (outside the capture: one host wait): raises the value
+  //! scan's verdict on that routing, which a captured step leaves on the device (an id out of range
+  //! was treated as masked there, a NaN weight went through). Eager routes raise it themselves.
+  //! @throws error (invalid_argument) naming the token, slot and value, as an eager route does.
+  void check_captured_routing() const {
+    std::int64_t const* const scan = count_row_.data();
+    routing_view const& routing = dropless_plan_.routing();
+    std::int64_t status[1] = {0};
+    if (scan == nullptr || routing.num_tokens == 0) return;
+    detail::read_back(be_, status, scan, 1);
+    if (status[0] < routing.num_tokens * routing.top_k)
+      detail::report_slot_problem(be_, routing, num_experts_, status[0], "dispatcher::check_captured_routing");
+  }
   [[nodiscard]] permute_plan<Backend> const& plan() const { return plan_; }
   [[nodiscard]] std::int32_t num_local_experts() const { return local_experts_; }
   [[nodiscard]] Backend const& backend() const { return be_; }
@@ -718,6 +764,44 @@ class dispatcher {
     routed_ = true;
   }
 
+  //! Throws `capture_blocker`'s reason, naming `op`, unless it is empty.
+  void refuse_capture_unless_capturable(bool home_experts, char const* op) const {
+    std::string const why = capture_blocker(home_experts);
+    if (!why.empty())
+      detail::fail(status::invalid_usage, "dispatcher::", op, " was called while the back-end's stream captures a CUDA graph, but "
+                   "this step is not capturable: ", why);
+  }
+
+  //! `route` while the back-end's stream captures a CUDA graph (a padded capacity policy; checked by
+  //! the caller): no host wait, no read of device memory. The capacity and drop_random's first token
+  //! are those the ranks agreed on in the eager route before the capture (of the same shape); every
+  //! expert's block is C rows, so every count is C and none is exchanged. The value scan's verdict
+  //! stays on the device (`check_captured_routing`); an id out of range is masked meanwhile.
+  void route_captured(routing_view const& routing) {
+    char const* op = "dispatcher::route";
+    if constexpr (!detail::is_dropless_v<Capacity> && !detail::is_receiver_budget_v<Capacity>) {
+      if (agreed_.tokens < 0)
+        detail::fail(status::invalid_usage, op, "a captured route replays the capacity agreed in an eager route of the same shape, "
+                     "and there was none: run one eager step first on every rank (as CUDA graphs are captured after a warm-up step)");
+      detail::require(routing.num_tokens == agreed_.tokens && routing.top_k == agreed_.top_k, op, "argument 'routing' has ",
+                      routing.num_tokens, " tokens x top_k ", routing.top_k, "; the eager route before the capture had ", agreed_.tokens,
+                      " x ", agreed_.top_k, ", whose capacity a captured step replays: capture after an eager step of the same shape");
+      detail::enqueue_permute_plan(be_, routing, num_experts_, dropless_plan_, scratch_, checks_, status_words());
+      std::int64_t const slots = routing.num_tokens * routing.top_k;
+      array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
+      detail::enqueue_drop_to_capacity(be_, dropless_plan_, agreed_.capacity, kept_idx, scratch_, capacity_.rule, agreed_.first_token);
+      routing_view kept = routing;
+      kept.topk_idx = kept_idx.data;
+      detail::enqueue_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, agreed_.capacity);
+      counts_.assign(static_cast<std::size_t>(ranks_) * num_experts_, agreed_.capacity);
+      derive_local_counts();
+      keep_home(home_subsets{});
+      report_.capacity = agreed_.capacity;
+      report_.kept_slots = report_.dropped_slots = -1;  // on the device only
+      routed_ = true;
+    }
+  }
+
   //! The algorithm's name, with its inner algorithm's for `dedup_per_rank<Inner>`.
   static std::string algorithm_label() {
     if constexpr (detail::is_dedup_v<Algorithm> && !std::is_same_v<Algorithm, dedup_per_node>)
@@ -777,6 +861,7 @@ class dispatcher {
         for (std::int32_t s = 0; s < groups_->world().rank(); ++s)
           first_token += gathered_[static_cast<std::size_t>(s * width + detail::capacity_fields)];
       report_.capacity = c;
+      agreed_ = {routing.num_tokens, routing.top_k, c, first_token};
       std::int64_t const slots = routing.num_tokens * routing.top_k;
       array_view<std::int32_t> const kept_idx{grow(be_, kept_idx_, slots).data(), slots};
       detail::enqueue_drop_to_capacity(be_, dropless_plan_, c, kept_idx, scratch_, capacity_.rule, first_token);
@@ -1042,6 +1127,12 @@ class dispatcher {
   //! dedup: this routing's source and receive plans (per node: through the relays)
   std::conditional_t<std::is_same_v<Algorithm, dedup_per_node>, dedup_node_plan<Backend>, dedup_plan<Backend>> dedup_;
   bool combined_ = false;  //!< returned_ holds this routing's combine
+  //! The last eager capacity route's shape and agreement, which a captured route replays.
+  struct agreement {
+    std::int64_t tokens = -1;  //!< -1: no eager capacity route yet
+    std::int32_t top_k = 0;
+    std::int64_t capacity = 0, first_token = 0;
+  } agreed_;
   dispatch_report report_;
 };
 

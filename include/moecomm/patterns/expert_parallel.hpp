@@ -25,6 +25,7 @@
 #include <moecomm/patterns/policy_kinds.hpp>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -179,6 +180,14 @@ class expert_parallel_layer : public detail::layer_mode {
     shadow_.finish_lane();
   }
 
+
+  //! Why this layer's step cannot be captured into a CUDA graph, or "" when it can: a padded capacity
+  //! policy over flat, hierarchical_2d or pairwise, without shadowing (`dispatcher::capture_blocker`).
+  //! Then a `forward` and `backward` called while the back-end's stream captures, after `reserve` and
+  //! one eager step of the same shape (whose capacity the graph keeps), enqueue their work and wait
+  //! for nothing; after a replay, `dispatch_state().check_captured_routing()` raises a bad routing.
+  //! A step that is not capturable is refused at capture with this reason.
+  [[nodiscard]] std::string capture_blocker() const { return dispatcher_.capture_blocker(shadowing_t::shadows); }
 
   //! The layer's shadowing policy (`no_shadowing` or `fastermoe_shadowing<...>`).
   using shadowing_policy = shadowing_t;

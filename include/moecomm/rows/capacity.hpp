@@ -166,7 +166,8 @@ struct rows_by_score {
   std::uint32_t* keys;
   std::int32_t* rows;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
-    keys[r] = descending_score_key(scores[std::int64_t{token_of[r]} * top_k + slot_of[r]]);
+    // A filler row (`permute_plan::row_bound`) ranks after every score.
+    keys[r] = token_of[r] < 0 ? ~std::uint32_t{0} : descending_score_key(scores[std::int64_t{token_of[r]} * top_k + slot_of[r]]);
     rows[r] = static_cast<std::int32_t>(r);
   }
 };
@@ -179,10 +180,11 @@ struct rows_by_expert {
   std::int32_t const* slot_of;
   std::int32_t top_k;
   std::int32_t const* rows_in_score_order;
+  std::int32_t num_experts;  //!< a filler row's key: after every expert, with the masked slots
   std::uint32_t* keys;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t p) const {
     std::int32_t const r = rows_in_score_order[p];
-    keys[p] = static_cast<std::uint32_t>(idx[std::int64_t{token_of[r]} * top_k + slot_of[r]]);
+    keys[p] = static_cast<std::uint32_t>(token_of[r] < 0 ? num_experts : idx[std::int64_t{token_of[r]} * top_k + slot_of[r]]);
   }
 };
 
@@ -199,6 +201,7 @@ struct keep_ranked_rows {
   std::int32_t* kept_idx;  //!< pre-filled with -1
   MOECOMM_HOST_DEVICE void operator()(std::int64_t p) const {
     std::int32_t const r = ranked_rows[p];
+    if (token_of[r] < 0) return;  // a filler row
     std::int64_t const slot = std::int64_t{token_of[r]} * top_k + slot_of[r];
     std::int32_t const e = idx[slot];
     if (p - expert_offsets[e] < capacity) kept_idx[slot] = e;
@@ -292,7 +295,7 @@ void enqueue_drop_to_capacity(Backend const& be, permute_plan<Backend> const& pl
   // Scored rules: two stable radix sorts of the plan's rows (by score, then by expert) rank each
   // expert's rows best first, ties in (t, k) order; O(rows) work, not O(rows x C).
   auto survivors = [&](auto score) {
-    std::int64_t const rows = plan.num_rows();
+    std::int64_t const rows = plan.row_bound();
     std::size_t const sort_bytes = be.stable_sort_scratch_bytes(rows);
     std::int64_t const words = slots + 4 * rows;
     float* const scores = scratch.template get<float>(be, words + static_cast<std::int64_t>(sort_bytes / 4 + 1));
@@ -304,7 +307,8 @@ void enqueue_drop_to_capacity(Backend const& be, permute_plan<Backend> const& pl
     be.for_each_index(slots, detail::score_slots<decltype(score)>{score, routing.top_k, scores});
     be.for_each_index(rows, detail::rows_by_score{plan.token_of(), plan.slot_of(), scores, routing.top_k, keys, ranked});
     be.stable_sort_by_key(keys, sorted_keys, ranked, sorted, rows, 32, sort_scratch, sort_bytes);
-    be.for_each_index(rows, detail::rows_by_expert{routing.topk_idx, plan.token_of(), plan.slot_of(), routing.top_k, sorted, keys});
+    be.for_each_index(rows, detail::rows_by_expert{routing.topk_idx, plan.token_of(), plan.slot_of(), routing.top_k, sorted,
+                                                   plan.num_experts(), keys});
     be.stable_sort_by_key(keys, sorted_keys, sorted, ranked, rows, detail::key_bits(plan.num_experts()), sort_scratch,
                           sort_bytes);
     be.for_each_index(slots, detail::fill_value<std::int32_t>{kept_topk_idx.data, -1});

@@ -146,7 +146,7 @@ struct kept_row_flags {
   std::int64_t rows;
   std::int32_t* flags;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
-    flags[r] = r < rows && kept_idx[std::int64_t{token_of[r]} * top_k + slot_of[r]] >= 0 ? 1 : 0;
+    flags[r] = r < rows && token_of[r] >= 0 && kept_idx[std::int64_t{token_of[r]} * top_k + slot_of[r]] >= 0 ? 1 : 0;
   }
 };
 
@@ -184,6 +184,7 @@ struct move_kept_rows {
   std::int32_t* slot_of;
   std::int32_t* row_of;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    if (old_token_of[r] < 0) return;  // a filler row (`permute_plan::row_bound`)
     std::int64_t const slot = std::int64_t{old_token_of[r]} * top_k + old_slot_of[r];
     if (kept_idx[slot] < 0) return;
     std::int32_t const e = idx[slot];
@@ -279,6 +280,13 @@ class permute_plan {
   }
   //! P, rows of the permuted buffer: the number of kept slots, or `E * C` when padded.
   [[nodiscard]] std::int64_t num_rows() const { return num_rows_; }
+  //! The rows its device arrays hold: `num_rows()`, or, while the host side of an unpadded plan
+  //! from `detail::enqueue_permute_plan` is not completed (a captured step never completes it), one
+  //! per slot: the rows after the kept ones are fillers (`token_of` -1), which the kernels that take
+  //! this bound skip.
+  [[nodiscard]] std::int64_t row_bound() const {
+    return host_offsets_.empty() && padded_capacity_ == 0 ? routing_.num_tokens * routing_.top_k : num_rows_;
+  }
   //! Slots whose id was out of range and were treated as masked (non-zero only with the value scan off).
   [[nodiscard]] std::int64_t num_invalid_slots() const { return num_invalid_slots_; }
   [[nodiscard]] std::int32_t num_experts() const { return num_experts_; }
@@ -676,7 +684,7 @@ std::int32_t const* enqueue_kept_plan_arrays(Backend const& be, permute_plan<Bac
                                              char const* op) {
   routing_view const& routing = dropless.routing_;
   std::int32_t const experts = dropless.num_experts_;
-  std::int64_t const slots = routing.num_tokens * routing.top_k, rows = dropless.num_rows_;
+  std::int64_t const slots = routing.num_tokens * routing.top_k, rows = dropless.row_bound();
   char const* const padded = "padded_capacity * num_experts";
   std::int64_t const padded_rows = checked_int32(checked_mul(padded_capacity, experts, op, padded), op, padded,
                                                  "the plan's row ids are int32");

@@ -29,7 +29,8 @@ enum class chunk_order {
 //! Reorders `R x L` chunks of rows. `counts[s * L + l]` is the number of rows source rank `s`
 //! sent for local expert `l`, the same matrix for both directions. Rank-major order is chunks
 //! `(0,0), (0,1), …, (R-1,L-1)`; expert-major is `(0,0), (1,0), …, (R-1,L-1)`. Rows keep their
-//! order inside a chunk; the move is a bit copy.
+//! order inside a chunk; the move is a bit copy. Chunks of one size move without a table (no
+//! upload): a padded capacity's exchange, as a captured CUDA graph runs it.
 //! @param in `[>= total][H]`, `total` = the sum of `counts`.
 //! @param counts host array `[>= num_ranks * num_local_experts]`, each `>= 0`.
 //! @param out `[>= total][H]`; must not overlap `in`.
@@ -53,12 +54,14 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
   std::int64_t* const rank_major = table + 2 * chunks + 1;
   std::int64_t* const expert_major = rank_major + chunks;
   std::int64_t total = 0;
+  bool alike = true;  // every chunk has count(0, 0) rows
   for (std::int64_t s = 0; s < num_ranks; ++s)
     for (std::int64_t l = 0; l < num_local_experts; ++l) {
       detail::require(count(s, l) >= 0, op, "counts[", s, "][", l, "] = ", count(s, l),
                       " is negative (source rank ", s, ", local expert ", l, ")");
       rank_major[s * num_local_experts + l] = total;
       total += count(s, l);
+      alike = alike && count(s, l) == count(0, 0);
     }
   std::int64_t position = 0;
   for (std::int64_t l = 0; l < num_local_experts; ++l)
@@ -69,6 +72,18 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
   detail::check_row_move(in, total, "in", "the sum of counts", out, total, "out", "the sum of counts", op);
 
   bool const to_expert_major = order == chunk_order::rank_major_to_expert_major;
+  // Every chunk alike (a padded capacity's exchange): the move is a transposition, with no table to
+  // upload from pageable memory (which a captured CUDA graph may not do).
+  if (alike && total > 0) {
+    std::int32_t const outer = to_expert_major ? num_local_experts : num_ranks;
+    std::int32_t const inner = to_expert_major ? num_ranks : num_local_experts;
+    detail::with_fragment_width<T>(out.hidden, {in.data, out.data}, [&](auto width) {
+      constexpr int n = decltype(width)::value;
+      be.for_each_row(total, detail::gather_rows_kernel<T, n, detail::transposed_chunk_source>{
+                                 in.data, out.data, out.hidden, {count(0, 0), outer, inner}});
+    });
+    return;
+  }
   std::int64_t const* dst = to_expert_major ? expert_major : rank_major;
   std::int64_t const* src = to_expert_major ? rank_major : expert_major;
   for (std::int64_t d = 0; d < chunks; ++d) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace moecomm_emulation::detail {
@@ -34,6 +35,16 @@ int stream_id(cudaStream_t stream);
 //! Records a contract violation: it is kept for `violations()` and becomes the message of the
 //! thread's next `cudaGetErrorString(cudaErrorNotPermitted)`. Returns cudaErrorNotPermitted.
 cudaError_t violation(std::string message);
+
+//! Whether `stream` belongs to a CUDA graph's capture (its own, or one it joined): its operations
+//! are recorded, not run. False for an unknown handle.
+bool capturing(cudaStream_t stream);
+
+//! Records, on capturing `stream`, a node of operation `call` (a name that outlives the graph):
+//! `replay(launch_stream)` enqueues the operation again, checked, at each cudaGraphLaunch. Returns
+//! cudaErrorStreamCaptureInvalidated (explained by cudaGetErrorString) when the capture was
+//! invalidated, cudaErrorIllegalState when `stream` does not capture.
+cudaError_t capture_node(cudaStream_t stream, char const* call, std::function<cudaError_t(cudaStream_t)> replay);
 
 //! How long a job waits for peers (an emulated NCCL kernel) before it gives up: long enough for
 //! any test, short enough that a missing peer ends the process's wait instead of hanging it.

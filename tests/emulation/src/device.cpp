@@ -7,6 +7,10 @@
 // wait of the enqueueing thread). Every allocation remembers, by byte range, its last writes and the
 // reads since (a kernel's use runs from the lowest address it was given to the allocation's end);
 // an operation that uses it on another stream must find them in its stream's clock.
+//
+// A capture keeps clocks of its own, over its nodes: each stream of the capture counts its nodes,
+// and knows, for every stream of the capture, how many of its nodes are ordered before its next
+// one (through events); the origin must know every stream's last node when the capture ends.
 
 #include "core.hpp"
 
@@ -46,6 +50,8 @@ void merge(clock_vector& into, clock_vector const& from) {
   for (auto const& [id, value] : from) advance(into, id, value);
 }
 
+struct capture_state;
+
 struct stream_state {
   int id = 0;
   int device = 0;
@@ -59,6 +65,8 @@ struct stream_state {
   std::deque<std::function<void()>> queue;
   bool stopping = false;
   std::string last_operation;
+  std::shared_ptr<capture_state> capture;  // the capture it records into: its own, or one it joined
+  clock_vector capture_knows;              // per stream of the capture: its nodes ordered before this one's next
 };
 
 struct event_state {
@@ -67,6 +75,27 @@ struct event_state {
   std::shared_ptr<stream_state> stream;
   std::uint64_t seq = 0;
   clock_vector knows;
+  std::shared_ptr<capture_state> capture;  // last recorded during this capture: a point of its graph
+  clock_vector capture_knows;
+};
+
+//! A captured operation: enqueues it, checked, on the stream a graph is launched on.
+using graph_node = std::function<cudaError_t(cudaStream_t)>;
+
+struct capture_state {
+  unsigned long long id = 0;  // unique in the process (cudaStreamGetCaptureInfo)
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;     // the thread that began it
+  std::shared_ptr<stream_state> origin;
+  std::vector<std::shared_ptr<stream_state>> members;  // the origin and the streams that joined it
+  clock_vector captured;      // per member: its nodes so far
+  std::vector<graph_node> nodes;  // in capture order
+  bool invalidated = false, ended = false;
+  std::string invalidated_by;  // the refused call's message
+};
+
+struct graph_state {  // a captured graph, or an instantiated one (a copy)
+  std::vector<graph_node> nodes;
 };
 
 struct access_record {
@@ -93,6 +122,7 @@ struct thread_state {
   cudaError_t last_error = cudaSuccess;
   std::string message;                        // the last violation's text
   cudaError_t message_error = cudaSuccess;    // the error it explains
+  cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;  // cudaThreadExchangeStreamCaptureMode's
 };
 thread_local thread_state this_thread;
 
@@ -121,6 +151,10 @@ struct emulator {
   std::vector<std::int64_t> waits;            // per device: host waits for its streams and events
   std::vector<std::int64_t> allocations;      // per device: cudaMalloc and cudaMallocAsync of its memory
   std::deque<std::shared_ptr<allocation>> freed;  // the latest frees, kept inaccessible to name a use after free
+  std::vector<std::shared_ptr<capture_state>> captures;  // the ongoing ones
+  unsigned long long next_capture = 1;
+  std::map<graph_state*, std::shared_ptr<graph_state>> graphs, executables;
+  std::vector<std::int64_t> graph_launches;   // per device: cudaGraphLaunch on its streams
   std::mutex done_lock;
   std::condition_variable done;
 
@@ -129,6 +163,7 @@ struct emulator {
     legacy.resize(static_cast<std::size_t>(devices));
     waits.resize(static_cast<std::size_t>(devices));
     allocations.resize(static_cast<std::size_t>(devices));
+    graph_launches.resize(static_cast<std::size_t>(devices));
   }
 };
 
@@ -215,19 +250,24 @@ std::string describe_allocation(allocation const& a) {
   return out.str();
 }
 
+cudaError_t fail(cudaError_t e) {
+  this_thread.last_error = e;
+  return e;
+}
+
+//! Fails the call with `error`, which `cudaGetErrorString(error)` then explains by `message` on
+//! this thread.
+cudaError_t fail_with(cudaError_t error, std::string message) {
+  this_thread.message = std::move(message);
+  this_thread.message_error = error;
+  return fail(error);
+}
+
 //! Records a violation that call fails with `error` (emu().lock held): `cudaGetErrorString(error)`
 //! then returns the message on this thread.
 cudaError_t record_violation(std::string message, cudaError_t error = cudaErrorNotPermitted) {
   emu().violations.push_back(message);
-  this_thread.message = std::move(message);
-  this_thread.message_error = error;
-  this_thread.last_error = error;
-  return error;
-}
-
-cudaError_t fail(cudaError_t e) {
-  this_thread.last_error = e;
-  return e;
+  return fail_with(error, std::move(message));
 }
 
 //! Checks `use` by operation `seq` on stream `s`, then records it (emu().lock held).
@@ -272,10 +312,127 @@ cudaError_t check_use(stream_state const& s, std::uint64_t seq, char const* call
   return cudaSuccess;
 }
 
-//! Enqueues `job` on `s` (emu().lock held): the stream learns what the host thread knows and what
-//! the legacy stream's rules order before it; `uses` are checked first.
-cudaError_t enqueue_locked(std::shared_ptr<stream_state> const& s, char const* call, std::vector<buffer_use> const& uses,
-                           std::function<void()> job) {
+char const* mode_name(cudaStreamCaptureMode mode) {
+  switch (mode) {
+    case cudaStreamCaptureModeGlobal: return "cudaStreamCaptureModeGlobal";
+    case cudaStreamCaptureModeThreadLocal: return "cudaStreamCaptureModeThreadLocal";
+    default: return "cudaStreamCaptureModeRelaxed";
+  }
+}
+
+//! Invalidates capture `c` (emu().lock held): its streams record nothing more, and
+//! cudaStreamEndCapture returns cudaErrorStreamCaptureInvalidated and no graph.
+void invalidate(capture_state& c, std::string const& why) {
+  if (!c.invalidated) c.invalidated_by = why;
+  c.invalidated = true;
+  c.nodes.clear();
+}
+
+//! Refuses a call that breaks a rule of stream capture (emu().lock held): a violation, and, as CUDA
+//! does, the captures in `spoiled` (null: none) are invalidated.
+cudaError_t refuse_in_capture(std::string message, cudaError_t error, std::vector<capture_state*> const& spoiled) {
+  for (capture_state* c : spoiled)
+    if (c != nullptr) invalidate(*c, message);
+  return record_violation(std::move(message), error);
+}
+
+//! The error of `call` on `s`, whose capture was invalidated (emu().lock held).
+cudaError_t invalidated_capture(stream_state const& s, char const* call) {
+  return fail_with(cudaErrorStreamCaptureInvalidated, std::string(call) + " on " + stream_label(s) +
+                                                          ", whose CUDA graph capture was invalidated: " + s.capture->invalidated_by);
+}
+
+//! Records `replay` as the next node of the capture `s` records into (emu().lock held).
+cudaError_t record_node(stream_state& s, char const* call, graph_node replay) {
+  capture_state& c = *s.capture;
+  if (c.invalidated) return invalidated_capture(s, call);
+  c.nodes.push_back(std::move(replay));
+  std::uint64_t const mine = clock_of(c.captured, s.id) + 1;
+  advance(c.captured, s.id, mine);
+  advance(s.capture_knows, s.id, mine);
+  return cudaSuccess;
+}
+
+//! The capture of a blocking stream of `device`, which work on the legacy stream would implicitly
+//! depend on, or null (emu().lock held).
+capture_state* blocking_capture(int device) {
+  for (auto const& [key, other] : emu().streams)
+    if (other->device == device && other->blocking && other->capture) return other->capture.get();
+  return nullptr;
+}
+
+//! Refuses `call` on the legacy stream while a blocking stream of its device captures (emu().lock
+//! held); cudaSuccess when none does.
+cudaError_t refuse_implicit_dependency(stream_state const& legacy, char const* call) {
+  capture_state* const c = blocking_capture(legacy.device);
+  if (c == nullptr) return cudaSuccess;
+  std::ostringstream out;
+  out << call << " on " << stream_label(legacy) << " while " << stream_label(*c->origin)
+      << ", a blocking stream, captures a CUDA graph: the legacy stream would depend on the capture (create the capturing "
+         "stream with cudaStreamNonBlocking, or use another stream)";
+  return refuse_in_capture(out.str(), cudaErrorStreamCaptureImplicit, {c});
+}
+
+//! Whether capture `c` forbids the calling thread's potentially unsafe calls: CUDA's rule, by the
+//! thread's mode (cudaThreadExchangeStreamCaptureMode). Global: the thread's own captures not
+//! begun relaxed, and other threads' captures begun global; thread-local: its own captures not
+//! begun relaxed; relaxed: none.
+bool forbids_unsafe_calls(capture_state const& c) {
+  bool const own = c.thread == std::this_thread::get_id();
+  switch (this_thread.capture_mode) {
+    case cudaStreamCaptureModeGlobal: return own ? c.mode != cudaStreamCaptureModeRelaxed : c.mode == cudaStreamCaptureModeGlobal;
+    case cudaStreamCaptureModeThreadLocal: return own && c.mode != cudaStreamCaptureModeRelaxed;
+    default: return false;
+  }
+}
+
+//! Refuses potentially unsafe `call` (an allocation, a free, a synchronous copy, a device
+//! synchronisation: work no capture sees) while a capture forbids it (emu().lock held); cudaSuccess
+//! when none does.
+cudaError_t refuse_unsafe(char const* call) {
+  std::vector<capture_state*> forbidding;
+  for (auto const& c : emu().captures)
+    if (forbids_unsafe_calls(*c)) forbidding.push_back(c.get());
+  if (forbidding.empty()) return cudaSuccess;
+  capture_state const& c = *forbidding.front();
+  std::ostringstream out;
+  out << call << " while " << stream_label(*c.origin) << " captures a CUDA graph (begun with " << mode_name(c.mode) << " on "
+      << (c.thread == std::this_thread::get_id() ? "this" : "another") << " thread; this thread's capture mode is "
+      << mode_name(this_thread.capture_mode)
+      << "): a potentially unsafe call during a capture (allocate, free and synchronise before cudaStreamBeginCapture or after "
+         "cudaStreamEndCapture)";
+  return refuse_in_capture(out.str(), cudaErrorStreamCaptureUnsupported, forbidding);
+}
+
+//! Refuses host wait `call` for capturing stream `s`, in any mode: its captured work never runs
+//! (emu().lock held).
+cudaError_t refuse_host_wait(stream_state const& s, char const* call) {
+  return refuse_in_capture(std::string(call) + " on " + stream_label(s) +
+                               " while it captures a CUDA graph: a captured step may not wait on the host",
+                           cudaErrorStreamCaptureUnsupported, {s.capture.get()});
+}
+
+//! Refuses `call` on an event last recorded during a capture, in any mode (emu().lock held): that
+//! record is a point of the graph, never reached as such. The capture, unless it ended, and
+//! `waiting`, the capture of a stream that would wait for it, are invalidated.
+cudaError_t refuse_captured_event(event_state const& ev, char const* call, capture_state* waiting = nullptr) {
+  std::ostringstream out;
+  out << call << " of an event last recorded on " << stream_label(*ev.stream)
+      << " during a CUDA graph's capture: that record is a point of the graph, not work the host or a stream can wait for "
+         "(record the event again outside the capture)";
+  return refuse_in_capture(out.str(), cudaErrorCapturedEvent, {ev.capture->ended ? nullptr : ev.capture.get(), waiting});
+}
+
+//! Refuses `call` on capturing stream `s`, stricter than CUDA: `what` says why (emu().lock held).
+cudaError_t refuse_on_capturing_stream(stream_state const& s, char const* call, char const* what) {
+  return refuse_in_capture(std::string(call) + " on " + stream_label(s) + " while it captures a CUDA graph: " + what,
+                           cudaErrorStreamCaptureUnsupported, {s.capture.get()});
+}
+
+//! Enqueues `job` on `s` now (emu().lock held): the stream learns what the host thread knows and
+//! what the legacy stream's rules order before it; `uses` are checked first.
+cudaError_t queue_locked(std::shared_ptr<stream_state> const& s, char const* call, std::vector<buffer_use> const& uses,
+                         std::function<void()> job) {
   clock_vector knows = s->knows;
   merge(knows, this_thread.knows);
   std::vector<std::pair<std::shared_ptr<stream_state>, std::uint64_t>> after;  // implicit waits
@@ -313,6 +470,17 @@ cudaError_t enqueue_locked(std::shared_ptr<stream_state> const& s, char const* c
   }
   s->queue_ready.notify_one();
   return cudaSuccess;
+}
+
+//! Enqueues `job` on `s` (emu().lock held), or, while `s` captures, records it as a node that
+//! enqueues it on a launch's stream, checked then: a captured job runs at every launch.
+cudaError_t enqueue_locked(std::shared_ptr<stream_state> const& s, char const* call, std::vector<buffer_use> const& uses,
+                           std::function<void()> job) {
+  if (s->legacy)
+    if (cudaError_t const e = refuse_implicit_dependency(*s, call); e != cudaSuccess) return e;
+  if (s->capture)
+    return record_node(*s, call, [call, uses, job](cudaStream_t on) { return moecomm_emulation::enqueue(on, call, uses, job); });
+  return queue_locked(s, call, uses, std::move(job));
 }
 
 //! The host thread waited for everything enqueued on `s` so far.
@@ -467,6 +635,11 @@ void quarantine(std::shared_ptr<allocation> const& a) {
   if (emu().freed.size() > 1024) emu().freed.pop_front();  // its device addresses are never handed out again
 }
 
+// Why cudaMallocAsync and cudaFreeAsync are refused on a capturing stream.
+constexpr char const* stream_ordered_memory =
+    "the emulation refuses stream-ordered allocation in a capture, where CUDA would make a memory node: a captured step "
+    "allocates and frees nothing (allocate before cudaStreamBeginCapture)";
+
 //! Releases `p` (emu().lock held); the memory is unmapped when the stream reaches the free.
 cudaError_t release_device(void* p, char const* call, std::shared_ptr<stream_state> const& s) {
   if (p == nullptr) return cudaSuccess;
@@ -476,6 +649,7 @@ cudaError_t release_device(void* p, char const* call, std::shared_ptr<stream_sta
     out << call << ": " << p << " is not the start of a live device allocation";
     return record_violation(out.str());
   }
+  if (s->capture) return refuse_on_capturing_stream(*s, call, stream_ordered_memory);
   std::shared_ptr<allocation> a = it->second;
   std::vector<buffer_use> const uses{{p, a->bytes, access::write, "devPtr"}};
   cudaError_t const e = enqueue_locked(s, call, uses, [a] {
@@ -521,6 +695,19 @@ int stream_id(cudaStream_t stream) {
 cudaError_t violation(std::string message) {
   std::lock_guard<std::mutex> hold(emu().lock);
   return record_violation(std::move(message));
+}
+
+bool capturing(cudaStream_t stream) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  return s && s->capture;
+}
+
+cudaError_t capture_node(cudaStream_t stream, char const* call, std::function<cudaError_t(cudaStream_t)> replay) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s || !s->capture) return fail(cudaErrorIllegalState);
+  return record_node(*s, call, std::move(replay));
 }
 
 }  // namespace detail
@@ -616,6 +803,11 @@ std::int64_t device_allocations(int device) {
 }
 std::int64_t device_allocations() { return device_allocations(this_thread.device); }
 
+std::int64_t graph_launches(int device) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return device >= 0 && device < emu().devices ? emu().graph_launches[static_cast<std::size_t>(device)] : 0;
+}
+
 int device_count() { return emu().devices; }
 
 }  // namespace moecomm_emulation
@@ -645,6 +837,10 @@ cudaError_t copy_on(cudaStream_t stream, void* dst, void const* src, std::size_t
     std::lock_guard<std::mutex> hold(emu().lock);
     s = find_stream(stream);
     if (!s) return fail(cudaErrorInvalidResourceHandle);
+    if (s->capture && (is_pageable(src) || is_pageable(dst)))
+      return refuse_on_capturing_stream(*s, call,
+                                        "it copies pageable host memory, which CUDA copies synchronously through a staging "
+                                        "buffer: a captured copy moves device or pinned host memory (cudaMallocHost)");
     wait = wait || is_pageable(dst);
     char* const to = static_cast<char*>(dst);
     std::function<void()> job;
@@ -663,6 +859,101 @@ cudaError_t copy_on(cudaStream_t stream, void* dst, void const* src, std::size_t
   return cudaSuccess;
 }
 
+//! `size` bytes of pinned host memory, allocated by `call` (cudaHostAlloc, cudaMallocHost).
+cudaError_t host_alloc(void** pHost, std::size_t size, char const* call) {
+  *pHost = nullptr;
+  std::lock_guard<std::mutex> hold(emu().lock);
+  if (cudaError_t const e = refuse_unsafe(call); e != cudaSuccess) return e;
+  if (size == 0) return cudaSuccess;
+  void* p = std::aligned_alloc(page, (size + page - 1) / page * page);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  auto a = std::make_shared<allocation>();
+  a->base = reinterpret_cast<std::uintptr_t>(p);
+  a->bytes = size;
+  a->reserved = size;
+  a->device = false;
+  a->origin = call;
+  emu().memory[a->base] = a;
+  *pHost = p;
+  return cudaSuccess;
+}
+
+//! The first stream that joined capture `c` whose last node the origin did not wait for (through
+//! events), or null (emu().lock held).
+stream_state const* unjoined_stream(capture_state const& c) {
+  for (auto const& m : c.members)
+    if (m != c.origin && clock_of(c.origin->capture_knows, m->id) < clock_of(c.captured, m->id)) return m.get();
+  return nullptr;
+}
+
+//! Ends capture `c` (emu().lock held): its streams leave capture mode.
+void end_capture(capture_state& c) {
+  for (auto const& m : c.members) {
+    m->capture = nullptr;
+    m->capture_knows.clear();
+  }
+  c.members.clear();
+  c.ended = true;
+  auto& ongoing = emu().captures;
+  ongoing.erase(std::remove_if(ongoing.begin(), ongoing.end(), [&](auto const& o) { return o.get() == &c; }), ongoing.end());
+}
+
+//! Records `ev` on capturing stream `s` (emu().lock held): a point of the capture that a stream
+//! waiting for it depends on. No node: a launch runs the nodes in order on one stream.
+cudaError_t record_in_capture(event_state& ev, std::shared_ptr<stream_state> const& s) {
+  if (s->capture->invalidated) return invalidated_capture(*s, "cudaEventRecord");
+  ev.recorded = true;
+  ev.stream = s;
+  ev.capture = s->capture;
+  ev.capture_knows = s->capture_knows;
+  return cudaSuccess;
+}
+
+//! `s` waits for `ev`, recorded during a capture (emu().lock held): `s` joins the capture (a fork),
+//! or, already in it, its next nodes come after the event's (a join).
+cudaError_t wait_in_capture(std::shared_ptr<stream_state> const& s, event_state const& ev) {
+  capture_state& c = *ev.capture;
+  if (c.ended) return refuse_captured_event(ev, "cudaStreamWaitEvent", s->capture.get());
+  if (c.invalidated) return invalidated_capture(*ev.stream, "cudaStreamWaitEvent");
+  if (s->capture && s->capture.get() != &c) {
+    std::ostringstream out;
+    out << "cudaStreamWaitEvent on " << stream_label(*s) << ", which captures a CUDA graph, of an event recorded during the "
+        << "capture begun on " << stream_label(*c.origin) << ": two captures cannot merge";
+    return refuse_in_capture(out.str(), cudaErrorStreamCaptureMerge, {s->capture.get()});
+  }
+  if (s->legacy)
+    return refuse_in_capture("cudaStreamWaitEvent on " + stream_label(*s) + " of an event recorded during the capture begun on " +
+                                 stream_label(*c.origin) + ": the legacy default stream never captures",
+                             cudaErrorStreamCaptureUnsupported, {&c});
+  if (!s->capture) {
+    s->capture = ev.capture;
+    c.members.push_back(s);
+  }
+  merge(s->capture_knows, ev.capture_knows);
+  return cudaSuccess;
+}
+
+//! Refuses capturing stream `s`'s wait for `ev`, recorded outside any capture (emu().lock held).
+cudaError_t refuse_isolation(stream_state const& s, event_state const& ev) {
+  std::ostringstream out;
+  out << "cudaStreamWaitEvent on " << stream_label(s) << ", which captures a CUDA graph, of an event recorded outside the "
+      << "capture (on " << stream_label(*ev.stream) << "): a captured step depends only on work of its capture (order that "
+      << "work before cudaStreamBeginCapture, or record the event inside the capture)";
+  return refuse_in_capture(out.str(), cudaErrorStreamCaptureIsolation, {s.capture.get()});
+}
+
+//! The capture status of `s` (emu().lock held); for the legacy stream while a blocking stream of
+//! its device captures, cudaErrorStreamCaptureImplicit, the capture left as it is.
+cudaError_t capture_status(stream_state const& s, cudaStreamCaptureStatus* status, unsigned long long* id) {
+  if (status == nullptr) return fail(cudaErrorInvalidValue);
+  if (s.legacy && blocking_capture(s.device) != nullptr) return fail(cudaErrorStreamCaptureImplicit);
+  *status = !s.capture ? cudaStreamCaptureStatusNone
+            : s.capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                     : cudaStreamCaptureStatusActive;
+  if (id != nullptr && s.capture) *id = s.capture->id;
+  return cudaSuccess;
+}
+
 char const* error_name(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "cudaSuccess";
@@ -675,6 +966,17 @@ char const* error_name(cudaError_t e) {
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
     case cudaErrorPeerAccessNotEnabled: return "cudaErrorPeerAccessNotEnabled";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: return "cudaError (other)";
   }
 }
@@ -709,6 +1011,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 
 cudaError_t cudaMalloc(void** devPtr, size_t size) {
   std::lock_guard<std::mutex> hold(emu().lock);
+  if (cudaError_t const e = refuse_unsafe("cudaMalloc"); e != cudaSuccess) return e;
   return allocate_device(devPtr, size, "cudaMalloc", this_thread.device, nullptr, "cudaMalloc");
 }
 
@@ -721,6 +1024,7 @@ cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
     out << "cudaMallocAsync on " << stream_label(*s) << " from a thread whose current device is " << this_thread.device;
     return record_violation(out.str());
   }
+  if (s->capture) return refuse_on_capturing_stream(*s, "cudaMallocAsync", stream_ordered_memory);
   return allocate_device(devPtr, size, "cudaMallocAsync", s->device, s, "cudaMallocAsync");
 }
 
@@ -736,6 +1040,7 @@ cudaError_t cudaFree(void* devPtr) {
   std::vector<std::pair<std::shared_ptr<stream_state>, std::uint64_t>> busy;
   {
     std::lock_guard<std::mutex> hold(emu().lock);
+    if (cudaError_t const e = refuse_unsafe("cudaFree"); e != cudaSuccess) return e;
     auto it = emu().memory.find(reinterpret_cast<std::uintptr_t>(devPtr));
     if (it == emu().memory.end() || !it->second->device) return fail(cudaErrorInvalidValue);
     for (auto const& [key, s] : emu().streams)
@@ -751,28 +1056,14 @@ cudaError_t cudaFree(void* devPtr) {
   return cudaSuccess;
 }
 
-cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
-  *pHost = nullptr;
-  if (size == 0) return cudaSuccess;
-  void* p = std::aligned_alloc(page, (size + page - 1) / page * page);
-  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
-  auto a = std::make_shared<allocation>();
-  a->base = reinterpret_cast<std::uintptr_t>(p);
-  a->bytes = size;
-  a->reserved = size;
-  a->device = false;
-  a->origin = "cudaHostAlloc";
-  std::lock_guard<std::mutex> hold(emu().lock);
-  emu().memory[a->base] = a;
-  *pHost = p;
-  return cudaSuccess;
-}
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) { return host_alloc(pHost, size, "cudaHostAlloc"); }
 
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return host_alloc(ptr, size, "cudaMallocHost"); }
 
 cudaError_t cudaFreeHost(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   std::lock_guard<std::mutex> hold(emu().lock);
+  if (cudaError_t const e = refuse_unsafe("cudaFreeHost"); e != cudaSuccess) return e;
   auto it = emu().memory.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == emu().memory.end() || it->second->device) return fail(cudaErrorInvalidValue);
   emu().memory.erase(it);
@@ -785,6 +1076,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind) {
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    if (cudaError_t const e = refuse_unsafe("cudaMemcpy"); e != cudaSuccess) return e;
+  }
   return copy_on(nullptr, dst, src, count, "cudaMemcpy", true);
 }
 
@@ -796,6 +1091,10 @@ cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t 
 }
 
 cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    if (cudaError_t const e = refuse_unsafe("cudaMemset"); e != cudaSuccess) return e;
+  }
   cudaError_t const e = cudaMemsetAsync(devPtr, value, count, nullptr);
   if (e != cudaSuccess) return e;
   return cudaStreamSynchronize(nullptr);
@@ -839,6 +1138,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     std::lock_guard<std::mutex> hold(emu().lock);
     s = find_stream(stream);
     if (!s) return fail(cudaErrorInvalidResourceHandle);
+    if (s->capture) return refuse_host_wait(*s, "cudaStreamSynchronize");
     target = s->enqueued;
   }
   host_wait(s, target);
@@ -849,6 +1149,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   std::lock_guard<std::mutex> hold(emu().lock);
   auto s = find_stream(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) return refuse_host_wait(*s, "cudaStreamQuery");
   if (s->completed.load(std::memory_order_acquire) < s->enqueued) return cudaErrorNotReady;
   learn_from(*s);
   count_host_wait(s->device);
@@ -859,6 +1160,7 @@ cudaError_t cudaDeviceSynchronize() {
   std::vector<std::pair<std::shared_ptr<stream_state>, std::uint64_t>> busy;
   {
     std::lock_guard<std::mutex> hold(emu().lock);
+    if (cudaError_t const e = refuse_unsafe("cudaDeviceSynchronize"); e != cudaSuccess) return e;
     for (auto const& [key, s] : emu().streams)
       if (s->device == this_thread.device) busy.emplace_back(s, s->enqueued);
     busy.emplace_back(legacy_stream(this_thread.device), legacy_stream(this_thread.device)->enqueued);
@@ -900,11 +1202,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         << ev.device << ", or create it with device " << s->device << " current)";
     return record_violation(out.str(), cudaErrorInvalidResourceHandle);
   }
+  if (s->capture) return record_in_capture(ev, s);
   if (cudaError_t const e = enqueue_locked(s, "cudaEventRecord", {}, [] {}); e != cudaSuccess) return fail(e);
   ev.recorded = true;
   ev.stream = s;
   ev.seq = s->enqueued;
   ev.knows = s->knows;
+  ev.capture = nullptr;
   return cudaSuccess;
 }
 
@@ -915,6 +1219,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (it == emu().events.end() || !s) return fail(cudaErrorInvalidResourceHandle);
   event_state const ev = *it->second;  // a later record does not change this wait
   if (!ev.recorded) return cudaSuccess;  // CUDA: waiting on a never-recorded event does nothing
+  if (ev.capture) return wait_in_capture(s, ev);
+  if (s->capture) return refuse_isolation(*s, ev);
   merge(s->knows, ev.knows);
   auto const source = ev.stream;
   std::uint64_t const target = ev.seq;
@@ -928,6 +1234,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     auto it = emu().events.find(reinterpret_cast<event_state*>(event));
     if (it == emu().events.end()) return fail(cudaErrorInvalidResourceHandle);
     ev = *it->second;
+    if (ev.capture) return refuse_captured_event(ev, "cudaEventSynchronize");
   }
   if (!ev.recorded) return cudaSuccess;
   wait_until(*ev.stream, ev.seq);
@@ -943,6 +1250,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (it == emu().events.end()) return fail(cudaErrorInvalidResourceHandle);
   event_state const& ev = *it->second;
   if (!ev.recorded) return cudaSuccess;
+  if (ev.capture) return refuse_captured_event(ev, "cudaEventQuery");
   if (ev.stream->completed.load(std::memory_order_acquire) < ev.seq) return cudaErrorNotReady;
   merge(this_thread.knows, ev.knows);
   count_host_wait(ev.stream->device);
@@ -979,6 +1287,133 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, c
   attributes->devicePointer = a != nullptr ? const_cast<void*>(ptr) : nullptr;
   attributes->hostPointer = a != nullptr && !a->device ? const_cast<void*>(ptr) : nullptr;
   return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal && mode != cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue);
+  if (s->legacy)
+    return record_violation("cudaStreamBeginCapture on " + stream_label(*s) + ": CUDA captures created streams only",
+                            cudaErrorStreamCaptureUnsupported);
+  if (s->capture)
+    return record_violation("cudaStreamBeginCapture on " + stream_label(*s) + ", which already captures a CUDA graph",
+                            cudaErrorIllegalState);
+  auto c = std::make_shared<capture_state>();
+  c->id = emu().next_capture++;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->origin = s;
+  c->members = {s};
+  s->capture = c;
+  emu().captures.push_back(c);
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+  if (mode == nullptr ||
+      (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal && *mode != cudaStreamCaptureModeRelaxed))
+    return fail(cudaErrorInvalidValue);
+  std::swap(*mode, this_thread.capture_mode);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  if (pGraph == nullptr) return fail(cudaErrorInvalidValue);
+  *pGraph = nullptr;
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (!s->capture)
+    return record_violation("cudaStreamEndCapture on " + stream_label(*s) + ", which does not capture", cudaErrorIllegalState);
+  std::shared_ptr<capture_state> const c = s->capture;
+  if (c->origin != s)
+    return refuse_in_capture("cudaStreamEndCapture on " + stream_label(*s) + ", which joined the capture begun on " +
+                                 stream_label(*c->origin) + ": a capture ends on the stream it began on",
+                             cudaErrorStreamCaptureUnmatched, {c.get()});
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
+    return refuse_in_capture("cudaStreamEndCapture on " + stream_label(*s) + " from another thread than the one that began its "
+                                 "capture with " + mode_name(c->mode) + " (only a relaxed capture ends on any thread)",
+                             cudaErrorStreamCaptureWrongThread, {c.get()});
+  std::string unjoined;  // a stream whose last captured work the origin did not wait for
+  if (stream_state const* const u = unjoined_stream(*c)) unjoined = stream_label(*u);
+  end_capture(*c);
+  if (c->invalidated)
+    return fail_with(cudaErrorStreamCaptureInvalidated,
+                     "cudaStreamEndCapture on " + stream_label(*s) + ": the capture was invalidated: " + c->invalidated_by);
+  if (!unjoined.empty())
+    return record_violation("cudaStreamEndCapture on " + stream_label(*s) + ": " + unjoined +
+                                " joined the capture and its last captured work is not waited for on the origin stream (record "
+                                "an event on it and cudaStreamWaitEvent on the origin before ending the capture)",
+                            cudaErrorStreamCaptureUnjoined);
+  auto g = std::make_shared<graph_state>();
+  g->nodes = std::move(c->nodes);
+  emu().graphs[g.get()] = g;
+  *pGraph = reinterpret_cast<cudaGraph_t>(g.get());
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  return capture_status(*s, pCaptureStatus, nullptr);
+}
+
+// The status and the capture's id; the graph and the dependencies are not emulated.
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus* captureStatus_out,
+                                     unsigned long long* id_out, cudaGraph_t* graph_out, const cudaGraphNode_t** dependencies_out,
+                                     const cudaGraphEdgeData** edgeData_out, size_t* numDependencies_out) {
+  if (graph_out != nullptr || dependencies_out != nullptr || edgeData_out != nullptr || numDependencies_out != nullptr)
+    return fail_with(cudaErrorNotSupported, "cudaStreamGetCaptureInfo: the emulation answers the capture status and id only");
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto s = find_stream(stream);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  return capture_status(*s, captureStatus_out, id_out);
+}
+
+// The flags (upload, auto-free, device launch, node priority) change nothing a host launch does here.
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long) {
+  if (pGraphExec == nullptr) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> hold(emu().lock);
+  auto it = emu().graphs.find(reinterpret_cast<graph_state*>(graph));
+  if (it == emu().graphs.end()) return fail(cudaErrorInvalidValue);
+  auto exec = std::make_shared<graph_state>(*it->second);
+  emu().executables[exec.get()] = exec;
+  *pGraphExec = reinterpret_cast<cudaGraphExec_t>(exec.get());
+  return cudaSuccess;
+}
+
+// Enqueues the nodes on `stream` in capture order, each checked as an eager call; no host wait.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  std::shared_ptr<graph_state> exec;
+  int device = 0;
+  {
+    std::lock_guard<std::mutex> hold(emu().lock);
+    auto it = emu().executables.find(reinterpret_cast<graph_state*>(graphExec));
+    if (it == emu().executables.end()) return fail(cudaErrorInvalidValue);
+    auto s = find_stream(stream);
+    if (!s) return fail(cudaErrorInvalidResourceHandle);
+    exec = it->second;
+    device = s->device;
+  }
+  for (graph_node const& node : exec->nodes)  // each takes the lock: an NCCL node enqueues through the NCCL emulation
+    if (cudaError_t const e = node(stream); e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> hold(emu().lock);
+  ++emu().graph_launches[static_cast<std::size_t>(device)];
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return emu().executables.erase(reinterpret_cast<graph_state*>(graphExec)) == 1 ? cudaSuccess : fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  std::lock_guard<std::mutex> hold(emu().lock);
+  return emu().graphs.erase(reinterpret_cast<graph_state*>(graph)) == 1 ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
 
 }  // extern "C"

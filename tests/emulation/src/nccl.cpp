@@ -10,7 +10,9 @@
 // asynchronous error says what happened, instead of the hang NCCL would give. Reductions combine the
 // ranks' inputs in ascending rank order, rounded to the type at each step. A non-blocking
 // communicator (config.blocking = 0) answers ncclInProgress where NCCL may, and its state says
-// ncclInProgress until its initialization, split or launch is in place.
+// ncclInProgress until its initialization, split or launch is in place. A group whose stream
+// captures a CUDA graph takes no collective numbers: it is a node of the graph, launched anew (and
+// numbered then) at each launch of the graph.
 
 #include "core.hpp"
 
@@ -520,22 +522,12 @@ void run_p2p(std::shared_ptr<comm_state> const& c, std::vector<pending> const& o
   }
 }
 
-//! Enqueues one group's operations: one job per communicator for its messages, one per collective.
-//! A group of non-blocking communicators returns ncclInProgress: their state is in progress until
-//! it is next polled (the enqueueing is done by then).
-ncclResult_t launch(std::vector<pending> ops) {
-  std::vector<std::shared_ptr<comm_state>> comms, all;
-  for (pending const& op : ops) {
+//! Enqueues one group's operations: one job per communicator for its messages, one per collective,
+//! which takes the communicator's next collective number.
+ncclResult_t enqueue_group(std::vector<pending> const& ops) {
+  std::vector<std::shared_ptr<comm_state>> comms;
+  for (pending const& op : ops)
     if (op.p2p && std::find(comms.begin(), comms.end(), op.comm) == comms.end()) comms.push_back(op.comm);
-    if (std::find(all.begin(), all.end(), op.comm) == all.end()) all.push_back(op.comm);
-  }
-  bool const blocking = all.front()->blocking;
-  for (auto const& c : all)
-    if (c->blocking != blocking)
-      return reject(ncclInvalidArgument,
-                    "ncclGroupEnd: the group holds operations of blocking and of non-blocking communicators (" + label(*c) +
-                        " is " + (c->blocking ? "blocking" : "non-blocking") + "): NCCL allows one mode per group",
-                    true);
   for (auto const& c : comms) {
     std::vector<pending> mine;
     std::vector<buffer_use> uses;
@@ -578,6 +570,48 @@ ncclResult_t launch(std::vector<pending> ops) {
     if (e != cudaSuccess) --c->pending;
     if (e != cudaSuccess) return reject(ncclInvalidUsage, cudaGetErrorString(e), false);
   }
+  return ncclSuccess;
+}
+
+ncclResult_t launch(std::vector<pending> ops);
+
+//! Records a group whose stream captures a CUDA graph as one node: each launch of the graph
+//! launches the same operations (communicators, buffers, counts) on the launch's stream, new
+//! collectives of their communicators, so that the ranks' replays match as eager calls do.
+ncclResult_t capture_group(std::vector<pending> const& ops) {
+  cudaStream_t const stream = ops.front().stream;
+  for (pending const& op : ops)
+    if (op.stream != stream)
+      return reject(ncclInvalidUsage,
+                    "ncclGroupEnd: a captured group's operations are on several streams; the emulation captures a group whose "
+                    "operations are all on one stream",
+                    true);
+  char const* const call = ops.size() == 1 && !ops.front().p2p ? ops.front().collective.kind : "an NCCL group";
+  cudaError_t const e = emu::capture_node(stream, call, [ops](cudaStream_t on) {
+    std::vector<pending> again = ops;
+    for (pending& op : again) op.stream = on;
+    ncclResult_t const r = launch(std::move(again));
+    return r == ncclSuccess || r == ncclInProgress ? cudaSuccess : cudaPeekAtLastError();  // the enqueue's error
+  });
+  return e == cudaSuccess ? ncclSuccess : reject(ncclUnhandledCudaError, cudaGetErrorString(e), false);
+}
+
+//! Launches one group: enqueued, or recorded when its stream captures a CUDA graph. A group of
+//! non-blocking communicators returns ncclInProgress: their state is in progress until it is next
+//! polled (the enqueueing is done by then).
+ncclResult_t launch(std::vector<pending> ops) {
+  std::vector<std::shared_ptr<comm_state>> all;
+  for (pending const& op : ops)
+    if (std::find(all.begin(), all.end(), op.comm) == all.end()) all.push_back(op.comm);
+  bool const blocking = all.front()->blocking;
+  for (auto const& c : all)
+    if (c->blocking != blocking)
+      return reject(ncclInvalidArgument,
+                    "ncclGroupEnd: the group holds operations of blocking and of non-blocking communicators (" + label(*c) +
+                        " is " + (c->blocking ? "blocking" : "non-blocking") + "): NCCL allows one mode per group",
+                    true);
+  bool const captured = std::any_of(ops.begin(), ops.end(), [](pending const& op) { return emu::capturing(op.stream); });
+  if (ncclResult_t const r = captured ? capture_group(ops) : enqueue_group(ops); r != ncclSuccess) return r;
   if (blocking) return ncclSuccess;
   for (auto const& c : all) {
     std::lock_guard<std::mutex> hold(c->lock);

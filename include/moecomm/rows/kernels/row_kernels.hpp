@@ -74,6 +74,17 @@ struct chunk_source {
   }
 };
 
+//! Source row of a reordering of equal chunks of `rows_per_chunk` rows, with no table: output chunk
+//! `a * inner + b` reads input chunk `b * outer + a` (a transposition of `outer x inner` chunks).
+struct transposed_chunk_source {
+  std::int64_t rows_per_chunk;
+  std::int32_t outer, inner;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t r) const {
+    std::int64_t const chunk = r / rows_per_chunk, a = chunk / inner, b = chunk % inner;
+    return (b * outer + a) * rows_per_chunk + r % rows_per_chunk;
+  }
+};
+
 //! `dst[r] = src[source(r)]`, or zeros when `source(r) < 0`.
 template <class T, int N, class Source>
 struct gather_rows_kernel {

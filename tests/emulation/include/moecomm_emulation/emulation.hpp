@@ -25,10 +25,56 @@
 //! - NCCL's results: reductions (sum, prod, max, min, avg; integers, half, bfloat16, float, double)
 //!   in ascending rank order, rounded to the type at each step; non-blocking communicators' calls
 //!   return ncclInProgress, which `ncclCommGetAsyncError` reports until the work is in place;
-//! - counters: host waits and device allocations per device, whatever thread makes them.
+//! - CUDA graphs by stream capture, with CUDA's rules (below);
+//! - counters: host waits, device allocations and graph launches per device, whatever thread
+//!   makes them.
 //!
 //! Kernels are launched through `launch`, which `moecomm/backend/cuda.cuh` calls where nvcc
 //! compiles `<<<...>>>`: the same functor runs on the stream's worker thread, one lane per row.
+//!
+//! Stream capture (`cudaStreamBeginCapture` ... `cudaStreamEndCapture`, `cudaGraphInstantiate`,
+//! `cudaGraphLaunch`). While a stream captures, what is enqueued on it (kernels, CUB calls,
+//! `cudaMemcpyAsync` of device or pinned memory, `cudaMemsetAsync`, NCCL calls) does not run: it is
+//! checked as when run eagerly (the launching thread's device, the pointers' kinds, NCCL's
+//! arguments) and recorded as a node of the capture's graph. `cudaGraphLaunch` enqueues the nodes
+//! on its stream, without a host wait, in capture order: a valid linearisation of the captured
+//! graph (work forked to another stream, of any device, replays on the launch's stream). Each node
+//! goes through the ordinary checked path, so the ordering contract holds at every launch (a node
+//! refused there fails the launch, the nodes before it enqueued), and a node reads its buffers
+//! when it runs (a launch sees inputs written before it on the stream). An NCCL node
+//! launches its operations anew (a new collective of the communicator at each launch, a group as
+//! one group), so the ranks' replays match one another as eager calls do, and a rank that does not
+//! replay is reported as a missing peer. The rules, as CUDA's:
+//! - `cudaStreamWaitEvent` of an event recorded during a capture makes the waiting stream join the
+//!   capture (a fork); `cudaStreamEndCapture` on the origin stream fails with
+//!   cudaErrorStreamCaptureUnjoined unless the origin waited (through events) for the last node of
+//!   every stream that joined; a capturing stream waiting for an event recorded outside its capture
+//!   fails with cudaErrorStreamCaptureIsolation; joining two captures, cudaErrorStreamCaptureMerge;
+//! - capture is ended on its origin stream (else cudaErrorStreamCaptureUnmatched), by the thread
+//!   that began it unless begun with cudaStreamCaptureModeRelaxed (else
+//!   cudaErrorStreamCaptureWrongThread); the legacy stream never captures;
+//! - potentially unsafe calls (`cudaMalloc`, `cudaMallocHost`/`cudaHostAlloc`, `cudaFree`,
+//!   `cudaFreeHost`, the synchronous `cudaMemcpy` and `cudaMemset`, `cudaDeviceSynchronize`) fail
+//!   with cudaErrorStreamCaptureUnsupported where CUDA forbids them, by the calling thread's mode
+//!   (`cudaThreadExchangeStreamCaptureMode`): global (the default), while the thread has a capture
+//!   not begun relaxed or another thread has one begun global; thread-local, while the thread has
+//!   one not begun relaxed; relaxed, never;
+//! - in any mode: a host wait for a capturing stream (`cudaStreamSynchronize`, `cudaStreamQuery`):
+//!   cudaErrorStreamCaptureUnsupported; for an event last recorded during a capture
+//!   (`cudaEventSynchronize`, `cudaEventQuery`, and `cudaStreamWaitEvent` once the capture ended):
+//!   cudaErrorCapturedEvent; work on the legacy stream while a blocking stream of its device
+//!   captures: cudaErrorStreamCaptureImplicit;
+//! - stricter than CUDA: `cudaMemcpyAsync` of pageable host memory (CUDA stages it synchronously)
+//!   and `cudaMallocAsync`/`cudaFreeAsync` (CUDA makes memory nodes) are refused on a capturing
+//!   stream, with cudaErrorStreamCaptureUnsupported: a captured step allocates nothing; a group of
+//!   NCCL calls is captured when all its operations are on one stream; launches of one graph on
+//!   two streams are not ordered between them (CUDA orders them): order them with events.
+//! Each refused call is a violation whose message names the call and the stream, and it
+//! invalidates the capture: the capture's later calls fail with cudaErrorStreamCaptureInvalidated,
+//! and so does `cudaStreamEndCapture`, which returns no graph and ends the capture.
+//! `cudaStreamGetCaptureInfo` answers the status and the capture's id only (cudaErrorNotSupported
+//! when asked for the graph or dependencies); `cudaGraphInstantiate`'s flags change nothing; an
+//! unknown graph or executable graph handle is cudaErrorInvalidValue.
 
 #include <moecomm_emulation/kernel_arguments.hpp>
 
@@ -58,7 +104,8 @@ struct buffer_use {
 
 //! Enqueues `job` on `stream` (null: the current device's legacy default stream) after checking
 //! the contracts for `uses`. The job runs on the stream's worker thread, the only kind of thread
-//! that may touch device memory. Returns the error the call reports (also the last error).
+//! that may touch device memory. Returns the error the call reports (also the last error). On a
+//! capturing stream the job is a node of the graph: enqueued again, so run again, at each launch.
 cudaError_t enqueue(cudaStream_t stream, char const* call, std::vector<buffer_use> const& uses,
                     std::function<void()> job);
 
@@ -92,7 +139,7 @@ std::vector<detail::kernel_pointer> pointer_arguments(F const& f) {
 }
 
 //! Launches `run(f)` on `stream` as kernel `name`: `f` is copied (as a kernel's arguments are),
-//! checked, and run on the stream's worker thread.
+//! checked, and run on the stream's worker thread (captured: at each launch of the graph).
 template <class F, class Run>
 cudaError_t launch(cudaStream_t stream, char const* name, F const& f, Run run) {
   static_assert(std::is_trivially_copyable_v<F>, "a kernel's functor must be trivially copyable");
@@ -119,6 +166,8 @@ std::int64_t host_waits();
 std::int64_t device_allocations(int device);
 //! `device_allocations` of the calling thread's current device.
 std::int64_t device_allocations();
+//! The successful `cudaGraphLaunch` calls on `device`'s streams, by any thread.
+std::int64_t graph_launches(int device);
 
 //! The number of emulated devices.
 int device_count();
