@@ -10,6 +10,7 @@ namespace moecomm::detail {
 #define MOECOMM_ROW_KERNELS(T, WIDE)                                                                            \
   template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, WIDE, chunk_source>);        \
   template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, 1, chunk_source>);           \
+  template __global__ void for_each_row_kernel(std::int64_t, gather_rows_kernel<T, WIDE, transposed_chunk_source>); \
   template __global__ void for_each_row_kernel(std::int64_t, scatter_rows_kernel<T, WIDE, false>);              \
   template __global__ void for_each_row_kernel(std::int64_t, scatter_rows_kernel<T, WIDE, true>);               \
   template __global__ void for_each_row_kernel(std::int64_t, scatter_rows_kernel<T, 1, false>);                 \

@@ -189,7 +189,11 @@ void check_captured_layer(int32_t ranks, int32_t per_node, Capacity const& capac
   CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
 }
 
-TEST_CASE("a captured step of a padded capacity layer replays 100 times equal to the eager step, with no host wait") {
+TEST_CASE("a captured step of a padded capacity layer on one GPU replays 100 times equal to the eager step, with no host wait") {
+  check_captured_layer(1, 1, moecomm::capacity<moecomm::drop_by_probability>{1.0, 0, true, {}}, moecomm::flat{});
+}
+
+TEST_CASE("a captured step of a padded capacity layer on 2 and 4 GPUs replays 100 times equal to the eager step, with no host wait") {
   using moecomm::capacity;
   check_captured_layer(2, 2, capacity<moecomm::drop_by_position>{1.0, 0, true, {}}, moecomm::flat{});
   check_captured_layer(2, 2, capacity<moecomm::drop_by_probability>{0.75, 0, true, {}}, moecomm::flat{});

@@ -679,7 +679,7 @@ class dispatcher {
                L = static_cast<std::size_t>(local_experts_);
     counts_.reserve(R * E);
     gathered_.reserve(R * (max_head_words + E + 2 * R + 3));
-    my_counts_.reserve(max_head_words + E + 2 * R + 3);
+    row_staging_.reserve(max_head_words + E + 2 * R + 3);
     (void)status_words();
     chunk_counts_.reserve(R * L);
     receive_chunks_.reserve(R * L);
@@ -756,10 +756,9 @@ class dispatcher {
       for (std::int32_t s = 0; s < ranks_; ++s)
         for (std::int32_t l = 0; l < local_experts_; ++l)
           receive_chunks_[static_cast<std::size_t>(l) * ranks_ + s] = chunk_counts_[static_cast<std::size_t>(s) * local_experts_ + l];
+      // The receive map takes its sizes from these counts: its rows are received_rows() by construction.
       dedup_.build_receive(be_, *groups_, plan_.padded_capacity(), algorithm_, report_.slot_metadata, exchange_scratch_, scratch_,
                            receive_chunks_.data());
-      detail::require(dedup_.receive().num_rows() == received_rows(), "dispatcher::route", "the slot lists received give ",
-                      dedup_.receive().num_rows(), " rows for this rank's experts; the exchanged counts ", received_rows());
     }
     routed_ = true;
   }
@@ -954,10 +953,10 @@ class dispatcher {
     std::int64_t const width = head.size + pack.words();
     if (head.size > 0) be_.copy(row, head.data, head.size);  // from pageable memory: read when the copy is enqueued
     be_.for_each_index(pack.words(), pack);
-    my_counts_.resize(static_cast<std::size_t>(width));  // a read-back's staging, where the communicator needs one
+    row_staging_.resize(static_cast<std::size_t>(width));
     gathered_.assign(static_cast<std::size_t>(ranks_ * width), 0);
     allgather_to_host(groups_->world(), be_, row, gathered_.data(), width * static_cast<std::int64_t>(sizeof(std::int64_t)),
-                      my_counts_.data());
+                      row_staging_.data());
     std::int64_t const* const my_row = gathered_.data() + groups_->world().rank() * width;
     if (complete) detail::complete_permute_plan(be_, plan, my_row + head.size, my_row[width - 2], my_row[width - 1]);
     for (std::int32_t s = 0; s < ranks_; ++s)
@@ -1108,7 +1107,7 @@ class dispatcher {
   std::vector<std::int64_t> allowance_;  //!< receiver budget: rows this rank may send each rank
   bool routed_ = false;                  //!< `route` succeeded: plan_ is this step's
   std::vector<std::int64_t> counts_;        //!< [R][E] rows each rank sends each expert
-  std::vector<std::int64_t> my_counts_;     //!< this rank's count row on the host (its host words; a read-back's staging)
+  std::vector<std::int64_t> row_staging_;   //!< the count row read back, for a communicator that gathers host memory
   std::vector<std::int64_t> gathered_;      //!< [R][width] the all-gather of every rank's count row
   //! [2 status words of a deferred plan][the count row]: device memory, sized once (`status_words`)
   typename Backend::template buffer_type<std::int64_t> count_row_;
