@@ -299,6 +299,40 @@ TEST_CASE("a kernel given a pointer to pageable host memory is refused, naming t
   moecomm_emulation::clear_violations();
 }
 
+// A functor that is no aggregate, so that the emulation reads its words as possible pointers.
+struct opaque_word {
+  explicit opaque_word(std::uintptr_t w) : word(w) {}
+  std::uintptr_t word;
+};
+
+TEST_CASE("a word of an opaque kernel functor that lies in memory cudaFreeAsync released is not taken for a use of it") {
+  moecomm_emulation::clear_violations();
+  cudaStream_t held = nullptr, freeing = nullptr, other = nullptr;
+  for (cudaStream_t* s : {&held, &freeing, &other}) REQUIRE(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) == cudaSuccess);
+  int* go = nullptr;  // pinned: the held stream's job spins until the host sets it
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&go), sizeof(int)) == cudaSuccess);
+  __atomic_store_n(go, 0, __ATOMIC_RELEASE);
+  void* freed = nullptr;
+  REQUIRE(cudaMallocAsync(&freed, 4096, freeing) == cudaSuccess);
+  REQUIRE(moecomm_emulation::enqueue(held, "spin", {}, [go] { while (__atomic_load_n(go, __ATOMIC_ACQUIRE) == 0) std::this_thread::yield(); }) ==
+          cudaSuccess);
+  cudaEvent_t after_spin = nullptr;
+  REQUIRE(cudaEventCreate(&after_spin) == cudaSuccess);
+  REQUIRE(cudaEventRecord(after_spin, held) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(freeing, after_spin, 0) == cudaSuccess);
+  REQUIRE(cudaFreeAsync(freed, freeing) == cudaSuccess);  // released; freed once the spin ends
+  opaque_word const word{reinterpret_cast<std::uintptr_t>(freed) + 64};  // any integer may look like that
+  CHECK(moecomm_emulation::launch(other, "opaque", word, [](opaque_word const&) {}) == cudaSuccess);
+  __atomic_store_n(go, 1, __ATOMIC_RELEASE);
+  for (cudaStream_t s : {held, freeing, other}) REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  auto const seen = moecomm_emulation::violations();
+  CHECK_MESSAGE(seen.empty(), "the emulation took a word for a use: ", seen.empty() ? "" : seen.front());
+  (void)cudaEventDestroy(after_spin);
+  for (cudaStream_t s : {held, freeing, other}) (void)cudaStreamDestroy(s);
+  (void)cudaFreeHost(go);
+  moecomm_emulation::clear_violations();
+}
+
 TEST_CASE("a kernel given another device's memory needs peer access, and its use is then ordered like a local one") {
   moecomm_emulation::clear_violations();
   int can = -1;

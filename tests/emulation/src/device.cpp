@@ -756,6 +756,7 @@ cudaError_t check_kernel_launch(cudaStream_t stream, char const* kernel, std::ve
       return fail(record_violation(out.str()));
     }
     if (!a->device || w >= a->base + a->bytes) continue;  // pinned host memory, or one past the end
+    if (!p.typed && a->released) continue;  // a word that may be no pointer: a stale one faults when touched
     if (a->dev != s->device) {
       if (!p.typed) continue;
       if (emu().peer_access.count({s->device, a->dev}) == 0) {

@@ -24,8 +24,12 @@ struct DeviceReduce {
     std::vector<moecomm_emulation::buffer_use> uses{
         {d_temp_storage, need, moecomm_emulation::access::write, "d_temp_storage"},
         {d_out, sizeof(Output), moecomm_emulation::access::write, "d_out"}};
-    cudaError_t const scanned = moecomm_emulation::check_kernel_launch(stream, "cub::DeviceReduce::TransformReduce",
-                                                                       moecomm_emulation::pointer_arguments(*args), uses);
+    // The functors' pointers, each found by type: the counting iterator is no aggregate, and a
+    // struct holding it would be read word by word, its padding taken for pointers.
+    std::vector<moecomm_emulation::detail::kernel_pointer> pointers = moecomm_emulation::pointer_arguments(transform_op);
+    for (auto const& p : moecomm_emulation::pointer_arguments(reduction_op)) pointers.push_back(p);
+    if constexpr (std::is_pointer_v<Input>) pointers.push_back({reinterpret_cast<std::uintptr_t>(d_in), moecomm_emulation::detail::kernel_pointer::unknown});
+    cudaError_t const scanned = moecomm_emulation::check_kernel_launch(stream, "cub::DeviceReduce::TransformReduce", pointers, uses);
     if (scanned != cudaSuccess) return scanned;
     return moecomm_emulation::enqueue(stream, "cub::DeviceReduce::TransformReduce", uses, [=] {
       T acc = init;
