@@ -180,6 +180,52 @@ TEST_CASE("a per-node deduplicated exchange moves one row per token and node bet
   CHECK(node_total < rank_total * 3 / 4);
 }
 
+// dedup_per_node's overlapped hops (each rank's tokens in `pieces` ranges, piece j's first hop and
+// piece j - 1's second in one exchange): any number of pieces, more than a rank's tokens included,
+// gives the oracle's bits, the same bytes and pieces + 1 row exchanges each way.
+TEST_CASE("dedup_per_node cut into any number of pieces equals the oracle, with the same bytes in pieces + 1 exchanges each way") {
+  for (int32_t const pieces : {1, 2, 3, 7, 64}) {
+    CAPTURE(pieces);
+    check_all_capacities<float>(layer_case{6, 2, 12, 5, 8, {25, 0, 31, 1, 18, 40}, 1.2}, moecomm::dedup_per_node{pieces});
+    check_all_capacities<float>(layer_case{8, 4, 16, 8, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 0.0}, moecomm::dedup_per_node{pieces});
+  }
+  layer_case const c{8, 4, 16, 4, 16, {40, 25, 0, 33, 17, 60, 9, 28}, 1.2};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false, sum_order::per_node);
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    int32_t const me = comm.rank();
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    auto const& r = in.routing[static_cast<std::size_t>(me)];
+    moecomm::routing_view const view{r.idx.data(), r.w.data(), r.tokens, r.top_k};
+    moecomm::matrix_view<float const> const x{in.x[static_cast<std::size_t>(me)].data(), r.tokens, c.hidden};
+    std::vector<float> out(static_cast<std::size_t>(r.tokens * c.hidden));
+    moecomm::alltoall_stats one_piece;
+    for (int32_t const pieces : {1, 5}) {
+      moecomm::expert_parallel_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::dedup_per_node>
+          layer(moecomm::host_backend{}, groups, c.experts, c.hidden, {}, moecomm::dedup_per_node{pieces});
+      layer.forward(view, x, {out.data(), r.tokens, c.hidden}, scale_experts<float>{me * 2});
+      check_bitwise(out, in.want[static_cast<std::size_t>(me)].out, c.hidden, "per-node output");
+      moecomm::alltoall_stats const& moved = layer.dispatch_state().report().exchange;
+      CHECK(moved.rounds == 2 * (pieces + 1));  // the dispatch's and the combine's
+      if (pieces == 1) one_piece = moved;
+      CHECK(moved.inter_bytes == one_piece.inter_bytes);
+      CHECK(moved.intra_bytes == one_piece.intra_bytes);
+    }
+  });
+}
+
+TEST_CASE("dedup_per_node with pieces < 1 is refused, naming the field") {
+  moecomm::inproc_world const world(2, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(2, 1));
+    auto make = [&] {
+      moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::dedup_per_node> d(
+          moecomm::host_backend{}, groups, 4, {}, moecomm::dedup_per_node{0});
+    };
+    CHECK_THROWS_WITH_AS(make(), doctest::Contains("algorithm.pieces = 0 must be at least 1"), moecomm::error);
+  });
+}
+
 TEST_CASE("the layer handles bf16 rows, an expert nobody uses and all tokens on one expert") {
   layer_case const skewed{8, 4, 16, 1, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 8.0};  // Zipf 8: almost all to expert 0
   check_all_capacities<__nv_bfloat16>(skewed, moecomm::hierarchical_2d{});

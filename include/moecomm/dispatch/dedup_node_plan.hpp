@@ -7,6 +7,14 @@
 //! node; hop 2 is the relay's `dedup_per_rank` inside its node over the rows it got, whose lists name
 //! each row's own source rank, so the experts see plain dispatch's layout. The combine's mirror sums
 //! per rank, then per node on the relay, then at the source.
+//!
+//! The hops overlap (DeepEP's internode pipeline): each rank's tokens are cut into `pieces` equal
+//! ranges, and one grouped exchange carries piece j's first hop together with piece j − 1's second
+//! (the relay forwards a piece while the next crosses between nodes); the way back mirrors it. The
+//! rows each rank sends each relay, and would send each rank directly, per piece, ride on the count
+//! all-gather, so every piece's sizes are known on every rank before a row moves. A relay keeps
+//! what it got piece-major (piece j of every source before piece j + 1), so that each piece it
+//! forwards is one contiguous block per destination rank.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/atomic.hpp>
@@ -29,18 +37,71 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-//! `counts[d]` += the tokens that have a slot on rank d (a row each, had they gone straight there).
-struct count_rows_per_rank {
+//! The piece of `pieces` equal token ranges that token t of `tokens` is in: piece j holds tokens
+//! `[j * tokens / pieces, (j + 1) * tokens / pieces)`.
+MOECOMM_HOST_DEVICE inline std::int64_t token_piece(std::int64_t t, std::int64_t tokens, std::int32_t pieces) {
+  return ((t + 1) * pieces - 1) / tokens;
+}
+
+//! `counts[j * R + d]` += the tokens of piece j that send rank d a row along `route` (with relays:
+//! the rows to each relay; without: the rows each rank would get had they gone straight there).
+struct count_rows_per_piece {
   std::int32_t const* idx;
-  dedup_route route;  //!< without relays
-  std::int32_t top_k;
+  dedup_route route;
+  std::int64_t tokens;
+  std::int32_t top_k, pieces, ranks;
   std::int32_t* counts;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t) const {
     std::int32_t const* ids = idx + t * top_k;
+    std::int32_t* const piece = counts + token_piece(t, tokens, pieces) * ranks;
     for (std::int32_t k = 0; k < top_k; ++k) {
       std::int32_t const d = route.destination(ids[k]);
-      if (d >= 0 && route.first_slot_to(d, ids) == k) atomic_add(&counts[d], 1);
+      if (d >= 0 && route.first_slot_to(d, ids) == k) atomic_add(&piece[d], 1);
     }
+  }
+};
+
+//! `to[i] = from[order[i]]` (or, `scatter`, `to[order[i]] = from[i]`), rows of `width` elements.
+template <class T>
+struct move_rows_by_index {
+  T const* from;
+  std::int32_t const* order;
+  std::int32_t width;
+  bool scatter;
+  T* to;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    std::int64_t const a = scatter ? i : order[i], b = scatter ? order[i] : i;
+    for (std::int32_t w = 0; w < width; ++w) to[b * width + w] = from[a * width + w];
+  }
+};
+
+//! One hop's rows per (piece, peer), both ways, and where each block lies: `out` in the forward
+//! sender's buffer (peer-major: a block per peer, its pieces in order), `in` in the forward
+//! receiver's (peer-major, or piece-major on a relay). Host tables, `[pieces][R]`.
+struct piece_hop {
+  std::vector<std::int64_t> out_rows, out_at, in_rows, in_at;
+
+  void clear(std::size_t cells) {
+    for (auto* v : {&out_rows, &out_at, &in_rows, &in_at}) v->assign(cells, 0);
+  }
+  //! The positions, once the rows are in.
+  void lay_out(std::int32_t pieces, std::int32_t ranks, bool in_piece_major) {
+    std::int64_t out = 0, in = 0;
+    for (std::int32_t p = 0; p < ranks; ++p)
+      for (std::int32_t j = 0; j < pieces; ++j) {
+        std::size_t const c = cell(j, p, ranks);
+        out_at[c] = out;
+        out += out_rows[c];
+      }
+    for (std::int32_t a = 0; a < (in_piece_major ? pieces : ranks); ++a)
+      for (std::int32_t b = 0; b < (in_piece_major ? ranks : pieces); ++b) {
+        std::size_t const c = in_piece_major ? cell(a, b, ranks) : cell(b, a, ranks);
+        in_at[c] = in;
+        in += in_rows[c];
+      }
+  }
+  [[nodiscard]] static std::size_t cell(std::int32_t piece, std::int32_t peer, std::int32_t ranks) {
+    return static_cast<std::size_t>(piece) * static_cast<std::size_t>(ranks) + static_cast<std::size_t>(peer);
   }
 };
 
@@ -50,6 +111,10 @@ struct count_rows_per_rank {
 template <class Backend>
 class dedup_node_plan {
  public:
+  //! Cuts each rank's tokens into `pieces` ranges whose hops overlap (1: store-and-forward). Before
+  //! `reserve`, the same on every rank. A step with home experts (`build_source`) runs as one piece.
+  void cut_into(std::int32_t pieces) { pieces_ = pieces; }
+
   //! This rank's side (hop 1's source map): as `dedup_plan::build_source`, the rows going to relays.
   //! Local.
   template <class Comm>
@@ -59,46 +124,69 @@ class dedup_node_plan {
     to_relay_.build_source(be, kept, home, num_experts, groups.world().size(), scratch);
   }
   //! `build_source` without home experts and without a host wait (`dedup_plan::enqueue_source`).
-  //! Besides the rows to each relay (`source_offsets()`), it counts the rows this rank's tokens
-  //! would send each rank directly (`direct_rows()`): from every rank's, each relay knows what it
-  //! forwards where, so hop 2 needs no count exchange of its own (`take_counts`).
+  //! Besides the rows to each relay (`source_offsets()`), it counts per piece the rows this rank's
+  //! tokens send each relay and would send each rank directly (`piece_rows()`): from every rank's,
+  //! each relay knows what it forwards where, piece by piece, so hop 2 needs no count exchange of
+  //! its own (`take_counts`).
   template <class Comm>
   void enqueue_source(Backend const& be, routing_view const& kept, std::int32_t num_experts, exchange_groups<Comm>& groups,
                       workspace<Backend>& scratch) {
     use_relays(be, groups);
     std::int32_t const ranks = groups.world().size();
     to_relay_.enqueue_source(be, kept, num_experts, ranks, scratch);
-    std::int32_t* const direct = grow(be, direct_rows_, ranks).data();
-    be.for_each_index(ranks, detail::fill_value<std::int32_t>{direct, 0});
-    be.for_each_index(kept.num_tokens, detail::count_rows_per_rank{kept.topk_idx, to_relay_.direct_route(), kept.top_k, direct});
+    std::int64_t const words = piece_words(ranks);
+    std::int32_t* rows = grow(be, piece_rows_, words).data();
+    be.for_each_index(words, detail::fill_value<std::int32_t>{rows, 0});
+    for (detail::dedup_route const& route : {to_relay_.sent_route(), to_relay_.direct_route()}) {
+      be.for_each_index(kept.num_tokens, detail::count_rows_per_piece{kept.topk_idx, route, kept.num_tokens, kept.top_k, pieces_, ranks, rows});
+      rows += words / 2;
+    }
     hop2_from_counts_ = true;
   }
   [[nodiscard]] std::int32_t const* source_offsets() const { return to_relay_.source_offsets(); }
-  //! `[R]` device counts of `enqueue_source`: the rows this rank's tokens would send each rank directly.
-  [[nodiscard]] std::int32_t const* direct_rows() const { return direct_rows_.data(); }
+  //! `[2][pieces][R]` device counts of `enqueue_source`: the rows this rank's tokens of each piece
+  //! send each relay, then those they would send each rank directly.
+  [[nodiscard]] std::int32_t const* piece_rows() const { return piece_rows_.data(); }
+  [[nodiscard]] std::int64_t piece_words(std::int32_t ranks) const { return 2 * std::int64_t{pieces_} * ranks; }
   template <class Comm>
   void gather_counts(Comm& comm) {
     to_relay_.gather_counts(comm);
   }
-  //! Rank s's rows to each relay at `all + s * stride`, and after `enqueue_source` its direct rows
-  //! R words later: hop 2's counts follow from them (relay r forwards to rank d of its node the rows
-  //! of every rank with r's local index).
+  //! Rank s's rows to each relay at `all + s * stride`, and after `enqueue_source` its `piece_rows()`
+  //! R words later: both hops' sizes per piece follow from them (relay r forwards to rank d of its
+  //! node the rows of every rank with r's local index).
   template <class Comm>
   void take_counts(Backend const& be, std::int64_t const* all, std::int64_t stride, exchange_groups<Comm>& groups) {
     topology const& topo = groups.topo();
-    std::int32_t const ranks = topo.num_ranks(), me = groups.world().rank();
+    std::int32_t const ranks = topo.num_ranks(), me = groups.world().rank(), pieces = pieces_;
     to_relay_.take_counts(be, all, stride, me);
     if (!hop2_from_counts_) return;
+    auto const cells = static_cast<std::size_t>(pieces) * static_cast<std::size_t>(ranks);
+    hop1_.clear(cells);
+    hop2_.clear(cells);
     hop2_counts_.assign(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks), 0);
-    for (std::int32_t s = 0; s < ranks; ++s)
-      for (std::int32_t d = 0; d < ranks; ++d) {
-        std::int32_t const relay = topo.rank_at(topo.node_of(d), topo.local_of(s));
-        hop2_counts_[static_cast<std::size_t>(relay) * ranks + d] += all[s * stride + ranks + d];
-      }
+    for (std::int32_t s = 0; s < ranks; ++s) {
+      std::int64_t const* const to_relays = all + s * stride + ranks;
+      std::int64_t const* const direct = to_relays + cells;
+      for (std::int32_t j = 0; j < pieces; ++j)
+        for (std::int32_t d = 0; d < ranks; ++d) {
+          std::size_t const c = detail::piece_hop::cell(j, d, ranks);
+          if (s == me) hop1_.out_rows[c] = to_relays[c];
+          if (d == me) hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)] = to_relays[c];
+          std::int32_t const relay = topo.rank_at(topo.node_of(d), topo.local_of(s));
+          hop2_counts_[static_cast<std::size_t>(relay) * ranks + d] += direct[c];
+          if (relay == me) hop2_.out_rows[c] += direct[c];
+          if (d == me) hop2_.in_rows[detail::piece_hop::cell(j, relay, ranks)] += direct[c];
+        }
+    }
+    pieces_now_ = pieces;
+    hop1_.lay_out(pieces, ranks, true);
+    hop2_.lay_out(pieces, ranks, false);
   }
 
-  //! Hop 1's lists reach the relays; each relay builds hop 2 over the rows it got (its counts
-  //! all-gathered in its node) and hop 2's lists reach the experts' ranks. Collective.
+  //! Hop 1's lists reach the relays; each relay builds hop 2 over the rows it got, piece-major (its
+  //! counts known from `take_counts`, or all-gathered in its node) and hop 2's lists reach the
+  //! experts' ranks. Collective.
   //! `chunk_rows`: as `dedup_plan::build_receive`'s, for hop 2's receive map (its lists name each
   //! row's own source rank, so the counts are the source ranks' own).
   template <class Comm, class Algorithm>
@@ -106,12 +194,18 @@ class dedup_node_plan {
                      alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch,
                      std::int64_t const* chunk_rows = nullptr) {
     detail::require_no_padded_home(padded_capacity, to_relay_.has_home());
-    routing_view const at_relay = to_relay_.exchange_lists(be, groups, algorithm, stats, exchange_scratch);
     std::int32_t const ranks = groups.world().size(), me = groups.world().rank();
-    origin_table_.clear();  // the source rank of each row this relay got: they arrive by source rank
-    for (std::int32_t s = 0; s < ranks; ++s) origin_table_.insert(origin_table_.end(), static_cast<std::size_t>(to_relay_.rows_between(s, me)), s);
-    std::int64_t const relayed = at_relay.num_tokens;
-    be.copy(grow(be, origin_, relayed).data(), origin_table_.data(), relayed);
+    routing_view at_relay = to_relay_.exchange_lists(be, groups, algorithm, stats, exchange_scratch);  // by source rank
+    if (!hop2_from_counts_) {  // home experts: one piece, its hop 1 from the counts gathered
+      pieces_now_ = 1;
+      hop1_.clear(static_cast<std::size_t>(ranks));
+      for (std::int32_t p = 0; p < ranks; ++p) {
+        hop1_.out_rows[static_cast<std::size_t>(p)] = to_relay_.rows_between(me, p);
+        hop1_.in_rows[static_cast<std::size_t>(p)] = to_relay_.rows_between(p, me);
+      }
+      hop1_.lay_out(1, ranks, true);
+    }
+    at_relay = piece_major(be, at_relay, ranks);
     if (hop2_from_counts_) {  // hop 2's counts are known: its map is built without a wait
       from_relay_.enqueue_source(be, at_relay, to_relay_.num_experts(), ranks, scratch);
       from_relay_.take_counts(be, hop2_counts_.data(), ranks, me);
@@ -119,6 +213,12 @@ class dedup_node_plan {
     } else {
       from_relay_.build_source(be, at_relay, {}, to_relay_.num_experts(), ranks, scratch);
       from_relay_.gather_counts_in_node(groups);  // hop 2 stays inside the node
+      hop2_.clear(static_cast<std::size_t>(ranks));
+      for (std::int32_t p = 0; p < ranks; ++p) {
+        hop2_.out_rows[static_cast<std::size_t>(p)] = from_relay_.rows_between(me, p);
+        hop2_.in_rows[static_cast<std::size_t>(p)] = from_relay_.rows_between(p, me);
+      }
+      hop2_.lay_out(1, ranks, false);
     }
     from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, chunk_rows,
                               origin_.data());
@@ -137,10 +237,16 @@ class dedup_node_plan {
     to_relay_.reserve(be, largest, num_experts, ranks, relayed, scratch);
     detail::largest_routing<Backend> const at_relay(be, relayed, top_k, num_experts);
     from_relay_.reserve(be, at_relay.view(), num_experts, ranks, received_rows, scratch);
+    auto const cells = static_cast<std::size_t>(pieces_) * static_cast<std::size_t>(ranks);
+    for (detail::piece_hop* hop : {&hop1_, &hop2_}) hop->clear(cells);
     origin_table_.reserve(static_cast<std::size_t>(relayed));
+    order_table_.reserve(static_cast<std::size_t>(relayed));
     hop2_counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));
-    grow(be, direct_rows_, ranks);
+    grow(be, piece_rows_, piece_words(ranks));
     grow(be, origin_, relayed);
+    grow(be, order_, relayed);
+    for (auto* b : {&relay_weights_, &relay_grads_}) grow(be, *b, relayed * top_k);
+    grow(be, relay_idx_, relayed * top_k);
     grow(be, relay_rows_, relayed * row_bytes);
     grow(be, relay_sent_, relayed * std::min(top_k, topo.ranks_per_node()) * row_bytes);
     be.synchronize();  // `at_relay` goes
@@ -153,39 +259,59 @@ class dedup_node_plan {
   [[nodiscard]] std::int64_t received_rows() const { return from_relay_.received_rows(); }
 
   //! This rank's source rows -> the relays, which forward them (a copy per destination rank) -> the
-  //! experts' ranks (`arrived`, by relay). Collective.
+  //! experts' ranks (`arrived`, by relay): piece j's first hop and piece j − 1's second in one
+  //! grouped exchange, the relay's copies of piece j − 1 made before it. Collective.
   template <class T, class Comm, class Algorithm>
-  void forward_rows(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, char const* sent, char* arrived,
+  void forward_rows(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& /*algorithm*/, char const* sent, char* arrived,
                     std::int64_t hidden, alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch) {
     auto const [relayed, forwarded] = relay_buffers<T>(be, hidden);
-    to_relay_.template forward_rows<T>(be, groups, algorithm, sent, reinterpret_cast<char*>(relayed.data), hidden, stats,
-                                       exchange_scratch);
-    permute(be, from_relay_.source(), matrix_view<T const>(relayed), forwarded);
-    from_relay_.template forward_rows<T>(be, groups, algorithm, reinterpret_cast<char const*>(forwarded.data), arrived, hidden,
-                                         stats, exchange_scratch);
+    auto* const relay_in = reinterpret_cast<char*>(relayed.data);
+    auto* const relay_out = reinterpret_cast<char*>(forwarded.data);
+    for (std::int32_t step = 0; step <= pieces_now_; ++step) {
+      if (step > 0) {
+        auto const [first, count] = relayed_piece(step - 1, groups.world().size());
+        detail::scatter_token_rows(be, from_relay_.source(), matrix_view<T const>(relayed), forwarded, first, count);
+      }
+      exchange_scratch.clear_messages();
+      if (step < pieces_now_) add_piece(be, groups, hop1_, step, sent, relay_in, relayed.row_bytes(), false, stats, exchange_scratch);
+      if (step > 0) add_piece(be, groups, hop2_, step - 1, relay_out, arrived, relayed.row_bytes(), false, stats, exchange_scratch);
+      run_piece_exchange(be, groups, stats, exchange_scratch);
+    }
   }
   //! The way back: each received row's sum (`sums`) -> the relays, which add a token's rows from
-  //! their node in first-slot order and round once -> the source's sent rows (`back`). Collective.
+  //! their node in first-slot order and round once -> the source's sent rows (`back`); piece j's
+  //! second hop back and piece j − 1's first in one grouped exchange. Collective.
   template <class T, class Comm, class Algorithm>
-  void return_rows(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, char const* sums, char* back,
+  void return_rows(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& /*algorithm*/, char const* sums, char* back,
                    std::int64_t hidden, alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch) {
     auto const [relayed, forwarded] = relay_buffers<T>(be, hidden);
-    from_relay_.template return_rows<T>(be, groups, algorithm, sums, reinterpret_cast<char*>(forwarded.data), hidden, stats,
-                                        exchange_scratch);
-    unpermute<unweighted>(be, from_relay_.source(), matrix_view<T const>(forwarded), relayed);
-    to_relay_.template return_rows<T>(be, groups, algorithm, reinterpret_cast<char const*>(relayed.data), back, hidden, stats,
-                                      exchange_scratch);
+    auto* const relay_in = reinterpret_cast<char*>(relayed.data);
+    auto* const relay_out = reinterpret_cast<char*>(forwarded.data);
+    for (std::int32_t step = 0; step <= pieces_now_; ++step) {
+      exchange_scratch.clear_messages();
+      if (step < pieces_now_) add_piece(be, groups, hop2_, step, sums, relay_out, relayed.row_bytes(), true, stats, exchange_scratch);
+      if (step > 0) add_piece(be, groups, hop1_, step - 1, relay_in, back, relayed.row_bytes(), true, stats, exchange_scratch);
+      run_piece_exchange(be, groups, stats, exchange_scratch);
+      if (step < pieces_now_) {
+        auto const [first, count] = relayed_piece(step, groups.world().size());
+        detail::combine_token_rows<false>(be, from_relay_.source(), matrix_view<T const>(forwarded), relayed, first, count);
+      }
+    }
   }
 
   float* receiver_weight_grads(Backend const& be) { return from_relay_.receiver_weight_grads(be); }
-  //! The receivers' dots -> the relays, which gather them per slot of the rows they got -> the
-  //! sources. Collective.
+  //! The receivers' dots -> the relays, which gather them per slot of the rows they got (piece-major,
+  //! put back by source for hop 1) -> the sources. Collective.
   template <class Comm, class Algorithm>
   void return_weight_grads(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, alltoall_stats& stats,
                            alltoall_workspace<Backend>& exchange_scratch, float const* home_grads, array_view<float> d_weights) {
-    std::int64_t const relayed_slots = from_relay_.source().routing().num_tokens * from_relay_.source().routing().top_k;
-    from_relay_.return_weight_grads(be, groups, algorithm, stats, exchange_scratch, nullptr,
-                                    array_view<float>{to_relay_.receiver_weight_grads(be), relayed_slots});
+    routing_view const& at_relay = from_relay_.source().routing();
+    std::int64_t const relayed_slots = at_relay.num_tokens * at_relay.top_k;
+    float* const by_source = to_relay_.receiver_weight_grads(be);
+    float* const gathered = pieces_now_ > 1 ? grow(be, relay_grads_, relayed_slots).data() : by_source;
+    from_relay_.return_weight_grads(be, groups, algorithm, stats, exchange_scratch, nullptr, array_view<float>{gathered, relayed_slots});
+    if (pieces_now_ > 1)
+      be.for_each_index(at_relay.num_tokens, detail::move_rows_by_index<float>{gathered, order_.data(), at_relay.top_k, true, by_source});
     to_relay_.return_weight_grads(be, groups, algorithm, stats, exchange_scratch, home_grads, d_weights);
   }
 
@@ -202,6 +328,74 @@ class dedup_node_plan {
     relays_set_ = true;
   }
 
+  //! The lists a relay got (by source rank) as it keeps its rows: piece-major, piece j of every
+  //! source before piece j + 1 (the same order with one piece); and each row's source rank.
+  routing_view piece_major(Backend const& be, routing_view const& by_source, std::int32_t ranks) {
+    std::int64_t const relayed = by_source.num_tokens;
+    origin_table_.clear();
+    for (std::int32_t j = 0; j < pieces_now_; ++j)
+      for (std::int32_t s = 0; s < ranks; ++s)
+        origin_table_.insert(origin_table_.end(), static_cast<std::size_t>(hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)]), s);
+    be.copy(grow(be, origin_, relayed).data(), origin_table_.data(), relayed);
+    if (pieces_now_ == 1) return by_source;
+    order_table_.assign(static_cast<std::size_t>(relayed), 0);
+    std::int64_t at = 0;  // by source: each source's pieces in order
+    for (std::int32_t s = 0; s < ranks; ++s)
+      for (std::int32_t j = 0; j < pieces_now_; ++j) {
+        std::size_t const c = detail::piece_hop::cell(j, s, ranks);
+        for (std::int64_t r = 0; r < hop1_.in_rows[c]; ++r)
+          order_table_[static_cast<std::size_t>(hop1_.in_at[c] + r)] = static_cast<std::int32_t>(at++);
+      }
+    be.copy(grow(be, order_, relayed).data(), order_table_.data(), relayed);
+    std::int32_t const top_k = by_source.top_k;
+    std::int32_t* const idx = grow(be, relay_idx_, relayed * top_k).data();
+    float* const weights = grow(be, relay_weights_, relayed * top_k).data();
+    be.for_each_index(relayed, detail::move_rows_by_index<std::int32_t>{by_source.topk_idx, order_.data(), top_k, false, idx});
+    be.for_each_index(relayed, detail::move_rows_by_index<float>{by_source.topk_weights, order_.data(), top_k, false, weights});
+    return {idx, weights, relayed, top_k};
+  }
+
+  //! The relay's rows of piece j: `[first, first + count)` of what it got.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> relayed_piece(std::int32_t j, std::int32_t ranks) const {
+    std::int64_t count = 0;
+    for (std::int32_t s = 0; s < ranks; ++s) count += hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)];
+    return {hop1_.in_at[detail::piece_hop::cell(j, 0, ranks)], count};
+  }
+
+  //! Piece j of `hop` joins the step's messages: forward, `from` is the sender's buffer and `to` the
+  //! receiver's; `back`, the other way (`from` the receiver's, `to` the sender's). The block to itself
+  //! is a copy.
+  template <class Comm>
+  void add_piece(Backend const& be, exchange_groups<Comm>& groups, detail::piece_hop const& hop, std::int32_t j, char const* from,
+                 char* to, std::int64_t row_bytes, bool back, alltoall_stats& stats, alltoall_workspace<Backend>& scratch) const {
+    std::int32_t const ranks = groups.world().size(), me = groups.world().rank();
+    std::vector<std::int64_t> const& send_rows = back ? hop.in_rows : hop.out_rows;
+    std::vector<std::int64_t> const& send_at = back ? hop.in_at : hop.out_at;
+    std::vector<std::int64_t> const& recv_rows = back ? hop.out_rows : hop.in_rows;
+    std::vector<std::int64_t> const& recv_at = back ? hop.out_at : hop.in_at;
+    for (std::int32_t p = 0; p < ranks; ++p) {
+      std::size_t const c = detail::piece_hop::cell(j, p, ranks);
+      char const* const send = from + send_at[c] * row_bytes;
+      char* const recv = to + recv_at[c] * row_bytes;
+      if (p == me) {
+        be.copy(recv, send, send_rows[c] * row_bytes);
+        continue;
+      }
+      if (send_rows[c] > 0) scratch.sends.push_back({p, send, send_rows[c] * row_bytes});
+      if (recv_rows[c] > 0) scratch.recvs.push_back({p, recv, recv_rows[c] * row_bytes});
+      stats.record(groups.topo(), me, p, send_rows[c] * row_bytes);
+    }
+  }
+  //! One grouped exchange of the step's messages: a hop between nodes and one inside them have no
+  //! peer in common, so each peer has one block each way.
+  template <class Comm>
+  static void run_piece_exchange(Backend const& be, exchange_groups<Comm>& groups, alltoall_stats& stats,
+                                 alltoall_workspace<Backend>& scratch) {
+    detail::require_one_stream(be, groups.world(), "dedup_per_node");
+    detail::exchange_in_stream_order(groups.world(), scratch.sends, scratch.recvs);
+    stats.rounds += 1;
+  }
+
   //! The relay's rows: those hop 1 brought (or hop 2's sums), and hop 2's copies.
   template <class T>
   std::pair<matrix_view<T>, matrix_view<T>> relay_buffers(Backend const& be, std::int64_t hidden) {
@@ -212,12 +406,17 @@ class dedup_node_plan {
   }
 
   dedup_plan<Backend> to_relay_, from_relay_;
+  std::int32_t pieces_ = 1;      //!< `cut_into`'s
+  std::int32_t pieces_now_ = 1;  //!< this step's: `pieces_`, or 1 with home experts
   bool relays_set_ = false;
-  bool hop2_from_counts_ = false;       //!< `take_counts` gave hop 2's counts (`enqueue_source`)
+  bool hop2_from_counts_ = false;  //!< `take_counts` gave hop 2's counts (`enqueue_source`)
+  detail::piece_hop hop1_, hop2_;  //!< this rank's rows per piece and peer, and where they lie
   std::vector<std::int64_t> hop2_counts_;  //!< [R][R] rows each relay forwards each rank
-  typename Backend::template buffer_type<std::int32_t> direct_rows_;
-  std::vector<std::int32_t> origin_table_;  //!< [rows this relay got] their source ranks
-  typename Backend::template buffer_type<std::int32_t> origin_;
+  typename Backend::template buffer_type<std::int32_t> piece_rows_;
+  std::vector<std::int32_t> origin_table_;  //!< [rows this relay got] their source ranks, piece-major
+  std::vector<std::int32_t> order_table_;   //!< [rows this relay got] piece-major -> by-source row
+  typename Backend::template buffer_type<std::int32_t> origin_, order_, relay_idx_;
+  typename Backend::template buffer_type<float> relay_weights_, relay_grads_;
   typename Backend::template buffer_type<char> relay_rows_, relay_sent_;
 };
 

@@ -195,6 +195,8 @@ class dedup_plan {
                       workspace<Backend>& scratch) {
     enqueue_source(be, kept, num_experts, groups.world().size(), scratch);
   }
+  //! Where each slot's row goes (to a relay, when set), after a `build_source`.
+  [[nodiscard]] detail::dedup_route sent_route() const { return route(); }
   //! Where each slot's row would go without relays, over the same home experts (after a `build_source`).
   [[nodiscard]] detail::dedup_route direct_route() const {
     return {home_index_.data(), nullptr, num_experts(), local_experts()};

@@ -54,29 +54,31 @@ struct relabel_experts {
 };
 
 //! A rank's row of an all-gather, after its head (host values the caller copies in first, such as a
-//! capacity agreement's fields): `[E counts][R dedup counts][R direct counts][top_k][first bad
+//! capacity agreement's fields): `[E counts][R dedup counts][piece counts][top_k][first bad
 //! slot][ids out of range]`, the dedup counts only with a deduplicated exchange whose source map
-//! rides along, the direct counts only per node, top_k only deduplicated. The counts come from the
+//! rides along, the piece counts (`dedup_node_plan::piece_rows`) only per node, top_k only
+//! deduplicated. The counts come from the
 //! plans' device offsets; the two status words from a plan whose value scan is still on the device
 //! (`status`: the first bad slot, or `slots` when none, and the ids out of range), else -1 and 0.
 struct pack_count_row {
   std::int32_t const* expert_offsets;  //!< `[E + 1]`
   std::int32_t num_experts;
   std::int32_t const* rank_offsets;  //!< `[R + 1]` the deduplicated rows to each rank (or relay), or null
-  std::int32_t const* direct_rows;   //!< `[R]` `dedup_node_plan::direct_rows`, or null
+  std::int32_t const* piece_rows;    //!< `dedup_node_plan::piece_rows`, or null
+  std::int64_t piece_words;          //!< their number, or 0
   std::int32_t ranks;                //!< R with `rank_offsets`, else 0
   std::int64_t top_k;                //!< written after them with a deduplicated exchange, else -1: not written
   std::int64_t const* status;        //!< `[2]`, or null
   std::int64_t slots;
   std::int64_t* row;  //!< where the counts start
   [[nodiscard]] MOECOMM_HOST_DEVICE std::int64_t words() const {
-    return num_experts + ranks * (direct_rows != nullptr ? 2 : 1) + (top_k >= 0 ? 1 : 0) + 2;
+    return num_experts + ranks + piece_words + (top_k >= 0 ? 1 : 0) + 2;
   }
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
-    std::int64_t const status_at = words() - 2, direct_at = num_experts + ranks;
+    std::int64_t const status_at = words() - 2, pieces_at = num_experts + ranks;
     if (i < num_experts) row[i] = expert_offsets[i + 1] - expert_offsets[i];
-    else if (i < direct_at) row[i] = rank_offsets[i - num_experts + 1] - rank_offsets[i - num_experts];
-    else if (direct_rows != nullptr && i < direct_at + ranks) row[i] = direct_rows[i - direct_at];
+    else if (i < pieces_at) row[i] = rank_offsets[i - num_experts + 1] - rank_offsets[i - num_experts];
+    else if (i < pieces_at + piece_words) row[i] = piece_rows[i - pieces_at];
     else if (i < status_at) row[i] = top_k;
     else if (i == status_at) row[i] = status != nullptr && status[0] < slots ? status[0] : -1;
     else row[i] = status != nullptr ? status[1] : 0;
@@ -143,6 +145,10 @@ class dispatcher {
     detail::require(num_experts > 0 && num_experts % ranks_ == 0, "dispatcher", "num_experts = ", num_experts,
                     " must be a positive multiple of the ", ranks_, " ranks");
     local_experts_ = num_experts / ranks_;
+    if constexpr (std::is_same_v<Algorithm, dedup_per_node>) {
+      detail::require(algorithm_.pieces >= 1, "dispatcher", "algorithm.pieces = ", algorithm_.pieces, " must be at least 1 (dedup_per_node)");
+      dedup_.cut_into(algorithm_.pieces);
+    }
     // Ranks with different algorithms would exchange rows their peers do not expect.
     std::vector<std::int64_t> all;
     detail::agree_on_text(groups.world(), "dispatcher", "on the exchange algorithm", algorithm_label(), all);
@@ -490,7 +496,7 @@ class dispatcher {
   //! The widest gathered row (`gather_row`), and before it the status words of a plan whose value
   //! scan is still on the device: device memory kept between steps.
   std::int64_t* status_words() {
-    return grow(be_, count_row_, 2 + max_head_words + std::int64_t{num_experts_} + 2 * ranks_ + 3).data();
+    return grow(be_, count_row_, 2 + static_cast<std::int64_t>(max_row_words())).data();
   }
 
   void require_routed(char const* op) const {
@@ -678,8 +684,8 @@ class dispatcher {
     auto const R = static_cast<std::size_t>(ranks_), E = static_cast<std::size_t>(num_experts_),
                L = static_cast<std::size_t>(local_experts_);
     counts_.reserve(R * E);
-    gathered_.reserve(R * (max_head_words + E + 2 * R + 3));
-    row_staging_.reserve(max_head_words + E + 2 * R + 3);
+    gathered_.reserve(R * max_row_words());
+    row_staging_.reserve(max_row_words());
     (void)status_words();
     chunk_counts_.reserve(R * L);
     receive_chunks_.reserve(R * L);
@@ -802,10 +808,17 @@ class dispatcher {
   }
 
   //! The algorithm's name, with its inner algorithm's for `dedup_per_rank<Inner>`.
-  static std::string algorithm_label() {
-    if constexpr (detail::is_dedup_v<Algorithm> && !std::is_same_v<Algorithm, dedup_per_node>)
-      return detail::concat(Algorithm::name, "<", decltype(Algorithm::inner)::name, ">");
+  [[nodiscard]] std::string algorithm_label() const {
+    if constexpr (std::is_same_v<Algorithm, dedup_per_node>) return detail::concat(Algorithm::name, "{pieces = ", algorithm_.pieces, "}");
+    else if constexpr (detail::is_dedup_v<Algorithm>) return detail::concat(Algorithm::name, "<", decltype(Algorithm::inner)::name, ">");
     else return Algorithm::name;
+  }
+  //! The widest row `gather_row` gathers: a head, E counts, R dedup counts, `dedup_per_node`'s
+  //! piece counts, top_k and the two status words.
+  [[nodiscard]] std::size_t max_row_words() const {
+    std::size_t pieces = 0;
+    if constexpr (std::is_same_v<Algorithm, dedup_per_node>) pieces = static_cast<std::size_t>(dedup_.piece_words(ranks_));
+    return max_head_words + static_cast<std::size_t>(num_experts_) + static_cast<std::size_t>(ranks_) + pieces + 3;
   }
 
   //! With a deduplicated exchange, every rank routes with the same top_k: a receiver reads each
@@ -944,11 +957,13 @@ class dispatcher {
                     plan.host_expert_offsets().size, " host offsets for ", num_experts_, " experts (was it built?)");
     routing_view const& routing = plan.routing();
     std::int64_t* const scan = status_words();  // what the plan's value scan left
-    std::int32_t const* direct_rows = nullptr;
-    if constexpr (std::is_same_v<Algorithm, dedup_per_node>) direct_rows = with_dedup_counts ? dedup_.direct_rows() : nullptr;
+    std::int32_t const* piece_rows = nullptr;
+    std::int64_t piece_words = 0;
+    if constexpr (std::is_same_v<Algorithm, dedup_per_node>)
+      if (with_dedup_counts) piece_rows = dedup_.piece_rows(), piece_words = dedup_.piece_words(ranks_);
     std::int64_t* const row = scan + 2;
     detail::pack_count_row const pack{plan.expert_offsets(), num_experts_, with_dedup_counts ? dedup_.source_offsets() : nullptr,
-                                      direct_rows, with_dedup_counts ? ranks_ : 0, deduplicated ? routing.top_k : -1,
+                                      piece_rows, piece_words, with_dedup_counts ? ranks_ : 0, deduplicated ? routing.top_k : -1,
                                       verdict ? scan : nullptr, routing.num_tokens * routing.top_k, row + head.size};
     std::int64_t const width = head.size + pack.words();
     if (head.size > 0) be_.copy(row, head.data, head.size);  // from pageable memory: read when the copy is enqueued

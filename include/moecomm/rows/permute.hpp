@@ -43,6 +43,20 @@ struct scatter_slot_weight_grads {
   }
 };
 
+//! `permute`'s row move for the plan's tokens `[first, first + count)` alone: each writes its
+//! slots' rows of `out` (a relay forwarding one piece of what it got: `dedup_node_plan`).
+template <class Backend, class T>
+void scatter_token_rows(Backend const& be, permute_plan<Backend> const& plan, matrix_view<T const> x, matrix_view<T> out,
+                        std::int64_t first, std::int64_t count) {
+  std::int32_t const top_k = plan.routing().top_k;
+  T const* const from = x.data + first * x.hidden;
+  with_fragment_width<T>(x.hidden, {from, out.data}, [&](auto width) {
+    be.for_each_row(count, scatter_rows_kernel<T, decltype(width)::value, false>{
+                               from, out.data, x.hidden, plan.row_of() + first * top_k, top_k, nullptr,
+                               plan.num_rows() * out.row_bytes() >= streaming_store_min_bytes});
+  });
+}
+
 }  // namespace detail
 
 //! Copies each kept slot's token row to its expert-major row: `out[r] = x[token_of[r]]`, bit for
@@ -68,11 +82,9 @@ void permute(Backend const& be, permute_plan<Backend> const& plan, matrix_view<s
   }
   // Each token row is read once and written to its slots' rows (one pass over x, not K); a padded
   // plan's tail rows, which no slot maps to, are zeroed apart.
-  detail::with_fragment_width<T>(x.hidden, {x.data, out.data}, [&](auto width) {
-    constexpr int n = decltype(width)::value;
-    be.for_each_row(tokens, detail::scatter_rows_kernel<T, n, false>{x.data, out.data, x.hidden, plan.row_of(), plan.routing().top_k,
-                                                                     nullptr, rows * out.row_bytes() >= detail::streaming_store_min_bytes});
-    detail::zero_padding_rows<T, n>(be, plan, out);
+  detail::scatter_token_rows(be, plan, x, out, 0, tokens);
+  detail::with_fragment_width<T>(out.hidden, {x.data, out.data}, [&](auto width) {
+    detail::zero_padding_rows<T, decltype(width)::value>(be, plan, out);
   });
   if (out_weights.wanted())
     be.for_each_index(rows, detail::gather_slot_weights{plan.routing().topk_weights, plan.token_of(), plan.slot_of(),

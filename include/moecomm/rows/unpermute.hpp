@@ -31,6 +31,22 @@ constexpr bool is_weighted() {
                 "moecomm: the combine policy must be moecomm::weighted or moecomm::unweighted");
   return std::is_same_v<Weighting, weighted>;
 }
+
+//! `unpermute`'s row sums for the plan's tokens `[first, first + count)` alone (a relay summing one
+//! piece of what it got: `dedup_node_plan`).
+template <bool Weighted, class Backend, class T>
+void combine_token_rows(Backend const& be, permute_plan<Backend> const& plan, matrix_view<T const> y, matrix_view<T> out,
+                        std::int64_t first, std::int64_t count) {
+  std::int32_t const top_k = plan.routing().top_k;
+  float const* const weights = Weighted ? plan.routing().topk_weights + first * top_k : nullptr;
+  T* const to = out.data + first * out.hidden;
+  with_fragment_width<T>(out.hidden, {y.data, to}, [&](auto width) {
+    be.for_each_row(count, combine_rows_kernel<T, decltype(width)::value, Weighted>{
+                               y.data, to, out.hidden, plan.row_of() + first * top_k, weights, top_k,
+                               count * out.row_bytes() >= streaming_store_min_bytes, count});
+  });
+}
+
 }  // namespace detail
 
 //! `out[t] = round(sum over valid k, ascending, of w[t][k] * y[row_of[t][k]])` in fp32 with an
@@ -53,13 +69,7 @@ void unpermute(Backend const& be, permute_plan<Backend> const& plan, matrix_view
   detail::require(!is_weighted || tokens == 0 || plan.routing().topk_weights != nullptr, op,
                   "the weighted combine needs topk_weights, but the plan's routing has none "
                   "(use moecomm::unweighted for a plain sum)");
-  detail::with_fragment_width<T>(out.hidden, {y.data, out.data}, [&](auto width) {
-    constexpr int n = decltype(width)::value;
-    be.for_each_row(tokens, detail::combine_rows_kernel<T, n, is_weighted>{
-                                y.data, out.data, out.hidden, plan.row_of(), plan.routing().topk_weights,
-                                plan.routing().top_k,
-                                tokens * out.row_bytes() >= detail::streaming_store_min_bytes, tokens});
-  });
+  detail::combine_token_rows<is_weighted>(be, plan, y, out, 0, tokens);
 }
 
 namespace detail {

@@ -11,15 +11,24 @@
 #include <moecomm/collectives/alltoall/dedup_per_rank.hpp>
 #include <moecomm/collectives/alltoall/flat.hpp>
 
+#include <cstdint>
 #include <type_traits>
 
 MOECOMM_NAMESPACE_BEGIN
 
 //! One row per (token, destination node) between nodes, one per (token, destination rank) inside a
-//! node. Both hops are one grouped exchange each (`flat`): the first only between ranks of equal
-//! local index (and the self-copy), the second only inside nodes.
+//! node. The hops overlap: each rank's tokens are cut into `pieces` ranges, and one grouped exchange
+//! carries piece j's first hop (between ranks of equal local index, and the self-copy) with piece
+//! j − 1's second (inside nodes), so a relay forwards a piece while the next crosses between nodes
+//! (DeepEP's internode pipeline; `pieces + 1` exchanges each way). `pieces = 1` is store-and-forward:
+//! the second hop starts when the first has ended. A step with home experts (FasterMoE's shadowing)
+//! runs as one piece.
 struct dedup_per_node : detail::dedup_exchange<flat> {
   static constexpr char const* name = "dedup_per_node";
+  std::int32_t pieces = 4;  //!< token ranges per step whose hops overlap; the same on every rank
+
+  constexpr dedup_per_node() = default;
+  constexpr explicit dedup_per_node(std::int32_t token_pieces) : pieces(token_pieces) {}
 };
 
 namespace detail {
