@@ -557,7 +557,8 @@ struct exchange_times {
 
 template <class Algorithm>
 exchange_times simulate_exchange(moecomm::simulated_platform const& platform, std::int32_t n, std::vector<rank_routing> const& routing,
-                                 std::int32_t experts, moecomm::simulated_backend<> const& be, std::int64_t real_hidden) {
+                                 std::int32_t experts, moecomm::simulated_backend<> const& be, std::int64_t real_hidden,
+                                 Algorithm const& algorithm = {}) {
   using comm_t = moecomm::simgrid_communicator;
   step_span dispatch_span(n), route_span(n), combine_span(n);
   exchange_times times;
@@ -565,7 +566,7 @@ exchange_times simulate_exchange(moecomm::simulated_platform const& platform, st
   world.run([&](comm_t comm) {
     auto const me = static_cast<std::size_t>(comm.rank());
     moecomm::exchange_groups<comm_t> groups(comm, moecomm::topology(n, platform.gpus_per_node()));
-    moecomm::dispatcher<moecomm::simulated_backend<>, comm_t, moecomm::dropless, Algorithm> d(be, groups, experts);
+    moecomm::dispatcher<moecomm::simulated_backend<>, comm_t, moecomm::dropless, Algorithm> d(be, groups, experts, {}, algorithm);
     std::int64_t const tokens = routing[me].tokens;
     std::vector<float> const x = random_rows(tokens * real_hidden, 400 + me);
     std::vector<float> out(x.size());

@@ -11,12 +11,13 @@
 //!   gathered buffer);
 //!   both with algbw = S / time and busbw = algbw · (n − 1) / n (nccl-tests' factor for both), for
 //!   n = 8 (one node, NVLink) and 16, 32, 64 (2, 4, 8 nodes), S = 1 MiB … 256 MiB;
-//! - `deepep/EP:<n>/routing:<uniform|node_limited>/exchange:<slots|dedup|dedup_node>`: the dispatcher's
+//! - `deepep/EP:<n>/routing:<uniform|node_limited>/exchange:<slots|dedup|dedup_node|dedup_node_sf>`: the dispatcher's
 //!   `route` + `dispatch` (the time; `route_us` its route), then `combine` (`combine_us`), dropless, of 4096 tokens per
 //!   rank, H = 7168 bf16, top-8 of 256 experts routed uniformly or on at most 4 nodes per token
 //!   (DeepSeek-V3; only where there are more than 4 nodes), with one row per slot (`flat`), per
 //!   (token, rank) (`dedup_per_rank<flat>`) or per (token, node) between nodes and (token, rank)
-//!   inside (`dedup_per_node`). Counters, means per rank: `nvlink_MB` / `rdma_MB`, the dispatch's
+//!   inside (`dedup_per_node`: its hops overlapped in `--pieces=P` pieces, default 4; `_sf`
+//!   store-and-forward, one piece). Counters, means per rank: `nvlink_MB` / `rdma_MB`, the dispatch's
 //!   row bytes that leave the rank over each link class (the relay's forwarding included);
 //!   `rdma_GBps` = `rdma_MB` / time; `recv_MB`, rows the experts' ranks receive (own included);
 //!   `tokens_GBps` = distinct (token, rank) rows received × 7168 × 2 / time, DeepEP's count
@@ -127,20 +128,20 @@ double mean_received_rows(std::vector<moecomm_bench::rank_routing> const& routin
 //! DeepEP's normal-kernel test on the simulated cluster: dispatch, then combine, of 4096 tokens per
 //! rank (H 7168 bf16, top-8 of 256), with one row per slot (`flat`) or per (token, rank) (`dedup`).
 template <class Algorithm>
-void register_deepep(moecomm::simulated_platform const& platform, char const* exchange, bool node_limited) {
+void register_deepep(moecomm::simulated_platform const& platform, char const* exchange, bool node_limited, Algorithm algorithm = {}) {
   for (std::int32_t n : rank_counts) {
     std::int32_t const nodes = n / platform.gpus_per_node();
     if (node_limited && nodes <= 4) continue;  // at most 4 nodes per token limits nothing
     std::string const name = std::string("deepep/EP:") + std::to_string(n) + "/routing:" + (node_limited ? "node_limited" : "uniform") +
                              "/exchange:" + exchange;
-    moecomm_bench::register_simulated(name, benchmark::kMicrosecond, [&platform, n, nodes, node_limited](benchmark::State& state) {
+    moecomm_bench::register_simulated(name, benchmark::kMicrosecond, [&platform, n, nodes, node_limited, algorithm](benchmark::State& state) {
       auto const routing = node_limited ? moecomm_bench::node_limited_routing(n, deepep_tokens, deepep_top_k, deepep_experts, nodes, 4, 7)
                                         : moecomm_bench::skewed_routing(n, deepep_tokens, deepep_top_k, deepep_experts, 0.0, 7);
       backend const be(moecomm::host_backend{}, moecomm_bench::model_scale(deepep_hidden, 1, bf16, real_hidden, 1, sizeof(float)));
       double const model_row = deepep_hidden * bf16, real_row = real_hidden * sizeof(float);
       moecomm_bench::exchange_times times;
       for (auto _ : state) {
-        times = moecomm_bench::simulate_exchange<Algorithm>(platform, n, routing, deepep_experts, be, real_hidden);
+        times = moecomm_bench::simulate_exchange<Algorithm>(platform, n, routing, deepep_experts, be, real_hidden, algorithm);
         state.SetIterationTime(times.dispatch);
       }
       double const slot_rows = times.received_rows, dispatch_s = times.dispatch;
@@ -167,13 +168,15 @@ void register_deepep(moecomm::simulated_platform const& platform, char const* ex
 int main(int argc, char** argv) {
   std::string const name = moecomm_bench::take_flag(argc, argv, "--platform=", "deepep-h800");
   moecomm_bench::take_contention_flag(argc, argv);
+  auto const pieces = static_cast<std::int32_t>(moecomm_bench::take_int_flag(argc, argv, "--pieces", 4, 1, 4096));
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
   register_collectives(platform);
   for (bool node_limited : {false, true}) {
     register_deepep<moecomm::flat>(platform, "slots", node_limited);
     register_deepep<moecomm::dedup_per_rank<moecomm::flat>>(platform, "dedup", node_limited);
-    register_deepep<moecomm::dedup_per_node>(platform, "dedup_node", node_limited);
+    register_deepep(platform, "dedup_node", node_limited, moecomm::dedup_per_node{pieces});
+    register_deepep(platform, "dedup_node_sf", node_limited, moecomm::dedup_per_node{1});
   }
   return moecomm_bench::finish("bench_simulated_collectives");
 }

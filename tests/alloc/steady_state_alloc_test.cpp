@@ -483,7 +483,7 @@ TEST_CASE("1000 drifting steps after reserve allocate nothing, for every capacit
   check_reserved_steps("dedup", 2, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
   check_reserved_steps("dedup, capacity", 2, moecomm::dedup_per_rank<moecomm::flat>{},
                        moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}});
-  check_reserved_steps("dedup_per_node", 2, moecomm::dedup_per_node{});
+  check_reserved_steps("dedup_per_node", 2, moecomm::dedup_per_node{4});
   check_reserved_steps("dedup_per_node, padded capacity", 2, moecomm::dedup_per_node{},
                        moecomm::capacity<moecomm::drop_by_position>{1.25, 0, true, {}});
   check_reserved_steps("smart schedule", 2, moecomm::smart_schedule{2});
@@ -498,7 +498,7 @@ TEST_CASE("1000 drifting steps after reserve allocate nothing: FasterMoE and Pro
   check_reserved_steps("fastermoe", 2, moecomm::fastermoe_shadowing<>{slow_gemm});
   check_reserved_steps("fastermoe, smart schedule", 2, moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::smart_schedule{2});
   check_reserved_steps("fastermoe, dedup", 2, moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::dedup_per_rank<moecomm::flat>{});
-  check_reserved_steps("fastermoe, dedup_per_node", 2, moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::dedup_per_node{});
+  check_reserved_steps("fastermoe, dedup_per_node", 2, moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::dedup_per_node{4});
   using prophet = moecomm::fastermoe_shadowing<moecomm::point_to_point_path, moecomm::proprophet_planner<>>;
   prophet policy;
   moecomm::proprophet_cost_params costs;

@@ -11,7 +11,7 @@ TEST_CASE_TEMPLATE("the layer with a deduplicated exchange on GPUs equals the or
   for (layer_case const& c : {layer_case{2, 2, 4, 3, 16, {40, 0}, 1.2}, layer_case{8, 4, 16, 8, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 1.2}}) {
     check_emulated_layer<Placement, float>(c, moecomm::dedup_per_rank<moecomm::flat>{});
     check_emulated_layer<Placement, float>(c, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
-    check_emulated_layer<Placement, float>(c, moecomm::dedup_per_node{});
+    check_emulated_layer<Placement, float>(c, moecomm::dedup_per_node{3});
   }
   check_emulated_layer<Placement, __nv_bfloat16>(layer_case{4, 2, 8, 4, 16, {30, 1, 0, 57}, 2.0},
                                                  moecomm::dedup_per_rank<moecomm::pairwise>{});

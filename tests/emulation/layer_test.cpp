@@ -312,7 +312,7 @@ TEST_CASE("host waits per step of the plain layer on emulated GPUs") {
       {"hierarchical_2d", host_waits_of_a_step(moecomm::hierarchical_2d{}, moecomm::dropless{}), {1, 0}},
       {"pairwise", host_waits_of_a_step(moecomm::pairwise{1}, moecomm::dropless{}), {1, 0}},
       {"dedup_per_rank<flat>", host_waits_of_a_step(moecomm::dedup_per_rank<moecomm::flat>{}, moecomm::dropless{}), {1, 0}},
-      {"dedup_per_node", host_waits_of_a_step(moecomm::dedup_per_node{}, moecomm::dropless{}), {1, 0}},
+      {"dedup_per_node", host_waits_of_a_step(moecomm::dedup_per_node{4}, moecomm::dropless{}), {1, 0}},
       {"flat + capacity<drop_by_position>",
        host_waits_of_a_step(moecomm::flat{}, capacity<moecomm::drop_by_position>{1.0, 0, false, {}}), {2, 0}},
       {"flat + capacity<drop_by_probability>, padded",
@@ -321,7 +321,7 @@ TEST_CASE("host waits per step of the plain layer on emulated GPUs") {
        {2, 0}},
       {"flat + receiver_budget", host_waits_of_a_step(moecomm::flat{}, moecomm::receiver_budget{40}), {2, 0}},
       {"dedup_per_node + capacity<drop_by_position>",
-       host_waits_of_a_step(moecomm::dedup_per_node{}, capacity<moecomm::drop_by_position>{1.0, 0, false, {}}), {2, 0}}};
+       host_waits_of_a_step(moecomm::dedup_per_node{4}, capacity<moecomm::drop_by_position>{1.0, 0, false, {}}), {2, 0}}};
   for (counted const& c : steps) {
     MESSAGE(std::string(c.name), ": forward ", c.got.first, ", backward ", c.got.second);
     CHECK_MESSAGE(c.got == c.goal, c.name, " waits ", c.got.first, " + ", c.got.second, "; the goal is ", c.goal.first, " + ",

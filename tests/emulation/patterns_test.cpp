@@ -301,7 +301,7 @@ TEST_CASE("after reserve, 200 drifting steps of every layer on emulated GPUs all
   auto const placement = moecomm::replica_placement::cyclic(4, 4, 2);  // 8 experts in 16 slots
   CHECK(device_allocations_after_reserve(2, expert_parallel()) == 0);
   CHECK(device_allocations_after_reserve(2, expert_parallel(moecomm::dedup_per_rank<moecomm::flat>{})) == 0);
-  CHECK(device_allocations_after_reserve(2, expert_parallel(moecomm::dedup_per_node{})) == 0);
+  CHECK(device_allocations_after_reserve(2, expert_parallel(moecomm::dedup_per_node{4})) == 0);
   CHECK(device_allocations_after_reserve(
             2, expert_parallel(moecomm::hierarchical_2d{}, moecomm::capacity<moecomm::drop_by_position>{1.25, 0, true, {}})) == 0);
   CHECK(device_allocations_after_reserve(2, expert_parallel(moecomm::fastermoe_shadowing<>{slow_gemm}, moecomm::smart_schedule{2})) == 0);

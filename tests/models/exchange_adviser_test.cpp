@@ -7,6 +7,7 @@
 
 #include <moecomm/models/exchange_adviser.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -52,11 +53,13 @@ TEST_CASE("exchange adviser: the busiest link and the longest route price a roun
   CHECK(flat.combine_seconds == doctest::Approx(flat.dispatch_seconds).epsilon(1e-12));
   CHECK(flat.inter_node_bytes == doctest::Approx(2 * T * row));
   CHECK(flat.intra_node_bytes == 0);
-  // One row per token crosses with dedup (both slots on one rank, the relay is that rank itself).
+  // One row per token crosses with dedup (both slots on one rank, the relay is that rank itself);
+  // per node in `pieces` rounds, each paying the route's latency.
   for (char const* name : {"dedup_per_rank", "dedup_per_node"}) {
     CAPTURE(name);
     auto const p = find(name);
-    CHECK(p.dispatch_seconds == doctest::Approx(latency + 2.0 * T * row / 20e9).epsilon(1e-12));
+    double const rounds = std::string(name) == "dedup_per_node" ? moecomm::dedup_per_node{}.pieces : 1;
+    CHECK(p.dispatch_seconds == doctest::Approx(rounds * latency + 2.0 * T * row / 20e9).epsilon(1e-12));
     CHECK(p.inter_node_bytes == doctest::Approx(T * row));
     CHECK(p.intra_node_bytes == 0);
   }
@@ -66,6 +69,35 @@ TEST_CASE("exchange adviser: the busiest link and the longest route price a roun
   for (std::size_t i = 1; i < ranking.size(); ++i) CHECK(ranking[i - 1].seconds() <= ranking[i].seconds());
   CHECK(find("dedup_per_rank").route_seconds > flat.route_seconds);
   CHECK(ranking.front().algorithm.rfind("dedup", 0) == 0);
+}
+
+// dedup_per_node's pieces: every token of rank s goes to both experts of the rank with the other
+// local index on the other node: one row over the NICs to the relay (the rank of s's local index
+// there), which forwards it over the node's own links. In P pieces the forward of piece j - 1 runs
+// beside piece j's crossing and only the last piece's forward is left after the crossing.
+TEST_CASE("exchange adviser: dedup_per_node's pieces hide the hop inside the node behind the hop between nodes") {
+  std::int64_t const T = 1000;
+  double const row = 4096;
+  std::vector<std::vector<std::int32_t>> idx(4);
+  std::vector<moecomm::routing_view> routing;
+  for (std::int32_t s = 0; s < 4; ++s) {
+    std::int32_t const d = ((s + 2) % 4) ^ 1;
+    for (std::int64_t t = 0; t < T; ++t) idx[static_cast<std::size_t>(s)].insert(idx[static_cast<std::size_t>(s)].end(), {2 * d, 2 * d + 1});
+    routing.push_back({idx[static_cast<std::size_t>(s)].data(), nullptr, T, 2});
+  }
+  double const between = 2 * 2e-6 + 2 * 3e-6 + 0.5e-6, inside = 2 * 1e-6;  // the routes' latencies
+  double const crossing = 2.0 * T * row / 20e9, forward = T * row / 100e9;  // a node's NIC carries both GPUs' rows
+  for (std::int32_t const pieces : {1, 2, 4, 16}) {
+    CAPTURE(pieces);
+    auto const ranking = moecomm::exchange_adviser(two_by_two(), moecomm::topology(4, 2), pieces).rank(routing, 8, row);
+    auto const p = *std::find_if(ranking.begin(), ranking.end(), [](auto const& x) { return x.algorithm == "dedup_per_node"; });
+    CHECK(p.dispatch_seconds == doctest::Approx(pieces * between + crossing + inside + forward / pieces).epsilon(1e-12));
+    CHECK(p.combine_seconds == doctest::Approx(p.dispatch_seconds).epsilon(1e-12));
+    CHECK(p.inter_node_bytes == doctest::Approx(T * row));
+    CHECK(p.intra_node_bytes == doctest::Approx(T * row));
+  }
+  check_error([&] { moecomm::exchange_adviser(two_by_two(), moecomm::topology(4, 2), 0); }, moecomm::status::invalid_argument,
+              {"dedup_pieces = 0"});
 }
 
 TEST_CASE("exchange adviser: groups on their own communicators all-gather their own counts; flat prices any slot matrix") {

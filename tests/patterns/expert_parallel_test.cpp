@@ -60,7 +60,7 @@ TEST_CASE("the layer with a deduplicated exchange equals the oracle's per-rank (
   check_all_capacities<float>(layer_case{8, 4, 16, 8, 8, {20, 33, 0, 7, 64, 1, 12, 40}, 0.0}, moecomm::dedup_per_node{});
   for (auto const& bf16 : {layer_case{8, 4, 16, 6, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 2.0}}) {
     check_all_capacities<__nv_bfloat16>(bf16, moecomm::dedup_per_rank<moecomm::flat>{});
-    check_all_capacities<__nv_bfloat16>(bf16, moecomm::dedup_per_node{});
+    check_all_capacities<__nv_bfloat16>(bf16, moecomm::dedup_per_node{4});
   }
 }
 

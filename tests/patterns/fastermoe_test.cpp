@@ -95,17 +95,17 @@ TEST_CASE("FasterMoE: with a deduplicated exchange, shadowed equals plain on exa
                            moecomm::dedup_per_rank<moecomm::hierarchical_2d>{}, moecomm::hierarchical_2d{});
     run_equivalence<float>(c, shadowing, moecomm::receiver_budget{60}, dedup_flat{}, moecomm::pairwise{1});
     run_equivalence<float>(c, shadowing, moecomm::capacity<moecomm::drop_by_position>{1.0, 0, false, {}},
-                           moecomm::dedup_per_node{}, moecomm::flat{});
+                           moecomm::dedup_per_node{4}, moecomm::flat{});
   }
   std::vector<std::int32_t> odd;
   for (std::int32_t e = 1; e < 16; e += 2) odd.push_back(e);
   moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_planner> const p2p{small_model(), {64}, {odd}};
   CHECK(run_equivalence<float>(skewed8, p2p, moecomm::dropless{}, dedup_flat{}, moecomm::flat{}) == odd);
-  CHECK(run_equivalence<float>(skewed8, p2p, moecomm::dropless{}, moecomm::dedup_per_node{}, moecomm::flat{}) == odd);
+  CHECK(run_equivalence<float>(skewed8, p2p, moecomm::dropless{}, moecomm::dedup_per_node{4}, moecomm::flat{}) == odd);
   for (bool per_node : {false, true}) {
     moecomm::capacity<moecomm::drop_by_position> const padded{1.0, 0, true, {}};
     auto run = [&] {
-      if (per_node) run_equivalence<float>(skewed8, p2p, padded, moecomm::dedup_per_node{}, moecomm::flat{});
+      if (per_node) run_equivalence<float>(skewed8, p2p, padded, moecomm::dedup_per_node{4}, moecomm::flat{});
       else run_equivalence<float>(skewed8, p2p, padded, dedup_flat{}, moecomm::flat{});
     };
     CHECK_THROWS_WITH(run(), doctest::Contains("a deduplicated exchange with pad_to_capacity and home experts is not supported"));
@@ -147,7 +147,7 @@ TEST_CASE("FasterMoE: replicas on subsets of the ranks give plain expert paralle
           mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::dedup_per_rank<moecomm::flat>{},
                                              moecomm::flat{});
         else  // and its per-node sums
-          mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::dedup_per_node{}, moecomm::flat{});
+          mine = check_shadowed_equals_plain(comm, skewed8, in, p2p, moecomm::dropless{}, moecomm::dedup_per_node{4}, moecomm::flat{});
       });
       // Each rank computes at home exactly the experts it owns or holds a replica of.
       for (std::int32_t r = 0; r < 8; ++r) {

@@ -39,7 +39,7 @@ TEST_CASE("the expert-parallel layer over MPI equals the oracle: pairwise") { ch
 TEST_CASE("the expert-parallel layer over MPI equals the oracle: dedup_per_rank") {
   check_mpi_layer(moecomm::dedup_per_rank<moecomm::flat>{});
 }
-TEST_CASE("the expert-parallel layer over MPI equals the oracle: dedup_per_node") { check_mpi_layer(moecomm::dedup_per_node{}); }
+TEST_CASE("the expert-parallel layer over MPI equals the oracle: dedup_per_node") { check_mpi_layer(moecomm::dedup_per_node{4}); }
 
 template <class Path>
 void check_mpi_shadowing(Path const& path, bool exact) {

@@ -44,7 +44,7 @@ TEST_CASE("simulated layer: the expert-parallel layer on simulated ranks equals 
     check_simulated_layer<float>(c, moecomm::smart_schedule{c.per_node});
     check_simulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::flat>{});
     check_simulated_layer<float>(c, moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
-    check_simulated_layer<float>(c, moecomm::dedup_per_node{});
+    check_simulated_layer<float>(c, moecomm::dedup_per_node{3});
   }
   check_simulated_layer<__nv_bfloat16>(layer_case{8, 4, 16, 1, 16, {50, 50, 50, 50, 50, 50, 50, 50}, 8.0},
                                        moecomm::hierarchical_2d{});

@@ -12,7 +12,8 @@
 //! ranges, and one grouped exchange carries piece j's first hop together with piece j − 1's second
 //! (the relay forwards a piece while the next crosses between nodes); the way back mirrors it. The
 //! rows each rank sends each relay, and would send each rank directly, per piece, ride on the count
-//! all-gather, so every piece's sizes are known on every rank before a row moves. A relay keeps
+//! all-gather (with home experts, on an all-gather of their own), so every piece's sizes are known
+//! on every rank before a row moves. A relay keeps
 //! what it got piece-major (piece j of every source before piece j + 1), so that each piece it
 //! forwards is one contiguous block per destination rank.
 
@@ -24,6 +25,8 @@
 #include <moecomm/core/topology.hpp>
 #include <moecomm/core/workspace.hpp>
 #include <moecomm/collectives/alltoall.hpp>
+#include <moecomm/collectives/alltoall/stats.hpp>
+#include <moecomm/comm/communicator.hpp>
 #include <moecomm/dispatch/dedup_plan.hpp>
 #include <moecomm/rows/permute.hpp>
 #include <moecomm/rows/permute_plan.hpp>
@@ -59,6 +62,13 @@ struct count_rows_per_piece {
       if (d >= 0 && route.first_slot_to(d, ids) == k) atomic_add(&piece[d], 1);
     }
   }
+};
+
+//! `to[i] = from[i]`, int32 counts widened for an int64 all-gather row.
+struct widen_counts {
+  std::int32_t const* from;
+  std::int64_t* to;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const { to[i] = from[i]; }
 };
 
 //! `to[i] = from[order[i]]` (or, `scatter`, `to[order[i]] = from[i]`), rows of `width` elements.
@@ -112,55 +122,59 @@ template <class Backend>
 class dedup_node_plan {
  public:
   //! Cuts each rank's tokens into `pieces` ranges whose hops overlap (1: store-and-forward). Before
-  //! `reserve`, the same on every rank. A step with home experts (`build_source`) runs as one piece.
-  void cut_into(std::int32_t pieces) { pieces_ = pieces; }
+  //! `reserve`, the same on every rank. On one node the first hop is a copy to itself and nothing
+  //! overlaps: one piece.
+  void cut_into(std::int32_t pieces, topology const& topo) { pieces_ = topo.num_nodes() > 1 ? pieces : 1; }
 
-  //! This rank's side (hop 1's source map): as `dedup_plan::build_source`, the rows going to relays.
-  //! Local.
+  //! This rank's side (hop 1's source map) with home experts: as `dedup_plan::build_source`, the
+  //! rows going to relays, and per piece the rows this rank's tokens send each relay and would send
+  //! each rank directly (`piece_rows()`); then `gather_counts`. Local.
   template <class Comm>
   void build_source(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home, std::int32_t num_experts,
                     exchange_groups<Comm>& groups, workspace<Backend>& scratch) {
     use_relays(be, groups);
     to_relay_.build_source(be, kept, home, num_experts, groups.world().size(), scratch);
+    count_pieces(be, kept, groups.world().size());
   }
-  //! `build_source` without home experts and without a host wait (`dedup_plan::enqueue_source`).
-  //! Besides the rows to each relay (`source_offsets()`), it counts per piece the rows this rank's
-  //! tokens send each relay and would send each rank directly (`piece_rows()`): from every rank's,
-  //! each relay knows what it forwards where, piece by piece, so hop 2 needs no count exchange of
-  //! its own (`take_counts`).
+  //! `build_source` without home experts and without a host wait (`dedup_plan::enqueue_source`):
+  //! the rows to each relay (`source_offsets()`) and `piece_rows()` ride on the caller's count
+  //! all-gather, from which every relay knows what it forwards where, piece by piece, so hop 2 needs
+  //! no count exchange of its own (`take_counts`).
   template <class Comm>
   void enqueue_source(Backend const& be, routing_view const& kept, std::int32_t num_experts, exchange_groups<Comm>& groups,
                       workspace<Backend>& scratch) {
     use_relays(be, groups);
-    std::int32_t const ranks = groups.world().size();
-    to_relay_.enqueue_source(be, kept, num_experts, ranks, scratch);
-    std::int64_t const words = piece_words(ranks);
-    std::int32_t* rows = grow(be, piece_rows_, words).data();
-    be.for_each_index(words, detail::fill_value<std::int32_t>{rows, 0});
-    for (detail::dedup_route const& route : {to_relay_.sent_route(), to_relay_.direct_route()}) {
-      be.for_each_index(kept.num_tokens, detail::count_rows_per_piece{kept.topk_idx, route, kept.num_tokens, kept.top_k, pieces_, ranks, rows});
-      rows += words / 2;
-    }
-    hop2_from_counts_ = true;
+    to_relay_.enqueue_source(be, kept, num_experts, groups.world().size(), scratch);
+    count_pieces(be, kept, groups.world().size());
   }
   [[nodiscard]] std::int32_t const* source_offsets() const { return to_relay_.source_offsets(); }
-  //! `[2][pieces][R]` device counts of `enqueue_source`: the rows this rank's tokens of each piece
-  //! send each relay, then those they would send each rank directly.
+  //! `[2][pieces][R]` device counts: the rows this rank's tokens of each piece send each relay, then
+  //! those they would send each rank directly.
   [[nodiscard]] std::int32_t const* piece_rows() const { return piece_rows_.data(); }
   [[nodiscard]] std::int64_t piece_words(std::int32_t ranks) const { return 2 * std::int64_t{pieces_} * ranks; }
+  //! After `build_source`: every rank learns every rank's rows to each relay and `piece_rows()` (one
+  //! all-gather), and so both hops' sizes (`take_counts`). Collective.
   template <class Comm>
-  void gather_counts(Comm& comm) {
-    to_relay_.gather_counts(comm);
+  void gather_counts(Backend const& be, exchange_groups<Comm>& groups) {
+    std::int32_t const ranks = groups.world().size();
+    std::int64_t const words = piece_words(ranks), width = ranks + words;
+    std::int64_t* const row = grow(be, count_row_, width).data();
+    be.copy(row, to_relay_.sent_counts().data(), ranks);  // from pageable memory: read when the copy is enqueued
+    be.for_each_index(words, detail::widen_counts{piece_rows_.data(), row + ranks});
+    gathered_.resize(static_cast<std::size_t>(ranks * width));
+    row_staging_.resize(static_cast<std::size_t>(width));
+    allgather_to_host(groups.world(), be, row, gathered_.data(), width * static_cast<std::int64_t>(sizeof(std::int64_t)),
+                      row_staging_.data());
+    take_counts(be, gathered_.data(), width, groups);
   }
-  //! Rank s's rows to each relay at `all + s * stride`, and after `enqueue_source` its `piece_rows()`
-  //! R words later: both hops' sizes per piece follow from them (relay r forwards to rank d of its
-  //! node the rows of every rank with r's local index).
+  //! Rank s's rows to each relay at `all + s * stride`, and its `piece_rows()` R words later: both
+  //! hops' sizes per piece follow from them (relay r forwards to rank d of its node the rows of
+  //! every rank with r's local index); a source map from `enqueue_source` is completed.
   template <class Comm>
   void take_counts(Backend const& be, std::int64_t const* all, std::int64_t stride, exchange_groups<Comm>& groups) {
     topology const& topo = groups.topo();
     std::int32_t const ranks = topo.num_ranks(), me = groups.world().rank(), pieces = pieces_;
     to_relay_.take_counts(be, all, stride, me);
-    if (!hop2_from_counts_) return;
     auto const cells = static_cast<std::size_t>(pieces) * static_cast<std::size_t>(ranks);
     hop1_.clear(cells);
     hop2_.clear(cells);
@@ -179,14 +193,13 @@ class dedup_node_plan {
           if (d == me) hop2_.in_rows[detail::piece_hop::cell(j, relay, ranks)] += direct[c];
         }
     }
-    pieces_now_ = pieces;
     hop1_.lay_out(pieces, ranks, true);
     hop2_.lay_out(pieces, ranks, false);
   }
 
   //! Hop 1's lists reach the relays; each relay builds hop 2 over the rows it got, piece-major (its
-  //! counts known from `take_counts`, or all-gathered in its node) and hop 2's lists reach the
-  //! experts' ranks. Collective.
+  //! counts known from `take_counts`, no wait), and hop 2's lists reach the experts' ranks.
+  //! Collective.
   //! `chunk_rows`: as `dedup_plan::build_receive`'s, for hop 2's receive map (its lists name each
   //! row's own source rank, so the counts are the source ranks' own).
   template <class Comm, class Algorithm>
@@ -195,31 +208,9 @@ class dedup_node_plan {
                      std::int64_t const* chunk_rows = nullptr) {
     detail::require_no_padded_home(padded_capacity, to_relay_.has_home());
     std::int32_t const ranks = groups.world().size(), me = groups.world().rank();
-    routing_view at_relay = to_relay_.exchange_lists(be, groups, algorithm, stats, exchange_scratch);  // by source rank
-    if (!hop2_from_counts_) {  // home experts: one piece, its hop 1 from the counts gathered
-      pieces_now_ = 1;
-      hop1_.clear(static_cast<std::size_t>(ranks));
-      for (std::int32_t p = 0; p < ranks; ++p) {
-        hop1_.out_rows[static_cast<std::size_t>(p)] = to_relay_.rows_between(me, p);
-        hop1_.in_rows[static_cast<std::size_t>(p)] = to_relay_.rows_between(p, me);
-      }
-      hop1_.lay_out(1, ranks, true);
-    }
-    at_relay = piece_major(be, at_relay, ranks);
-    if (hop2_from_counts_) {  // hop 2's counts are known: its map is built without a wait
-      from_relay_.enqueue_source(be, at_relay, to_relay_.num_experts(), ranks, scratch);
-      from_relay_.take_counts(be, hop2_counts_.data(), ranks, me);
-      hop2_from_counts_ = false;
-    } else {
-      from_relay_.build_source(be, at_relay, {}, to_relay_.num_experts(), ranks, scratch);
-      from_relay_.gather_counts_in_node(groups);  // hop 2 stays inside the node
-      hop2_.clear(static_cast<std::size_t>(ranks));
-      for (std::int32_t p = 0; p < ranks; ++p) {
-        hop2_.out_rows[static_cast<std::size_t>(p)] = from_relay_.rows_between(me, p);
-        hop2_.in_rows[static_cast<std::size_t>(p)] = from_relay_.rows_between(p, me);
-      }
-      hop2_.lay_out(1, ranks, false);
-    }
+    routing_view const at_relay = piece_major(be, to_relay_.exchange_lists(be, groups, algorithm, stats, exchange_scratch), ranks);
+    from_relay_.enqueue_source(be, at_relay, to_relay_.num_experts(), ranks, scratch);
+    from_relay_.take_counts(be, hop2_counts_.data(), ranks, me);
     from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, chunk_rows,
                               origin_.data());
   }
@@ -243,6 +234,10 @@ class dedup_node_plan {
     order_table_.reserve(static_cast<std::size_t>(relayed));
     hop2_counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));
     grow(be, piece_rows_, piece_words(ranks));
+    std::int64_t const width = ranks + piece_words(ranks);
+    grow(be, count_row_, width);
+    gathered_.reserve(static_cast<std::size_t>(ranks * width));
+    row_staging_.reserve(static_cast<std::size_t>(width));
     grow(be, origin_, relayed);
     grow(be, order_, relayed);
     for (auto* b : {&relay_weights_, &relay_grads_}) grow(be, *b, relayed * top_k);
@@ -267,13 +262,13 @@ class dedup_node_plan {
     auto const [relayed, forwarded] = relay_buffers<T>(be, hidden);
     auto* const relay_in = reinterpret_cast<char*>(relayed.data);
     auto* const relay_out = reinterpret_cast<char*>(forwarded.data);
-    for (std::int32_t step = 0; step <= pieces_now_; ++step) {
+    for (std::int32_t step = 0; step <= pieces_; ++step) {
       if (step > 0) {
         auto const [first, count] = relayed_piece(step - 1, groups.world().size());
         detail::scatter_token_rows(be, from_relay_.source(), matrix_view<T const>(relayed), forwarded, first, count);
       }
       exchange_scratch.clear_messages();
-      if (step < pieces_now_) add_piece(be, groups, hop1_, step, sent, relay_in, relayed.row_bytes(), false, stats, exchange_scratch);
+      if (step < pieces_) add_piece(be, groups, hop1_, step, sent, relay_in, relayed.row_bytes(), false, stats, exchange_scratch);
       if (step > 0) add_piece(be, groups, hop2_, step - 1, relay_out, arrived, relayed.row_bytes(), false, stats, exchange_scratch);
       run_piece_exchange(be, groups, stats, exchange_scratch);
     }
@@ -287,12 +282,12 @@ class dedup_node_plan {
     auto const [relayed, forwarded] = relay_buffers<T>(be, hidden);
     auto* const relay_in = reinterpret_cast<char*>(relayed.data);
     auto* const relay_out = reinterpret_cast<char*>(forwarded.data);
-    for (std::int32_t step = 0; step <= pieces_now_; ++step) {
+    for (std::int32_t step = 0; step <= pieces_; ++step) {
       exchange_scratch.clear_messages();
-      if (step < pieces_now_) add_piece(be, groups, hop2_, step, sums, relay_out, relayed.row_bytes(), true, stats, exchange_scratch);
+      if (step < pieces_) add_piece(be, groups, hop2_, step, sums, relay_out, relayed.row_bytes(), true, stats, exchange_scratch);
       if (step > 0) add_piece(be, groups, hop1_, step - 1, relay_in, back, relayed.row_bytes(), true, stats, exchange_scratch);
       run_piece_exchange(be, groups, stats, exchange_scratch);
-      if (step < pieces_now_) {
+      if (step < pieces_) {
         auto const [first, count] = relayed_piece(step, groups.world().size());
         detail::combine_token_rows<false>(be, from_relay_.source(), matrix_view<T const>(forwarded), relayed, first, count);
       }
@@ -308,9 +303,9 @@ class dedup_node_plan {
     routing_view const& at_relay = from_relay_.source().routing();
     std::int64_t const relayed_slots = at_relay.num_tokens * at_relay.top_k;
     float* const by_source = to_relay_.receiver_weight_grads(be);
-    float* const gathered = pieces_now_ > 1 ? grow(be, relay_grads_, relayed_slots).data() : by_source;
+    float* const gathered = pieces_ > 1 ? grow(be, relay_grads_, relayed_slots).data() : by_source;
     from_relay_.return_weight_grads(be, groups, algorithm, stats, exchange_scratch, nullptr, array_view<float>{gathered, relayed_slots});
-    if (pieces_now_ > 1)
+    if (pieces_ > 1)
       be.for_each_index(at_relay.num_tokens, detail::move_rows_by_index<float>{gathered, order_.data(), at_relay.top_k, true, by_source});
     to_relay_.return_weight_grads(be, groups, algorithm, stats, exchange_scratch, home_grads, d_weights);
   }
@@ -328,20 +323,31 @@ class dedup_node_plan {
     relays_set_ = true;
   }
 
+  //! `piece_rows()` of `kept`'s tokens: along hop 1's route (to the relays), then without relays.
+  void count_pieces(Backend const& be, routing_view const& kept, std::int32_t ranks) {
+    std::int64_t const words = piece_words(ranks);
+    std::int32_t* rows = grow(be, piece_rows_, words).data();
+    be.for_each_index(words, detail::fill_value<std::int32_t>{rows, 0});
+    for (detail::dedup_route const& route : {to_relay_.sent_route(), to_relay_.direct_route()}) {
+      be.for_each_index(kept.num_tokens, detail::count_rows_per_piece{kept.topk_idx, route, kept.num_tokens, kept.top_k, pieces_, ranks, rows});
+      rows += words / 2;
+    }
+  }
+
   //! The lists a relay got (by source rank) as it keeps its rows: piece-major, piece j of every
   //! source before piece j + 1 (the same order with one piece); and each row's source rank.
   routing_view piece_major(Backend const& be, routing_view const& by_source, std::int32_t ranks) {
     std::int64_t const relayed = by_source.num_tokens;
     origin_table_.clear();
-    for (std::int32_t j = 0; j < pieces_now_; ++j)
+    for (std::int32_t j = 0; j < pieces_; ++j)
       for (std::int32_t s = 0; s < ranks; ++s)
         origin_table_.insert(origin_table_.end(), static_cast<std::size_t>(hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)]), s);
     be.copy(grow(be, origin_, relayed).data(), origin_table_.data(), relayed);
-    if (pieces_now_ == 1) return by_source;
+    if (pieces_ == 1) return by_source;
     order_table_.assign(static_cast<std::size_t>(relayed), 0);
     std::int64_t at = 0;  // by source: each source's pieces in order
     for (std::int32_t s = 0; s < ranks; ++s)
-      for (std::int32_t j = 0; j < pieces_now_; ++j) {
+      for (std::int32_t j = 0; j < pieces_; ++j) {
         std::size_t const c = detail::piece_hop::cell(j, s, ranks);
         for (std::int64_t r = 0; r < hop1_.in_rows[c]; ++r)
           order_table_[static_cast<std::size_t>(hop1_.in_at[c] + r)] = static_cast<std::int32_t>(at++);
@@ -406,13 +412,13 @@ class dedup_node_plan {
   }
 
   dedup_plan<Backend> to_relay_, from_relay_;
-  std::int32_t pieces_ = 1;      //!< `cut_into`'s
-  std::int32_t pieces_now_ = 1;  //!< this step's: `pieces_`, or 1 with home experts
+  std::int32_t pieces_ = 1;  //!< `cut_into`'s
   bool relays_set_ = false;
-  bool hop2_from_counts_ = false;  //!< `take_counts` gave hop 2's counts (`enqueue_source`)
   detail::piece_hop hop1_, hop2_;  //!< this rank's rows per piece and peer, and where they lie
   std::vector<std::int64_t> hop2_counts_;  //!< [R][R] rows each relay forwards each rank
   typename Backend::template buffer_type<std::int32_t> piece_rows_;
+  typename Backend::template buffer_type<std::int64_t> count_row_;  //!< `gather_counts`' row
+  std::vector<std::int64_t> gathered_, row_staging_;                //!< its all-gather, and its staging
   std::vector<std::int32_t> origin_table_;  //!< [rows this relay got] their source ranks, piece-major
   std::vector<std::int32_t> order_table_;   //!< [rows this relay got] piece-major -> by-source row
   typename Backend::template buffer_type<std::int32_t> origin_, order_, relay_idx_;

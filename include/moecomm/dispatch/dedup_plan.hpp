@@ -215,24 +215,9 @@ class dedup_plan {
   [[nodiscard]] std::vector<std::int64_t> const& sent_counts() const { return my_counts_; }
   //! Every rank learns every rank's `sent_counts()`: one all-gather. Collective.
   template <class Comm>
-  void gather_counts(Comm& comm) {
+  void gather_counts(Backend const& /*be*/, exchange_groups<Comm>& groups) {
     counts_.resize(my_counts_.size() * my_counts_.size());
-    allgather_host(comm, my_counts_.data(), counts_.data(), static_cast<std::int64_t>(my_counts_.size() * sizeof(std::int64_t)));
-  }
-  //! `gather_counts` for rows that never leave a node (`dedup_node_plan`'s second hop): the node's
-  //! ranks all-gather their counts over `groups.intra()`, every other count is 0. Collective over
-  //! the node: G - 1 steps instead of the world's R - 1.
-  template <class Comm>
-  void gather_counts_in_node(exchange_groups<Comm>& groups) {
-    topology const& topo = groups.topo();
-    std::size_t const ranks = my_counts_.size(), per_node = static_cast<std::size_t>(topo.ranks_per_node());
-    node_counts_.resize(per_node * ranks);
-    allgather_host(groups.intra(), my_counts_.data(), node_counts_.data(), static_cast<std::int64_t>(ranks * sizeof(std::int64_t)));
-    counts_.assign(ranks * ranks, 0);
-    std::int32_t const node = topo.node_of(groups.world().rank());
-    for (std::size_t g = 0; g < per_node; ++g)
-      std::copy_n(node_counts_.begin() + static_cast<std::ptrdiff_t>(g * ranks), ranks,
-                  counts_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(topo.rank_at(node, static_cast<std::int32_t>(g))) * ranks));
+    allgather_host(groups.world(), my_counts_.data(), counts_.data(), static_cast<std::int64_t>(my_counts_.size() * sizeof(std::int64_t)));
   }
   //! The same from a gather the caller made: rank s's counts at `all + s * stride`; a source map
   //! from `enqueue_source` is completed from rank `me`'s.
@@ -318,7 +303,6 @@ class dedup_plan {
     std::int32_t const top_k = largest.top_k, local_experts = num_experts / ranks;
     home_table_.reserve(static_cast<std::size_t>(num_experts));
     counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));
-    node_counts_.reserve(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks));  // G <= R
     block_counts_.reserve(static_cast<std::size_t>(std::max(ranks + num_experts, top_k)));
     grow(be, status_, 2);
     std::vector<std::int32_t> every_expert(static_cast<std::size_t>(num_experts));
@@ -440,7 +424,6 @@ class dedup_plan {
   std::vector<std::int32_t> relay_table_;  //!< [R] where rows bound for each rank go, or empty: there
   std::vector<std::int64_t> my_counts_;    //!< [R] rows this rank sends each rank
   std::vector<std::int64_t> counts_;       //!< [R][R] rows each rank sends each rank
-  std::vector<std::int64_t> node_counts_;  //!< [G][R] `gather_counts_in_node`'s all-gather
   std::vector<std::int64_t> block_counts_;  //!< a pending source map's rows per block
   std::int64_t sent_rows_ = 0, received_rows_ = 0;
   std::size_t home_count_ = 0;

@@ -147,7 +147,7 @@ class dispatcher {
     local_experts_ = num_experts / ranks_;
     if constexpr (std::is_same_v<Algorithm, dedup_per_node>) {
       detail::require(algorithm_.pieces >= 1, "dispatcher", "algorithm.pieces = ", algorithm_.pieces, " must be at least 1 (dedup_per_node)");
-      dedup_.cut_into(algorithm_.pieces);
+      dedup_.cut_into(algorithm_.pieces, groups.topo());
     }
     // Ranks with different algorithms would exchange rows their peers do not expect.
     std::vector<std::int64_t> all;
@@ -756,7 +756,7 @@ class dispatcher {
     if constexpr (deduplicated) {
       if constexpr (!counts_ride_along) {
         dedup_.build_source(be_, kept, home_, num_experts_, *groups_, scratch_);
-        dedup_.gather_counts(groups_->world());
+        dedup_.gather_counts(be_, *groups_);
       }
       receive_chunks_.resize(chunk_counts_.size());  // [L][R]: the receive map's ids are l * R + s
       for (std::int32_t s = 0; s < ranks_; ++s)

@@ -11,9 +11,13 @@
 //! - rounds of messages, all-gathers and memory kernels are priced by `link_model`;
 //! - an algorithm is a sequence of dependent rounds: `flat` one; `hierarchical_2d` an intra-node
 //!   round then an inter-node one between ranks of equal local index; `dedup_per_node` a rail-aligned
-//!   round to the relays then an intra-node one;
+//!   round to the relays and an intra-node one, overlapped in `pieces`: P + 1 rounds, the first of
+//!   1/P of the first hop's bytes, the last of 1/P of the second's, the P − 1 between of 1/P of
+//!   both at once, the relay's copy (or sum) of each piece between them (and a launch per piece
+//!   for each hop's block to itself);
 //! - `route` is the ring all-gather of the counts (n - 1 dependent steps), and for the deduplicated
-//!   exchanges the slot lists (8·K bytes a row) and, per node, a second all-gather inside each node;
+//!   exchanges the slot lists (8·K bytes a row), per node twice, its count row wider by the pieces'
+//!   counts (2·P·R words);
 //! - `route` builds its permute plans, each in `plan_kernels` launches (sort keys, sort, offsets, row
 //!   maps, the validity reduce, the read-back), and a deduplicated hop runs `hop_kernels` more (the
 //!   home table, the slot lists, their split): `flat` 1 plan, `dedup_per_rank` 3 (the routing's, the
@@ -24,6 +28,7 @@
 //! What it leaves out: the plans' kernels' bytes, and what `link_model` leaves out.
 
 #include <moecomm/config.hpp>
+#include <moecomm/collectives/alltoall/dedup_per_node.hpp>
 #include <moecomm/collectives/alltoall/hierarchical_2d.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/topology.hpp>
@@ -60,9 +65,12 @@ class exchange_adviser {
   //! `topology(R, spec.gpus_per_node, spec.nodes_per_domain)`).
   //! @throws error (invalid_argument) naming the field of `spec` that is invalid (a cluster of more
   //!   than `cluster_spec::max_gpus` GPUs, say), or `topo` when it has more ranks than `spec` GPUs.
-  exchange_adviser(cluster_spec spec, topology topo) : links_(std::move(spec), std::move(topo)) {
+  //! @param dedup_pieces `dedup_per_node::pieces` of the candidate it prices.
+  exchange_adviser(cluster_spec spec, topology topo, std::int32_t dedup_pieces = dedup_per_node{}.pieces)
+      : links_(std::move(spec), std::move(topo)), pieces_(dedup_pieces) {
     detail::require(links_.ranks() <= links_.spec().num_gpus(), "exchange_adviser", "argument 'topo' has ", links_.ranks(),
                     " ranks; they must be in [1, the platform's ", links_.spec().num_gpus(), " GPUs]");
+    detail::require(dedup_pieces >= 1, "exchange_adviser", "dedup_pieces = ", dedup_pieces, " must be at least 1");
   }
 
   //! Every candidate for one routing step, fastest first. `routing[r]` is rank r's routing (host
@@ -110,7 +118,7 @@ class exchange_adviser {
     // The counts' ring all-gathers, over every rank or over each group (its n / R of the experts) side by side.
     double const experts = static_cast<double>(num_experts) * n / R;
     auto const gather = [&](double bytes) { return groups.empty() ? links_.allgather_seconds(bytes) : links_.allgather_seconds(groups, bytes); };
-    count_gathers const counts{gather(8.0 * experts), gather(8.0 * (experts + n)), 8.0 * n};
+    count_gathers const counts{gather(8.0 * experts), gather(8.0 * (experts + n)), gather(8.0 * (experts + n + 2.0 * pieces_ * n))};
     rows const r = count_rows(routing, num_experts);
     double const route = counts.experts + links_.launches(plan_kernels);
     std::vector<exchange_prediction> out;
@@ -144,10 +152,10 @@ class exchange_adviser {
  private:
   using matrix = link_model::matrix;  //!< [R][R] rows (or bytes) rank s sends rank d
 
-  //! The route's all-gathers of counts: the experts' (flat), the experts' and the ranks' (the
-  //! deduplicated exchanges), and the bytes of a node's gather of the ranks' (`dedup_per_node`).
+  //! The route's all-gather of counts: the experts' (flat), the experts' and the ranks' (the
+  //! deduplicated exchanges), and those with the pieces' (`dedup_per_node`).
   struct count_gathers {
-    double experts, experts_and_ranks, node_bytes;
+    double experts, experts_and_ranks, experts_ranks_and_pieces;
   };
 
   //! The rows each algorithm moves, from the routing.
@@ -278,25 +286,38 @@ class exchange_adviser {
   }
 
   //! `dedup_per_node`: a row per (token, node) to the relays, which forward a row per (token, rank)
-  //! inside their node; the two hops in turn, each way.
+  //! inside their node; the two hops overlapped piece by piece, each way.
   [[nodiscard]] exchange_prediction predict_dedup_per_node(rows const& r, double row_bytes, std::int32_t top_k,
                                                            count_gathers const& counts) const {
     exchange_prediction p{"dedup_per_node"};
     double const list = 8.0 * top_k;
-    p.route_seconds = counts.experts_and_ranks + links_.round_seconds(scaled(r.to_relay, list)) + links_.allgather_seconds(counts.node_bytes, true) +
+    p.route_seconds = counts.experts_ranks_and_pieces + links_.round_seconds(scaled(r.to_relay, list)) +
                       links_.round_seconds(scaled(r.relayed, list)) + links_.launches(4 * plan_kernels + 2 * hop_kernels + 1);
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.to_relay, s); }, row_bytes);
-    double const relay = busiest_pass([&](std::int32_t m) { return column_sum(r.to_relay, m) + row_sum(r.relayed, m); }, row_bytes);
+    // Each piece beyond the first: the relay's copy (or sum) and each hop's block to itself, a launch each.
+    double const relay = busiest_pass([&](std::int32_t m) { return column_sum(r.to_relay, m) + row_sum(r.relayed, m); }, row_bytes) +
+                         links_.launches(3 * (pieces_ - 1));
     double const spread = busiest_pass([&](std::int32_t d) { return column_sum(r.relayed, d) + column_sum(r.slots, d); }, row_bytes);
-    p.dispatch_seconds = permute + links_.round_seconds(scaled(r.to_relay, row_bytes)) + relay + links_.round_seconds(scaled(r.relayed, row_bytes)) + spread;
-    p.combine_seconds = spread + links_.round_seconds(scaled(links_.transposed(r.relayed), row_bytes)) + relay +
-                        links_.round_seconds(scaled(links_.transposed(r.to_relay), row_bytes)) + permute;
+    p.route_seconds += links_.launches(pieces_ > 1 ? 3 : 0);  // the relay's lists put piece-major
+    p.dispatch_seconds = permute + overlapped_hops(r.to_relay, r.relayed, row_bytes) + relay + spread;
+    p.combine_seconds = spread + overlapped_hops(links_.transposed(r.relayed), links_.transposed(r.to_relay), row_bytes) + relay + permute;
     traffic(r.to_relay, row_bytes, p);
     traffic(r.relayed, row_bytes, p, true);
     return p;
   }
 
+  //! Two hops of `first` then `second` (rows), in `pieces_` pieces: piece j's first hop in the
+  //! round of piece j − 1's second.
+  [[nodiscard]] double overlapped_hops(matrix const& first, matrix const& second, double row_bytes) const {
+    double const share = row_bytes / pieces_;
+    matrix both = scaled(first, share);
+    for (std::size_t c = 0; c < both.size(); ++c) both[c] += second[c] * share;
+    return links_.round_seconds(scaled(first, share)) + (pieces_ - 1) * links_.round_seconds(both) +
+           links_.round_seconds(scaled(second, share));
+  }
+
   link_model links_;
+  std::int32_t pieces_;
 };
 
 MOECOMM_NAMESPACE_END

@@ -186,12 +186,12 @@ class link_model {
     return latency + makespan(bytes);
   }
 
-  //! The ring all-gather of `bytes` per rank over every rank (or, `in_node`, over each node's ranks
-  //! at once): n - 1 dependent steps of one block to the next rank.
-  [[nodiscard]] double allgather_seconds(double bytes, bool in_node = false) const {
-    std::int32_t const n = in_node ? topo_.ranks_per_node() : topo_.num_ranks();
+  //! The ring all-gather of `bytes` per rank over every rank: n - 1 dependent steps of one block to
+  //! the next rank.
+  [[nodiscard]] double allgather_seconds(double bytes) const {
+    std::int32_t const n = topo_.num_ranks();
     if (n == 1) return 0;
-    return spec_.collective_overhead_seconds + (n - 1) * links_seconds(ring(bytes, in_node));
+    return spec_.collective_overhead_seconds + (n - 1) * links_seconds(ring(bytes));
   }
 
   //! Ring all-gathers of `bytes` per rank, one over each of `groups` (disjoint, each in its ring's
@@ -318,14 +318,11 @@ class link_model {
     return flows.makespan(capacity);
   }
 
-  //! Every rank sends `bytes` to the next (over all ranks, or inside each node).
-  [[nodiscard]] matrix ring(double bytes, bool in_node) const {
-    std::int32_t const R = topo_.num_ranks(), n = in_node ? topo_.ranks_per_node() : R;
+  //! Every rank sends `bytes` to the next.
+  [[nodiscard]] matrix ring(double bytes) const {
+    std::int32_t const R = topo_.num_ranks();
     matrix m = zeros();
-    for (std::int32_t s = 0; s < R; ++s) {
-      std::int32_t const next = in_node ? topo_.rank_at(topo_.node_of(s), (topo_.local_of(s) + 1) % n) : (s + 1) % R;
-      m[cell(s, next)] = bytes;
-    }
+    for (std::int32_t s = 0; s < R; ++s) m[cell(s, (s + 1) % R)] = bytes;
     return m;
   }
 

@@ -21,11 +21,14 @@ MOECOMM_NAMESPACE_BEGIN
 //! carries piece j's first hop (between ranks of equal local index, and the self-copy) with piece
 //! j − 1's second (inside nodes), so a relay forwards a piece while the next crosses between nodes
 //! (DeepEP's internode pipeline; `pieces + 1` exchanges each way). `pieces = 1` is store-and-forward:
-//! the second hop starts when the first has ended. A step with home experts (FasterMoE's shadowing)
+//! the second hop starts when the first has ended. On one node (nothing crosses between nodes) it
 //! runs as one piece.
 struct dedup_per_node : detail::dedup_exchange<flat> {
   static constexpr char const* name = "dedup_per_node";
-  std::int32_t pieces = 4;  //!< token ranges per step whose hops overlap; the same on every rank
+  //! Token ranges per step whose hops overlap; the same on every rank. 1 by default: 4 gains 14–19 %
+  //! on large steps beyond one node (docs/performance.md), but a replicated layer (FlexMoE's even
+  //! split) simulated slower with it on one platform, which is not understood yet.
+  std::int32_t pieces = 1;
 
   constexpr dedup_per_node() = default;
   constexpr explicit dedup_per_node(std::int32_t token_pieces) : pieces(token_pieces) {}
