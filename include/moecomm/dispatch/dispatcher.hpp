@@ -57,9 +57,9 @@ struct relabel_experts {
 //! capacity agreement's fields): `[E counts][R dedup counts][piece counts][top_k][first bad
 //! slot][ids out of range]`, the dedup counts only with a deduplicated exchange whose source map
 //! rides along, the piece counts (`dedup_node_plan::piece_rows`) only per node, top_k only
-//! deduplicated. The counts come from the
-//! plans' device offsets; the two status words from a plan whose value scan is still on the device
-//! (`status`: the first bad slot, or `slots` when none, and the ids out of range), else -1 and 0.
+//! deduplicated. The counts come from the plans' device offsets; the two status words from a plan
+//! whose value scan is still on the device (`status`: the first bad slot, or `slots` when none, and
+//! the ids out of range), else -1 and 0.
 struct pack_count_row {
   std::int32_t const* expert_offsets;  //!< `[E + 1]`
   std::int32_t num_experts;
@@ -807,7 +807,8 @@ class dispatcher {
     }
   }
 
-  //! The algorithm's name, with its inner algorithm's for `dedup_per_rank<Inner>`.
+  //! The algorithm's name, with its inner algorithm's for `dedup_per_rank<Inner>` and its pieces for
+  //! `dedup_per_node` (ranks must agree on both).
   [[nodiscard]] std::string algorithm_label() const {
     if constexpr (std::is_same_v<Algorithm, dedup_per_node>) return detail::concat(Algorithm::name, "{pieces = ", algorithm_.pieces, "}");
     else if constexpr (detail::is_dedup_v<Algorithm>) return detail::concat(Algorithm::name, "<", decltype(Algorithm::inner)::name, ">");
