@@ -180,8 +180,8 @@ TEST_CASE("a per-node deduplicated exchange moves one row per token and node bet
   CHECK(node_total < rank_total * 3 / 4);
 }
 
-// dedup_per_node's overlapped hops (each rank's tokens in `pieces` ranges, piece j's first hop and
-// piece j - 1's second in one exchange): any number of pieces, more than a rank's tokens included,
+// dedup_per_node's overlapped hops (the rows to each relay in `pieces` runs, piece j's first hop and
+// piece j - 1's second in one exchange): any number of pieces, more than a rank's rows included,
 // gives the oracle's bits, the same bytes and pieces + 1 row exchanges each way.
 TEST_CASE("dedup_per_node cut into any number of pieces equals the oracle, with the same bytes in pieces + 1 exchanges each way") {
   for (int32_t const pieces : {1, 2, 3, 7, 64}) {
@@ -211,6 +211,34 @@ TEST_CASE("dedup_per_node cut into any number of pieces equals the oracle, with 
       CHECK(moved.inter_bytes == one_piece.inter_bytes);
       CHECK(moved.intra_bytes == one_piece.intra_bytes);
     }
+  });
+}
+
+// Each piece carries its share of every relay's rows, whatever the routing's order: here every
+// rank's first tokens go to node 0's experts and its last to node 1's (as a replicated layer's
+// contiguous shares make), and each of 4 pieces still sends each relay a quarter of its rows (cut
+// by tokens, pieces 0 and 1 would load only node 0's links, pieces 2 and 3 only node 1's).
+TEST_CASE("dedup_per_node's pieces cut the rows to every relay evenly, not the tokens") {
+  constexpr int32_t ranks = 4, per_node = 2, experts = 8, tokens = 40, pieces = 4;
+  moecomm::inproc_world const world(ranks, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(ranks, per_node));
+    std::vector<int32_t> idx(tokens);
+    std::vector<float> weights(tokens, 1.0f);
+    for (int32_t t = 0; t < tokens; ++t) idx[static_cast<std::size_t>(t)] = (t < tokens / 2 ? 0 : experts / 2) + t % (experts / 2);
+    moecomm::host_backend const be;
+    moecomm::workspace<moecomm::host_backend> scratch;
+    moecomm::dedup_node_plan<moecomm::host_backend> plan;
+    plan.cut_into(pieces, groups.topo());
+    plan.build_source(be, {idx.data(), weights.data(), tokens, 1}, {}, experts, groups, scratch);
+    plan.gather_counts(be, groups);
+    int32_t const local = comm.rank() % per_node;
+    for (int32_t node = 0; node < 2; ++node)
+      for (int32_t j = 0; j < pieces; ++j) {
+        CAPTURE(node);
+        CAPTURE(j);
+        CHECK(plan.rows_to_relay(j, node * per_node + local) == tokens / 2 / pieces);
+      }
   });
 }
 

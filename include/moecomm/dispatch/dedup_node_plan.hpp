@@ -8,14 +8,17 @@
 //! each row's own source rank, so the experts see plain dispatch's layout. The combine's mirror sums
 //! per rank, then per node on the relay, then at the source.
 //!
-//! The hops overlap (DeepEP's internode pipeline): each rank's tokens are cut into `pieces` equal
-//! ranges, and one grouped exchange carries piece j's first hop together with piece j − 1's second
-//! (the relay forwards a piece while the next crosses between nodes); the way back mirrors it. The
-//! rows each rank sends each relay, and would send each rank directly, per piece, ride on the count
-//! all-gather (with home experts, on an all-gather of their own), so every piece's sizes are known
-//! on every rank before a row moves. A relay keeps
-//! what it got piece-major (piece j of every source before piece j + 1), so that each piece it
-//! forwards is one contiguous block per destination rank.
+//! The hops overlap (DeepEP's internode pipeline): the rows each rank sends each relay are cut into
+//! `pieces` equal runs, and one grouped exchange carries piece j's first hop together with piece
+//! j − 1's second (the relay forwards a piece while the next crosses between nodes); the way back
+//! mirrors it. Every piece carries its share of every link's rows, whatever the routing's order
+//! (token ranges would not: a routing whose first tokens go to one node, as a replicated layer's
+//! contiguous shares make, would load one node's links per piece). The rows each rank sends each
+//! relay ride on the count all-gather (with home experts, on an all-gather of their own), with the
+//! rows each relay forwards each rank per piece, so every piece's sizes are known on every rank
+//! before a row moves. A relay keeps what it got piece-major (piece j of every source before piece
+//! j + 1), so that each piece it forwards is one contiguous block per destination rank, and each
+//! source's rows reach the experts in token order.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/atomic.hpp>
@@ -40,26 +43,34 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-//! The piece of `pieces` equal token ranges that token t of `tokens` is in: piece j holds tokens
-//! `[j * tokens / pieces, (j + 1) * tokens / pieces)`.
-MOECOMM_HOST_DEVICE inline std::int64_t token_piece(std::int64_t t, std::int64_t tokens, std::int32_t pieces) {
-  return ((t + 1) * pieces - 1) / tokens;
+//! Piece j of a block of `rows` rows cut into `pieces`: rows `[j * rows / pieces, (j + 1) * rows / pieces)`.
+MOECOMM_HOST_DEVICE inline std::int64_t piece_start(std::int64_t j, std::int64_t rows, std::int32_t pieces) {
+  return j * rows / pieces;
+}
+//! The piece that row i of a block of `rows` rows is in.
+MOECOMM_HOST_DEVICE inline std::int32_t piece_of_row(std::int64_t i, std::int64_t rows, std::int32_t pieces) {
+  return static_cast<std::int32_t>(((i + 1) * pieces - 1) / rows);
 }
 
-//! `counts[j * R + d]` += the tokens of piece j that send rank d a row along `route` (with relays:
-//! the rows to each relay; without: the rows each rank would get had they gone straight there).
-struct count_rows_per_piece {
+//! `counts[j * R + d]` += the rows rank d gets from the relay of its node in piece j: one per token
+//! with a slot on d whose row to that relay is in piece j of the block this rank sends the relay
+//! (`row_of` and `offsets` of hop 1's source map).
+struct count_forwarded_rows_per_piece {
   std::int32_t const* idx;
-  dedup_route route;
-  std::int64_t tokens;
+  dedup_route to_relay, direct;
+  std::int32_t const* row_of;
+  std::int32_t const* offsets;
   std::int32_t top_k, pieces, ranks;
   std::int32_t* counts;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t t) const {
     std::int32_t const* ids = idx + t * top_k;
-    std::int32_t* const piece = counts + token_piece(t, tokens, pieces) * ranks;
     for (std::int32_t k = 0; k < top_k; ++k) {
-      std::int32_t const d = route.destination(ids[k]);
-      if (d >= 0 && route.first_slot_to(d, ids) == k) atomic_add(&piece[d], 1);
+      std::int32_t const d = direct.destination(ids[k]);
+      if (d < 0 || direct.first_slot_to(d, ids) != k) continue;
+      std::int32_t const relay = to_relay.destination(ids[k]);
+      std::int64_t const row = row_of[t * top_k + to_relay.first_slot_to(relay, ids)];
+      std::int32_t const j = piece_of_row(row - offsets[relay], offsets[relay + 1] - offsets[relay], pieces);
+      atomic_add(&counts[j * ranks + d], 1);
     }
   }
 };
@@ -121,14 +132,14 @@ struct piece_hop {
 template <class Backend>
 class dedup_node_plan {
  public:
-  //! Cuts each rank's tokens into `pieces` ranges whose hops overlap (1: store-and-forward). Before
+  //! Cuts the rows each rank sends each relay into `pieces` runs whose hops overlap (1: store-and-forward). Before
   //! `reserve`, the same on every rank. On one node the first hop is a copy to itself and nothing
   //! overlaps: one piece.
   void cut_into(std::int32_t pieces, topology const& topo) { pieces_ = topo.num_nodes() > 1 ? pieces : 1; }
 
   //! This rank's side (hop 1's source map) with home experts: as `dedup_plan::build_source`, the
-  //! rows going to relays, and per piece the rows this rank's tokens send each relay and would send
-  //! each rank directly (`piece_rows()`); then `gather_counts`. Local.
+  //! rows going to relays, and per piece the rows the relays forward each rank (`piece_rows()`);
+  //! then `gather_counts`. Local.
   template <class Comm>
   void build_source(Backend const& be, routing_view const& kept, std::vector<std::int32_t> const& home, std::int32_t num_experts,
                     exchange_groups<Comm>& groups, workspace<Backend>& scratch) {
@@ -148,10 +159,14 @@ class dedup_node_plan {
     count_pieces(be, kept, groups.world().size());
   }
   [[nodiscard]] std::int32_t const* source_offsets() const { return to_relay_.source_offsets(); }
-  //! `[2][pieces][R]` device counts: the rows this rank's tokens of each piece send each relay, then
-  //! those they would send each rank directly.
+  //! `[pieces][R]` device counts: the rows of this rank's tokens that the relays forward each rank
+  //! in each piece.
   [[nodiscard]] std::int32_t const* piece_rows() const { return piece_rows_.data(); }
-  [[nodiscard]] std::int64_t piece_words(std::int32_t ranks) const { return 2 * std::int64_t{pieces_} * ranks; }
+  [[nodiscard]] std::int64_t piece_words(std::int32_t ranks) const { return std::int64_t{pieces_} * ranks; }
+  //! The rows this rank sends `relay` in piece j's first hop (once the counts are known).
+  [[nodiscard]] std::int64_t rows_to_relay(std::int32_t j, std::int32_t relay) const {
+    return hop1_.out_rows[detail::piece_hop::cell(j, relay, static_cast<std::int32_t>(hop1_.out_rows.size() / pieces_))];
+  }
   //! After `build_source`: every rank learns every rank's rows to each relay and `piece_rows()` (one
   //! all-gather), and so both hops' sizes (`take_counts`). Collective.
   template <class Comm>
@@ -180,17 +195,18 @@ class dedup_node_plan {
     hop2_.clear(cells);
     hop2_counts_.assign(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(ranks), 0);
     for (std::int32_t s = 0; s < ranks; ++s) {
-      std::int64_t const* const to_relays = all + s * stride + ranks;
-      std::int64_t const* const direct = to_relays + cells;
+      std::int64_t const* const to_relays = all + s * stride;
+      std::int64_t const* const forwarded = to_relays + ranks;
       for (std::int32_t j = 0; j < pieces; ++j)
         for (std::int32_t d = 0; d < ranks; ++d) {
           std::size_t const c = detail::piece_hop::cell(j, d, ranks);
-          if (s == me) hop1_.out_rows[c] = to_relays[c];
-          if (d == me) hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)] = to_relays[c];
+          std::int64_t const in_piece = detail::piece_start(j + 1, to_relays[d], pieces) - detail::piece_start(j, to_relays[d], pieces);
+          if (s == me) hop1_.out_rows[c] = in_piece;
+          if (d == me) hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)] = in_piece;
           std::int32_t const relay = topo.rank_at(topo.node_of(d), topo.local_of(s));
-          hop2_counts_[static_cast<std::size_t>(relay) * ranks + d] += direct[c];
-          if (relay == me) hop2_.out_rows[c] += direct[c];
-          if (d == me) hop2_.in_rows[detail::piece_hop::cell(j, relay, ranks)] += direct[c];
+          hop2_counts_[static_cast<std::size_t>(relay) * ranks + d] += forwarded[c];
+          if (relay == me) hop2_.out_rows[c] += forwarded[c];
+          if (d == me) hop2_.in_rows[detail::piece_hop::cell(j, relay, ranks)] += forwarded[c];
         }
     }
     hop1_.lay_out(pieces, ranks, true);
@@ -323,15 +339,15 @@ class dedup_node_plan {
     relays_set_ = true;
   }
 
-  //! `piece_rows()` of `kept`'s tokens: along hop 1's route (to the relays), then without relays.
+  //! `piece_rows()` of `kept`'s tokens, from hop 1's source map (on the device).
   void count_pieces(Backend const& be, routing_view const& kept, std::int32_t ranks) {
     std::int64_t const words = piece_words(ranks);
-    std::int32_t* rows = grow(be, piece_rows_, words).data();
+    std::int32_t* const rows = grow(be, piece_rows_, words).data();
     be.for_each_index(words, detail::fill_value<std::int32_t>{rows, 0});
-    for (detail::dedup_route const& route : {to_relay_.sent_route(), to_relay_.direct_route()}) {
-      be.for_each_index(kept.num_tokens, detail::count_rows_per_piece{kept.topk_idx, route, kept.num_tokens, kept.top_k, pieces_, ranks, rows});
-      rows += words / 2;
-    }
+    permute_plan<Backend> const& source = to_relay_.source();
+    be.for_each_index(kept.num_tokens, detail::count_forwarded_rows_per_piece{kept.topk_idx, to_relay_.sent_route(), to_relay_.direct_route(),
+                                                                              source.row_of(), source.expert_offsets(), kept.top_k,
+                                                                              pieces_, ranks, rows});
   }
 
   //! The lists a relay got (by source rank) as it keeps its rows: piece-major, piece j of every

@@ -118,7 +118,7 @@ class exchange_adviser {
     // The counts' ring all-gathers, over every rank or over each group (its n / R of the experts) side by side.
     double const experts = static_cast<double>(num_experts) * n / R;
     auto const gather = [&](double bytes) { return groups.empty() ? links_.allgather_seconds(bytes) : links_.allgather_seconds(groups, bytes); };
-    count_gathers const counts{gather(8.0 * experts), gather(8.0 * (experts + n)), gather(8.0 * (experts + n + 2.0 * pieces_ * n))};
+    count_gathers const counts{gather(8.0 * experts), gather(8.0 * (experts + n)), gather(8.0 * (experts + n + pieces_ * n))};
     rows const r = count_rows(routing, num_experts);
     double const route = counts.experts + links_.launches(plan_kernels);
     std::vector<exchange_prediction> out;

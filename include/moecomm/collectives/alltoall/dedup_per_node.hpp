@@ -17,21 +17,20 @@
 MOECOMM_NAMESPACE_BEGIN
 
 //! One row per (token, destination node) between nodes, one per (token, destination rank) inside a
-//! node. The hops overlap: each rank's tokens are cut into `pieces` ranges, and one grouped exchange
-//! carries piece j's first hop (between ranks of equal local index, and the self-copy) with piece
-//! j − 1's second (inside nodes), so a relay forwards a piece while the next crosses between nodes
-//! (DeepEP's internode pipeline; `pieces + 1` exchanges each way). `pieces = 1` is store-and-forward:
-//! the second hop starts when the first has ended. On one node (nothing crosses between nodes) it
-//! runs as one piece.
+//! node. The hops overlap: the rows each rank sends each relay are cut into `pieces` equal runs, and
+//! one grouped exchange carries piece j's first hop (between ranks of equal local index, and the
+//! self-copy) with piece j − 1's second (inside nodes), so a relay forwards a piece while the next
+//! crosses between nodes (DeepEP's internode pipeline; `pieces + 1` exchanges each way). `pieces = 1`
+//! is store-and-forward: the second hop starts when the first has ended. On one node (nothing
+//! crosses between nodes) it runs as one piece.
 struct dedup_per_node : detail::dedup_exchange<flat> {
   static constexpr char const* name = "dedup_per_node";
-  //! Token ranges per step whose hops overlap; the same on every rank. 1 by default: 4 gains 14–19 %
-  //! on large steps beyond one node (docs/performance.md), but a replicated layer (FlexMoE's even
-  //! split) simulated slower with it on one platform, which is not understood yet.
-  std::int32_t pieces = 1;
+  //! Runs per relay whose hops overlap; the same on every rank. 4 gains 14–19 % on large steps
+  //! beyond one node over 1 (docs/performance.md); more pieces pay more launches and latencies.
+  std::int32_t pieces = 4;
 
   constexpr dedup_per_node() = default;
-  constexpr explicit dedup_per_node(std::int32_t token_pieces) : pieces(token_pieces) {}
+  constexpr explicit dedup_per_node(std::int32_t pieces_per_relay) : pieces(pieces_per_relay) {}
 };
 
 namespace detail {
