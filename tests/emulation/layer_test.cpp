@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The plain expert-parallel layer on GPUs with each all-to-all algorithm, on both placements of the
-// ranks; over a staged host communicator (F3); streams that differ (F2); host waits per step.
+// ranks; captured in CUDA graphs (with FasterMoE's shadowing too); over a staged host communicator
+// (F3); streams that differ (F2); host waits per step.
 
+#include "device_experts.hpp"
 #include "device_layer_cases.hpp"
 
 #include <cstring>
@@ -98,7 +100,7 @@ struct device_step {
   device_step(moecomm::cuda_backend const& be, int64_t tokens, int32_t top_k, int64_t hidden)
       : out(be.allocate<float>(tokens * hidden)), d_x(be.allocate<float>(tokens * hidden)), d_w(be.allocate<float>(tokens * top_k)) {}
   template <class Layer, class Experts>
-  void run(Layer& layer, moecomm::routing_view const& routing, float const* x, float const* d_out, int64_t hidden, Experts const& experts) {
+  void run(Layer& layer, moecomm::routing_view const& routing, float const* x, float const* d_out, int64_t hidden, Experts& experts) {
     int64_t const tokens = routing.num_tokens;
     layer.forward(routing, {x, tokens, hidden}, {out.data(), tokens, hidden}, experts);
     layer.backward({d_out, tokens, hidden}, {d_x.data(), tokens, hidden}, moecomm::array_view<float>{d_w.data(), tokens * routing.top_k},
@@ -106,87 +108,151 @@ struct device_step {
   }
 };
 
-// Captures one forward + backward of a padded-capacity layer after an eager warm-up step, replays
-// the graph on 100 new routings and rows (the inputs rewritten in place), and checks each replay
-// against the eager step of a second layer on the same inputs, bit for bit; the capture and the
-// replays wait for nothing on the host.
-template <class Capacity, class Algorithm>
-void check_captured_layer(int32_t ranks, int32_t per_node, Capacity const& capacity, Algorithm const& algorithm) {
-  CAPTURE(Capacity::name);
-  CAPTURE(Algorithm::name);
-  int32_t const experts = 2 * ranks, top_k = 2;
+// The experts' parameter gradients on the host: none for experts without parameters.
+template <class Experts>
+std::vector<float> parameter_gradients(Experts const&) {
+  return {};
+}
+template <class Backend>
+std::vector<float> parameter_gradients(kernel_scale_bias_experts<float, Backend> const& experts) {
+  return experts.gradients_on_host();
+}
+// An optimizer's step between replays: new parameters, drawn from `seed` (none without parameters).
+template <class Experts>
+void step_parameters(Experts&, uint64_t) {}
+template <class Backend>
+void step_parameters(kernel_scale_bias_experts<float, Backend>& experts, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> p(experts.params.size());
+  for (float& v : p) v = static_cast<float>(static_cast<int64_t>(rng() % 257) - 128) / 64.0f;
+  experts.be.copy(experts.params.data(), p.data(), static_cast<int64_t>(p.size()));  // pageable: read when enqueued
+}
+
+// Captures one forward + backward of `captured` (after `reserve`) after an eager warm-up step,
+// replays the graph on 100 new routings and rows (the inputs rewritten in place), and checks each
+// replay against the eager step of `eager` (built alike, with experts of its own, equal) on the same
+// inputs, bit for bit, the experts' parameter gradients included; the parameters change before
+// every replay (an optimizer's step), so a replay must move them again. The capture and the replays
+// wait for nothing on the host.
+template <class Layer, class Experts>
+void replay_captured_step(emulated_rank& rank, int32_t experts, Layer& captured, Layer& eager, Experts& captured_experts,
+                          Experts& eager_experts) {
+  int32_t const me = rank.comm.rank(), top_k = 2;
   int64_t const tokens = 24, hidden = 8;
   int const replays = 100;
-  run_emulated_ranks(ranks, [&](emulated_rank& rank) {
-    using Layer = moecomm::expert_parallel_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, Algorithm>;
-    int32_t const me = rank.comm.rank();
-    moecomm::cuda_backend const& be = rank.be;
-    moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(ranks, per_node));
-    Layer captured(be, groups, experts, hidden, capacity, algorithm), eager(be, groups, experts, hidden, capacity, algorithm);
-    REQUIRE(captured.capture_blocker().empty());
-    for (Layer* layer : {&captured, &eager}) layer->reserve(moecomm::step_bounds{tokens, top_k, 0, 0});
-    auto idx = be.allocate<int32_t>(tokens * top_k);
-    auto w = be.allocate<float>(tokens * top_k);
-    auto x = be.allocate<float>(tokens * hidden);
-    auto d_out = be.allocate<float>(tokens * hidden);
-    moecomm::routing_view const routing{idx.data(), w.data(), tokens, top_k};
-    auto write_inputs = [&](int step, int32_t slot_3 = 0) {  // slot_3: a value for slot 3 (0: as drawn)
-      capture_inputs in(static_cast<uint64_t>(step) * 1000 + static_cast<uint64_t>(me), tokens, top_k, experts, hidden);
-      if (slot_3 != 0) in.idx[3] = slot_3;
-      be.copy(idx.data(), in.idx.data(), tokens * top_k);  // pageable: read when enqueued
-      be.copy(w.data(), in.w.data(), tokens * top_k);
-      be.copy(x.data(), in.x.data(), tokens * hidden);
-      be.copy(d_out.data(), in.d_out.data(), tokens * hidden);
-    };
-    device_scale_experts<float> const scale{me * 2, {}, {}};
-    device_step mine(be, tokens, top_k, hidden), reference(be, tokens, top_k, hidden);
-    write_inputs(0);
-    mine.run(captured, routing, x.data(), d_out.data(), hidden, scale);  // the eager warm-up: its capacity is the graph's
-    be.synchronize();
-    std::int64_t waits = host_waits_of(rank.device);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    REQUIRE(cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    mine.run(captured, routing, x.data(), d_out.data(), hidden, scale);
-    REQUIRE(cudaStreamEndCapture(be.stream(), &graph) == cudaSuccess);
-    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-    CHECK_MESSAGE(host_waits_of(rank.device) == waits, "the captured step waited on the host");
-    CHECK(captured.dispatch_state().report().kept_slots == -1);
-    auto require_equal_steps = [&](int step) {
-      for (auto [got, want, what] : {std::tuple{&mine.out, &reference.out, "out"}, std::tuple{&mine.d_x, &reference.d_x, "d_x"},
-                                     std::tuple{&mine.d_w, &reference.d_w, "d_weights"}}) {
-        auto const a = download(be, got->data(), got->size()), b = download(be, want->data(), want->size());
-        REQUIRE_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, "rank ", me, " replay ", step, ": the captured ",
-                        what, " differs from the eager step's");
-      }
-    };
-    for (int step = 1; step <= replays; ++step) {
-      write_inputs(step);
-      waits = host_waits_of(rank.device);
-      REQUIRE(cudaGraphLaunch(exec, be.stream()) == cudaSuccess);
-      REQUIRE_MESSAGE(host_waits_of(rank.device) == waits, "a replay waited on the host");
-      reference.run(eager, routing, x.data(), d_out.data(), hidden, scale);
-      require_equal_steps(step);
-      captured.dispatch_state().check_captured_routing();
+  moecomm::cuda_backend const& be = rank.be;
+  auto idx = be.allocate<int32_t>(tokens * top_k);
+  auto w = be.allocate<float>(tokens * top_k);
+  auto x = be.allocate<float>(tokens * hidden);
+  auto d_out = be.allocate<float>(tokens * hidden);
+  moecomm::routing_view const routing{idx.data(), w.data(), tokens, top_k};
+  auto write_inputs = [&](int step, int32_t slot_3 = 0) {  // slot_3: a value for slot 3 (0: as drawn)
+    capture_inputs in(static_cast<uint64_t>(step) * 1000 + static_cast<uint64_t>(me), tokens, top_k, experts, hidden);
+    if (slot_3 != 0) in.idx[3] = slot_3;
+    be.copy(idx.data(), in.idx.data(), tokens * top_k);  // pageable: read when enqueued
+    be.copy(w.data(), in.w.data(), tokens * top_k);
+    be.copy(x.data(), in.x.data(), tokens * hidden);
+    be.copy(d_out.data(), in.d_out.data(), tokens * hidden);
+  };
+  device_step mine(be, tokens, top_k, hidden), reference(be, tokens, top_k, hidden);
+  write_inputs(0);
+  mine.run(captured, routing, x.data(), d_out.data(), hidden, captured_experts);  // the eager warm-up: its capacity is the graph's
+  reference.run(eager, routing, x.data(), d_out.data(), hidden, eager_experts);   // (and its parameter gradients)
+  be.synchronize();
+  std::int64_t waits = host_waits_of(rank.device);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  mine.run(captured, routing, x.data(), d_out.data(), hidden, captured_experts);
+  REQUIRE(cudaStreamEndCapture(be.stream(), &graph) == cudaSuccess);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  CHECK_MESSAGE(host_waits_of(rank.device) == waits, "the captured step waited on the host");
+  CHECK(captured.dispatch_state().report().kept_slots == -1);
+  auto require_equal_steps = [&](int step) {
+    for (auto [got, want, what] : {std::tuple{&mine.out, &reference.out, "out"}, std::tuple{&mine.d_x, &reference.d_x, "d_x"},
+                                   std::tuple{&mine.d_w, &reference.d_w, "d_weights"}}) {
+      auto const a = download(be, got->data(), got->size()), b = download(be, want->data(), want->size());
+      REQUIRE_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, "rank ", me, " replay ", step, ": the captured ",
+                      std::string(what), " differs from the eager step's");
     }
-    // An id out of range on rank 1: the replay masks it (the eager step with that slot masked is
-    // equal), and check_captured_routing raises it there, naming the slot.
-    write_inputs(replays + 1, me == 1 ? experts + 5 : 0);
+    auto const a = parameter_gradients(captured_experts), b = parameter_gradients(eager_experts);
+    REQUIRE_MESSAGE((a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0), "rank ", me, " replay ",
+                    step, ": the captured step's parameter gradients differ from the eager step's");
+  };
+  for (int step = 1; step <= replays; ++step) {
+    write_inputs(step);
+    for (Experts* e : {&captured_experts, &eager_experts}) step_parameters(*e, static_cast<uint64_t>(step) * 7919 + static_cast<uint64_t>(me));
+    waits = host_waits_of(rank.device);
     REQUIRE(cudaGraphLaunch(exec, be.stream()) == cudaSuccess);
-    write_inputs(replays + 1, me == 1 ? -1 : 0);
-    reference.run(eager, routing, x.data(), d_out.data(), hidden, scale);
-    require_equal_steps(replays + 1);
-    write_inputs(replays + 1, me == 1 ? experts + 5 : 0);
-    if (me == 1)
-      check_error([&] { captured.dispatch_state().check_captured_routing(); }, moecomm::status::invalid_argument,
-                  {"check_captured_routing", "topk_idx[1][1] = " + std::to_string(experts + 5), "out of range"});
-    else
-      captured.dispatch_state().check_captured_routing();
-    (void)cudaGraphExecDestroy(exec);
-    (void)cudaGraphDestroy(graph);
-  });
+    REQUIRE_MESSAGE(host_waits_of(rank.device) == waits, "a replay waited on the host");
+    reference.run(eager, routing, x.data(), d_out.data(), hidden, eager_experts);
+    require_equal_steps(step);
+    captured.dispatch_state().check_captured_routing();
+  }
+  // An id out of range on rank 1: the replay masks it (the eager step with that slot masked is
+  // equal), and check_captured_routing raises it there, naming the slot.
+  write_inputs(replays + 1, me == 1 ? experts + 5 : 0);
+  REQUIRE(cudaGraphLaunch(exec, be.stream()) == cudaSuccess);
+  write_inputs(replays + 1, me == 1 ? -1 : 0);
+  reference.run(eager, routing, x.data(), d_out.data(), hidden, eager_experts);
+  require_equal_steps(replays + 1);
+  write_inputs(replays + 1, me == 1 ? experts + 5 : 0);
+  if (me == 1)
+    check_error([&] { captured.dispatch_state().check_captured_routing(); }, moecomm::status::invalid_argument,
+                {"check_captured_routing", "topk_idx[1][1] = " + std::to_string(experts + 5), "out of range"});
+  else
+    captured.dispatch_state().check_captured_routing();
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+}
+
+void require_no_violations() {
   auto const seen = take_violations();
   CHECK_MESSAGE(seen.empty(), "the emulation saw ", seen.size(), " broken contracts, the first: ", seen.empty() ? "" : seen.front());
+}
+
+// The plain layer with a padded capacity policy over `algorithm`, two experts per rank.
+template <class Capacity, class Algorithm>
+void check_captured_layer(int32_t ranks, int32_t per_node, Capacity const& capacity, Algorithm const& algorithm) {
+  std::string const capacity_name = Capacity::name;
+  CAPTURE(capacity_name);
+  std::string const algorithm_name = Algorithm::name;
+  CAPTURE(algorithm_name);
+  int32_t const experts = 2 * ranks;
+  run_emulated_ranks(ranks, [&](emulated_rank& rank) {
+    using Layer = moecomm::expert_parallel_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, Algorithm>;
+    moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(ranks, per_node));
+    Layer captured(rank.be, groups, experts, 8, capacity, algorithm), eager(rank.be, groups, experts, 8, capacity, algorithm);
+    REQUIRE(captured.capture_blocker().empty());
+    for (Layer* layer : {&captured, &eager}) layer->reserve(moecomm::step_bounds{24, 2, 0, 0});
+    device_scale_experts<float> scale{rank.comm.rank() * 2, {}, {}}, same_scale{rank.comm.rank() * 2, {}, {}};
+    replay_captured_step(rank, experts, captured, eager, scale, same_scale);
+  });
+  require_no_violations();
+}
+
+// FasterMoE's shadowing (point-to-point path) over `flat` with a padded capacity policy: the
+// planner's fixed choice (`shadowing`'s) is the eager step's, which the graph keeps; every replay
+// still sends the owners' parameters to the replicas and sums the replicas' gradients back.
+template <class Capacity, class Shadowing>
+void check_captured_fastermoe(int32_t ranks, Capacity const& capacity, Shadowing const& shadowing) {
+  std::string const capacity_name = Capacity::name;
+  CAPTURE(capacity_name);
+  int32_t const experts = 2 * ranks;
+  run_emulated_ranks(ranks, [&](emulated_rank& rank) {
+    using Layer = moecomm::expert_parallel_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, moecomm::flat,
+                                                 moecomm::weighted, Shadowing>;
+    moecomm::exchange_groups<moecomm::nccl_communicator> groups(rank.comm, moecomm::topology(ranks, ranks));
+    Layer captured(rank.be, groups, experts, 8, capacity, {}, {}, shadowing), eager(rank.be, groups, experts, 8, capacity, {}, {}, shadowing);
+    REQUIRE(captured.capture_blocker().empty());
+    scale_bias_experts<float> const initial(rank.comm.rank(), 2, 8, true);
+    kernel_scale_bias_experts<float, moecomm::cuda_backend> captured_experts(rank.be, initial), eager_experts(rank.be, initial);
+    captured.reserve(moecomm::step_bounds{24, 2, 0, 0}, captured_experts);
+    eager.reserve(moecomm::step_bounds{24, 2, 0, 0}, eager_experts);
+    replay_captured_step(rank, experts, captured, eager, captured_experts, eager_experts);
+    REQUIRE(!captured.shadow_state().decision().shadowed.empty());
+  });
+  require_no_violations();
 }
 
 TEST_CASE("a captured step of a padded capacity layer on one GPU replays 100 times equal to the eager step, with no host wait") {
@@ -200,6 +266,17 @@ TEST_CASE("a captured step of a padded capacity layer on 2 and 4 GPUs replays 10
   check_captured_layer(2, 2, capacity<moecomm::drop_random>{1.25, 2, true, {7, 1}}, moecomm::flat{});
   check_captured_layer(4, 2, capacity<moecomm::drop_by_probability>{1.0, 0, true, {}}, moecomm::hierarchical_2d{});
   check_captured_layer(4, 2, capacity<moecomm::drop_by_position>{0.5, 0, true, {}}, moecomm::pairwise{1});
+}
+
+TEST_CASE("a captured FasterMoE step (its shadowed experts kept) replays 100 times equal to the eager step, with no host wait") {
+  using moecomm::capacity;
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_planner> const everywhere{small_model(), {64}, {{0, 3}}};
+  check_captured_fastermoe(2, capacity<moecomm::drop_by_probability>{1.0, 0, true, {}}, everywhere);
+  check_captured_fastermoe(4, capacity<moecomm::drop_by_position>{0.75, 0, true, {}}, everywhere);
+  // Pro-Prophet's kind of choice: replicas on subsets (expert 0 on ranks 2 and 3, expert 5 on rank 0).
+  moecomm::fastermoe_shadowing<moecomm::point_to_point_path, fixed_subset_planner> const subsets{
+      small_model(), {64}, {{0, 5}, {0, 2, 3}, {2, 3, 0}}};
+  check_captured_fastermoe(4, capacity<moecomm::drop_random>{1.25, 2, true, {7, 1}}, subsets);
 }
 
 TEST_CASE("a layer that is not capturable says why, and refuses capture by that reason") {

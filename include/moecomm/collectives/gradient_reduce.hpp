@@ -76,6 +76,9 @@ void validate_reduce(char const* op, Path const& path, replica_set const& set, s
 //! Order: `point_to_point_path` sums on the owner in exactly that order on every transport.
 //! `collective_path` uses the communicator's `reduce`: the same order in-process; MPI's and NCCL's
 //! own (fixed for a fixed configuration) otherwise.
+//!
+//! On a communicator that enqueues its exchanges (NCCL's), the point-to-point path is left in the
+//! back-end's stream order, with no host wait (a CUDA graph captures it); otherwise it returns done.
 //! @tparam T float or double.
 //! @param be the back-end that owns `grads`' memory (it runs the sum and holds the staging chunks).
 //! @param grads `[>= count]` on the owner and the replicas.
@@ -89,6 +92,7 @@ void gradient_reduce(Backend const& be, Comm& comm, replica_set const& set, std:
   std::int32_t const ranks = comm.size(), me = comm.rank();
   detail::validate_reduce(op, path, set, ranks, me, count, grads);
   if (set.replicas.empty()) return;
+  constexpr bool stream_ordered = detail::has_enqueue_exchange<Comm>::value;  // its messages follow the stream's work
   std::int64_t const chunk = detail::chunk_elements<T>(path);
   // split_into_chunks counts elements here: `piece.bytes` is the piece's length in elements.
   auto const pieces = detail::split_into_chunks(count, chunk);
@@ -115,16 +119,18 @@ void gradient_reduce(Backend const& be, Comm& comm, replica_set const& set, std:
           lists.recvs.push_back({set.replicas[static_cast<std::size_t>(j)], staged + j * chunk_rows, bytes});
       else if (set.holds(me))
         lists.sends.push_back({set.owner, mine, bytes});
-      comm.exchange(lists.sends, lists.recvs);
+      detail::exchange_in_stream_order(comm, lists.sends, lists.recvs);
       if (me == set.owner) {
         be.for_each_index(piece.bytes, detail::sum_in_rank_order<T>{staged, chunk_rows,
                                                                     static_cast<std::int32_t>(replicas + 1),
                                                                     owner_position, mine});
-        be.synchronize();  // the next piece's messages land in the same staging rows
+        // The next piece's messages land in the same staging rows: after the sum, in stream order
+        // on a communicator that enqueues (NCCL's), else after a wait.
+        if constexpr (!stream_ordered) be.synchronize();
       }
     }
   }
-  be.synchronize();
+  if constexpr (!stream_ordered) be.synchronize();
 }
 
 //! Every member's `grads[0, count)` becomes the sum of all members' (the order of

@@ -21,8 +21,9 @@ MOECOMM_NAMESPACE_BEGIN
 
 namespace detail {
 
-//! The broadcast itself; `lists` holds the point-to-point path's messages.
-template <class Comm, class T, class Path>
+//! The broadcast itself; `lists` holds the point-to-point path's messages, which with
+//! `InStreamOrder` a communicator that enqueues (NCCL's) leaves in stream order.
+template <bool InStreamOrder, class Comm, class T, class Path>
 void broadcast_to_replicas(Comm& comm, replica_set const& set, std::int64_t count, array_view<T> data, Path const& path,
                            message_lists& lists) {
   static_assert(std::is_trivially_copyable_v<T> && !std::is_const_v<T>,
@@ -48,7 +49,8 @@ void broadcast_to_replicas(Comm& comm, replica_set const& set, std::int64_t coun
         for (std::int32_t r : set.replicas) lists.sends.push_back({r, base + chunk.offset, chunk.bytes});
       else if (set.holds(me))
         lists.recvs.push_back({set.owner, base + chunk.offset, chunk.bytes});
-      comm.exchange(lists.sends, lists.recvs);
+      if constexpr (InStreamOrder) exchange_in_stream_order(comm, lists.sends, lists.recvs);
+      else comm.exchange(lists.sends, lists.recvs);
     }
   }
 }
@@ -64,17 +66,19 @@ void broadcast_to_replicas(Comm& comm, replica_set const& set, std::int64_t coun
 template <class Comm, class T, class Path = point_to_point_path>
 void replica_broadcast(Comm& comm, replica_set const& set, std::int64_t count, array_view<T> data, Path const& path = {}) {
   message_lists lists;  // a one-off call: the form below keeps them
-  detail::broadcast_to_replicas(comm, set, count, data, path, lists);
+  detail::broadcast_to_replicas<false>(comm, set, count, data, path, lists);
 }
 
 //! As above, with the message lists kept in `scratch` between calls (a steady state allocates
 //! nothing); the argument order of `gradient_reduce`. `be` is the back-end whose work wrote `data`
-//! (its stream must be the communicator's: `detail::require_one_stream`).
+//! (its stream must be the communicator's: `detail::require_one_stream`) and reads it next: on a
+//! communicator that enqueues (NCCL's), the point-to-point path is left in its stream order, with no
+//! host wait (a CUDA graph captures it).
 template <class Backend, class Comm, class T, class Path = point_to_point_path>
 void replica_broadcast(Backend const& be, Comm& comm, replica_set const& set, std::int64_t count, array_view<T> data,
                        workspace<Backend>& scratch, Path const& path = {}) {
   detail::require_one_stream(be, comm, "replica_broadcast");
-  detail::broadcast_to_replicas(comm, set, count, data, path, scratch.messages());
+  detail::broadcast_to_replicas<true>(comm, set, count, data, path, scratch.messages());
 }
 
 MOECOMM_NAMESPACE_END

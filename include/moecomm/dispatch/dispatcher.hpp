@@ -204,7 +204,7 @@ class dispatcher {
   void route(routing_view const& routing, ChooseHome&& choose_home) {
     begin_route();
     if (detail::capturing(be_)) {
-      refuse_capture_unless_capturable(!std::is_same_v<std::decay_t<ChooseHome>, no_home_experts>, "route");
+      refuse_capture_unless_capturable("route");
       route_captured(routing);
       return;
     }
@@ -447,11 +447,11 @@ class dispatcher {
   [[nodiscard]] dispatch_report const& report() const { return report_; }
 
   //! Why a step of this dispatcher cannot be captured into a CUDA graph, or "" when it can: with a
-  //! padded capacity policy over flat, hierarchical_2d or pairwise, without home experts
-  //! (`home_experts`: the caller's shadowing chooses some), every size is known when the graph is
-  //! built. Such a route, called while the back-end's stream captures, waits for nothing and reads
-  //! nothing back; any other is refused then with this reason.
-  [[nodiscard]] std::string capture_blocker(bool home_experts = false) const {
+  //! padded capacity policy over flat, hierarchical_2d or pairwise, every size is known when the
+  //! graph is built. Such a route, called while the back-end's stream captures, waits for nothing and
+  //! reads nothing back (a chooser of home experts is not called: the home experts of the eager route
+  //! before the capture are kept); any other is refused then with this reason.
+  [[nodiscard]] std::string capture_blocker() const {
     if constexpr (detail::is_dropless_v<Capacity> || detail::is_receiver_budget_v<Capacity>) {
       return detail::concat(Capacity::name, ": the rows each rank receives depend on every rank's routing, which the host reads "
                             "(one wait a step); a captured step needs capacity<rule> with pad_to_capacity = true");
@@ -464,8 +464,6 @@ class dispatcher {
         return detail::concat(algorithm_label(), ": the rows sent to each rank depend on the routing, which the host reads");
       if (std::is_same_v<Algorithm, smart_schedule>)
         return "smart_schedule: the experts run on a host lane between the pairwise exchanges";
-      if (home_experts)
-        return "home experts (FasterMoE's shadowing): the host chooses them from every rank's counts";
       return "";
     }
   }
@@ -692,7 +690,10 @@ class dispatcher {
     local_offsets_.reserve(L + 1);
     rank_major_offsets_.reserve(R * L + 1);
     allowance_.reserve(R);
-    for (std::vector<std::int32_t>* v : {&home_, &chosen_, &label_}) v->reserve(E);
+    for (std::vector<std::int32_t>* v : {&home_, &chosen_, &label_, &eager_home_.experts}) v->reserve(E);
+    eager_home_.offsets.reserve(E + 1);
+    eager_home_.ranks.reserve(E * R);
+    chunk_tables_.reserve(be_, ranks_, local_experts_);
     home_offsets_.reserve(E + 1);
     exchange_scratch_.sends.reserve(R);
     exchange_scratch_.recvs.reserve(R);
@@ -718,6 +719,7 @@ class dispatcher {
       build_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, unchecked_routing, capacity_pads() ? capacity : 0);
     }
     grow(be_, relabeled_idx_, slots);
+    grow(be_, home_label_, num_experts_);
     label_.resize(static_cast<std::size_t>(num_experts_));
     for (std::int32_t e = 0; e < num_experts_; ++e) label_[static_cast<std::size_t>(e)] = e;
     relabel_permute_plan(be_, plan_, plan_.routing(), array_view<std::int32_t const>(label_), scratch_);
@@ -748,10 +750,12 @@ class dispatcher {
     decltype(auto) chosen = choose_home(counts_);
     if constexpr (std::is_same_v<std::decay_t<decltype(chosen)>, home_subsets>) {
       keep_home(chosen);
+      eager_home_.keep(chosen);
     } else {  // on every rank, in any order
       chosen_.assign(chosen.begin(), chosen.end());  // capacity kept between steps
       std::sort(chosen_.begin(), chosen_.end());
       keep_home(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
+      eager_home_.keep(home_subsets{array_view<std::int32_t const>(chosen_), {}, {}});
     }
     if constexpr (deduplicated) {
       if constexpr (!counts_ride_along) {
@@ -770,8 +774,8 @@ class dispatcher {
   }
 
   //! Throws `capture_blocker`'s reason, naming `op`, unless it is empty.
-  void refuse_capture_unless_capturable(bool home_experts, char const* op) const {
-    std::string const why = capture_blocker(home_experts);
+  void refuse_capture_unless_capturable(char const* op) const {
+    std::string const why = capture_blocker();
     if (!why.empty())
       detail::fail(status::invalid_usage, "dispatcher::", op, " was called while the back-end's stream captures a CUDA graph, but "
                    "this step is not capturable: ", why);
@@ -781,7 +785,8 @@ class dispatcher {
   //! the caller): no host wait, no read of device memory. The capacity and drop_random's first token
   //! are those the ranks agreed on in the eager route before the capture (of the same shape); every
   //! expert's block is C rows, so every count is C and none is exchanged. The value scan's verdict
-  //! stays on the device (`check_captured_routing`); an id out of range is masked meanwhile.
+  //! stays on the device (`check_captured_routing`); an id out of range is masked meanwhile. The home
+  //! experts are the eager route's (FasterMoE's shadowing without a change of its choice).
   void route_captured(routing_view const& routing) {
     char const* op = "dispatcher::route";
     if constexpr (!detail::is_dropless_v<Capacity> && !detail::is_receiver_budget_v<Capacity>) {
@@ -800,7 +805,8 @@ class dispatcher {
       detail::enqueue_kept_permute_plan(be_, dropless_plan_, kept, plan_, scratch_, agreed_.capacity);
       counts_.assign(static_cast<std::size_t>(ranks_) * num_experts_, agreed_.capacity);
       derive_local_counts();
-      keep_home(home_subsets{});
+      keep_home(home_subsets{array_view<std::int32_t const>(eager_home_.experts), array_view<std::int32_t const>(eager_home_.offsets),
+                             array_view<std::int32_t const>(eager_home_.ranks)});
       report_.capacity = agreed_.capacity;
       report_.kept_slots = report_.dropped_slots = -1;  // on the device only
       routed_ = true;
@@ -898,12 +904,16 @@ class dispatcher {
         if (std::binary_search(home_.begin(), home_.end(), e) == (pass == 1)) label_[static_cast<std::size_t>(e)] = next++;
     routing_view relabeled = plan_.routing();
     std::int64_t const slots = relabeled.num_tokens * relabeled.top_k;
-    std::int32_t* const device_label = scratch_.template get<std::int32_t>(be_, num_experts_);
-    be_.copy(device_label, label_.data(), num_experts_);
+    bool const captured = detail::capturing(be_);
+    std::int32_t* const device_label = grow(be_, home_label_, num_experts_).data();
+    // A captured route keeps the eager route's home experts, whose labels are on the device already.
+    if (!captured) be_.copy(device_label, label_.data(), num_experts_);
     std::int32_t* const relabeled_idx = grow(be_, relabeled_idx_, slots).data();
     be_.for_each_index(slots, detail::relabel_experts{relabeled.topk_idx, device_label, num_experts_, relabeled_idx});
     relabeled.topk_idx = relabeled_idx;
-    relabel_permute_plan(be_, plan_, relabeled, array_view<std::int32_t const>(label_), scratch_);  // moves blocks: no second sort
+    // Either moves blocks (no second sort); a captured plan is padded and moves them on the device alone.
+    if (captured) detail::relabel_padded_plan(be_, plan_, relabeled, device_label, scratch_);
+    else relabel_permute_plan(be_, plan_, relabeled, array_view<std::int32_t const>(label_), scratch_);
   }
 
   //! `slot`, grown to hold `rows` rows of T: the dispatcher's row buffers are kept between steps.
@@ -1037,7 +1047,7 @@ class dispatcher {
     alltoallv(be_, *groups_, m, array_view<char const>{permuted, m.send_total(groups_->world().rank())},
               array_view<char>{arrived.data(), arrived.size()}, report_.exchange, exchange_scratch_, algorithm_);
     sort_chunks(be_, matrix_view<T const>(as_rows<T>(arrived, received_rows(), expert_rows.hidden)), chunk_counts(), ranks_,
-                local_experts_, expert_rows, scratch_, chunk_order::rank_major_to_expert_major);
+                local_experts_, expert_rows, chunk_tables_, scratch_, chunk_order::rank_major_to_expert_major);
   }
 
   //! Expert-major rows at the experts' ranks -> permuted rows back at their source rank, in `back`.
@@ -1047,7 +1057,7 @@ class dispatcher {
     std::int64_t const hidden = expert_rows.hidden;
     bytes_t& rank_major = rows_buffer<T>(rank_major_, received_rows(), hidden);
     sort_chunks(be_, matrix_view<T const>{expert_rows.data, received_rows(), hidden}, chunk_counts(), ranks_,
-                local_experts_, as_rows<T>(rank_major, received_rows(), hidden), scratch_,
+                local_experts_, as_rows<T>(rank_major, received_rows(), hidden), chunk_tables_, scratch_,
                 chunk_order::expert_major_to_rank_major);
     rows_buffer<T>(back, plan_.num_rows(), hidden);
     back_matrix_.assign_transposed(row_matrix(hidden * static_cast<std::int64_t>(sizeof(T)), forward_matrix_));
@@ -1113,7 +1123,9 @@ class dispatcher {
   std::int32_t num_experts_, ranks_, local_experts_ = 1;
   typename Backend::template buffer_type<std::int32_t> kept_idx_;       //!< the kept routing's ids
   typename Backend::template buffer_type<std::int32_t> relabeled_idx_;  //!< home experts sorted last
-  workspace<Backend> scratch_;  //!< the steps' small tables (scores, labels, chunk tables), kept between steps
+  typename Backend::template buffer_type<std::int32_t> home_label_;     //!< [E] their relabeling, on the device
+  workspace<Backend> scratch_;  //!< the steps' small tables (scores, labels), kept between steps
+  chunk_tables<Backend> chunk_tables_;  //!< the exchange's chunk tables of the last counts (`sort_chunks`)
   alltoall_workspace<Backend> exchange_scratch_;  //!< the all-to-alls' staging and message lists
   std::vector<std::int32_t> label_;  //!< keep_home's relabeling, kept between steps
   std::unique_ptr<lane_t<Backend>> lane_;  //!< the smart schedule's compute lane, made once
@@ -1133,6 +1145,15 @@ class dispatcher {
   std::vector<std::int64_t> rank_major_offsets_;  //!< [R * L + 1] prefix of chunk_counts_
   std::vector<std::int32_t> home_;           //!< this rank's home experts, ascending
   std::vector<std::int32_t> chosen_;         //!< a chooser's vector, sorted
+  //! The last eager route's choice of home experts (every rank's), which a captured route keeps.
+  struct kept_home_choice {
+    std::vector<std::int32_t> experts, offsets, ranks;
+    void keep(home_subsets const& chosen) {
+      experts.assign(chosen.experts.data, chosen.experts.data + chosen.experts.size);
+      offsets.assign(chosen.offsets.data, chosen.offsets.data + chosen.offsets.size);
+      ranks.assign(chosen.ranks.data, chosen.ranks.data + chosen.ranks.size);
+    }
+  } eager_home_;
   std::vector<std::int64_t> home_offsets_;   //!< [home_.size() + 1] rows of each home expert
   // Row buffers kept between steps (they only grow): this rank's permuted rows (then their
   // gradient), arrivals and rank-major staging of the exchanges, the combine's returned rows (kept

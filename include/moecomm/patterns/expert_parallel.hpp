@@ -182,12 +182,19 @@ class expert_parallel_layer : public detail::layer_mode {
 
 
   //! Why this layer's step cannot be captured into a CUDA graph, or "" when it can: a padded capacity
-  //! policy over flat, hierarchical_2d or pairwise, without shadowing (`dispatcher::capture_blocker`).
-  //! Then a `forward` and `backward` called while the back-end's stream captures, after `reserve` and
-  //! one eager step of the same shape (whose capacity the graph keeps), enqueue their work and wait
-  //! for nothing; after a replay, `dispatch_state().check_captured_routing()` raises a bad routing.
-  //! A step that is not capturable is refused at capture with this reason.
-  [[nodiscard]] std::string capture_blocker() const { return dispatcher_.capture_blocker(shadowing_t::shadows); }
+  //! policy over flat, hierarchical_2d or pairwise (`dispatcher::capture_blocker`), and with
+  //! FasterMoE's shadowing its point-to-point path in a step that is not scheduled. Then a `forward`
+  //! and `backward` called while the back-end's stream captures, after `reserve` and one eager step
+  //! of the same shape (whose capacity, and shadowed experts, the graph keeps), enqueue their work and
+  //! wait for nothing: the owners' parameters still go to the replicas and the gradients come back
+  //! in every replay. After a replay, `dispatch_state().check_captured_routing()` raises a bad
+  //! routing. A step that is not capturable is refused at capture with this reason.
+  [[nodiscard]] std::string capture_blocker() const {
+    std::string const why = dispatcher_.capture_blocker();
+    if constexpr (shadowing_t::shadows)
+      if (why.empty()) return shadow_.capture_blocker();
+    return why;
+  }
 
   //! The layer's shadowing policy (`no_shadowing` or `fastermoe_shadowing<...>`).
   using shadowing_policy = shadowing_t;
@@ -214,6 +221,10 @@ class expert_parallel_layer : public detail::layer_mode {
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts&& experts) {
     check_forward_arguments(routing, x, out);
     if constexpr (shadowing_t::shadows) {
+      if (detail::capturing(dispatcher_.backend()))  // the dispatcher refuses for its own reasons
+        if (std::string const why = shadow_.capture_blocker(); !why.empty())
+          detail::fail(status::invalid_usage, "expert_parallel_layer::forward was called while the back-end's stream captures a CUDA "
+                       "graph, but this step is not capturable: ", why);
       if (!shadow_.planned_ahead()) shadow_.finish_lane();  // a previous step's aggregation: its buffers are reused
       dispatcher_.route(routing, [&](std::vector<std::int64_t> const& counts) {
         return shadow_.choose(counts);  // views of the state's vectors: nothing is copied

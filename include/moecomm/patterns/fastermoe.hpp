@@ -23,6 +23,7 @@
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/lane.hpp>
 #include <moecomm/core/placement.hpp>
+#include <moecomm/core/read_back.hpp>
 #include <moecomm/collectives/alltoall/exchange_groups.hpp>
 #include <moecomm/collectives/gradient_reduce.hpp>
 #include <moecomm/collectives/replica_set.hpp>
@@ -37,6 +38,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -167,6 +170,18 @@ struct fastermoe_shadowing {
     //! True between `begin_transfer` and the next forward's planning.
     [[nodiscard]] bool planned_ahead() const { return planned_ahead_; }
 
+    //! Why this step cannot be captured into a CUDA graph, or "" when it can (the experts chosen
+    //! in the eager step before the capture are kept; the transfers are in stream order).
+    [[nodiscard]] std::string capture_blocker() const {
+      if constexpr (std::is_same_v<Path, collective_path>)
+        return "fastermoe_shadowing<collective_path>: the communicator's broadcast and reduce wait on the host; "
+               "point_to_point_path's transfers stay in stream order";
+      if (planned_ahead_ || lane_busy_)
+        return "a scheduled step (begin_replica_transfer) moves its replicas on the lane: capture a step that is not "
+               "scheduled, after finish_replica_gradients()";
+      return "";
+    }
+
     //! Owners send each shadowed expert's parameters to its replicas, every other rank or its
     //! subset (ascending expert id). In a scheduled step the lane has begun that: wait for it.
     template <class Experts>
@@ -202,7 +217,8 @@ struct fastermoe_shadowing {
       finish_lane();
       be_.for_each_index(static_cast<std::int64_t>(shadowed_.size()) * experts.parameter_count(),
                          detail::fill_value<P>{reinterpret_cast<P*>(replica_grads_.data()), P(0)});
-      be_.synchronize();
+      // A scheduled step's lane (another stream) adds to them; a captured step is never scheduled.
+      if (!detail::capturing(be_)) be_.synchronize();
     }
 
     //! Sums the replicas' gradient of each shadowed expert into its owner's, in ascending rank. In

@@ -233,6 +233,8 @@ void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_vi
                       std::int32_t num_blocks, std::int32_t const* labels, std::int32_t num_experts,
                       workspace<Backend>& scratch, char const* op);
 template <class Backend>
+void relabel_padded_plan(Backend const&, permute_plan<Backend>&, routing_view const&, std::int32_t const*, workspace<Backend>&);
+template <class Backend>
 void enqueue_permute_plan(Backend const&, routing_view const&, std::int32_t, permute_plan<Backend>&, workspace<Backend>&,
                           routing_checks const&, std::int64_t*);
 template <class Backend>
@@ -298,6 +300,8 @@ class permute_plan {
   template <class B>
   friend void detail::move_plan_blocks(B const&, permute_plan<B>&, routing_view const&, std::int32_t*, std::int32_t,
                                        std::int32_t const*, std::int32_t, workspace<B>&, char const*);
+  template <class B>
+  friend void detail::relabel_padded_plan(B const&, permute_plan<B>&, routing_view const&, std::int32_t const*, workspace<B>&);
   template <class B>
   friend void build_kept_permute_plan(B const&, permute_plan<B> const&, routing_view const&, permute_plan<B>&, workspace<B>&,
                                       routing_checks const&, std::int64_t);
@@ -518,6 +522,23 @@ void move_plan_blocks(Backend const& be, permute_plan<Backend>& plan, routing_vi
                                           plan.slot_of_.data(), plan.row_of_.data()});
   be.copy(plan.expert_offsets_.data(), device_tables + num_blocks + 1, std::int64_t{num_experts} + 1);
   plan.take_routing(be, relabeled, num_experts);
+}
+
+//! `relabel_permute_plan` of a padded plan on the device alone (a captured step's: no host table,
+//! no read back): every expert's block is C rows, so expert e's rows move to `label[e] * C` and the
+//! offsets stay. `label` is `[E]` in the back-end's memory, a permutation of `[0, E)` (unchecked).
+template <class Backend>
+void relabel_padded_plan(Backend const& be, permute_plan<Backend>& plan, routing_view const& relabeled, std::int32_t const* label,
+                         workspace<Backend>& scratch) {
+  std::int64_t const rows = plan.num_rows_;
+  std::int32_t* const old_token_of = scratch.template get<std::int32_t>(be, relabel_device_ints(rows, plan.num_experts_, plan.num_experts_));
+  std::int32_t* const old_slot_of = old_token_of + rows;
+  be.copy(old_token_of, plan.token_of_.data(), rows);
+  be.copy(old_slot_of, plan.slot_of_.data(), rows);
+  std::int32_t const* const offsets = plan.expert_offsets_.data();  // the old bounds and the new offsets alike: e * C
+  be.for_each_index(rows, move_row_blocks{offsets, offsets, label, plan.num_experts_, relabeled.top_k, old_token_of, old_slot_of,
+                                          plan.token_of_.data(), plan.slot_of_.data(), plan.row_of_.data()});
+  plan.routing_ = relabeled;
 }
 
 }  // namespace detail
