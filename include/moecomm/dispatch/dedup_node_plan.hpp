@@ -163,9 +163,11 @@ class dedup_node_plan {
   //! in each piece.
   [[nodiscard]] std::int32_t const* piece_rows() const { return piece_rows_.data(); }
   [[nodiscard]] std::int64_t piece_words(std::int32_t ranks) const { return std::int64_t{pieces_} * ranks; }
-  //! The rows this rank sends `relay` in piece j's first hop (once the counts are known).
+  //! The rows this rank sends `relay` in piece j's first hop (once the counts are known: 0 before).
   [[nodiscard]] std::int64_t rows_to_relay(std::int32_t j, std::int32_t relay) const {
-    return hop1_.out_rows[detail::piece_hop::cell(j, relay, static_cast<std::int32_t>(hop1_.out_rows.size() / pieces_))];
+    auto const ranks = static_cast<std::int32_t>(hop1_.out_rows.size() / static_cast<std::size_t>(pieces_));
+    if (j < 0 || j >= pieces_ || relay < 0 || relay >= ranks) return 0;
+    return hop1_.out_rows[detail::piece_hop::cell(j, relay, ranks)];
   }
   //! After `build_source`: every rank learns every rank's rows to each relay and `piece_rows()` (one
   //! all-gather), and so both hops' sizes (`take_counts`). Collective.

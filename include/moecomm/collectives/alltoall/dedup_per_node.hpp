@@ -25,9 +25,11 @@ MOECOMM_NAMESPACE_BEGIN
 //! crosses between nodes) it runs as one piece.
 struct dedup_per_node : detail::dedup_exchange<flat> {
   static constexpr char const* name = "dedup_per_node";
-  //! Runs per relay whose hops overlap; the same on every rank. 4 gains 14–19 % on large steps
-  //! beyond one node over 1 (docs/performance.md); more pieces pay more launches and latencies.
-  std::int32_t pieces = 4;
+  //! Runs per relay whose hops overlap; the same on every rank. 1 by default: 4 gains 14–19 % on
+  //! large steps beyond one node (docs/performance.md), but where a rank's rows inside a node go to
+  //! destinations that follow the token order (a replicated layer's contiguous shares), each piece's
+  //! second hop loads a few ranks and FlexMoE's layer simulated slower with 4 than with 1.
+  std::int32_t pieces = 1;
 
   constexpr dedup_per_node() = default;
   constexpr explicit dedup_per_node(std::int32_t pieces_per_relay) : pieces(pieces_per_relay) {}
