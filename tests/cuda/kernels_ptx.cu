@@ -36,7 +36,7 @@ template __global__ void for_each_index_kernel(std::int64_t, dedup_source_slots)
 template __global__ void for_each_index_kernel(std::int64_t, dedup_slot_lists);
 template __global__ void for_each_index_kernel(std::int64_t, split_slot_lists);
 template __global__ void for_each_index_kernel(std::int64_t, gather_dedup_weight_grads);
-template __global__ void for_each_index_kernel(std::int64_t, count_rows_per_piece);
+template __global__ void for_each_index_kernel(std::int64_t, count_forwarded_rows_per_piece);
 template __global__ void for_each_index_kernel(std::int64_t, widen_counts);
 template __global__ void for_each_index_kernel(std::int64_t, move_rows_by_index<std::int32_t>);
 template __global__ void for_each_index_kernel(std::int64_t, move_rows_by_index<float>);

@@ -169,11 +169,13 @@ void replay_captured_step(emulated_rank& rank, int32_t experts, Layer& captured,
   CHECK_MESSAGE(host_waits_of(rank.device) == waits, "the captured step waited on the host");
   CHECK(captured.dispatch_state().report().kept_slots == -1);
   auto require_equal_steps = [&](int step) {
-    for (auto [got, want, what] : {std::tuple{&mine.out, &reference.out, "out"}, std::tuple{&mine.d_x, &reference.d_x, "d_x"},
-                                   std::tuple{&mine.d_w, &reference.d_w, "d_weights"}}) {
-      auto const a = download(be, got->data(), got->size()), b = download(be, want->data(), want->size());
+    for (auto const& output : {std::tuple{&mine.out, &reference.out, "out"}, std::tuple{&mine.d_x, &reference.d_x, "d_x"},
+                               std::tuple{&mine.d_w, &reference.d_w, "d_weights"}}) {
+      std::string const what = std::get<2>(output);
+      auto const a = download(be, std::get<0>(output)->data(), std::get<0>(output)->size());
+      auto const b = download(be, std::get<1>(output)->data(), std::get<1>(output)->size());
       REQUIRE_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, "rank ", me, " replay ", step, ": the captured ",
-                      std::string(what), " differs from the eager step's");
+                      what, " differs from the eager step's");
     }
     auto const a = parameter_gradients(captured_experts), b = parameter_gradients(eager_experts);
     REQUIRE_MESSAGE((a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0), "rank ", me, " replay ",

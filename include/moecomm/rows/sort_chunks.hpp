@@ -32,19 +32,27 @@ enum class chunk_order {
 
 namespace detail {
 
+//! The number of chunks, `R x L`, once the shape and `counts`' size are checked (before any table
+//! is sized by it).
+inline std::int64_t checked_chunks(array_view<std::int32_t const> counts, std::int32_t num_ranks, std::int32_t num_local_experts,
+                                   char const* op) {
+  detail::require(num_ranks > 0, op, "num_ranks = ", num_ranks, " must be positive");
+  detail::require(num_local_experts > 0, op, "num_local_experts = ", num_local_experts, " must be positive");
+  std::int64_t const chunks = detail::checked_int32(std::int64_t{num_ranks} * num_local_experts, op,
+                                                    "num_ranks * num_local_experts", "every chunk is an int32 expert id");
+  detail::check_elements(counts, chunks, op, "counts", "one count per (source rank, local expert)");
+  return chunks;
+}
+
 //! The first row of each chunk (s, l), indexed s * L + l, in rank-major and in expert-major order,
-//! after checking the counts; their total and whether every chunk has `counts[0]` rows.
+//! after checking the counts (`checked_chunks` checked the shape); their total and whether every
+//! chunk has `counts[0]` rows.
 struct chunk_layout {
   std::int64_t total = 0;
   bool alike = true;
 };
 inline chunk_layout lay_out_chunks(array_view<std::int32_t const> counts, std::int32_t num_ranks, std::int32_t num_local_experts,
                                    std::int64_t* rank_major, std::int64_t* expert_major, char const* op) {
-  detail::require(num_ranks > 0, op, "num_ranks = ", num_ranks, " must be positive");
-  detail::require(num_local_experts > 0, op, "num_local_experts = ", num_local_experts, " must be positive");
-  std::int64_t const chunks = detail::checked_int32(std::int64_t{num_ranks} * num_local_experts, op,
-                                                    "num_ranks * num_local_experts", "every chunk is an int32 expert id");
-  detail::check_elements(counts, chunks, op, "counts", "one count per (source rank, local expert)");
   auto const count = [&](std::int64_t s, std::int64_t l) -> std::int64_t { return counts.data[s * num_local_experts + l]; };
   chunk_layout layout;
   for (std::int64_t s = 0; s < num_ranks; ++s)
@@ -119,7 +127,7 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
                  chunk_order order = chunk_order::rank_major_to_expert_major) {
   static_assert(is_supported_dtype_v<T>, "moecomm::sort_chunks: unsupported element type");
   char const* op = "sort_chunks";
-  std::int64_t const chunks = std::int64_t{std::max(num_ranks, 0)} * std::max(num_local_experts, 0);
+  std::int64_t const chunks = detail::checked_chunks(counts, num_ranks, num_local_experts, op);
   // Host: [dst_begin (chunks + 1) | src_begin (chunks)], then the starts in each order.
   std::int64_t* const table = scratch.template host<std::int64_t>(4 * chunks + 1);
   std::int64_t* const rank_major = table + 2 * chunks + 1;
@@ -136,8 +144,8 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
     // No wait: the table is pageable host memory (workspace::host), which a copy to the device has
     // read when the call returns, and the device table is rewritten only by later work on the stream.
   }
-  detail::move_chunks<Backend, T>(be, in, out, layout.total, layout.alike, chunks > 0 ? counts.data[0] : 0, num_ranks, num_local_experts,
-                                  order, device_table);
+  detail::move_chunks<Backend, T>(be, in, out, layout.total, layout.alike, counts.data[0], num_ranks, num_local_experts, order,
+                                  device_table);
 }
 
 //! The chunk tables of the last count matrix a dispatcher's `sort_chunks` moved by in an eager call,
@@ -191,15 +199,15 @@ void sort_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, array_v
                  workspace<Backend>& scratch, chunk_order order) {
   static_assert(is_supported_dtype_v<T>, "moecomm::sort_chunks: unsupported element type");
   char const* op = "sort_chunks";
-  std::int64_t const chunks = std::int64_t{std::max(num_ranks, 0)} * std::max(num_local_experts, 0);
+  std::int64_t const chunks = detail::checked_chunks(counts, num_ranks, num_local_experts, op);
   std::int64_t* const rank_major = scratch.template host<std::int64_t>(2 * chunks);
   detail::chunk_layout const layout =
       detail::lay_out_chunks(counts, num_ranks, num_local_experts, rank_major, rank_major + chunks, op);
   detail::check_row_move(in, layout.total, "in", "the sum of counts", out, layout.total, "out", "the sum of counts", op);
   std::int64_t const* const device_table =
       layout.alike ? nullptr : tables.device_table(be, counts, num_ranks, num_local_experts, layout.total, order);
-  detail::move_chunks<Backend, T>(be, in, out, layout.total, layout.alike, chunks > 0 ? counts.data[0] : 0, num_ranks, num_local_experts,
-                                  order, device_table);
+  detail::move_chunks<Backend, T>(be, in, out, layout.total, layout.alike, counts.data[0], num_ranks, num_local_experts, order,
+                                  device_table);
 }
 
 //! `sort_chunks` with a table of its own, allocated for this call.
