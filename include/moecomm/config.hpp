@@ -70,6 +70,20 @@
 #  define MOECOMM_HAS_TORCH() 0
 #endif
 
+//! c10d's Gloo groups can be made in C++: the torch component is on and Gloo's headers, which
+//! c10d's ProcessGroupGloo.hpp includes, are visible (Debian: libgloo-dev). torch's pip wheels ship
+//! none; there the Python package makes its Gloo groups in Python.
+#if MOECOMM_HAS_TORCH() && defined(__has_include)
+#  if __has_include(<gloo/rendezvous/store.h>)
+#    define MOECOMM_DETAIL_HAS_GLOO 1
+#  endif
+#endif
+#if defined(MOECOMM_DETAIL_HAS_GLOO)
+#  define MOECOMM_HAS_GLOO() 1
+#else
+#  define MOECOMM_HAS_GLOO() 0
+#endif
+
 //! Simulated clusters (SimGrid) were enabled by the build.
 #if defined(MOECOMM_ENABLE_SIMGRID)
 #  define MOECOMM_HAS_SIMGRID() 1

@@ -15,6 +15,7 @@ shadowing of hot experts) or "finemoe" (every expert replicated on two ranks, Fi
 min-max token split). Each gives the same output as "plain" up to the order of float sums.
 """
 
+import datetime
 import itertools
 import os
 import sys
@@ -71,9 +72,19 @@ def router(logits, top_k, aux_loss_coeff=0.0, z_loss_coeff=0.0):
 _layer_names = itertools.count()
 
 
-def _group_and_store(group):
+def _group_and_splits(group, timeout):
+    """The group (default: the world) and the function that makes the groups of moecomm's splits (a
+    node's ranks, ...): `make(name, rank, size) -> (store, group)`, a Gloo group on a prefix of the
+    default store, so that only its members rendezvous. Made here, not in C++: torch's pip wheels ship
+    no Gloo headers."""
     group = group if group is not None else dist.group.WORLD
-    return group, dist.distributed_c10d._get_default_store()
+    store = dist.distributed_c10d._get_default_store()
+
+    def make(name, rank, size):
+        prefixed = dist.PrefixStore(name, store)
+        return prefixed, dist.ProcessGroupGloo(prefixed, rank, size, datetime.timedelta(seconds=timeout))
+
+    return group, make
 
 
 def _ranks_per_node(ranks_per_node, size):
@@ -133,11 +144,11 @@ class Dispatcher:
     def __init__(self, num_experts, group=None, exchange="flat", ranks_per_node=None, timeout=60.0,
                  capacity_factor=None, drop_policy="probs", pad_to_capacity=False, min_capacity=0, rank_capacity=None,
                  checks=True, seed=0):
-        group, store = _group_and_store(group)
+        group, make_split = _group_and_splits(group, timeout)
         size = dist.get_world_size(group)
         index = next(_layer_names)
         capacity = _capacity_spec(capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity, seed, index)
-        self._d = _C.make_dispatcher(exchange, group, store, f"moecomm/layer{index}", num_experts,
+        self._d = _C.make_dispatcher(exchange, group, make_split, f"moecomm/layer{index}", num_experts,
                                      _ranks_per_node(ranks_per_node, size), capacity, bool(checks), timeout)
 
     def dispatch(self, x, topk_idx, topk_weights):
@@ -229,7 +240,7 @@ class MoELayer(torch.nn.Module):
         super().__init__()
         if expert is not None and grouped_experts is not None:
             raise ValueError("expert and grouped_experts are two kinds of experts; give at most one")
-        group, store = _group_and_store(group)
+        group, make_split = _group_and_splits(group, timeout)
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         self.pattern = pattern
         self.num_experts = num_experts
@@ -271,7 +282,7 @@ class MoELayer(torch.nn.Module):
                 raise ValueError(f"expert_init has shape {tuple(expert_init.shape)}; needs ({num_experts}, {count})")
             initial = expert_init[self.slot_experts]
         self.experts = torch.nn.Parameter(initial.detach().clone().float().contiguous())
-        self._layer = _C.make_layer(pattern, group, store, f"moecomm/layer{index}", num_experts, hidden,
+        self._layer = _C.make_layer(pattern, group, make_split, f"moecomm/layer{index}", num_experts, hidden,
                                     ffn_hidden or 0, activation, function, self.experts, ranks_per_node, capacity,
                                     bool(checks), timeout)
 

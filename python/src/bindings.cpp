@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // moecomm._C: the torch component for Python. A layer of any pattern over a torch.distributed
-// process group (the c10d communicator on the group itself, sub-groups made on the default store),
+// process group (the c10d communicator on the group itself, sub-groups made by the package in Python),
 // the router, and the plain dispatcher's dispatch / combine, all as autograd functions on tensors.
 // The Python package (python/moecomm/__init__.py) wraps them in torch.nn.Modules.
 
@@ -34,10 +34,18 @@ using comm_t = moecomm::c10d_communicator;
 using expert_fn = std::function<at::Tensor(at::Tensor const&, at::Tensor const&)>;
 using experts_t = moecomm::libtorch::torch_experts<expert_fn>;
 
+// A Python object that C++ keeps: dropped with the GIL held, whichever thread drops the last copy.
+std::shared_ptr<py::object> hold_python(py::object f) {
+  return std::shared_ptr<py::object>(new py::object(std::move(f)), [](py::object* o) {
+    py::gil_scoped_acquire const gil;
+    delete o;
+  });
+}
+
 // A Python expert function `fn(params [P], rows [n][H]) -> [n][H]`, called from the layer's threads
 // (the forward runs with the GIL released, the backward on autograd's thread): it takes the GIL.
 struct python_expert {
-  std::shared_ptr<py::object> fn;  // released under the GIL (python_expert::release)
+  std::shared_ptr<py::object> fn;  // from hold_python
 
   at::Tensor operator()(at::Tensor const& params, at::Tensor const& rows) const {
     py::gil_scoped_acquire const gil;
@@ -50,13 +58,6 @@ struct python_expert {
     return y;
   }
 
-  // Drops the Python object with the GIL held, whichever thread drops the last copy.
-  static std::shared_ptr<py::object> hold(py::object f) {
-    return std::shared_ptr<py::object>(new py::object(std::move(f)), [](py::object* o) {
-      py::gil_scoped_acquire const gil;
-      delete o;
-    });
-  }
 };
 
 // The capacity policy the Python arguments name: drop = "none" (dropless), "position", "probs",
@@ -165,17 +166,30 @@ class dispatcher_of final : public dispatcher_handle {
   moecomm::libtorch::token_dispatcher<moecomm::host_backend, comm_t, Capacity, Algorithm> dispatcher_;
 };
 
-// The communicator on a Python process group; its splits are Gloo groups on `store` named `name`.
-comm_t communicator_of(py::object const& group, py::object const& store, std::string const& name, double timeout) {
+// The process group of a split, made by the package's Python function `make_split(name, rank, size)`
+// -> (store, group): a Gloo group on a prefix of the default store. Python makes it because torch's
+// pip wheels ship no Gloo headers for C++; since torch 2.0 that group is a c10d::Backend, which a
+// ProcessGroup over its store wraps.
+moecomm::c10d_group_factory split_factory(py::object make_split) {
+  return [make = hold_python(std::move(make_split))](std::string const& name, int rank, int size) {
+    py::gil_scoped_acquire const gil;
+    auto const made = (*make)(name, rank, size).cast<py::tuple>();
+#if TORCH_VERSION_MAJOR >= 2
+    if (!py::isinstance<c10d::ProcessGroup>(made[1]))
+      return moecomm::process_group_over(made[0].cast<c10::intrusive_ptr<c10d::Store>>(),
+                                         made[1].cast<c10::intrusive_ptr<c10d::Backend>>(), c10d::ProcessGroup::BackendType::GLOO);
+#endif
+    return made[1].cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  };
+}
+
+// The communicator on a Python process group; its splits are made by `make_split`, named after `name`.
+comm_t communicator_of(py::object const& group, py::object make_split, std::string const& name, double timeout) {
   auto const pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-  auto const st = store.cast<c10::intrusive_ptr<c10d::Store>>();
-  auto const wait = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000.0));
-  auto gloo = c10d::ProcessGroupGloo::Options::create(wait);
-  gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   moecomm::c10d_options options;
-  options.timeout = wait;
+  options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000.0));
   options.name = name;
-  return comm_t(pg, moecomm::gloo_group_factory(st, gloo), options);
+  return comm_t(pg, split_factory(std::move(make_split)), options);
 }
 
 // The placement of FineMoE's replicated experts: every expert on two ranks, 2 E / R slots a rank.
@@ -244,7 +258,7 @@ std::unique_ptr<layer_handle> pattern_layer(std::string const& pattern, comm_t c
 
 // `expert` is None for the built-in MLP of `activation`, else `fn(params [P], rows) -> rows`, the
 // functional form of the user's expert module, whose P is `experts`' width.
-std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object const& group, py::object const& store,
+std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object const& group, py::object const& make_split,
                                          std::string const& name, std::int32_t num_experts, std::int64_t hidden,
                                          std::int64_t inner, std::string const& activation, py::object const& expert,
                                          at::Tensor const& experts, std::int32_t ranks_per_node, capacity_spec const& capacity,
@@ -257,7 +271,7 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
                            op, "pattern = '", pattern, "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
   moecomm::detail::require(pattern != "finemoe" || capacity.drop == "none", op, "pattern 'finemoe' is dropless (its replicas "
                            "split every expert's tokens): capacity_factor and rank_capacity are not supported with it");
-  comm_t comm = communicator_of(group, store, name, timeout);
+  comm_t comm = communicator_of(group, make_split, name, timeout);
   std::vector<std::int64_t> agreed;  // every rank makes the same pattern (their layers' collectives would not match)
   moecomm::detail::agree_on_text(comm, op, "on the pattern", pattern, agreed);
   moecomm::detail::agree_on_text(comm, op, "on the drop policy", capacity.drop, agreed);
@@ -275,7 +289,7 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
                              " columns; a ", activation, " MLP expert has ",
                              activation == "swiglu" ? "3 H F = " : "2 H F + F + H = ", mlp.parameter_count());
   } else {
-    ex.emplace(python_expert{python_expert::hold(expert)}, experts);
+    ex.emplace(python_expert{hold_python(expert)}, experts);
   }
   moecomm::routing_checks const routing_checks{checks, false};
   return with_capacity(capacity, op, [&](auto policy) {
@@ -284,14 +298,14 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
   });
 }
 
-std::unique_ptr<dispatcher_handle> make_dispatcher(std::string const& exchange, py::object const& group, py::object const& store,
+std::unique_ptr<dispatcher_handle> make_dispatcher(std::string const& exchange, py::object const& group, py::object const& make_split,
                                                    std::string const& name, std::int32_t num_experts,
                                                    std::int32_t ranks_per_node, capacity_spec const& capacity, bool checks,
                                                    double timeout) {
   char const* const op = "moecomm.Dispatcher";
   moecomm::detail::require(exchange == "flat" || exchange == "hierarchical" || exchange == "dedup", op, "exchange = '", exchange,
                            "' is not one of flat, hierarchical, dedup");
-  comm_t comm = communicator_of(group, store, name, timeout);
+  comm_t comm = communicator_of(group, make_split, name, timeout);
   std::vector<std::int64_t> agreed;  // every rank makes the same exchange
   moecomm::detail::agree_on_text(comm, op, "on the exchange", exchange, agreed);
   moecomm::detail::agree_on_text(comm, op, "on the drop policy", capacity.drop, agreed);
@@ -357,7 +371,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("seed", &capacity_spec::seed)
       .def_readwrite("layer", &capacity_spec::layer)
       .def_readwrite("rows_per_rank", &capacity_spec::rows_per_rank);
-  m.def("make_layer", &make_layer, py::arg("pattern"), py::arg("group"), py::arg("store"), py::arg("name"),
+  m.def("make_layer", &make_layer, py::arg("pattern"), py::arg("group"), py::arg("make_split"), py::arg("name"),
         py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("expert"), py::arg("experts"),
         py::arg("ranks_per_node"), py::arg("capacity"), py::arg("checks"), py::arg("timeout"));
   py::class_<dispatcher_handle>(m, "Dispatcher")
@@ -371,7 +385,7 @@ PYBIND11_MODULE(_C, m) {
       .def("combine", &dispatcher_handle::combine, py::arg("rows"), py::arg("topk_weights"),
            py::call_guard<py::gil_scoped_release>());
 
-  m.def("make_dispatcher", &make_dispatcher, py::arg("exchange"), py::arg("group"), py::arg("store"), py::arg("name"),
+  m.def("make_dispatcher", &make_dispatcher, py::arg("exchange"), py::arg("group"), py::arg("make_split"), py::arg("name"),
         py::arg("num_experts"), py::arg("ranks_per_node"), py::arg("capacity"), py::arg("checks"), py::arg("timeout"));
   m.def("slot_experts", &slot_experts, py::arg("pattern"), py::arg("rank"), py::arg("ranks"), py::arg("num_experts"),
         "the global expert each local slot of `rank` holds");

@@ -25,7 +25,8 @@
 //! c10d has no split in torch 1.13 (`ProcessGroup::splitGroup` came in 2.x), so a `split` creates a
 //! new group through the `c10d_group_factory` the communicator was made with, named after the split
 //! so that its members rendezvous with each other only: `gloo_group_factory(store, options)` makes
-//! Gloo groups over a store every process shares. Ranks name world ranks (this group's ranks when it
+//! Gloo groups over a store every process shares (where Gloo's headers are; torch's pip wheels ship
+//! none, so the Python package makes them in Python). Ranks name world ranks (this group's ranks when it
 //! was not split from another) in error messages.
 //!
 //! Memory: the communicator's own host scratch is kept between calls, but each call still makes
@@ -52,7 +53,10 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/version.h>
+#if MOECOMM_HAS_GLOO()
+#  include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -85,15 +89,37 @@ struct c10d_options {
 using c10d_group_factory =
     std::function<c10::intrusive_ptr<c10d::ProcessGroup>(std::string const& name, int rank, int size)>;
 
+#if TORCH_VERSION_MAJOR >= 2
+//! A process group whose only back-end is `backend` (a CPU `ProcessGroupGloo`, say) over `store`:
+//! since torch 2.0 `ProcessGroupGloo` is a `c10d::Backend`, which a `ProcessGroup` dispatches to.
+[[nodiscard]] inline c10::intrusive_ptr<c10d::ProcessGroup> process_group_over(c10::intrusive_ptr<c10d::Store> store,
+                                                                              c10::intrusive_ptr<c10d::Backend> backend,
+                                                                              c10d::ProcessGroup::BackendType type) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(std::move(store), backend->getRank(), backend->getSize());
+  group->setDefaultBackend(type);
+  group->setBackend(c10::DeviceType::CPU, type, backend);
+  return group;
+}
+#endif
+
+#if MOECOMM_HAS_GLOO()
 //! Gloo groups over `store` (one every process can reach, the world group's): each split's group is
 //! a `ProcessGroupGloo` on a `PrefixStore` of its name, with `options` (devices and timeout).
+//! Needs Gloo's headers (`MOECOMM_HAS_GLOO()`); without them, make the groups where torch can (the
+//! Python package makes them in Python) and pass that factory.
 [[nodiscard]] inline c10d_group_factory gloo_group_factory(c10::intrusive_ptr<c10d::Store> store,
                                                            c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> options) {
   return [store = std::move(store), options = std::move(options)](std::string const& name, int rank, int size) {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store);
-    return c10::intrusive_ptr<c10d::ProcessGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options));
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
+#  if TORCH_VERSION_MAJOR >= 2
+    return process_group_over(prefixed, gloo, c10d::ProcessGroup::BackendType::GLOO);
+#  else
+    return c10::intrusive_ptr<c10d::ProcessGroup>(gloo);
+#  endif
   };
 }
+#endif
 
 namespace detail {
 

@@ -4,7 +4,7 @@
 //! A torch.distributed world for a C++ program, under torchrun's contract: each process reads
 //! `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` (`launch_environment::from_env`), connects
 //! to the `TCPStore` rank 0 serves (`connect_store`), and makes a Gloo group and its
-//! `c10d_communicator` over it (`gloo_communicator`). So the program runs under
+//! `c10d_communicator` over it (`gloo_communicator`, where Gloo's headers are: `MOECOMM_HAS_GLOO()`). So the program runs under
 //! `torchrun --no-python --nproc-per-node N ./program`, or under `spawn_local_processes`, which
 //! starts N copies of the program on this machine with that environment, as
 //! `torch.multiprocessing.spawn` does for Python.
@@ -14,7 +14,6 @@
 #include <moecomm/error.hpp>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <netinet/in.h>
@@ -81,6 +80,7 @@ struct launch_environment {
   return c10::make_intrusive<c10d::TCPStore>(e.master_addr, o);
 }
 
+#if MOECOMM_HAS_GLOO()
 //! A Gloo group of the world's `size` processes over `store`, as a `c10d_communicator` named
 //! `options.name` (each communicator made on one store needs its own name), with splits made the
 //! same way. Gloo's device: the interface `GLOO_SOCKET_IFNAME` names, else the host's own address.
@@ -93,6 +93,7 @@ struct launch_environment {
   auto const make = gloo_group_factory(store, gloo);
   return c10d_communicator(make(options.name, rank, size), make, options);
 }
+#endif
 
 //! Starts `processes` copies of this program (`/proc/self/exe`) with `args` and torchrun's
 //! environment (MASTER_ADDR 127.0.0.1, a free port), waits for them until `deadline`, and returns
