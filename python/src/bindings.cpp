@@ -52,9 +52,9 @@ struct python_expert {
     py::object const out = (*fn)(params, rows);
     at::Tensor y = out.cast<at::Tensor>();
     moecomm::detail::require(y.dim() == 2 && y.size(0) == rows.size(0) && y.size(1) == rows.size(1) &&
-                                 y.scalar_type() == at::kFloat,
+                                 y.scalar_type() == rows.scalar_type(),
                              "moecomm.MoELayer", "the expert returned a ", y.scalar_type(), " tensor of shape ", y.sizes(),
-                             " for rows of shape ", rows.sizes(), ": an expert maps [n][H] float rows to [n][H]");
+                             " for ", rows.scalar_type(), " rows of shape ", rows.sizes(), ": an expert maps [n][H] rows to [n][H] of their dtype");
     return y;
   }
 

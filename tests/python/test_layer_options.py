@@ -251,7 +251,7 @@ def _check_bad_arguments(rank):
         moecomm.MoELayer(4, 6, 8, expert=_tanh_factory(4, 6), grouped_experts=torch.nn.Linear(4, 4))
     wide = moecomm.MoELayer(4, 6, 8, expert=lambda e: torch.nn.Linear(4, 5))  # [n][4] -> [n][5]: not row to row
     every_expert = torch.arange(8, dtype=torch.int32).view(4, 2)  # rows for every rank's experts: all raise
-    with pytest.raises(moecomm.Error, match=r"the expert returned a Float tensor of shape \[\d+, 5\] for rows of shape"):
+    with pytest.raises(moecomm.Error, match=r"the expert returned a Float tensor of shape \[\d+, 5\] for Float rows of shape"):
         wide.expert_forward(torch.randn(4, 4), every_expert, torch.rand(4, 2))
     with pytest.raises(ValueError, match=r"expert\(\d\) has parameters .* every expert must have the same"):
         moecomm.MoELayer(4, 6, 8, expert=lambda e: TanhExpert(4, 6 + e % 2))

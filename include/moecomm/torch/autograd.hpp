@@ -23,6 +23,7 @@
 
 #include <moecomm/backend/host.hpp>
 #include <moecomm/config.hpp>
+#include <moecomm/torch/backend_device.hpp>
 #include <moecomm/torch/backward_errors.hpp>
 #include <moecomm/rows/router/router.hpp>
 #include <moecomm/torch/tensor_views.hpp>
@@ -31,21 +32,30 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 MOECOMM_NAMESPACE_BEGIN
 namespace libtorch {
 
-//! A router's configuration and the state its backward reads. Held by `c10::intrusive_ptr`: the
-//! autograd graph of a `route` keeps it alive until the backward has run. It keeps its last forward's
-//! state only: backpropagating an older forward's graph is an error naming both (a router per
-//! forward, as `moecomm.Router` in Python makes, allows any order).
-struct router : ::torch::CustomClassHolder {
+//! A router's configuration and the state its backward reads, on `Backend` (its logits' device:
+//! `torch_device<Backend>`). Held by `c10::intrusive_ptr`: the autograd graph of a `route` keeps it
+//! alive until the backward has run. It keeps its last forward's state only: backpropagating an older
+//! forward's graph is an error naming both (a router per forward, as `moecomm.Router` in Python
+//! makes, allows any order).
+template <class Backend>
+struct basic_router : ::torch::CustomClassHolder {
+  basic_router() = default;
+  explicit basic_router(Backend be) : backend(std::move(be)) {}
   router_config config;
-  router_state<host_backend> state;
-  host_backend backend;
+  router_state<Backend> state;
+  Backend backend;
   std::int64_t forwards = 0;  //!< forwards so far: the one `state` holds
 };
+//! The router of CPU logits.
+using router = basic_router<host_backend>;
 
 namespace detail {
 
@@ -60,21 +70,26 @@ T& from_handle(at::IValue const& v) {
   return *reinterpret_cast<T*>(static_cast<std::intptr_t>(v.toInt()));
 }
 
-struct router_function : ::torch::autograd::Function<router_function> {
+template <class Backend>
+struct router_function : ::torch::autograd::Function<router_function<Backend>> {
   static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx, at::Tensor logits,
-                                                  c10::intrusive_ptr<router> const& r) {
+                                                  c10::intrusive_ptr<basic_router<Backend>> const& r) {
     char const* const op = "libtorch::route";
+    c10::Device const device = torch_device<Backend>::of(r->backend);
     logits = logits.contiguous();
-    auto const l = matrix_of<float const>(logits, "logits", op);
+    auto const l = matrix_of<float const>(logits, "logits", op, -1, -1, device);
     std::int32_t const k = r->config.top_k;
     at::Tensor weights = at::empty({l.rows, k}, logits.options());
     at::Tensor idx = at::empty({l.rows, k}, logits.options().dtype(at::kInt));
-    at::Tensor losses = at::zeros({2}, logits.options());
-    router_losses values;
-    router_forward(r->backend, l, matrix_of<std::int32_t>(idx, "topk_idx", op), matrix_of<float>(weights, "topk_weights", op),
-                   not_needed, array_view<router_losses>{&values, 1}, r->state, r->config);
-    losses[0] = values.aux;
-    losses[1] = values.z;
+    static_assert(sizeof(router_losses) == 2 * sizeof(float), "losses: a [2] float tensor holds one router_losses");
+    at::Tensor losses = at::empty({2}, logits.options());  // written by the back-end, on its device
+    {
+      [[maybe_unused]] typename torch_device<Backend>::stream_join const joined(r->backend);
+      router_forward(r->backend, l, matrix_of<std::int32_t>(idx, "topk_idx", op, -1, -1, device),
+                     matrix_of<float>(weights, "topk_weights", op, -1, -1, device), not_needed,
+                     array_view<router_losses>{reinterpret_cast<router_losses*>(losses.data_ptr<float>()), 1}, r->state,
+                     r->config);
+    }
     ctx->mark_non_differentiable({idx, losses});
     ctx->saved_data["router"] = at::IValue::make_capsule(r);
     ctx->saved_data["forward"] = ++r->forwards;
@@ -84,38 +99,58 @@ struct router_function : ::torch::autograd::Function<router_function> {
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
     return detail::translating_errors([&]() -> ::torch::autograd::variable_list {
-      router& r = *c10::static_intrusive_pointer_cast<router>(ctx->saved_data["router"].toCapsule());
+      auto& r = *c10::static_intrusive_pointer_cast<basic_router<Backend>>(ctx->saved_data["router"].toCapsule());
       moecomm::detail::require(r.forwards == ctx->saved_data["forward"].toInt(), "libtorch::route (backward)",
                                "the graph of the router's forward ", ctx->saved_data["forward"].toInt(),
                                " is backpropagated after its forward ", r.forwards, ": a router keeps its last forward's state only");
       std::int64_t const tokens = r.state.num_tokens(), experts = r.state.num_experts();
-      at::Tensor d_weights = grads[0].defined() ? grads[0].contiguous() : at::zeros({tokens, r.config.top_k}, at::kFloat);
-      at::Tensor d_logits = at::empty({tokens, experts}, at::kFloat);
+      c10::Device const device = torch_device<Backend>::of(r.backend);
+      auto const on_device = at::TensorOptions().dtype(at::kFloat).device(device);
+      at::Tensor d_weights = grads[0].defined() ? grads[0].contiguous() : at::zeros({tokens, r.config.top_k}, on_device);
+      at::Tensor d_logits = at::empty({tokens, experts}, on_device);
       char const* const op = "libtorch::route (backward)";
-      router_backward(r.backend, r.state, matrix_of<float const>(d_weights, "grad of topk_weights", op),
-                      matrix_of<float>(d_logits, "grad of logits", op));
+      [[maybe_unused]] typename torch_device<Backend>::stream_join const joined(r.backend);
+      router_backward(r.backend, r.state, matrix_of<float const>(d_weights, "grad of topk_weights", op, -1, -1, device),
+                      matrix_of<float>(d_logits, "grad of logits", op, -1, -1, device));
       return {d_logits, at::Tensor()};
     });
   }
 };
 
-template <class Layer, class Fn>
+template <class Layer, class Experts>
 struct layer_binding {
   Layer* layer;
-  torch_experts<Fn>* experts;
+  Experts* experts;
 };
 
-template <class Layer, class Fn>
-struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
+//! The rows' element type of `torch_experts<Fn, T>`.
+template <class Experts>
+struct rows_of;
+template <class Fn, class T>
+struct rows_of<torch_experts<Fn, T>> {
+  using type = T;
+};
+
+template <class Layer, class Experts>
+struct layer_function : ::torch::autograd::Function<layer_function<Layer, Experts>> {
+  using T = typename rows_of<Experts>::type;
+  using backend_t = std::decay_t<decltype(std::declval<Layer const&>().dispatch_state().backend())>;
+
+  static c10::Device device_of(Layer const& layer) { return torch_device<backend_t>::of(layer.dispatch_state().backend()); }
+
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, at::Tensor x, at::Tensor topk_weights,
-                            at::Tensor expert_weights, at::Tensor topk_idx, layer_binding<Layer, Fn>* b) {
+                            at::Tensor expert_weights, at::Tensor topk_idx, layer_binding<Layer, Experts>* b) {
     char const* const op = "libtorch::apply_layer";
-    routing_view const routing = routing_of(topk_idx, topk_weights, op);
-    auto const in = matrix_of<float const>(x, "x", op, routing.num_tokens);
+    c10::Device const device = device_of(*b->layer);
+    routing_view const routing = routing_of(topk_idx, topk_weights, op, device);
+    auto const in = matrix_of<T const>(x, "x", op, routing.num_tokens, -1, device);
     moecomm::detail::require(expert_weights.is_same(b->experts->weights()), op,
                              "tensor 'expert_weights' is not the experts' own parameter tensor");
     at::Tensor out = at::empty_like(x);
-    b->layer->forward(routing, in, matrix_of<float>(out, "out", op), *b->experts);
+    {
+      [[maybe_unused]] typename torch_device<backend_t>::stream_join const joined(b->layer->dispatch_state().backend());
+      b->layer->forward(routing, in, matrix_of<T>(out, "out", op, -1, -1, device), *b->experts);
+    }
     ctx->save_for_backward({x, topk_weights, topk_idx});  // the layer reads them until its backward
     ctx->saved_data["layer"] = handle_of(b->layer);
     ctx->saved_data["step"] = b->layer->step();
@@ -128,21 +163,25 @@ struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
     return detail::translating_errors([&]() -> ::torch::autograd::variable_list {
       char const* const op = "libtorch::apply_layer (backward)";
       Layer& layer = from_handle<Layer>(ctx->saved_data["layer"]);
-      torch_experts<Fn>& experts = from_handle<torch_experts<Fn>>(ctx->saved_data["experts"]);
+      Experts& experts = from_handle<Experts>(ctx->saved_data["experts"]);
       auto const saved = ctx->get_saved_variables();
       moecomm::detail::require(layer.step() == ctx->saved_data["step"].toInt(), op, "the graph of step ",
                                ctx->saved_data["step"].toInt(), " is backpropagated after step ", layer.step(),
                                "'s forward: a layer keeps the state of its last forward only");
+      c10::Device const device = device_of(layer);
       at::Tensor const d_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(saved[0]);
       at::Tensor d_x = ctx->needs_input_grad(0) ? at::empty_like(saved[0]) : at::Tensor();
       at::Tensor d_w = ctx->needs_input_grad(1) ? at::empty_like(saved[1]) : at::Tensor();
       experts.zero_gradients();
-      optional_output<matrix_view<float>> dx_view = not_needed;
-      if (d_x.defined()) dx_view = matrix_of<float>(d_x, "grad of x", op);
+      optional_output<matrix_view<T>> dx_view = not_needed;
+      if (d_x.defined()) dx_view = matrix_of<T>(d_x, "grad of x", op, -1, -1, device);
       optional_output<array_view<float>> dw_view = not_needed;
-      if (d_w.defined()) dw_view = array_of<float>(d_w, "grad of topk_weights", op);
-      layer.backward(matrix_of<float const>(d_out, "grad of out", op, saved[0].size(0), saved[0].size(1)), dx_view, dw_view,
-                     experts);
+      if (d_w.defined()) dw_view = array_of<float>(d_w, "grad of topk_weights", op, device);
+      {
+        [[maybe_unused]] typename torch_device<backend_t>::stream_join const joined(layer.dispatch_state().backend());
+        layer.backward(matrix_of<T const>(d_out, "grad of out", op, saved[0].size(0), saved[0].size(1), device), dx_view,
+                       dw_view, experts);
+      }
       at::Tensor d_params = ctx->needs_input_grad(2) ? experts.gradient_buffer().clone() : at::Tensor();
       return {d_x, d_w, d_params, at::Tensor(), at::Tensor()};
     });
@@ -151,23 +190,31 @@ struct layer_function : ::torch::autograd::Function<layer_function<Layer, Fn>> {
 
 }  // namespace detail
 
-//! `{topk_weights, topk_idx, losses}` of `logits` ([T][E] float), differentiable in the logits.
-[[nodiscard]] inline std::vector<at::Tensor> route(c10::intrusive_ptr<router> const& r, at::Tensor const& logits) {
-  return detail::router_function::apply(logits, r);
+//! `{topk_weights, topk_idx, losses}` of `logits` ([T][E] float, on the router's device),
+//! differentiable in the logits.
+template <class Backend>
+[[nodiscard]] std::vector<at::Tensor> route(c10::intrusive_ptr<basic_router<Backend>> const& r, at::Tensor const& logits) {
+  return detail::router_function<Backend>::apply(logits, r);
 }
 
-//! The layer's output for `x` ([T][H] float) routed by `topk_idx`/`topk_weights` ([T][K]),
-//! differentiable in `x`, the weights and `experts.weights()`. Training mode when grad mode is on
-//! and an input needs a gradient; inference mode otherwise.
-template <class Layer, class Fn>
-[[nodiscard]] at::Tensor apply_layer(Layer& layer, torch_experts<Fn>& experts, at::Tensor const& x, at::Tensor const& topk_idx,
+//! The layer's output for `x` ([T][H], the experts' row type: float, or half / bfloat16 on CUDA)
+//! routed by `topk_idx` ([T][K] int32 or int64; an int64 value outside int32 is clamped to one, which
+//! the routing check then refuses) and `topk_weights` ([T][K] float), all on the layer's device
+//! (`torch_device`), differentiable in `x`, the weights and `experts.weights()`. Training mode when
+//! grad mode is on and an input needs a gradient; inference mode otherwise.
+template <class Layer, class Fn, class T>
+[[nodiscard]] at::Tensor apply_layer(Layer& layer, torch_experts<Fn, T>& experts, at::Tensor const& x, at::Tensor const& topk_idx,
                                      at::Tensor const& topk_weights) {
   bool const training = at::GradMode::is_enabled() &&
                         (x.requires_grad() || topk_weights.requires_grad() || experts.weights().requires_grad());
   layer.set_training(training);  // also forgets a forward whose graph was dropped without a backward
-  detail::layer_binding<Layer, Fn> binding{&layer, &experts};
-  return detail::layer_function<Layer, Fn>::apply(x.contiguous(), topk_weights.contiguous(), experts.weights(),
-                                                  topk_idx.contiguous(), &binding);
+  at::Tensor const idx = topk_idx.defined() && topk_idx.scalar_type() == at::kLong
+                             ? topk_idx.clamp(std::numeric_limits<std::int32_t>::min(), std::numeric_limits<std::int32_t>::max())
+                                   .to(at::kInt)
+                             : topk_idx.contiguous();
+  detail::layer_binding<Layer, torch_experts<Fn, T>> binding{&layer, &experts};
+  return detail::layer_function<Layer, torch_experts<Fn, T>>::apply(x.contiguous(), topk_weights.contiguous(), experts.weights(),
+                                                                    idx, &binding);
 }
 
 }  // namespace libtorch

@@ -14,14 +14,19 @@
 //! layer's autograd function (torch/autograd.hpp) hands back to torch as the parameters' gradient.
 //!
 //! `fn` must be row-wise (a row's output depends on its own input row only), as the layers require.
-//! Float only.
+//! Rows are T (float; `__half` or `__nv_bfloat16` on CUDA tensors), the parameters float32 on the
+//! rows' device; `fn` gets both as they are (`mlp_expert` casts the parameters to the rows' dtype, so
+//! their gradient stays float32: Megatron's bf16 training with float32 main parameters). Called by
+//! the layer with its back-end, `fn` runs where that back-end runs (`torch_device::stream_guard`).
 
 #include <moecomm/config.hpp>
+#include <moecomm/torch/backend_device.hpp>
 #include <moecomm/torch/tensor_views.hpp>
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 MOECOMM_NAMESPACE_BEGIN
@@ -42,8 +47,9 @@ struct mlp_expert {
     return activation == mlp_activation::swiglu ? 3 * hidden * inner : 2 * hidden * inner + inner + hidden;
   }
 
-  at::Tensor operator()(at::Tensor const& p, at::Tensor const& x) const {
+  at::Tensor operator()(at::Tensor const& params, at::Tensor const& x) const {
     std::int64_t const h = hidden, i = inner;
+    at::Tensor const p = params.scalar_type() == x.scalar_type() ? params : params.to(x.scalar_type());
     if (activation == mlp_activation::swiglu) {
       at::Tensor const w1 = p.narrow(0, 0, h * 2 * i).view({h, 2 * i});
       at::Tensor const w2 = p.narrow(0, h * 2 * i, i * h).view({i, h});
@@ -58,13 +64,16 @@ struct mlp_expert {
   }
 };
 
-template <class Fn>
+template <class Fn, class T = float>
 class torch_experts {
  public:
-  //! `weights`: `[L][P]` float, contiguous, on the CPU; P = the function's parameters per expert.
-  //! Its storage is the experts' parameters: the optimizer's updates are what the next step reads.
+  //! `weights`: `[L][P]` float, contiguous, on the device of the rows (the layer's back-end's); P =
+  //! the function's parameters per expert. Its storage is the experts' parameters: the optimizer's
+  //! updates are what the next step reads.
   torch_experts(Fn fn, at::Tensor weights) : fn_(std::move(fn)), weights_(std::move(weights)) {
-    static_cast<void>(matrix_of<float>(weights_, "weights", "libtorch::torch_experts"));
+    char const* const op = "libtorch::torch_experts";
+    moecomm::detail::require(weights_.defined(), op, "tensor 'weights' is undefined");
+    static_cast<void>(matrix_of<float>(weights_, "weights", op, -1, -1, weights_.device()));
     gradients_ = at::zeros_like(weights_, at::TensorOptions().requires_grad(false));
   }
 
@@ -78,31 +87,45 @@ class torch_experts {
   [[nodiscard]] at::Tensor const& gradient_buffer() const { return gradients_; }
   void zero_gradients() { gradients_.zero_(); }
 
-  void forward(float const* p, matrix_view<float const> in, matrix_view<float> out) const {
+  void forward(float const* p, matrix_view<T const> in, matrix_view<T> out) const {
     if (in.rows == 0) return;
     at::NoGradGuard const no_grad;
     rows(out).copy_(fn_(alias(p, {parameter_count()}), rows(in)));
   }
 
-  void backward(float const* p, matrix_view<float const> in, matrix_view<float const> d_out, matrix_view<float> d_in,
-                float* d_p) const {
+  void backward(float const* p, matrix_view<T const> in, matrix_view<T const> d_out, matrix_view<T> d_in, float* d_p) const {
     if (in.rows == 0) return;
     at::AutoGradMode const with_grad(true);
     at::Tensor const params = alias(p, {parameter_count()}).detach().requires_grad_(true);
     at::Tensor const x = rows(in).detach().requires_grad_(true);
     at::Tensor const y = fn_(params, x);
-    auto const grads = ::torch::autograd::grad({y}, {x, params}, {rows(d_out)});
+    using list = ::torch::autograd::variable_list;
+    auto const grads = ::torch::autograd::grad(list{y}, list{x, params}, list{rows(d_out)});
     rows(d_in).copy_(grads[0]);
     alias(d_p, {parameter_count()}).add_(grads[1]);
   }
 
- private:
-  template <class T>
-  static at::Tensor alias(T* data, at::IntArrayRef sizes) {
-    return at::from_blob(const_cast<float*>(data), sizes, at::TensorOptions().dtype(at::kFloat));
+  //! The same, called by the layer with the back-end the call runs on: torch enqueues there.
+  template <class Backend>
+  void forward(float const* p, matrix_view<T const> in, matrix_view<T> out, Backend const& be) const {
+    [[maybe_unused]] typename torch_device<Backend>::stream_guard const on(be);
+    forward(p, in, out);
   }
-  template <class T>
-  static at::Tensor rows(matrix_view<T> v) {
+  template <class Backend>
+  void backward(float const* p, matrix_view<T const> in, matrix_view<T const> d_out, matrix_view<T> d_in, float* d_p,
+                Backend const& be) const {
+    [[maybe_unused]] typename torch_device<Backend>::stream_guard const on(be);
+    backward(p, in, d_out, d_in, d_p);
+  }
+
+ private:
+  template <class U>
+  at::Tensor alias(U* data, at::IntArrayRef sizes) const {
+    return at::from_blob(const_cast<std::remove_const_t<U>*>(data), sizes,
+                         at::TensorOptions().dtype(detail::dtype_of<U>()).device(weights_.device()));
+  }
+  template <class U>
+  at::Tensor rows(matrix_view<U> v) const {
     return alias(v.data, {v.rows, v.hidden});
   }
 
