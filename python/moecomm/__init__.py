@@ -60,7 +60,14 @@ class Router(torch.nn.Module):
         self.z_loss_coeff = z_loss_coeff
 
     def forward(self, logits):
-        # A router per call: its state lives as long as the autograd graph that needs it.
+        # A router per call: its state lives as long as the autograd graph that needs it. CUDA logits:
+        # the router on the current CUDA stream.
+        if logits.is_cuda:
+            if not _C.has_cuda:
+                raise Error(f"logits is on {logits.device}, but this moecomm was built without CUDA (its torch is "
+                            f"CPU-only, or nvcc or NCCL was not found): reinstall it against a CUDA build of torch")
+            with torch.cuda.device(logits.device):
+                return _C.CudaRouter(self.top_k, self.aux_loss_coeff, self.z_loss_coeff).forward(logits)
         return _C.Router(self.top_k, self.aux_loss_coeff, self.z_loss_coeff).forward(logits)
 
 
@@ -189,6 +196,9 @@ class _FunctionalExpert:
         return torch.cat([p.detach().reshape(-1).float() for _, p in named])
 
     def __call__(self, params, rows):
+        # float32 parameters, cast to the rows' dtype (bfloat16 or float16 rows on CUDA): their
+        # gradient stays float32, as Megatron's main parameters.
+        params = params.to(rows.dtype)
         views = {n: t.view(s) for n, t, s in zip(self.names, params.split(self.sizes), self.shapes)}
         return _functional_call(self.module, views, (rows,))
 
@@ -205,7 +215,8 @@ def _made_experts(expert, experts, seed):
 
 
 class MoELayer(torch.nn.Module):
-    """One MoE layer, expert parallel over a torch.distributed process group (Gloo, CPU tensors).
+    """One MoE layer, expert parallel over a torch.distributed process group (CPU tensors over Gloo,
+    or CUDA tensors over NCCL: `device`).
 
     The experts, one of three kinds:
     - built in (default): MLPs H -> ffn_hidden -> H, with ReLU or (activation="swiglu") SwiGLU;
@@ -228,6 +239,13 @@ class MoELayer(torch.nn.Module):
     source rank; or `rank_capacity` rows received by a rank over its experts. A dropped slot adds
     nothing to its token. Not with "finemoe" (dropless). `checks=False` skips the routing scan.
 
+    Devices: on the CPU (default) the group's exchanges run over Gloo. With `device="cuda"` (or a
+    torch.device) the experts live on that GPU and the layer takes CUDA tensors of `dtype`
+    (torch.float32, torch.bfloat16 or torch.float16; the experts' parameters stay float32): its kernels
+    and NCCL calls run on the current CUDA stream, through an NCCL communicator of its own that the
+    group's rank 0 bootstraps through the default store. On CUDA in this version: patterns "plain",
+    "hierarchical" and "dedup", dropless, the built-in or your own experts.
+
     Layers must be made in the same order on every rank (their sub-groups are named by that order).
     Under DistributedDataParallel the experts must be left out (ignore_experts_in_ddp); the layer
     refuses to run otherwise.
@@ -236,8 +254,17 @@ class MoELayer(torch.nn.Module):
     def __init__(self, hidden, ffn_hidden, num_experts, top_k=2, pattern="plain", group=None, ranks_per_node=None,
                  aux_loss_coeff=0.0, z_loss_coeff=0.0, expert_init=None, seed=0, timeout=60.0, activation="relu",
                  expert=None, grouped_experts=None, capacity_factor=None, drop_policy="probs", pad_to_capacity=False,
-                 min_capacity=0, rank_capacity=None, checks=True):
+                 min_capacity=0, rank_capacity=None, checks=True, device=None, dtype=torch.float32):
         super().__init__()
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "cuda":
+            _refuse_on_cuda(grouped_experts=grouped_experts, capacity_factor=capacity_factor, rank_capacity=rank_capacity)
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+        elif device.type != "cpu":
+            raise ValueError(f"device = {device}: the layer runs on the CPU or on CUDA")
+        elif dtype != torch.float32:
+            raise ValueError(f"dtype = {dtype}: on the CPU the layer takes float32 rows (bfloat16 and float16 on CUDA)")
         if expert is not None and grouped_experts is not None:
             raise ValueError("expert and grouped_experts are two kinds of experts; give at most one")
         group, make_split = _group_and_splits(group, timeout)
@@ -281,7 +308,16 @@ class MoELayer(torch.nn.Module):
             if tuple(expert_init.shape) != (num_experts, count):
                 raise ValueError(f"expert_init has shape {tuple(expert_init.shape)}; needs ({num_experts}, {count})")
             initial = expert_init[self.slot_experts]
-        self.experts = torch.nn.Parameter(initial.detach().clone().float().contiguous())
+        self.experts = torch.nn.Parameter(initial.detach().clone().float().contiguous().to(device))
+        if device.type == "cuda":
+            dtypes = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+            if dtype not in dtypes:
+                raise ValueError(f"dtype = {dtype}: on CUDA the layer takes float32, bfloat16 or float16 rows")
+            store = dist.PrefixStore(f"moecomm/layer{index}", dist.distributed_c10d._get_default_store())
+            self._layer = _C.make_cuda_layer(pattern, store, rank, size, dtypes[dtype], num_experts, hidden,
+                                             ffn_hidden or 0, activation, function, self.experts, ranks_per_node,
+                                             bool(checks), timeout)
+            return
         self._layer = _C.make_layer(pattern, group, make_split, f"moecomm/layer{index}", num_experts, hidden,
                                     ffn_hidden or 0, activation, function, self.experts, ranks_per_node, capacity,
                                     bool(checks), timeout)
@@ -315,6 +351,17 @@ class MoELayer(torch.nn.Module):
     def shadowed(self):
         """The experts FasterMoE shadowed in the last step (empty for the other patterns)."""
         return self._layer.shadowed() if self._layer is not None else []
+
+
+def _refuse_on_cuda(**options):
+    """Raises ValueError naming the first option MoELayer does not take on CUDA in this version, or
+    Error when this moecomm was built without CUDA."""
+    if not _C.has_cuda:
+        raise Error("device is CUDA, but this moecomm was built without CUDA (its torch is CPU-only, or nvcc or NCCL "
+                    "was not found): reinstall it against a CUDA build of torch")
+    for name, value in options.items():
+        if value is not None:
+            raise ValueError(f"{name} is not supported on CUDA in this version (dropless, one expert function)")
 
 
 def _refuse_ddp_that_moves_experts():

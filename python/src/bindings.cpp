@@ -14,6 +14,11 @@
 #include <moecomm/torch/token_dispatcher.hpp>
 #include <moecomm/torch/torch_experts.hpp>
 
+#include "layer_handle.hpp"
+#if defined(MOECOMM_PYTHON_CUDA)
+#  include "cuda_layers.hpp"
+#endif
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -29,36 +34,8 @@ namespace py = pybind11;
 namespace {
 
 using comm_t = moecomm::c10d_communicator;
-// An expert as a function of its flat parameters and its rows: the built-in MLP, or a Python
-// callable (the package's functional form of the user's nn.Module), one type for every pattern.
-using expert_fn = std::function<at::Tensor(at::Tensor const&, at::Tensor const&)>;
+using namespace moecomm_python;
 using experts_t = moecomm::libtorch::torch_experts<expert_fn>;
-
-// A Python object that C++ keeps: dropped with the GIL held, whichever thread drops the last copy.
-std::shared_ptr<py::object> hold_python(py::object f) {
-  return std::shared_ptr<py::object>(new py::object(std::move(f)), [](py::object* o) {
-    py::gil_scoped_acquire const gil;
-    delete o;
-  });
-}
-
-// A Python expert function `fn(params [P], rows [n][H]) -> [n][H]`, called from the layer's threads
-// (the forward runs with the GIL released, the backward on autograd's thread): it takes the GIL.
-struct python_expert {
-  std::shared_ptr<py::object> fn;  // from hold_python
-
-  at::Tensor operator()(at::Tensor const& params, at::Tensor const& rows) const {
-    py::gil_scoped_acquire const gil;
-    py::object const out = (*fn)(params, rows);
-    at::Tensor y = out.cast<at::Tensor>();
-    moecomm::detail::require(y.dim() == 2 && y.size(0) == rows.size(0) && y.size(1) == rows.size(1) &&
-                                 y.scalar_type() == rows.scalar_type(),
-                             "moecomm.MoELayer", "the expert returned a ", y.scalar_type(), " tensor of shape ", y.sizes(),
-                             " for ", rows.scalar_type(), " rows of shape ", rows.sizes(), ": an expert maps [n][H] rows to [n][H] of their dtype");
-    return y;
-  }
-
-};
 
 // The capacity policy the Python arguments name: drop = "none" (dropless), "position", "probs",
 // "random" (capacity<rule> with `factor`, `min_capacity`, `pad`) or "rank" (receiver_budget of
@@ -94,47 +71,6 @@ decltype(auto) with_capacity(capacity_spec const& c, char const* op, F&& f) {
   if (c.drop == "rank") return f(moecomm::receiver_budget{c.rows_per_rank});
   return f(moecomm::dropless{});
 }
-
-// One MoE layer of any pattern behind one interface, for Python.
-class layer_handle {
- public:
-  virtual ~layer_handle() = default;
-  virtual at::Tensor forward(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) = 0;
-  // The experts FasterMoE shadowed in the last step (empty for the other patterns).
-  [[nodiscard]] virtual std::vector<std::int32_t> shadowed() const = 0;
-};
-
-template <class Make>
-class layer_of final : public layer_handle {
-  using layer_t = std::invoke_result_t<Make&, moecomm::exchange_groups<comm_t>&>;
-
- public:
-  layer_of(comm_t comm, std::int32_t ranks_per_node, Make make, experts_t experts)
-      : comm_(std::move(comm)),
-        groups_(comm_, moecomm::topology(comm_.size(), ranks_per_node)),
-        layer_(make(groups_)),
-        experts_(std::move(experts)) {}
-
-  at::Tensor forward(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) override {
-    return moecomm::libtorch::apply_layer(layer_, experts_, x, topk_idx, topk_weights);
-  }
-
-  [[nodiscard]] std::vector<std::int32_t> shadowed() const override {
-    if constexpr (shadows<layer_t>::value) return layer_.shadow_state().decision().shadowed;
-    else return {};
-  }
-
- private:
-  template <class L, class = void>
-  struct shadows : std::false_type {};
-  template <class L>
-  struct shadows<L, std::void_t<decltype(std::declval<L const&>().shadow_state().decision())>> : std::true_type {};
-
-  comm_t comm_;
-  moecomm::exchange_groups<comm_t> groups_;
-  layer_t layer_;
-  experts_t experts_;
-};
 
 // The token dispatcher of one exchange behind one interface, for Python.
 class dispatcher_handle {
@@ -210,10 +146,6 @@ std::vector<std::int32_t> slot_experts(std::string const& pattern, std::int32_t 
   return slots;
 }
 
-template <class Make>
-std::unique_ptr<layer_handle> handle(comm_t comm, std::int32_t per_node, Make make, experts_t experts) {
-  return std::make_unique<layer_of<Make>>(std::move(comm), per_node, std::move(make), std::move(experts));
-}
 
 // The layer of `pattern` with the capacity policy `capacity`.
 template <class Capacity>
@@ -264,8 +196,6 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
                                          at::Tensor const& experts, std::int32_t ranks_per_node, capacity_spec const& capacity,
                                          bool checks, double timeout) {
   char const* const op = "moecomm.MoELayer";
-  moecomm::detail::require(activation == "relu" || activation == "swiglu", op, "activation = '", activation,
-                           "' is not one of relu, swiglu");
   moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup" || pattern == "fastermoe" ||
                                pattern == "finemoe",
                            op, "pattern = '", pattern, "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
@@ -279,22 +209,11 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
                            " is not a multiple of the group's size ", comm.size());
   moecomm::detail::require(ranks_per_node >= 1 && comm.size() % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
                            " does not divide the group's size ", comm.size());
-  std::optional<experts_t> ex;
-  if (expert.is_none()) {
-    moecomm::libtorch::mlp_expert const mlp{hidden, inner,
-                                            activation == "swiglu" ? moecomm::libtorch::mlp_activation::swiglu
-                                                                   : moecomm::libtorch::mlp_activation::relu};
-    ex.emplace(mlp, experts);
-    moecomm::detail::require(ex->parameter_count() == mlp.parameter_count(), op, "experts has ", ex->parameter_count(),
-                             " columns; a ", activation, " MLP expert has ",
-                             activation == "swiglu" ? "3 H F = " : "2 H F + F + H = ", mlp.parameter_count());
-  } else {
-    ex.emplace(python_expert{hold_python(expert)}, experts);
-  }
+  experts_t ex(expert_function(op, hidden, inner, activation, expert, experts), experts);
   moecomm::routing_checks const routing_checks{checks, false};
   return with_capacity(capacity, op, [&](auto policy) {
     return pattern_layer(pattern, std::move(comm), ranks_per_node, num_experts, hidden, inner, policy, routing_checks,
-                         std::move(*ex));
+                         std::move(ex));
   });
 }
 
@@ -387,6 +306,11 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("make_dispatcher", &make_dispatcher, py::arg("exchange"), py::arg("group"), py::arg("make_split"), py::arg("name"),
         py::arg("num_experts"), py::arg("ranks_per_node"), py::arg("capacity"), py::arg("checks"), py::arg("timeout"));
+#if defined(MOECOMM_PYTHON_CUDA)
+  bind_cuda(m);
+#else
+  m.attr("has_cuda") = false;  // torch, or this build, has no CUDA: CPU tensors only
+#endif
   m.def("slot_experts", &slot_experts, py::arg("pattern"), py::arg("rank"), py::arg("ranks"), py::arg("num_experts"),
         "the global expert each local slot of `rank` holds");
 }

@@ -10,8 +10,9 @@
 #       The environment (made once in <environment folder>, kept for the next run) sees nothing of the
 #       system's: torch VERSION comes from PyPI, as a user's `pip install torch` gets it (a CUDA
 #       build, whose GPU libraries are looked up in /usr/local/cuda/lib64 and in the few wheels
-#       installed beside it; its CPU side is what runs here). After the step, the whole pytest suite
-#       (tests/python) runs against the installed package.
+#       installed beside it; its CPU side is what runs here, and the extension's CUDA part is compiled,
+#       for sm_80). After the step, the whole pytest suite (tests/python) runs against the installed
+#       package (its CUDA tests skip without a GPU).
 #
 # Exit 77 (skipped) when the environment cannot be made or a package cannot be installed (no network
 # to PyPI), or when that torch cannot be imported here.
@@ -53,6 +54,7 @@ else
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$nvidia/cu13/lib:$nvidia/cusparselt/lib:$nvidia/nvshmem/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   "$venv_python" -c "import torch" || skip "torch $torch_version cannot be imported here (its CUDA libraries are missing)"
   "$venv_python" -m pip uninstall -q -y moecomm 2>/dev/null || true
+  export TORCH_CUDA_ARCH_LIST=8.0  # torch is a CUDA build: its part of the extension for one architecture
 fi
 "$venv_python" -m pip install -q --no-build-isolation "$source"
 

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// moecomm._C on CUDA tensors, built where torch is a CUDA build and nvcc and NCCL are found
+// (MOECOMM_PYTHON_CUDA): the layers of patterns plain, hierarchical and dedup on cuda_backend over
+// torch's current stream, through a moecomm NCCL communicator bootstrapped from the group's store,
+// with float32, float16 or bfloat16 rows, dropless; and the router on CUDA logits.
+
+#include "cuda_layers.hpp"
+#include "layer_handle.hpp"
+
+#include <moecomm/moecomm.cuh>
+#include <moecomm/torch/cuda.cuh>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace moecomm_python {
+namespace {
+
+using cuda_router = moecomm::libtorch::basic_router<moecomm::cuda_backend>;
+
+template <class T>
+std::unique_ptr<layer_handle> cuda_layer(std::string const& pattern, moecomm::nccl_communicator comm, std::int32_t per_node,
+                                         std::int32_t num_experts, std::int64_t hidden, moecomm::routing_checks checks,
+                                         expert_fn fn, at::Tensor const& experts, moecomm::cuda_backend const& be) {
+  using experts_t = moecomm::libtorch::torch_experts<expert_fn, T>;
+  using groups_t = moecomm::exchange_groups<moecomm::nccl_communicator>;
+  experts_t ex(std::move(fn), experts);
+  if (pattern == "plain")
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, moecomm::dropless{}, checks);
+    }, std::move(ex));
+  if (pattern == "hierarchical")
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, moecomm::hierarchical_2d{}, moecomm::dropless{},
+                                                    checks);
+    }, std::move(ex));
+  return handle(std::move(comm), per_node, [=](groups_t& g) {
+    return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, moecomm::dedup_per_rank<moecomm::flat>{},
+                                                  moecomm::dropless{}, checks);
+  }, std::move(ex));
+}
+
+// `store`: a store of this layer's own (a PrefixStore of the group's), where the group's rank 0
+// publishes the NCCL id.
+std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::object const& store, std::int32_t rank,
+                                              std::int32_t size, std::string const& dtype, std::int32_t num_experts,
+                                              std::int64_t hidden, std::int64_t inner, std::string const& activation,
+                                              py::object const& expert, at::Tensor const& experts, std::int32_t ranks_per_node,
+                                              bool checks, double timeout) {
+  char const* const op = "moecomm.MoELayer (CUDA)";
+  moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup", op, "pattern = '", pattern,
+                           "' on CUDA tensors: this version has plain, hierarchical and dedup there");
+  moecomm::detail::require(dtype == "float32" || dtype == "bfloat16" || dtype == "float16", op, "dtype = '", dtype,
+                           "' is not one of float32, bfloat16, float16");
+  moecomm::detail::require(experts.is_cuda(), op, "experts is on ", experts.device().str(), "; the layer runs on CUDA");
+  moecomm::detail::require(num_experts % size == 0, op, "num_experts = ", num_experts, " is not a multiple of the group's size ",
+                           size);
+  moecomm::detail::require(ranks_per_node >= 1 && size % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
+                           " does not divide the group's size ", size);
+  expert_fn fn = expert_function(op, hidden, inner, activation, expert, experts);
+  auto const wait = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000.0));
+  c10::cuda::CUDAGuard const on_device(experts.device());
+  moecomm::cuda_backend const be = moecomm::libtorch::current_stream_backend(wait);
+  moecomm::nccl_options options;
+  options.timeout = wait;
+  auto const st = store.cast<c10::intrusive_ptr<c10d::Store>>();
+  moecomm::nccl_communicator comm = [&] {
+    py::gil_scoped_release const release;  // the peers' processes are waited for
+    return moecomm::libtorch::nccl_from_store(*st, "nccl", rank, size, be.stream(), options);
+  }();
+  moecomm::routing_checks const routing_checks{checks, false};
+  if (dtype == "bfloat16")
+    return cuda_layer<__nv_bfloat16>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn),
+                                     experts, be);
+  if (dtype == "float16")
+    return cuda_layer<__half>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn), experts,
+                              be);
+  return cuda_layer<float>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn), experts, be);
+}
+
+}  // namespace
+
+void bind_cuda(py::module_& m) {
+  py::class_<cuda_router, c10::intrusive_ptr<cuda_router>>(m, "CudaRouter")
+      .def(py::init([](std::int32_t top_k, float aux, float z) {
+             auto r = c10::make_intrusive<cuda_router>(moecomm::libtorch::current_stream_backend());
+             r->config.top_k = top_k;
+             r->config.aux_loss_coeff = aux;
+             r->config.z_loss_coeff = z;
+             return r;
+           }),
+           py::arg("top_k"), py::arg("aux_loss_coeff") = 0.0f, py::arg("z_loss_coeff") = 0.0f)
+      .def(
+          "forward",
+          [](c10::intrusive_ptr<cuda_router> const& r, at::Tensor const& logits) {
+            auto out = moecomm::libtorch::route(r, logits);
+            return py::make_tuple(out[0], out[1], out[2]);
+          },
+          py::arg("logits"), "(topk_weights [T][K], topk_idx [T][K] int32, losses [aux, z]) of CUDA logits [T][E]");
+  m.def("make_cuda_layer", &make_cuda_layer, py::arg("pattern"), py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("dtype"), py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("expert"),
+        py::arg("experts"), py::arg("ranks_per_node"), py::arg("checks"), py::arg("timeout"));
+  m.attr("has_cuda") = true;
+}
+
+}  // namespace moecomm_python
