@@ -259,22 +259,8 @@ PYBIND11_MODULE(_C, m) {
   error_type = py::register_exception<moecomm::error>(m, "Error", PyExc_RuntimeError).ptr();
   moecomm::libtorch::backward_error_handler = &raise_moecomm_error;
 
-  py::class_<moecomm::libtorch::router, c10::intrusive_ptr<moecomm::libtorch::router>>(m, "Router")
-      .def(py::init([](std::int32_t top_k, float aux, float z) {
-             auto r = c10::make_intrusive<moecomm::libtorch::router>();
-             r->config.top_k = top_k;
-             r->config.aux_loss_coeff = aux;
-             r->config.z_loss_coeff = z;
-             return r;
-           }),
-           py::arg("top_k"), py::arg("aux_loss_coeff") = 0.0f, py::arg("z_loss_coeff") = 0.0f)
-      .def(
-          "forward",
-          [](c10::intrusive_ptr<moecomm::libtorch::router> const& r, at::Tensor const& logits) {
-            auto out = moecomm::libtorch::route(r, logits);
-            return py::make_tuple(out[0], out[1], out[2]);
-          },
-          py::arg("logits"), "(topk_weights [T][K], topk_idx [T][K] int32, losses [aux, z]) of logits [T][E]");
+  bind_router<moecomm::host_backend>(m, "Router", [] { return moecomm::host_backend{}; },
+                                     "(topk_weights [T][K], topk_idx [T][K] int32, losses [aux, z]) of logits [T][E]");
 
   py::class_<layer_handle>(m, "Layer")
       .def("forward", &layer_handle::forward, py::arg("x"), py::arg("topk_idx"), py::arg("topk_weights"),

@@ -19,8 +19,6 @@
 namespace moecomm_python {
 namespace {
 
-using cuda_router = moecomm::libtorch::basic_router<moecomm::cuda_backend>;
-
 template <class T>
 std::unique_ptr<layer_handle> cuda_layer(std::string const& pattern, moecomm::nccl_communicator comm, std::int32_t per_node,
                                          std::int32_t num_experts, std::int64_t hidden, moecomm::routing_checks checks,
@@ -84,22 +82,8 @@ std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::ob
 }  // namespace
 
 void bind_cuda(py::module_& m) {
-  py::class_<cuda_router, c10::intrusive_ptr<cuda_router>>(m, "CudaRouter")
-      .def(py::init([](std::int32_t top_k, float aux, float z) {
-             auto r = c10::make_intrusive<cuda_router>(moecomm::libtorch::current_stream_backend());
-             r->config.top_k = top_k;
-             r->config.aux_loss_coeff = aux;
-             r->config.z_loss_coeff = z;
-             return r;
-           }),
-           py::arg("top_k"), py::arg("aux_loss_coeff") = 0.0f, py::arg("z_loss_coeff") = 0.0f)
-      .def(
-          "forward",
-          [](c10::intrusive_ptr<cuda_router> const& r, at::Tensor const& logits) {
-            auto out = moecomm::libtorch::route(r, logits);
-            return py::make_tuple(out[0], out[1], out[2]);
-          },
-          py::arg("logits"), "(topk_weights [T][K], topk_idx [T][K] int32, losses [aux, z]) of CUDA logits [T][E]");
+  bind_router<moecomm::cuda_backend>(m, "CudaRouter", [] { return moecomm::libtorch::current_stream_backend(); },
+                                     "(topk_weights [T][K], topk_idx [T][K] int32, losses [aux, z]) of CUDA logits [T][E]");
   m.def("make_cuda_layer", &make_cuda_layer, py::arg("pattern"), py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("dtype"), py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("expert"),
         py::arg("experts"), py::arg("ranks_per_node"), py::arg("checks"), py::arg("timeout"));

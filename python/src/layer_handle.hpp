@@ -116,4 +116,27 @@ std::unique_ptr<layer_handle> handle(Comm comm, std::int32_t per_node, Make make
 }
 
 
+// Binds the router of `Backend` as class `name`: `name(top_k, aux_loss_coeff, z_loss_coeff)` on the
+// back-end `make_backend()` gives, `.forward(logits)` -> (topk_weights, topk_idx, losses).
+template <class Backend, class MakeBackend>
+void bind_router(py::module_& m, char const* name, MakeBackend make_backend, char const* forward_doc) {
+  using router_t = moecomm::libtorch::basic_router<Backend>;
+  py::class_<router_t, c10::intrusive_ptr<router_t>>(m, name)
+      .def(py::init([make_backend](std::int32_t top_k, float aux, float z) {
+             auto r = c10::make_intrusive<router_t>(make_backend());
+             r->config.top_k = top_k;
+             r->config.aux_loss_coeff = aux;
+             r->config.z_loss_coeff = z;
+             return r;
+           }),
+           py::arg("top_k"), py::arg("aux_loss_coeff") = 0.0f, py::arg("z_loss_coeff") = 0.0f)
+      .def(
+          "forward",
+          [](c10::intrusive_ptr<router_t> const& r, at::Tensor const& logits) {
+            auto out = moecomm::libtorch::route(r, logits);
+            return py::make_tuple(out[0], out[1], out[2]);
+          },
+          py::arg("logits"), forward_doc);
+}
+
 }  // namespace moecomm_python

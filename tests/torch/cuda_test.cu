@@ -11,17 +11,8 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/torch.h>
-// torch's logging may define CHECK macros that doctest's replace.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#undef CHECK_FALSE
-#include <doctest/doctest.h>
+
+#include "torch_doctest.hpp"
 
 #include "../cuda/device_runner.hpp"
 
