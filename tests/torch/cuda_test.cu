@@ -94,6 +94,19 @@ bool same_bits(at::Tensor const& a, at::Tensor const& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && at::equal(a.view(at::kByte), b.view(at::kByte));
 }
 
+// `use(layer, experts, device)` with the plain layer on a one-rank NCCL world on torch's current
+// stream, its experts' parameters `params` on that stream's device.
+template <class T, class Use>
+void with_cuda_layer(at::Tensor const& params, Use const& use) {
+  auto be = moecomm::libtorch::current_stream_backend();
+  auto comm = one_rank_nccl(be.stream());
+  moecomm::exchange_groups groups(comm, moecomm::topology(1, 1));
+  auto layer = moecomm::make_expert_parallel_layer<T>(be, groups, E, H);
+  c10::Device const device = moecomm::libtorch::torch_device<moecomm::cuda_backend>::of(be);
+  moecomm::libtorch::torch_experts<scale_shift_expert, T> experts({}, params.to(device).requires_grad_(true));
+  use(layer, experts, device);
+}
+
 template <class T>
 void check_cuda_equals_cpu(at::ScalarType rows, double params_tolerance, at::ScalarType index_type, bool side_stream) {
   CAPTURE(rows);
@@ -101,19 +114,15 @@ void check_cuda_equals_cpu(at::ScalarType rows, double params_tolerance, at::Sca
   CAPTURE(side_stream);
   inputs const in = make_inputs(rows);
   step const want = on_cpu<T>(in);
-  auto be = moecomm::libtorch::current_stream_backend();
-  auto comm = one_rank_nccl(be.stream());
-  moecomm::exchange_groups groups(comm, moecomm::topology(1, 1));
-  auto layer = moecomm::make_expert_parallel_layer<T>(be, groups, E, H);
-  c10::Device const device = moecomm::libtorch::torch_device<moecomm::cuda_backend>::of(be);
-  moecomm::libtorch::torch_experts<scale_shift_expert, T> experts({}, in.params.to(device).requires_grad_(true));
   step got;
-  if (side_stream) {  // torch's current stream is not the layer's: the calls join it through events
-    c10::cuda::CUDAStreamGuard const guard(c10::cuda::getStreamFromPool());
-    got = run(layer, experts, in, device, index_type);
-  } else {
-    got = run(layer, experts, in, device, index_type);
-  }
+  with_cuda_layer<T>(in.params, [&](auto& layer, auto& experts, c10::Device device) {
+    if (side_stream) {  // torch's current stream is not the layer's: the calls join it through events
+      c10::cuda::CUDAStreamGuard const guard(c10::cuda::getStreamFromPool());
+      got = run(layer, experts, in, device, index_type);
+    } else {
+      got = run(layer, experts, in, device, index_type);
+    }
+  });
   CHECK_MESSAGE(same_bits(got.y, want.y), "the output differs from the CPU layer's");
   CHECK_MESSAGE(same_bits(got.d_x, want.d_x), "the tokens' gradient differs from the CPU layer's");
   CHECK_MESSAGE(same_bits(got.d_w, want.d_w), "the routing weights' gradient differs from the CPU layer's");
@@ -159,26 +168,22 @@ TEST_CASE("torch cuda: the router on CUDA logits equals the router on CPU logits
 
 TEST_CASE("torch cuda: tensors on the wrong device or of the wrong dtype are refused by name") {
   inputs const in = make_inputs(at::kFloat);
-  auto be = moecomm::libtorch::current_stream_backend();
-  auto comm = one_rank_nccl(be.stream());
-  moecomm::exchange_groups groups(comm, moecomm::topology(1, 1));
-  auto layer = moecomm::make_expert_parallel_layer<float>(be, groups, E, H);
-  c10::Device const device = moecomm::libtorch::torch_device<moecomm::cuda_backend>::of(be);
-  moecomm::libtorch::torch_experts<scale_shift_expert, float> experts({}, in.params.to(device).requires_grad_(true));
-  auto const message = [&](at::Tensor const& x, at::Tensor const& idx, at::Tensor const& w) -> std::string {
-    try {
-      static_cast<void>(moecomm::libtorch::apply_layer(layer, experts, x, idx, w));
-    } catch (std::exception const& e) {
-      return e.what();
-    }
-    return "(nothing was thrown)";
-  };
-  std::string const cpu_x = message(in.x, in.idx.to(device), in.w.to(device));
-  CHECK_MESSAGE(cpu_x.find("tensor 'x' is on cpu; the layer runs on cuda") != std::string::npos, cpu_x);
-  std::string const cpu_w = message(in.x.to(device), in.idx.to(device), in.w);
-  CHECK_MESSAGE(cpu_w.find("tensor 'topk_weights' is on cpu") != std::string::npos, cpu_w);
-  std::string const half = message(in.x.to(at::kHalf).to(device), in.idx.to(device), in.w.to(device));
-  CHECK_MESSAGE(half.find("tensor 'x' has dtype Half (float16); needs Float (float32)") != std::string::npos, half);
+  with_cuda_layer<float>(in.params, [&](auto& layer, auto& experts, c10::Device device) {
+    auto const message = [&](at::Tensor const& x, at::Tensor const& idx, at::Tensor const& w) -> std::string {
+      try {
+        static_cast<void>(moecomm::libtorch::apply_layer(layer, experts, x, idx, w));
+      } catch (std::exception const& e) {
+        return e.what();
+      }
+      return "(nothing was thrown)";
+    };
+    std::string const cpu_x = message(in.x, in.idx.to(device), in.w.to(device));
+    CHECK_MESSAGE(cpu_x.find("tensor 'x' is on cpu; the layer runs on cuda") != std::string::npos, cpu_x);
+    std::string const cpu_w = message(in.x.to(device), in.idx.to(device), in.w);
+    CHECK_MESSAGE(cpu_w.find("tensor 'topk_weights' is on cpu") != std::string::npos, cpu_w);
+    std::string const half = message(in.x.to(at::kHalf).to(device), in.idx.to(device), in.w.to(device));
+    CHECK_MESSAGE(half.find("tensor 'x' has dtype Half (float16); needs Float (float32)") != std::string::npos, half);
+  });
 }
 
 TEST_CASE("torch cuda: nccl_from_store refuses a value that is not an NCCL id, naming the key") {

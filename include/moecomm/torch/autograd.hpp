@@ -123,17 +123,9 @@ struct layer_binding {
   Experts* experts;
 };
 
-//! The rows' element type of `torch_experts<Fn, T>`.
-template <class Experts>
-struct rows_of;
-template <class Fn, class T>
-struct rows_of<torch_experts<Fn, T>> {
-  using type = T;
-};
-
 template <class Layer, class Experts>
 struct layer_function : ::torch::autograd::Function<layer_function<Layer, Experts>> {
-  using T = typename rows_of<Experts>::type;
+  using T = typename Experts::row_type;
   using backend_t = std::decay_t<decltype(std::declval<Layer const&>().dispatch_state().backend())>;
 
   static c10::Device device_of(Layer const& layer) { return torch_device<backend_t>::of(layer.dispatch_state().backend()); }

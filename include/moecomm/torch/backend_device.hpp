@@ -7,7 +7,7 @@
 //! | member | meaning |
 //! |---|---|
 //! | `static c10::Device of(Backend const&)` | the device of every tensor a layer on this back-end takes |
-//! | `stream_join(Backend const&)` | for its scope, the back-end's work follows what torch enqueued before it, and torch's later work follows the back-end's (no host wait) |
+//! | `stream_join(Backend const&)` | for its scope, the back-end's device is current, its work follows what torch enqueued before it, and torch's later work follows the back-end's (no host wait) |
 //! | `stream_guard(Backend const&)` | for its scope, torch enqueues its own operations where the back-end runs (a torch expert called by the layer) |
 //!
 //! The host back-end's are here: the CPU, and nothing to order (its calls return when done).

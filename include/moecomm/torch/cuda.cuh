@@ -46,11 +46,14 @@ struct torch_device<cuda_backend> {
     return {c10::kCUDA, static_cast<c10::DeviceIndex>(be.device())};
   }
 
-  //! Where the back-end's stream is not torch's current one: an event each way.
+  //! The back-end's device is current for the scope (the caller's thread, or autograd's, may have
+  //! another); where the back-end's stream is not torch's current one, an event each way.
   class stream_join {
    public:
     explicit stream_join(cuda_backend const& be)
-        : ours_(be.stream()), theirs_(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(be.device())).stream()) {
+        : on_device_(static_cast<c10::DeviceIndex>(be.device())),
+          ours_(be.stream()),
+          theirs_(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(be.device())).stream()) {
       if (ours_ != theirs_) follow(ours_, theirs_, "stream_join: the back-end's stream waits for torch's");
     }
     ~stream_join() noexcept(false) {
@@ -68,6 +71,7 @@ struct torch_device<cuda_backend> {
       (void)cudaEventDestroy(e);  // released once the wait is done
       moecomm::detail::cuda_check(waited, op);
     }
+    c10::cuda::CUDAGuard on_device_;
     cudaStream_t ours_, theirs_;
   };
 

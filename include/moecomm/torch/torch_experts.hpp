@@ -67,6 +67,8 @@ struct mlp_expert {
 template <class Fn, class T = float>
 class torch_experts {
  public:
+  using row_type = T;  //!< the rows' element type
+
   //! `weights`: `[L][P]` float, contiguous, on the device of the rows (the layer's back-end's); P =
   //! the function's parameters per expert. Its storage is the experts' parameters: the optimizer's
   //! updates are what the next step reads.
