@@ -16,6 +16,7 @@ min-max token split). Each gives the same output as "plain" up to the order of f
 """
 
 import datetime
+import functools
 import itertools
 import os
 import sys
@@ -146,15 +147,27 @@ class Dispatcher:
     at most that many rows received by each rank over its experts. A dropped slot adds nothing to its
     token. `checks=False` skips the scan of topk_idx and topk_weights (an id out of range is then a
     masked slot).
+
+    Devices: CPU tensors (default) over Gloo; with `device="cuda"` (or a torch.device) CUDA tensors on
+    that GPU, x and the rows in float32, bfloat16 or float16 (the weights float32), on the current CUDA
+    stream, through an NCCL communicator of its own bootstrapped through the default store (as
+    MoELayer's). `counts` stays on the CPU (its values are the one host wait of a dispatch).
     """
 
     def __init__(self, num_experts, group=None, exchange="flat", ranks_per_node=None, timeout=60.0,
                  capacity_factor=None, drop_policy="probs", pad_to_capacity=False, min_capacity=0, rank_capacity=None,
-                 checks=True, seed=0):
+                 checks=True, seed=0, device=None, *, _layer_index=None):
+        # _layer_index: the MoELayer this dispatcher serves (its random drops are drawn for that layer)
+        device = _layer_device(device)
         group, make_split = _group_and_splits(group, timeout)
-        size = dist.get_world_size(group)
-        index = next(_layer_names)
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        index = next(_layer_names) if _layer_index is None else _layer_index
         capacity = _capacity_spec(capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity, seed, index)
+        self.device = device
+        if device.type == "cuda":
+            self._d = _C.make_cuda_dispatcher(exchange, _layer_store(index), rank, size, device.index, num_experts,
+                                              _ranks_per_node(ranks_per_node, size), capacity, bool(checks), timeout)
+            return
         self._d = _C.make_dispatcher(exchange, group, make_split, f"moecomm/layer{index}", num_experts,
                                      _ranks_per_node(ranks_per_node, size), capacity, bool(checks), timeout)
 
@@ -244,7 +257,9 @@ class MoELayer(torch.nn.Module):
     (torch.float32, torch.bfloat16 or torch.float16; the experts' parameters stay float32): its kernels
     and NCCL calls run on the current CUDA stream, through an NCCL communicator of its own that the
     group's rank 0 bootstraps through the default store. On CUDA in this version: patterns "plain",
-    "hierarchical" and "dedup", dropless, the built-in or your own experts.
+    "hierarchical" and "dedup", with the built-in, your own or grouped experts; with a capacity
+    policy the layer is Dispatcher's two exchanges with this rank's experts called one after the
+    other in between (dropless, one moecomm layer calls them).
 
     Layers must be made in the same order on every rank (their sub-groups are named by that order).
     Under DistributedDataParallel the experts must be left out (ignore_experts_in_ddp); the layer
@@ -256,43 +271,46 @@ class MoELayer(torch.nn.Module):
                  expert=None, grouped_experts=None, capacity_factor=None, drop_policy="probs", pad_to_capacity=False,
                  min_capacity=0, rank_capacity=None, checks=True, device=None, dtype=torch.float32):
         super().__init__()
-        device = torch.device(device) if device is not None else torch.device("cpu")
-        if device.type == "cuda":
-            _refuse_on_cuda(grouped_experts=grouped_experts, capacity_factor=capacity_factor, rank_capacity=rank_capacity)
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
-        elif device.type != "cpu":
-            raise ValueError(f"device = {device}: the layer runs on the CPU or on CUDA")
-        elif dtype != torch.float32:
+        device = _layer_device(device)
+        dtypes = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+        if device.type == "cuda" and dtype not in dtypes:
+            raise ValueError(f"dtype = {dtype}: on CUDA the layer takes float32, bfloat16 or float16 rows")
+        if device.type == "cpu" and dtype != torch.float32:
             raise ValueError(f"dtype = {dtype}: on the CPU the layer takes float32 rows (bfloat16 and float16 on CUDA)")
         if expert is not None and grouped_experts is not None:
             raise ValueError("expert and grouped_experts are two kinds of experts; give at most one")
+        exchanges = {"plain": "flat", "hierarchical": "hierarchical", "dedup": "dedup"}
+        if grouped_experts is not None and pattern not in exchanges:
+            raise ValueError(f"pattern = {pattern!r} moves or replicates experts, which needs each expert's own "
+                             f"parameters: give `expert` instead of grouped_experts (grouped_experts: "
+                             f"{', '.join(exchanges)})")
+        # Capacity on CUDA: the dispatcher's exchanges with each local expert called in turn (the CUDA
+        # layers of this version are dropless).
+        capped_on_cuda = device.type == "cuda" and (capacity_factor is not None or rank_capacity is not None)
+        if capped_on_cuda and pattern not in exchanges:
+            raise ValueError(f"pattern = {pattern!r} is dropless on CUDA in this version: capacity_factor and "
+                             f"rank_capacity there with {', '.join(exchanges)}")
         group, make_split = _group_and_splits(group, timeout)
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         self.pattern = pattern
         self.num_experts = num_experts
+        self.dtype = dtype
         self.router = Router(top_k, aux_loss_coeff, z_loss_coeff)
         self.last_losses = None
         self.last_topk_idx = None
         index = next(_layer_names)
         capacity = _capacity_spec(capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity, seed, index)
         ranks_per_node = _ranks_per_node(ranks_per_node, size)
-        if grouped_experts is not None:
-            exchanges = {"plain": "flat", "hierarchical": "hierarchical", "dedup": "dedup"}
-            if pattern not in exchanges:
-                raise ValueError(f"pattern = {pattern!r} moves or replicates experts, which needs each expert's own "
-                                 f"parameters: give `expert` instead of grouped_experts (grouped_experts: "
-                                 f"{', '.join(exchanges)})")
-            self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
-            self.experts = None
-            self.grouped_experts = grouped_experts
+        self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
+        self.grouped_experts = grouped_experts
+        self._layer = self._dispatcher = self._expert_fn = None
+        if grouped_experts is not None or capped_on_cuda:
             self._dispatcher = Dispatcher(num_experts, group, exchanges[pattern], ranks_per_node, timeout,
                                           capacity_factor, drop_policy, pad_to_capacity, min_capacity, rank_capacity,
-                                          checks, seed)
-            self._layer = None
+                                          checks, seed, device, _layer_index=index)
+        if grouped_experts is not None:
+            self.experts = None
             return
-        self.grouped_experts = None
-        self.slot_experts = _C.slot_experts(pattern, rank, size, num_experts)
         function = None
         if expert is not None:
             modules = _made_experts(expert, self.slot_experts, seed)
@@ -309,12 +327,12 @@ class MoELayer(torch.nn.Module):
                 raise ValueError(f"expert_init has shape {tuple(expert_init.shape)}; needs ({num_experts}, {count})")
             initial = expert_init[self.slot_experts]
         self.experts = torch.nn.Parameter(initial.detach().clone().float().contiguous().to(device))
+        if capped_on_cuda:
+            self._expert_fn = function or functools.partial(_C.mlp_expert, hidden=hidden, inner=ffn_hidden or 0,
+                                                            activation=activation)
+            return
         if device.type == "cuda":
-            dtypes = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-            if dtype not in dtypes:
-                raise ValueError(f"dtype = {dtype}: on CUDA the layer takes float32, bfloat16 or float16 rows")
-            store = dist.PrefixStore(f"moecomm/layer{index}", dist.distributed_c10d._get_default_store())
-            self._layer = _C.make_cuda_layer(pattern, store, rank, size, dtypes[dtype], num_experts, hidden,
+            self._layer = _C.make_cuda_layer(pattern, _layer_store(index), rank, size, dtypes[dtype], num_experts, hidden,
                                              ffn_hidden or 0, activation, function, self.experts, ranks_per_node,
                                              bool(checks), timeout)
             return
@@ -341,7 +359,12 @@ class MoELayer(torch.nn.Module):
         _refuse_ddp_that_moves_experts()
         if self._layer is not None:
             return self._layer.forward(x, topk_idx, topk_weights)
+        if self.grouped_experts is None and x.dtype != self.dtype:
+            raise ValueError(f"x has dtype {x.dtype}; the layer was made for {self.dtype} rows")
         rows, counts = self._dispatcher.dispatch(x, topk_idx, topk_weights)
+        if self.grouped_experts is None:  # this rank's experts one after the other
+            out = torch.cat([self._expert_fn(p, r) for p, r in zip(self.experts, rows.split(counts.tolist()))])
+            return self._dispatcher.combine(out, topk_weights)
         out = self.grouped_experts(rows, counts)
         if not isinstance(out, torch.Tensor) or out.shape != rows.shape:
             raise ValueError(f"grouped_experts returned {getattr(out, 'shape', type(out).__name__)} for rows of shape "
@@ -353,15 +376,23 @@ class MoELayer(torch.nn.Module):
         return self._layer.shadowed() if self._layer is not None else []
 
 
-def _refuse_on_cuda(**options):
-    """Raises ValueError naming the first option MoELayer does not take on CUDA in this version, or
-    Error when this moecomm was built without CUDA."""
-    if not _C.has_cuda:
-        raise Error("device is CUDA, but this moecomm was built without CUDA (its torch is CPU-only, or nvcc or NCCL "
-                    "was not found): reinstall it against a CUDA build of torch")
-    for name, value in options.items():
-        if value is not None:
-            raise ValueError(f"{name} is not supported on CUDA in this version (dropless, one expert function)")
+def _layer_device(device):
+    """The torch.device a layer or dispatcher runs on: the CPU (None), or a CUDA device (its index
+    made explicit: the current one), which needs moecomm's CUDA build (Error otherwise)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        if not _C.has_cuda:
+            raise Error("device is CUDA, but this moecomm was built without CUDA (its torch is CPU-only, or nvcc or NCCL "
+                        "was not found): reinstall it against a CUDA build of torch")
+        return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cpu":
+        raise ValueError(f"device = {device}: moecomm runs on the CPU or on CUDA")
+    return device
+
+
+def _layer_store(index):
+    """The default store's prefix of layer `index`, where its NCCL communicator is bootstrapped."""
+    return dist.PrefixStore(f"moecomm/layer{index}", dist.distributed_c10d._get_default_store())
 
 
 def _refuse_ddp_that_moves_experts():

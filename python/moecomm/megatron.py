@@ -20,6 +20,13 @@ Megatron's capacity settings carry over: `config.moe_expert_capacity_factor` (No
 is Megatron's, ceil(tokens * topk / num_experts * factor) per expert from each rank, taken as the
 largest over the expert-parallel ranks (so that padded blocks have one size everywhere).
 
+Devices: the tensors of the first `token_permutation` decide, as Megatron's own dispatchers follow
+theirs: CUDA tensors (float32, bfloat16 or float16 hidden states) run on that GPU over an NCCL
+communicator of moecomm's own (bootstrapped through the default store), CPU tensors over Gloo. The
+dispatcher is made then, collectively, so every expert-parallel rank permutes its first batch
+together (as Megatron's ranks do). tokens_per_expert stays on the CPU, as Megatron's grouped GEMM
+wants it; the probs are taken as float32.
+
 The rows come grouped by local expert, each expert's in (source rank, source token) order, as
 Megatron's all-to-all dispatcher gives them. The probs are applied where moecomm applies them, when
 the rows are combined: `permuted_probs` is all ones, so experts that multiply by it (Megatron's
@@ -47,12 +54,25 @@ class TokenDispatcher:
         self.config = config
         self.num_local_experts = num_local_experts
         self.local_expert_indices = list(local_expert_indices)
-        self._dispatcher = Dispatcher(experts, group=group, exchange=getattr(config, "moecomm_exchange", "flat"),
-                                      capacity_factor=getattr(config, "moe_expert_capacity_factor", None),
-                                      drop_policy=getattr(config, "moe_token_drop_policy", "probs"),
-                                      pad_to_capacity=getattr(config, "moe_pad_expert_input_to_capacity", False))
+        self._group = group
+        self._dispatcher = None  # made by the first token_permutation, on its tensors' device
         self._hidden_shape = None
         self._weights = None
+
+    def _dispatcher_on(self, device):
+        """The moecomm dispatcher on `device`: made (collectively) by the first call, the same after."""
+        if self._dispatcher is None:
+            config = self.config
+            self._dispatcher = Dispatcher(config.num_moe_experts, group=self._group,
+                                          exchange=getattr(config, "moecomm_exchange", "flat"),
+                                          capacity_factor=getattr(config, "moe_expert_capacity_factor", None),
+                                          drop_policy=getattr(config, "moe_token_drop_policy", "probs"),
+                                          pad_to_capacity=getattr(config, "moe_pad_expert_input_to_capacity", False),
+                                          device=device)
+        elif self._dispatcher.device != device:
+            raise ValueError(f"hidden_states is on {device}; this dispatcher runs on {self._dispatcher.device} (its first "
+                             f"token_permutation's device)")
+        return self._dispatcher
 
     def token_permutation(self, hidden_states, probs, routing_map):
         """(tokens [received][H] grouped by local expert, tokens_per_expert [local experts] int64 on the
@@ -74,15 +94,17 @@ class TokenDispatcher:
         order = order.sort(dim=1).values
         valid = order < routing_map.shape[1]
         topk_idx = torch.where(valid, order, torch.full_like(order, -1)).to(torch.int32).contiguous()
-        chosen = probs.gather(1, order.clamp(max=routing_map.shape[1] - 1))
+        chosen = probs.gather(1, order.clamp(max=routing_map.shape[1] - 1)).float()
         self._weights = torch.where(valid, chosen, torch.zeros_like(chosen)).contiguous()
-        rows, counts = self._dispatcher.dispatch(x.contiguous(), topk_idx, self._weights)
-        return rows, counts, torch.ones(rows.shape[0], dtype=rows.dtype)
+        rows, counts = self._dispatcher_on(x.device).dispatch(x.contiguous(), topk_idx, self._weights)
+        return rows, counts, torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
 
     def token_unpermutation(self, hidden_states, bias=None):
         """(output shaped as token_permutation's hidden_states, None): the experts' rows back to their
         tokens, weighted by the probs and summed."""
         if bias is not None:
             raise ValueError("bias is not supported (as in Megatron's all-to-all dispatcher)")
+        if self._weights is None:
+            raise ValueError("token_unpermutation before token_permutation: there are no routed tokens to return")
         y = self._dispatcher.combine(hidden_states.contiguous(), self._weights)
         return y.view(self._hidden_shape), None

@@ -11,9 +11,10 @@
 #include <moecomm/moecomm.hpp>
 #include <moecomm/torch/autograd.hpp>
 #include <moecomm/torch/backward_errors.hpp>
-#include <moecomm/torch/token_dispatcher.hpp>
 #include <moecomm/torch/torch_experts.hpp>
 
+#include "capacity_spec.hpp"
+#include "dispatcher_handle.hpp"
 #include "layer_handle.hpp"
 #if defined(MOECOMM_PYTHON_CUDA)
 #  include "cuda_layers.hpp"
@@ -36,71 +37,6 @@ namespace {
 using comm_t = moecomm::c10d_communicator;
 using namespace moecomm_python;
 using experts_t = moecomm::libtorch::torch_experts<expert_fn>;
-
-// The capacity policy the Python arguments name: drop = "none" (dropless), "position", "probs",
-// "random" (capacity<rule> with `factor`, `min_capacity`, `pad`) or "rank" (receiver_budget of
-// `rows_per_rank`). The layer's patterns and the dispatcher's exchanges are instantiated for each.
-struct capacity_spec {
-  std::string drop = "none";
-  double factor = 1.0;
-  std::int64_t min_capacity = 0;
-  bool pad = false;
-  std::uint64_t seed = 0;
-  std::uint32_t layer = 0;
-  std::int64_t rows_per_rank = 0;
-};
-
-template <class Rule>
-moecomm::capacity<Rule> capacity_of(capacity_spec const& c, Rule rule) {
-  moecomm::capacity<Rule> policy;
-  policy.factor = c.factor;
-  policy.min_capacity = c.min_capacity;
-  policy.pad_to_capacity = c.pad;
-  policy.rule = rule;
-  return policy;
-}
-
-// Calls `f(policy)` with the capacity policy `c` names.
-template <class F>
-decltype(auto) with_capacity(capacity_spec const& c, char const* op, F&& f) {
-  moecomm::detail::require(c.drop == "none" || c.drop == "position" || c.drop == "probs" || c.drop == "random" || c.drop == "rank",
-                           op, "drop policy '", c.drop, "' is not one of position, probs, random");
-  if (c.drop == "position") return f(capacity_of(c, moecomm::drop_by_position{}));
-  if (c.drop == "probs") return f(capacity_of(c, moecomm::drop_by_probability{}));
-  if (c.drop == "random") return f(capacity_of(c, moecomm::drop_random{c.seed, c.layer}));
-  if (c.drop == "rank") return f(moecomm::receiver_budget{c.rows_per_rank});
-  return f(moecomm::dropless{});
-}
-
-// The token dispatcher of one exchange behind one interface, for Python.
-class dispatcher_handle {
- public:
-  virtual ~dispatcher_handle() = default;
-  virtual std::vector<at::Tensor> dispatch(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) = 0;
-  virtual at::Tensor combine(at::Tensor const& rows, at::Tensor const& topk_weights) = 0;
-};
-
-template <class Capacity, class Algorithm>
-class dispatcher_of final : public dispatcher_handle {
- public:
-  dispatcher_of(comm_t comm, std::int32_t ranks_per_node, std::int32_t num_experts, Capacity capacity,
-                moecomm::routing_checks checks)
-      : comm_(std::move(comm)),
-        groups_(comm_, moecomm::topology(comm_.size(), ranks_per_node)),
-        dispatcher_(moecomm::host_backend{}, groups_, num_experts, capacity, Algorithm{}, checks) {}
-
-  std::vector<at::Tensor> dispatch(at::Tensor const& x, at::Tensor const& topk_idx, at::Tensor const& topk_weights) override {
-    return dispatcher_.dispatch(x, topk_idx, topk_weights);
-  }
-  at::Tensor combine(at::Tensor const& rows, at::Tensor const& topk_weights) override {
-    return dispatcher_.combine(rows, topk_weights);
-  }
-
- private:
-  comm_t comm_;
-  moecomm::exchange_groups<comm_t> groups_;
-  moecomm::libtorch::token_dispatcher<moecomm::host_backend, comm_t, Capacity, Algorithm> dispatcher_;
-};
 
 // The process group of a split, made by the package's Python function `make_split(name, rank, size)`
 // -> (store, group): a Gloo group on a prefix of the default store. Python makes it because torch's
@@ -222,24 +158,9 @@ std::unique_ptr<dispatcher_handle> make_dispatcher(std::string const& exchange, 
                                                    std::int32_t ranks_per_node, capacity_spec const& capacity, bool checks,
                                                    double timeout) {
   char const* const op = "moecomm.Dispatcher";
-  moecomm::detail::require(exchange == "flat" || exchange == "hierarchical" || exchange == "dedup", op, "exchange = '", exchange,
-                           "' is not one of flat, hierarchical, dedup");
-  comm_t comm = communicator_of(group, make_split, name, timeout);
-  std::vector<std::int64_t> agreed;  // every rank makes the same exchange
-  moecomm::detail::agree_on_text(comm, op, "on the exchange", exchange, agreed);
-  moecomm::detail::agree_on_text(comm, op, "on the drop policy", capacity.drop, agreed);
-  moecomm::routing_checks const routing_checks{checks, false};
-  return with_capacity(capacity, op, [&](auto policy) -> std::unique_ptr<dispatcher_handle> {
-    using capacity_t = decltype(policy);
-    if (exchange == "flat")
-      return std::make_unique<dispatcher_of<capacity_t, moecomm::flat>>(std::move(comm), ranks_per_node, num_experts, policy,
-                                                                        routing_checks);
-    if (exchange == "hierarchical")
-      return std::make_unique<dispatcher_of<capacity_t, moecomm::hierarchical_2d>>(std::move(comm), ranks_per_node, num_experts,
-                                                                                   policy, routing_checks);
-    return std::make_unique<dispatcher_of<capacity_t, moecomm::dedup_per_rank<moecomm::flat>>>(std::move(comm), ranks_per_node,
-                                                                                              num_experts, policy, routing_checks);
-  });
+  require_exchange(exchange, op);
+  return make_dispatcher_of(exchange, moecomm::host_backend{}, communicator_of(group, make_split, name, timeout), ranks_per_node, num_experts, capacity,
+                            moecomm::routing_checks{checks, false}, op);
 }
 
 // moecomm.Error, and the backwards' errors raised as it (moecomm/torch/backward_errors.hpp).
@@ -297,6 +218,13 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("has_cuda") = false;  // torch, or this build, has no CUDA: CPU tensors only
 #endif
+  m.def(
+      "mlp_expert",
+      [](at::Tensor const& params, at::Tensor const& rows, std::int64_t hidden, std::int64_t inner, std::string const& activation) {
+        return expert_function("moecomm.MoELayer", hidden, inner, activation, py::none(), params.unsqueeze(0))(params, rows);
+      },
+      py::arg("params"), py::arg("rows"), py::arg("hidden"), py::arg("inner"), py::arg("activation"),
+      "the built-in MLP expert of flat parameters `params` [P] on `rows` [n][H], differentiable in both");
   m.def("slot_experts", &slot_experts, py::arg("pattern"), py::arg("rank"), py::arg("ranks"), py::arg("num_experts"),
         "the global expert each local slot of `rank` holds");
 }

@@ -5,6 +5,8 @@
 // with float32, float16 or bfloat16 rows, dropless; and the router on CUDA logits.
 
 #include "cuda_layers.hpp"
+#include "capacity_spec.hpp"
+#include "dispatcher_handle.hpp"
 #include "layer_handle.hpp"
 
 #include <moecomm/moecomm.cuh>
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace moecomm_python {
@@ -41,6 +44,21 @@ std::unique_ptr<layer_handle> cuda_layer(std::string const& pattern, moecomm::nc
   }, std::move(ex));
 }
 
+// A back-end on torch's current stream of GPU `device` and a new NCCL communicator of `size` ranks
+// over it, bootstrapped through `store`, a store of the caller's own (a PrefixStore of the group's)
+// where the group's rank 0 publishes the NCCL id. Collective.
+std::pair<moecomm::cuda_backend, moecomm::nccl_communicator> on_nccl(py::object const& store, std::int32_t rank, std::int32_t size,
+                                                                     c10::DeviceIndex device, double timeout) {
+  auto const wait = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000.0));
+  c10::cuda::CUDAGuard const on_device(device);
+  moecomm::cuda_backend be = moecomm::libtorch::current_stream_backend(wait);
+  moecomm::nccl_options options;
+  options.timeout = wait;
+  auto const st = store.cast<c10::intrusive_ptr<c10d::Store>>();
+  py::gil_scoped_release const release;  // the peers' processes are waited for
+  return {be, moecomm::libtorch::nccl_from_store(*st, "nccl", rank, size, be.stream(), options)};
+}
+
 // `store`: a store of this layer's own (a PrefixStore of the group's), where the group's rank 0
 // publishes the NCCL id.
 std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::object const& store, std::int32_t rank,
@@ -59,16 +77,7 @@ std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::ob
   moecomm::detail::require(ranks_per_node >= 1 && size % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
                            " does not divide the group's size ", size);
   expert_fn fn = expert_function(op, hidden, inner, activation, expert, experts);
-  auto const wait = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000.0));
-  c10::cuda::CUDAGuard const on_device(experts.device());
-  moecomm::cuda_backend const be = moecomm::libtorch::current_stream_backend(wait);
-  moecomm::nccl_options options;
-  options.timeout = wait;
-  auto const st = store.cast<c10::intrusive_ptr<c10d::Store>>();
-  moecomm::nccl_communicator comm = [&] {
-    py::gil_scoped_release const release;  // the peers' processes are waited for
-    return moecomm::libtorch::nccl_from_store(*st, "nccl", rank, size, be.stream(), options);
-  }();
+  auto [be, comm] = on_nccl(store, rank, size, experts.device().index(), timeout);
   moecomm::routing_checks const routing_checks{checks, false};
   if (dtype == "bfloat16")
     return cuda_layer<__nv_bfloat16>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn),
@@ -79,6 +88,19 @@ std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::ob
   return cuda_layer<float>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn), experts, be);
 }
 
+// The token dispatcher on GPU `device` (rows of any dtype the CUDA back-end takes; the dtype is the
+// rows'), its NCCL communicator bootstrapped through `store` as on_nccl's.
+std::unique_ptr<dispatcher_handle> make_cuda_dispatcher(std::string const& exchange, py::object const& store, std::int32_t rank,
+                                                        std::int32_t size, c10::DeviceIndex device, std::int32_t num_experts,
+                                                        std::int32_t ranks_per_node, capacity_spec const& capacity, bool checks,
+                                                        double timeout) {
+  char const* const op = "moecomm.Dispatcher (CUDA)";
+  require_exchange(exchange, op);
+  auto [be, comm] = on_nccl(store, rank, size, device, timeout);
+  return make_dispatcher_of(exchange, be, std::move(comm), ranks_per_node, num_experts, capacity, moecomm::routing_checks{checks, false},
+                            op);
+}
+
 }  // namespace
 
 void bind_cuda(py::module_& m) {
@@ -87,6 +109,9 @@ void bind_cuda(py::module_& m) {
   m.def("make_cuda_layer", &make_cuda_layer, py::arg("pattern"), py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("dtype"), py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("expert"),
         py::arg("experts"), py::arg("ranks_per_node"), py::arg("checks"), py::arg("timeout"));
+  m.def("make_cuda_dispatcher", &make_cuda_dispatcher, py::arg("exchange"), py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("device"), py::arg("num_experts"), py::arg("ranks_per_node"), py::arg("capacity"), py::arg("checks"),
+        py::arg("timeout"));
   m.attr("has_cuda") = true;
 }
 

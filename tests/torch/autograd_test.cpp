@@ -218,7 +218,7 @@ TEST_CASE("autograd token_dispatcher: dispatch, experts in torch, combine equal 
   check_token_dispatcher_against_dense(moecomm::dedup_per_rank<moecomm::hierarchical_2d>{});
 }
 
-TEST_CASE("autograd token_dispatcher names non-contiguous routing and weights other than the step's") {
+TEST_CASE("autograd token_dispatcher names non-contiguous routing, weights other than the step's and rows of another dtype; takes int64 ids") {
   moecomm::inproc_world const world(2);
   world.run([&](moecomm::inproc_communicator comm) {
     moecomm::exchange_groups groups(comm, moecomm::topology(2, 2));
@@ -230,6 +230,10 @@ TEST_CASE("autograd token_dispatcher names non-contiguous routing and weights ot
     auto const rows = td.dispatch(x, idx, wc);
     check_error([&] { (void)td.combine(rows[0], wc.clone()); }, moecomm::status::invalid_argument,
                 {"tensor 'topk_weights' is not the one this step's dispatch was given"});
+    check_error([&] { (void)td.dispatch(x.to(at::kDouble), idx, wc); }, moecomm::status::invalid_argument,
+                {"tensor 'x' has dtype Double (float64); needs Float (float32) on the CPU"});
+    at::Tensor const w_long = wc.clone();  // int64 ids, as Megatron-LM hands them: the same rows
+    CHECK(at::equal(td.dispatch(x, idx.to(at::kLong), w_long)[0], td.dispatch(x, idx, wc)[0]));
   });
 }
 

@@ -7,7 +7,7 @@
 // c10d store) against the same layer on CPU tensors (host back-end, in-process rank): outputs and
 // the gradients of the tokens and the routing weights bit for bit, the experts' parameter gradients
 // (torch's own sums) within a tolerance; float32 and bfloat16 rows, int32 and int64 routing, a side
-// stream; the router; and the refusals by name.
+// stream; the token dispatcher with and without capacity; the router; and the refusals by name.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -20,6 +20,7 @@
 #include <moecomm/moecomm.cuh>
 #include <moecomm/torch/autograd.hpp>
 #include <moecomm/torch/cuda.cuh>
+#include <moecomm/torch/token_dispatcher.hpp>
 
 #include <cstdint>
 #include <string>
@@ -130,7 +131,69 @@ void check_cuda_equals_cpu(at::ScalarType rows, double params_tolerance, at::Sca
                 "the experts' parameter gradient differs from the CPU layer's by ", (got.d_params - want.d_params).abs().max().item<float>());
 }
 
+// The token dispatcher's step on `device`: dispatch, the scale-shift experts in torch, combine,
+// backward; {rows, counts, y, grad of x, grad of w} on the CPU.
+template <class Dispatcher>
+std::vector<at::Tensor> dispatch_step(Dispatcher& td, inputs const& in, at::ScalarType rows, c10::Device device,
+                                      at::ScalarType index_type) {
+  at::Tensor const x = in.x.to(rows).to(device).requires_grad_(true);
+  at::Tensor const w = in.w.to(device).requires_grad_(true);
+  at::Tensor const params = in.params.to(device);
+  auto const d = td.dispatch(x, in.idx.to(index_type).to(device), w);
+  std::vector<at::Tensor> outs;
+  for (std::int64_t l = 0, first = 0; l < E; ++l) {
+    std::int64_t const n = d[1][l].template item<std::int64_t>();
+    outs.push_back(scale_shift_expert{}(params[l], d[0].narrow(0, first, n)));
+    first += n;
+  }
+  at::Tensor const y = td.combine(at::cat(outs), w);
+  (y.to(at::kFloat) * in.grad.to(at::kFloat).to(device)).sum().backward();
+  return {d[0].detach().cpu(), d[1], y.detach().cpu(), x.grad().cpu(), w.grad().cpu()};
+}
+
+// The token dispatcher of `Capacity` and `Algorithm` on CUDA tensors of `rows` (int64 routing)
+// against the same on float32 CPU tensors: the rows and counts bit for bit (they are moved, never
+// computed), the rest bit for bit in float32 and within bfloat16's rounding otherwise.
+template <class Capacity, class Algorithm>
+void check_cuda_dispatcher_equals_cpu(at::ScalarType rows, Capacity capacity, Algorithm algorithm) {
+  CAPTURE(rows);
+  inputs const in = make_inputs(at::kFloat);
+  std::vector<at::Tensor> want;
+  moecomm::inproc_world const world(1, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::exchange_groups groups(comm, moecomm::topology(1, 1));
+    moecomm::libtorch::token_dispatcher<moecomm::host_backend, moecomm::inproc_communicator, Capacity, Algorithm> td(
+        moecomm::host_backend{}, groups, E, capacity, algorithm);
+    want = dispatch_step(td, inputs{in.x.to(rows).to(at::kFloat), in.idx, in.w, in.grad, in.params}, at::kFloat, c10::kCPU,
+                         at::kInt);
+  });
+  auto be = moecomm::libtorch::current_stream_backend();
+  auto comm = one_rank_nccl(be.stream());
+  moecomm::exchange_groups groups(comm, moecomm::topology(1, 1));
+  moecomm::libtorch::token_dispatcher<moecomm::cuda_backend, moecomm::nccl_communicator, Capacity, Algorithm> td(be, groups, E,
+                                                                                                              capacity, algorithm);
+  auto const got = dispatch_step(td, in, rows, moecomm::libtorch::torch_device<moecomm::cuda_backend>::of(be), at::kLong);
+  CHECK_MESSAGE(same_bits(got[0].to(at::kFloat), want[0]), "the dispatched rows differ from the CPU dispatcher's");
+  CHECK_MESSAGE(at::equal(got[1], want[1]), "the counts differ from the CPU dispatcher's");
+  char const* const names[] = {"y", "grad of x", "grad of topk_weights"};
+  for (int i = 2; i < 5; ++i) {
+    if (rows == at::kFloat) CHECK_MESSAGE(same_bits(got[i], want[i]), names[i - 2], " differs from the CPU dispatcher's");
+    else CHECK_MESSAGE(at::allclose(got[i].to(at::kFloat), want[i], 5e-2, 5e-2), names[i - 2], " differs from the CPU dispatcher's");
+  }
+}
+
 }  // namespace
+
+TEST_CASE("torch cuda: the token dispatcher on CUDA tensors equals it on CPU tensors, with capacity, float32 and bfloat16") {
+  moecomm::capacity<moecomm::drop_by_probability> padded;
+  padded.factor = 0.5;
+  padded.pad_to_capacity = true;
+  for (at::ScalarType rows : {at::kFloat, at::kBFloat16}) {
+    check_cuda_dispatcher_equals_cpu(rows, moecomm::dropless{}, moecomm::flat{});
+    check_cuda_dispatcher_equals_cpu(rows, padded, moecomm::flat{});
+    check_cuda_dispatcher_equals_cpu(rows, moecomm::dropless{}, moecomm::dedup_per_rank<moecomm::flat>{});
+  }
+}
 
 TEST_CASE("torch cuda: the layer on CUDA tensors equals the layer on CPU tensors, float32 and bfloat16") {
   check_cuda_equals_cpu<float>(at::kFloat, 1e-5, at::kInt, false);

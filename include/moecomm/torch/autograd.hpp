@@ -32,7 +32,6 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -200,13 +199,9 @@ template <class Layer, class Fn, class T>
   bool const training = at::GradMode::is_enabled() &&
                         (x.requires_grad() || topk_weights.requires_grad() || experts.weights().requires_grad());
   layer.set_training(training);  // also forgets a forward whose graph was dropped without a backward
-  at::Tensor const idx = topk_idx.defined() && topk_idx.scalar_type() == at::kLong
-                             ? topk_idx.clamp(std::numeric_limits<std::int32_t>::min(), std::numeric_limits<std::int32_t>::max())
-                                   .to(at::kInt)
-                             : topk_idx.contiguous();
   detail::layer_binding<Layer, torch_experts<Fn, T>> binding{&layer, &experts};
   return detail::layer_function<Layer, torch_experts<Fn, T>>::apply(x.contiguous(), topk_weights.contiguous(), experts.weights(),
-                                                                    idx, &binding);
+                                                                    int32_ids(topk_idx).contiguous(), &binding);
 }
 
 }  // namespace libtorch

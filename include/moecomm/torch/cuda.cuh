@@ -45,6 +45,7 @@ struct torch_device<cuda_backend> {
   [[nodiscard]] static c10::Device of(cuda_backend const& be) {
     return {c10::kCUDA, static_cast<c10::DeviceIndex>(be.device())};
   }
+  static constexpr bool sixteen_bit_rows = true;
 
   //! The back-end's device is current for the scope (the caller's thread, or autograd's, may have
   //! another); where the back-end's stream is not torch's current one, an event each way.

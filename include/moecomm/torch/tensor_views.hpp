@@ -104,6 +104,14 @@ template <class T>
   return {idx.data, w.data, idx.rows, static_cast<std::int32_t>(idx.hidden)};
 }
 
+//! `topk_idx` with int32 ids: int64 ids (as Megatron-LM and DeepEP hand them) converted, a value
+//! outside int32 clamped to one, which the routing check then refuses; any other tensor as it is
+//! (the views check it).
+[[nodiscard]] inline at::Tensor int32_ids(at::Tensor const& topk_idx) {
+  if (!topk_idx.defined() || topk_idx.scalar_type() != at::kLong) return topk_idx;
+  return topk_idx.clamp(INT32_MIN, INT32_MAX).to(at::kInt);
+}
+
 //! An `[elements]` view of a contiguous tensor of T on `device`, of any shape.
 template <class T>
 [[nodiscard]] array_view<T> array_of(at::Tensor const& t, char const* name, char const* op, c10::Device device = c10::kCPU) {
