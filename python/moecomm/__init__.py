@@ -256,10 +256,9 @@ class MoELayer(torch.nn.Module):
     torch.device) the experts live on that GPU and the layer takes CUDA tensors of `dtype`
     (torch.float32, torch.bfloat16 or torch.float16; the experts' parameters stay float32): its kernels
     and NCCL calls run on the current CUDA stream, through an NCCL communicator of its own that the
-    group's rank 0 bootstraps through the default store. On CUDA in this version: patterns "plain",
-    "hierarchical" and "dedup", with the built-in, your own or grouped experts; with a capacity
-    policy the layer is Dispatcher's two exchanges with this rank's experts called one after the
-    other in between (dropless, one moecomm layer calls them).
+    group's rank 0 bootstraps through the default store. Every pattern runs there dropless; with a
+    capacity policy ("plain", "hierarchical" and "dedup") the layer is Dispatcher's two exchanges with
+    this rank's experts called one after the other in between.
 
     Layers must be made in the same order on every rank (their sub-groups are named by that order).
     Under DistributedDataParallel the experts must be left out (ignore_experts_in_ddp); the layer
@@ -292,6 +291,8 @@ class MoELayer(torch.nn.Module):
                              f"rank_capacity there with {', '.join(exchanges)}")
         group, make_split = _group_and_splits(group, timeout)
         rank, size = dist.get_rank(group), dist.get_world_size(group)
+        if pattern == "finemoe" and size % 2 != 0:
+            raise ValueError(f"pattern 'finemoe' puts every expert on two ranks: the group's size must be even (it is {size})")
         self.pattern = pattern
         self.num_experts = num_experts
         self.dtype = dtype

@@ -64,11 +64,6 @@ comm_t communicator_of(py::object const& group, py::object make_split, std::stri
   return comm_t(pg, split_factory(std::move(make_split)), options);
 }
 
-// The placement of FineMoE's replicated experts: every expert on two ranks, 2 E / R slots a rank.
-moecomm::replica_placement finemoe_placement(std::int32_t ranks, std::int32_t num_experts) {
-  return moecomm::replica_placement::cyclic(ranks, 2 * num_experts / ranks, 2);
-}
-
 // The global expert each local slot of `rank` holds under `pattern`.
 std::vector<std::int32_t> slot_experts(std::string const& pattern, std::int32_t rank, std::int32_t ranks,
                                        std::int32_t num_experts) {
@@ -82,47 +77,6 @@ std::vector<std::int32_t> slot_experts(std::string const& pattern, std::int32_t 
   return slots;
 }
 
-
-// The layer of `pattern` with the capacity policy `capacity`.
-template <class Capacity>
-std::unique_ptr<layer_handle> pattern_layer(std::string const& pattern, comm_t comm, std::int32_t per_node, std::int32_t num_experts,
-                                            std::int64_t hidden, std::int64_t inner, Capacity capacity,
-                                            moecomm::routing_checks checks, experts_t experts) {
-  moecomm::host_backend const be;
-  using groups_t = moecomm::exchange_groups<comm_t>;
-  if (pattern == "plain")
-    return handle(std::move(comm), per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, capacity, checks);
-    }, std::move(experts));
-  if (pattern == "hierarchical")
-    return handle(std::move(comm), per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::hierarchical_2d{}, capacity, checks);
-    }, std::move(experts));
-  if (pattern == "dedup")
-    return handle(std::move(comm), per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::dedup_per_rank<moecomm::flat>{}, capacity,
-                                                        checks);
-    }, std::move(experts));
-  if (pattern == "fastermoe") {
-    moecomm::fastermoe_cost_params model;  // a small machine's model, so that hot experts are shadowed
-    model.hidden = hidden;
-    model.alpha = static_cast<double>(inner) / static_cast<double>(hidden);
-    model.gemm_flops = 1e9;
-    model.net_bandwidth = model.local_bandwidth = 1e9;
-    return handle(std::move(comm), per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::fastermoe_shadowing<>{model}, capacity,
-                                                        checks);
-    }, std::move(experts));
-  }
-  if constexpr (std::is_same_v<Capacity, moecomm::dropless>) {  // "finemoe", the last one: dropless only
-    auto const placement = finemoe_placement(comm.size(), num_experts);
-    return handle(std::move(comm), per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<float>(be, g, num_experts, hidden, moecomm::finemoe{placement}, checks);
-    }, std::move(experts));
-  } else {
-    throw moecomm::error(moecomm::status::internal_error, "moecomm.MoELayer: finemoe with a capacity policy passed make_layer's check");
-  }
-}
 
 // `expert` is None for the built-in MLP of `activation`, else `fn(params [P], rows) -> rows`, the
 // functional form of the user's expert module, whose P is `experts`' width.
@@ -148,8 +102,8 @@ std::unique_ptr<layer_handle> make_layer(std::string const& pattern, py::object 
   experts_t ex(expert_function(op, hidden, inner, activation, expert, experts), experts);
   moecomm::routing_checks const routing_checks{checks, false};
   return with_capacity(capacity, op, [&](auto policy) {
-    return pattern_layer(pattern, std::move(comm), ranks_per_node, num_experts, hidden, inner, policy, routing_checks,
-                         std::move(ex));
+    return pattern_layer<float>(pattern, moecomm::host_backend{}, std::move(comm), ranks_per_node, num_experts, hidden, inner,
+                                policy, routing_checks, std::move(ex));
   });
 }
 

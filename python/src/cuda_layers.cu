@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // moecomm._C on CUDA tensors, built where torch is a CUDA build and nvcc and NCCL are found
-// (MOECOMM_PYTHON_CUDA): the layers of patterns plain, hierarchical and dedup on cuda_backend over
-// torch's current stream, through a moecomm NCCL communicator bootstrapped from the group's store,
-// with float32, float16 or bfloat16 rows, dropless; and the router on CUDA logits.
+// (MOECOMM_PYTHON_CUDA): the layers of every pattern, dropless, and the token dispatcher of every
+// exchange and capacity policy on cuda_backend over torch's current stream, through a moecomm NCCL
+// communicator bootstrapped from the group's store, with float32, float16 or bfloat16 rows; and the
+// router on CUDA logits.
 
 #include "cuda_layers.hpp"
 #include "capacity_spec.hpp"
@@ -21,28 +22,6 @@
 
 namespace moecomm_python {
 namespace {
-
-template <class T>
-std::unique_ptr<layer_handle> cuda_layer(std::string const& pattern, moecomm::nccl_communicator comm, std::int32_t per_node,
-                                         std::int32_t num_experts, std::int64_t hidden, moecomm::routing_checks checks,
-                                         expert_fn fn, at::Tensor const& experts, moecomm::cuda_backend const& be) {
-  using experts_t = moecomm::libtorch::torch_experts<expert_fn, T>;
-  using groups_t = moecomm::exchange_groups<moecomm::nccl_communicator>;
-  experts_t ex(std::move(fn), experts);
-  if (pattern == "plain")
-    return handle(std::move(comm), per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, moecomm::dropless{}, checks);
-    }, std::move(ex));
-  if (pattern == "hierarchical")
-    return handle(std::move(comm), per_node, [=](groups_t& g) {
-      return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, moecomm::hierarchical_2d{}, moecomm::dropless{},
-                                                    checks);
-    }, std::move(ex));
-  return handle(std::move(comm), per_node, [=](groups_t& g) {
-    return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, moecomm::dedup_per_rank<moecomm::flat>{},
-                                                  moecomm::dropless{}, checks);
-  }, std::move(ex));
-}
 
 // A back-end on torch's current stream of GPU `device` and a new NCCL communicator of `size` ranks
 // over it, bootstrapped through `store`, a store of the caller's own (a PrefixStore of the group's)
@@ -67,8 +46,9 @@ std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::ob
                                               py::object const& expert, at::Tensor const& experts, std::int32_t ranks_per_node,
                                               bool checks, double timeout) {
   char const* const op = "moecomm.MoELayer (CUDA)";
-  moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup", op, "pattern = '", pattern,
-                           "' on CUDA tensors: this version has plain, hierarchical and dedup there");
+  moecomm::detail::require(pattern == "plain" || pattern == "hierarchical" || pattern == "dedup" || pattern == "fastermoe" ||
+                               pattern == "finemoe",
+                           op, "pattern = '", pattern, "' is not one of plain, hierarchical, dedup, fastermoe, finemoe");
   moecomm::detail::require(dtype == "float32" || dtype == "bfloat16" || dtype == "float16", op, "dtype = '", dtype,
                            "' is not one of float32, bfloat16, float16");
   moecomm::detail::require(experts.is_cuda(), op, "experts is on ", experts.device().str(), "; the layer runs on CUDA");
@@ -77,15 +57,17 @@ std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::ob
   moecomm::detail::require(ranks_per_node >= 1 && size % ranks_per_node == 0, op, "ranks_per_node = ", ranks_per_node,
                            " does not divide the group's size ", size);
   expert_fn fn = expert_function(op, hidden, inner, activation, expert, experts);
-  auto [be, comm] = on_nccl(store, rank, size, experts.device().index(), timeout);
+  auto on_gpu = on_nccl(store, rank, size, experts.device().index(), timeout);
   moecomm::routing_checks const routing_checks{checks, false};
-  if (dtype == "bfloat16")
-    return cuda_layer<__nv_bfloat16>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn),
-                                     experts, be);
-  if (dtype == "float16")
-    return cuda_layer<__half>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn), experts,
-                              be);
-  return cuda_layer<float>(pattern, std::move(comm), ranks_per_node, num_experts, hidden, routing_checks, std::move(fn), experts, be);
+  auto const layer = [&](auto row) {
+    using T = decltype(row);
+    moecomm::libtorch::torch_experts<expert_fn, T> ex(std::move(fn), experts);
+    return pattern_layer<T>(pattern, on_gpu.first, std::move(on_gpu.second), ranks_per_node, num_experts, hidden, inner, moecomm::dropless{},
+                            routing_checks, std::move(ex));
+  };
+  if (dtype == "bfloat16") return layer(__nv_bfloat16{});
+  if (dtype == "float16") return layer(__half{});
+  return layer(float{});
 }
 
 // The token dispatcher on GPU `device` (rows of any dtype the CUDA back-end takes; the dtype is the

@@ -6,7 +6,7 @@
 #include <torch/extension.h>
 
 #include <moecomm/comm/communicator.hpp>
-#include <moecomm/patterns/expert_parallel.hpp>
+#include <moecomm/moecomm.hpp>
 #include <moecomm/torch/autograd.hpp>
 #include <moecomm/torch/torch_experts.hpp>
 
@@ -113,6 +113,44 @@ class layer_of final : public layer_handle {
 template <class Comm, class Experts, class Make>
 std::unique_ptr<layer_handle> handle(Comm comm, std::int32_t per_node, Make make, Experts experts) {
   return std::make_unique<layer_of<Comm, Experts, Make>>(std::move(comm), per_node, std::move(make), std::move(experts));
+}
+
+// The placement of FineMoE's replicated experts: every expert on two ranks, 2 E / R slots a rank.
+inline moecomm::replica_placement finemoe_placement(std::int32_t ranks, std::int32_t num_experts) {
+  return moecomm::replica_placement::cyclic(ranks, 2 * num_experts / ranks, 2);
+}
+
+// The layer of `pattern` (plain, hierarchical, dedup, fastermoe, finemoe; checked by the caller)
+// with rows of T on `be` over `comm`, with the capacity policy `capacity` (dropless for finemoe).
+template <class T, class Backend, class Comm, class Capacity, class Experts>
+std::unique_ptr<layer_handle> pattern_layer(std::string const& pattern, Backend const& be, Comm comm, std::int32_t per_node,
+                                            std::int32_t num_experts, std::int64_t hidden, std::int64_t inner, Capacity capacity,
+                                            moecomm::routing_checks checks, Experts experts) {
+  using groups_t = moecomm::exchange_groups<Comm>;
+  auto const with_policy = [&](auto exchange_or_pattern) {
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, exchange_or_pattern, capacity, checks);
+    }, std::move(experts));
+  };
+  if (pattern == "plain") return with_policy(moecomm::flat{});
+  if (pattern == "hierarchical") return with_policy(moecomm::hierarchical_2d{});
+  if (pattern == "dedup") return with_policy(moecomm::dedup_per_rank<moecomm::flat>{});
+  if (pattern == "fastermoe") {
+    moecomm::fastermoe_cost_params model;  // a small machine's model, so that hot experts are shadowed
+    model.hidden = hidden;
+    model.alpha = static_cast<double>(inner) / static_cast<double>(hidden);
+    model.gemm_flops = 1e9;
+    model.net_bandwidth = model.local_bandwidth = 1e9;
+    return with_policy(moecomm::fastermoe_shadowing<>{model});
+  }
+  if constexpr (std::is_same_v<Capacity, moecomm::dropless>) {  // "finemoe", the last one: dropless only
+    auto const placement = finemoe_placement(comm.size(), num_experts);
+    return handle(std::move(comm), per_node, [=](groups_t& g) {
+      return moecomm::make_expert_parallel_layer<T>(be, g, num_experts, hidden, moecomm::finemoe{placement}, checks);
+    }, std::move(experts));
+  } else {
+    throw moecomm::error(moecomm::status::internal_error, "moecomm.MoELayer: finemoe with a capacity policy passed the pattern check");
+  }
 }
 
 

@@ -49,7 +49,7 @@ def _step(layer, x, idx, w, grad):
 
 
 @needs_gpu
-@pytest.mark.parametrize("pattern", ["plain", "hierarchical", "dedup"])
+@pytest.mark.parametrize("pattern", ["plain", "hierarchical", "dedup", "fastermoe"])  # finemoe needs 2 ranks, 2 GPUs
 def test_cuda_layer_equals_the_cpu_layer(world, pattern):
     T, H, F, E, K = 29, 16, 24, 8, 3
     x, idx, w, grad, params = problem(0, T, H, F, E, K, "relu")
@@ -198,6 +198,12 @@ def test_megatron_dispatcher_follows_its_tensors_to_cuda(world, dtype):
         torch.testing.assert_close(g, c, **tolerance, msg=lambda m: f"{dtype}, {name}: {m}")
     with pytest.raises(ValueError, match="runs on cuda"):
         gpu.token_permutation(x, probs, routing_map)
+
+
+def test_finemoe_on_one_rank_is_refused_by_name(world):
+    """One GPU gives one rank, which finemoe cannot use: the reason this file has no finemoe case."""
+    with pytest.raises(ValueError, match="finemoe.*must be even"):
+        moecomm.MoELayer(8, 16, 4, top_k=2, pattern="finemoe")
 
 
 @pytest.mark.skipif(moecomm._C.has_cuda, reason="this moecomm has CUDA: nothing to refuse")
