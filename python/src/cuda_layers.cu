@@ -1,42 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // moecomm._C on CUDA tensors, built where torch is a CUDA build and nvcc and NCCL are found
-// (MOECOMM_PYTHON_CUDA): the layers of every pattern, dropless, and the token dispatcher of every
-// exchange and capacity policy on cuda_backend over torch's current stream, through a moecomm NCCL
-// communicator bootstrapped from the group's store, with float32, float16 or bfloat16 rows; and the
-// router on CUDA logits.
+// (MOECOMM_PYTHON_CUDA): the layers of every pattern, dropless, on cuda_backend over torch's current
+// stream, through a moecomm NCCL communicator bootstrapped from the group's store (cuda_setup.cuh),
+// with float32, float16 or bfloat16 rows; and the router on CUDA logits. The token dispatchers are
+// in cuda_dispatchers.cu (a translation unit of their own: the two compile in parallel).
 
 #include "cuda_layers.hpp"
-#include "capacity_spec.hpp"
-#include "dispatcher_handle.hpp"
+#include "cuda_setup.cuh"
 #include "layer_handle.hpp"
 
 #include <moecomm/moecomm.cuh>
 #include <moecomm/torch/cuda.cuh>
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <utility>
 
 namespace moecomm_python {
 namespace {
-
-// A back-end on torch's current stream of GPU `device` and a new NCCL communicator of `size` ranks
-// over it, bootstrapped through `store`, a store of the caller's own (a PrefixStore of the group's)
-// where the group's rank 0 publishes the NCCL id. Collective.
-std::pair<moecomm::cuda_backend, moecomm::nccl_communicator> on_nccl(py::object const& store, std::int32_t rank, std::int32_t size,
-                                                                     c10::DeviceIndex device, double timeout) {
-  auto const wait = std::chrono::milliseconds(static_cast<std::int64_t>(timeout * 1000.0));
-  c10::cuda::CUDAGuard const on_device(device);
-  moecomm::cuda_backend be = moecomm::libtorch::current_stream_backend(wait);
-  moecomm::nccl_options options;
-  options.timeout = wait;
-  auto const st = store.cast<c10::intrusive_ptr<c10d::Store>>();
-  py::gil_scoped_release const release;  // the peers' processes are waited for
-  return {be, moecomm::libtorch::nccl_from_store(*st, "nccl", rank, size, be.stream(), options)};
-}
 
 // `store`: a store of this layer's own (a PrefixStore of the group's), where the group's rank 0
 // publishes the NCCL id.
@@ -70,19 +52,6 @@ std::unique_ptr<layer_handle> make_cuda_layer(std::string const& pattern, py::ob
   return layer(float{});
 }
 
-// The token dispatcher on GPU `device` (rows of any dtype the CUDA back-end takes; the dtype is the
-// rows'), its NCCL communicator bootstrapped through `store` as on_nccl's.
-std::unique_ptr<dispatcher_handle> make_cuda_dispatcher(std::string const& exchange, py::object const& store, std::int32_t rank,
-                                                        std::int32_t size, c10::DeviceIndex device, std::int32_t num_experts,
-                                                        std::int32_t ranks_per_node, capacity_spec const& capacity, bool checks,
-                                                        double timeout) {
-  char const* const op = "moecomm.Dispatcher (CUDA)";
-  require_exchange(exchange, op);
-  auto [be, comm] = on_nccl(store, rank, size, device, timeout);
-  return make_dispatcher_of(exchange, be, std::move(comm), ranks_per_node, num_experts, capacity, moecomm::routing_checks{checks, false},
-                            op);
-}
-
 }  // namespace
 
 void bind_cuda(py::module_& m) {
@@ -91,9 +60,7 @@ void bind_cuda(py::module_& m) {
   m.def("make_cuda_layer", &make_cuda_layer, py::arg("pattern"), py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("dtype"), py::arg("num_experts"), py::arg("hidden"), py::arg("inner"), py::arg("activation"), py::arg("expert"),
         py::arg("experts"), py::arg("ranks_per_node"), py::arg("checks"), py::arg("timeout"));
-  m.def("make_cuda_dispatcher", &make_cuda_dispatcher, py::arg("exchange"), py::arg("store"), py::arg("rank"), py::arg("size"),
-        py::arg("device"), py::arg("num_experts"), py::arg("ranks_per_node"), py::arg("capacity"), py::arg("checks"),
-        py::arg("timeout"));
+  bind_cuda_dispatchers(m);
   m.attr("has_cuda") = true;
 }
 
