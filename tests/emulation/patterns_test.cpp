@@ -345,4 +345,28 @@ TEST_CASE_TEMPLATE("Parm's schedules (deepspeed_mp, S1, S2 pipelined on the lane
   }
 }
 
+TEST_CASE("Parm's layer says why it is not capturable, and refuses capture by that reason before enqueuing anything") {
+  run_emulated_ranks(4, [](emulated_rank& rank) {  // MP 2 x EP 2
+    moecomm::parallel_groups<moecomm::nccl_communicator> groups(rank.comm, {2, 2, 1});
+    moecomm::parm_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, moecomm::parm_s2> layer(rank.be, groups, 8, 16,
+                                                                                                       moecomm::parm_s2{2});
+    CHECK(layer.capture_blocker().find("not capturable") != std::string::npos);
+    std::int64_t const T = 6, H = 16;
+    kernel_scale_bias_experts<float, moecomm::cuda_backend> experts(rank.be, scale_bias_experts<float>(1, 4, H, false));
+    auto const r = make_routing({T, 2, 8, 0, true, 1.0, 5});
+    auto const idx = upload(rank.be, r.idx);
+    auto const w = upload(rank.be, r.w);
+    auto const x = upload(rank.be, finite_rows<float>(T, H, 3));
+    auto out = rank.be.allocate<float>(T * H);
+    rank.be.synchronize();
+    REQUIRE(cudaStreamBeginCapture(rank.be.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    check_error([&] { layer.forward({idx.data(), w.data(), T, 2}, {x.data(), T, H}, {out.data(), T, H}, experts); },
+                moecomm::status::invalid_usage, {"parm_layer::forward", "captures a CUDA graph", "Parm's schedules are not capturable"});
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(rank.be.stream(), &graph) == cudaSuccess);  // nothing was enqueued
+    (void)cudaGraphDestroy(graph);
+    layer.forward({idx.data(), w.data(), T, 2}, {x.data(), T, H}, {out.data(), T, H}, experts);  // eager: still usable
+  });
+}
+
 }  // namespace test

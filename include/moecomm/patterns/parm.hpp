@@ -44,6 +44,7 @@
 #include <moecomm/core/functional.hpp>
 #include <moecomm/core/matrix.hpp>
 #include <moecomm/core/optional_output.hpp>
+#include <moecomm/core/read_back.hpp>
 #include <moecomm/core/routing.hpp>
 #include <moecomm/core/simulation_hooks.hpp>
 #include <moecomm/core/topology.hpp>
@@ -65,6 +66,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -240,6 +242,14 @@ class parm_layer : public detail::layer_mode {
     routed_ = false;     // the plans hold it: a backward needs a new forward
   }
 
+  //! Why this layer's step cannot be captured into a CUDA graph (always, in this version): a forward or
+  //! backward called while the back-end's stream captures is refused with this reason, before it
+  //! enqueues anything.
+  [[nodiscard]] static std::string capture_blocker() {
+    return "Parm's schedules are not capturable yet: each step agrees on its MP group's token count (and, with checks, its "
+           "routing) on the host and sizes the ESP chunks from counts read on the host; padded capacity is not supported";
+  }
+
   [[nodiscard]] parm_report const& report() const { return report_; }
   [[nodiscard]] parallel_groups<Comm>& groups() const { return *groups_; }
 
@@ -248,6 +258,12 @@ class parm_layer : public detail::layer_mode {
   static constexpr bool pauses_mp = detail::pauses_mp_v<Schedule>;
 
   [[nodiscard]] Backend const& be() const { return dispatcher_.backend(); }
+
+  void refuse_capture(char const* op) const {
+    if (detail::capturing(be()))
+      detail::fail(status::invalid_usage, op, "called while the back-end's stream captures a CUDA graph, but this step is not "
+                   "capturable: ", capture_blocker());
+  }
   [[nodiscard]] std::int32_t mp_size() const { return groups_->sizes().model; }
   [[nodiscard]] std::int32_t esp_size() const { return groups_->sizes().expert_slicing; }
   [[nodiscard]] std::int32_t pieces() const {
@@ -336,6 +352,7 @@ class parm_layer : public detail::layer_mode {
   template <class Experts>
   void checked_forward(routing_view const& routing, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
     char const* op = "parm_layer::forward";
+    refuse_capture(op);
     detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
     check_experts_slicing(experts, op);
     routed_ = false;
@@ -440,6 +457,7 @@ class parm_layer : public detail::layer_mode {
   void checked_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                         optional_output<array_view<float>> d_weights, Experts& experts) {
     char const* op = "parm_layer::backward";
+    refuse_capture(op);
     if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
     detail::check_layer_backward_arguments(op, tokens_, top_k_, detail::is_weighted<Weighting>(), d_out, d_x, d_weights, hidden_);
     check_experts_slicing(experts, op);
