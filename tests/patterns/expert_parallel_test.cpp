@@ -169,8 +169,9 @@ TEST_CASE("a per-node deduplicated exchange moves one row per token and node bet
     auto const& report = per_node.dispatch_state().report();
     CHECK(report.exchange.inter_bytes == inter_rows * row);
     CHECK(report.exchange.intra_bytes == intra_rows * row);
-    CHECK(report.slot_metadata.inter_bytes == inter_lists * 8 * c.top_k);
-    CHECK(report.slot_metadata.intra_bytes == intra_lists * 8 * c.top_k);
+    int64_t const list_bytes = 8 * c.top_k + (moecomm::dedup_per_node{}.pieces > 1 ? 4 : 0);  // with pieces, the row's source token
+    CHECK(report.slot_metadata.inter_bytes == inter_lists * list_bytes);
+    CHECK(report.slot_metadata.intra_bytes == intra_lists * list_bytes);
     inter_per_node[static_cast<std::size_t>(me)] = report.exchange.inter_bytes;
     inter_per_rank[static_cast<std::size_t>(me)] = per_rank.dispatch_state().report().exchange.inter_bytes;
   });
@@ -180,7 +181,7 @@ TEST_CASE("a per-node deduplicated exchange moves one row per token and node bet
   CHECK(node_total < rank_total * 3 / 4);
 }
 
-// dedup_per_node's overlapped hops (the rows to each relay in `pieces` runs, piece j's first hop and
+// dedup_per_node's overlapped hops (the rows to each relay cut into `pieces`, piece j's first hop and
 // piece j - 1's second in one exchange): any number of pieces, more than a rank's rows included,
 // gives the oracle's bits, the same bytes and pieces + 1 row exchanges each way.
 TEST_CASE("dedup_per_node cut into any number of pieces equals the oracle, with the same bytes in pieces + 1 exchanges each way") {
@@ -214,31 +215,77 @@ TEST_CASE("dedup_per_node cut into any number of pieces equals the oracle, with 
   });
 }
 
-// Each piece carries its share of every relay's rows, whatever the routing's order: here every
-// rank's first tokens go to node 0's experts and its last to node 1's (as a replicated layer's
-// contiguous shares make), and each of 4 pieces still sends each relay a quarter of its rows (cut
-// by tokens, pieces 0 and 1 would load only node 0's links, pieces 2 and 3 only node 1's).
-TEST_CASE("dedup_per_node's pieces cut the rows to every relay evenly, not the tokens") {
+// Each piece carries its share of every link's rows on both hops, whatever the routing's order. Every
+// rank sends all its tokens to node 1, whose two ranks take them either in runs (the first half to
+// rank 2, the rest to rank 3, as a replicated layer's contiguous shares do) or in turns (even tokens
+// to rank 2, odd to rank 3, as alternating replicas do). Each of 4 pieces sends each relay a quarter
+// of its rows, and each relay forwards each rank of its node a quarter of its rows in each piece.
+// Token ranges would give the runs' pieces 0 and 1 to rank 2 alone; every fourth row (row i in piece
+// i mod 4) would give the turns' pieces 0 and 2 to rank 2 alone.
+TEST_CASE("dedup_per_node's pieces carry a share of every link on both hops, for rows in runs and in turns") {
   constexpr int32_t ranks = 4, per_node = 2, experts = 8, tokens = 40, pieces = 4;
-  moecomm::inproc_world const world(ranks, std::chrono::seconds(30));
-  world.run([&](moecomm::inproc_communicator comm) {
-    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(ranks, per_node));
-    std::vector<int32_t> idx(tokens);
-    std::vector<float> weights(tokens, 1.0f);
-    for (int32_t t = 0; t < tokens; ++t) idx[static_cast<std::size_t>(t)] = (t < tokens / 2 ? 0 : experts / 2) + t % (experts / 2);
-    moecomm::host_backend const be;
-    moecomm::workspace<moecomm::host_backend> scratch;
-    moecomm::dedup_node_plan<moecomm::host_backend> plan;
-    plan.cut_into(pieces, groups.topo());
-    plan.build_source(be, {idx.data(), weights.data(), tokens, 1}, {}, experts, groups, scratch);
-    plan.gather_counts(be, groups);
-    int32_t const local = comm.rank() % per_node;
-    for (int32_t node = 0; node < 2; ++node)
+  for (bool const turns : {false, true}) {
+    CAPTURE(turns);
+    moecomm::inproc_world const world(ranks, std::chrono::seconds(30));
+    world.run([&](moecomm::inproc_communicator comm) {
+      moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(ranks, per_node));
+      std::vector<int32_t> idx(tokens);
+      std::vector<float> weights(tokens, 1.0f);
+      for (int32_t t = 0; t < tokens; ++t) idx[static_cast<std::size_t>(t)] = (turns ? t % 2 == 0 : t < tokens / 2) ? 4 : 6;
+      moecomm::host_backend const be;
+      moecomm::workspace<moecomm::host_backend> scratch;
+      moecomm::dedup_node_plan<moecomm::host_backend> plan;
+      plan.cut_into(pieces, groups.topo());
+      plan.build_source(be, {idx.data(), weights.data(), tokens, 1}, {}, experts, groups, scratch);
+      plan.gather_counts(be, groups);
+      int32_t const me = comm.rank(), relay = per_node + me % per_node;
       for (int32_t j = 0; j < pieces; ++j) {
-        CAPTURE(node);
         CAPTURE(j);
-        CHECK(plan.rows_to_relay(j, node * per_node + local) == tokens / 2 / pieces);
+        CHECK(plan.rows_to_relay(j, relay) == tokens / pieces);
+        CHECK(plan.rows_to_relay(j, relay - per_node) == 0);
+        for (int32_t d = 0; d < ranks; ++d) {
+          CAPTURE(d);
+          // A relay of node 1 gets every token of the 2 ranks with its local index: half of them for each rank there.
+          CHECK(plan.rows_forwarded(j, d) == (me >= per_node && d >= per_node ? tokens / pieces : 0));
+        }
       }
+    });
+  }
+}
+
+// The experts see plain dispatch's rows in its order, (expert, source rank, source token), whatever
+// the exchange: per rank, and per node with any number of pieces, whose rows reach the experts'
+// ranks piece by piece and are put back in each source's token order there.
+TEST_CASE("deduplicated exchanges give the experts plain dispatch's rows in plain dispatch's order, for any pieces") {
+  layer_case const c{8, 4, 16, 4, 8, {40, 25, 0, 33, 17, 60, 9, 28}, 1.2};
+  auto const in = make_layer_inputs<float>(c, moecomm::dropless{}, oracle::drop_rule::position, false);
+  moecomm::inproc_world const world(c.ranks, std::chrono::seconds(30));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::host_backend const be;
+    moecomm::exchange_groups<moecomm::inproc_communicator> groups(comm, moecomm::topology(c.ranks, c.per_node));
+    auto const& r = in.routing[static_cast<std::size_t>(comm.rank())];
+    moecomm::routing_view const view{r.idx.data(), r.w.data(), r.tokens, r.top_k};
+    moecomm::matrix_view<float const> const x{in.x[static_cast<std::size_t>(comm.rank())].data(), r.tokens, c.hidden};
+    moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator> plain(be, groups, c.experts);
+    plain.route(view);
+    auto want = poisoned<float>(plain.received_rows() * c.hidden);
+    plain.dispatch<float>(x, {want.data(), plain.received_rows(), c.hidden});
+    auto check = [&](auto& dedup, char const* what) {
+      dedup.route(view);
+      REQUIRE(dedup.received_rows() == plain.received_rows());
+      auto got = poisoned<float>(dedup.received_rows() * c.hidden);
+      dedup.template dispatch<float>(x, {got.data(), dedup.received_rows(), c.hidden});
+      check_bitwise(got, want, c.hidden, what);
+    };
+    moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::dedup_per_rank<moecomm::flat>>
+        per_rank(be, groups, c.experts);
+    check(per_rank, "per-rank expert rows");
+    for (int32_t const pieces : {1, 2, 3, 4, 7}) {
+      CAPTURE(pieces);
+      moecomm::dispatcher<moecomm::host_backend, moecomm::inproc_communicator, moecomm::dropless, moecomm::dedup_per_node> per_node(
+          be, groups, c.experts, {}, moecomm::dedup_per_node{pieces});
+      check(per_node, "per-node expert rows");
+    }
   });
 }
 

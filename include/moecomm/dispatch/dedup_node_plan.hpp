@@ -9,16 +9,18 @@
 //! per rank, then per node on the relay, then at the source.
 //!
 //! The hops overlap (DeepEP's internode pipeline): the rows each rank sends each relay are cut into
-//! `pieces` equal runs, and one grouped exchange carries piece j's first hop together with piece
-//! j − 1's second (the relay forwards a piece while the next crosses between nodes); the way back
-//! mirrors it. Every piece carries its share of every link's rows, whatever the routing's order
-//! (token ranges would not: a routing whose first tokens go to one node, as a replicated layer's
-//! contiguous shares make, would load one node's links per piece). The rows each rank sends each
-//! relay ride on the count all-gather (with home experts, on an all-gather of their own), with the
-//! rows each relay forwards each rank per piece, so every piece's sizes are known on every rank
-//! before a row moves. A relay keeps what it got piece-major (piece j of every source before piece
-//! j + 1), so that each piece it forwards is one contiguous block per destination rank, and each
-//! source's rows reach the experts in token order.
+//! `pieces` (`detail::piece_cut`: every `pieces` consecutive rows fill each piece once), and one
+//! grouped exchange carries piece j's first hop together with piece j − 1's second (the relay
+//! forwards a piece while the next crosses between nodes); the way back mirrors it. Every piece
+//! carries its share of every link's rows on both hops, whatever the routing's order: token ranges
+//! would not (a routing whose first tokens go to one node, or to one replica of an expert, as a
+//! replicated layer's contiguous shares make, would load a few links per piece). The rows each rank
+//! sends each relay ride on the count all-gather (with home experts, on an all-gather of their own),
+//! with the rows each relay forwards each rank per piece, so every piece's sizes are known on every
+//! rank before a row moves. A relay keeps what it got piece-major (piece j of every source before
+//! piece j + 1), so that each piece it forwards is one contiguous block per destination rank; the
+//! slot lists carry each row's source token, by which the experts' ranks put each source's rows
+//! back in token order.
 
 #include <moecomm/config.hpp>
 #include <moecomm/core/atomic.hpp>
@@ -43,15 +45,6 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-//! Piece j of a block of `rows` rows cut into `pieces`: rows `[j * rows / pieces, (j + 1) * rows / pieces)`.
-MOECOMM_HOST_DEVICE inline std::int64_t piece_start(std::int64_t j, std::int64_t rows, std::int32_t pieces) {
-  return j * rows / pieces;
-}
-//! The piece that row i of a block of `rows` rows is in.
-MOECOMM_HOST_DEVICE inline std::int32_t piece_of_row(std::int64_t i, std::int64_t rows, std::int32_t pieces) {
-  return static_cast<std::int32_t>(((i + 1) * pieces - 1) / rows);
-}
-
 //! `counts[j * R + d]` += the rows rank d gets from the relay of its node in piece j: one per token
 //! with a slot on d whose row to that relay is in piece j of the block this rank sends the relay
 //! (`row_of` and `offsets` of hop 1's source map).
@@ -69,7 +62,7 @@ struct count_forwarded_rows_per_piece {
       if (d < 0 || direct.first_slot_to(d, ids) != k) continue;
       std::int32_t const relay = to_relay.destination(ids[k]);
       std::int64_t const row = row_of[t * top_k + to_relay.first_slot_to(relay, ids)];
-      std::int32_t const j = piece_of_row(row - offsets[relay], offsets[relay + 1] - offsets[relay], pieces);
+      std::int32_t const j = piece_cut{offsets[relay + 1] - offsets[relay], pieces}.piece_at(row - offsets[relay]);
       atomic_add(&counts[j * ranks + d], 1);
     }
   }
@@ -132,10 +125,16 @@ struct piece_hop {
 template <class Backend>
 class dedup_node_plan {
  public:
-  //! Cuts the rows each rank sends each relay into `pieces` runs whose hops overlap (1: store-and-forward). Before
+  //! Cuts the rows each rank sends each relay into `pieces` whose hops overlap (1: store-and-forward). Before
   //! `reserve`, the same on every rank. On one node the first hop is a copy to itself and nothing
   //! overlaps: one piece.
-  void cut_into(std::int32_t pieces, topology const& topo) { pieces_ = topo.num_nodes() > 1 ? pieces : 1; }
+  void cut_into(std::int32_t pieces, topology const& topo) {
+    pieces_ = topo.num_nodes() > 1 ? pieces : 1;
+    if (pieces_ == 1) return;
+    to_relay_.cut_blocks_into(pieces_);
+    to_relay_.carry_source_tokens();
+    from_relay_.carry_source_tokens();
+  }
 
   //! This rank's side (hop 1's source map) with home experts: as `dedup_plan::build_source`, the
   //! rows going to relays, and per piece the rows the relays forward each rank (`piece_rows()`);
@@ -163,12 +162,10 @@ class dedup_node_plan {
   //! in each piece.
   [[nodiscard]] std::int32_t const* piece_rows() const { return piece_rows_.data(); }
   [[nodiscard]] std::int64_t piece_words(std::int32_t ranks) const { return std::int64_t{pieces_} * ranks; }
-  //! The rows this rank sends `relay` in piece j's first hop (once the counts are known: 0 before).
-  [[nodiscard]] std::int64_t rows_to_relay(std::int32_t j, std::int32_t relay) const {
-    auto const ranks = static_cast<std::int32_t>(hop1_.out_rows.size() / static_cast<std::size_t>(pieces_));
-    if (j < 0 || j >= pieces_ || relay < 0 || relay >= ranks) return 0;
-    return hop1_.out_rows[detail::piece_hop::cell(j, relay, ranks)];
-  }
+  //! The rows this rank sends `relay` in piece j's first hop, and, as a relay, forwards rank `d` in
+  //! piece j's second (once the counts are known: 0 before).
+  [[nodiscard]] std::int64_t rows_to_relay(std::int32_t j, std::int32_t relay) const { return piece_rows_of(hop1_, j, relay); }
+  [[nodiscard]] std::int64_t rows_forwarded(std::int32_t j, std::int32_t d) const { return piece_rows_of(hop2_, j, d); }
   //! After `build_source`: every rank learns every rank's rows to each relay and `piece_rows()` (one
   //! all-gather), and so both hops' sizes (`take_counts`). Collective.
   template <class Comm>
@@ -202,7 +199,7 @@ class dedup_node_plan {
       for (std::int32_t j = 0; j < pieces; ++j)
         for (std::int32_t d = 0; d < ranks; ++d) {
           std::size_t const c = detail::piece_hop::cell(j, d, ranks);
-          std::int64_t const in_piece = detail::piece_start(j + 1, to_relays[d], pieces) - detail::piece_start(j, to_relays[d], pieces);
+          std::int64_t const in_piece = detail::piece_cut{to_relays[d], pieces}.rows_in(j);
           if (s == me) hop1_.out_rows[c] = in_piece;
           if (d == me) hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)] = in_piece;
           std::int32_t const relay = topo.rank_at(topo.node_of(d), topo.local_of(s));
@@ -229,8 +226,8 @@ class dedup_node_plan {
     routing_view const at_relay = piece_major(be, to_relay_.exchange_lists(be, groups, algorithm, stats, exchange_scratch), ranks);
     from_relay_.enqueue_source(be, at_relay, to_relay_.num_experts(), ranks, scratch);
     from_relay_.take_counts(be, hop2_counts_.data(), ranks, me);
-    from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, chunk_rows,
-                              origin_.data());
+    from_relay_.build_receive(be, groups, padded_capacity, algorithm, stats, exchange_scratch, scratch, chunk_rows, origin_.data(),
+                              pieces_ > 1 ? relay_tokens_.data() : nullptr);
   }
 
   //! Sizes both hops, the relay's tables and rows for steps of at most `largest`'s slots, rows of
@@ -260,6 +257,7 @@ class dedup_node_plan {
     grow(be, order_, relayed);
     for (auto* b : {&relay_weights_, &relay_grads_}) grow(be, *b, relayed * top_k);
     grow(be, relay_idx_, relayed * top_k);
+    if (pieces_ > 1) grow(be, relay_tokens_, relayed);
     grow(be, relay_rows_, relayed * row_bytes);
     grow(be, relay_sent_, relayed * std::min(top_k, topo.ranks_per_node()) * row_bytes);
     be.synchronize();  // `at_relay` goes
@@ -353,7 +351,8 @@ class dedup_node_plan {
   }
 
   //! The lists a relay got (by source rank) as it keeps its rows: piece-major, piece j of every
-  //! source before piece j + 1 (the same order with one piece); and each row's source rank.
+  //! source before piece j + 1 (the same order with one piece); each row's source rank, and its
+  //! source token (several pieces).
   routing_view piece_major(Backend const& be, routing_view const& by_source, std::int32_t ranks) {
     std::int64_t const relayed = by_source.num_tokens;
     origin_table_.clear();
@@ -376,6 +375,8 @@ class dedup_node_plan {
     float* const weights = grow(be, relay_weights_, relayed * top_k).data();
     be.for_each_index(relayed, detail::move_rows_by_index<std::int32_t>{by_source.topk_idx, order_.data(), top_k, false, idx});
     be.for_each_index(relayed, detail::move_rows_by_index<float>{by_source.topk_weights, order_.data(), top_k, false, weights});
+    be.for_each_index(relayed, detail::move_rows_by_index<std::int32_t>{to_relay_.received_source_tokens(), order_.data(), 1, false,
+                                                                        grow(be, relay_tokens_, relayed).data()});
     return {idx, weights, relayed, top_k};
   }
 
@@ -384,6 +385,12 @@ class dedup_node_plan {
     std::int64_t count = 0;
     for (std::int32_t s = 0; s < ranks; ++s) count += hop1_.in_rows[detail::piece_hop::cell(j, s, ranks)];
     return {hop1_.in_at[detail::piece_hop::cell(j, 0, ranks)], count};
+  }
+
+  [[nodiscard]] std::int64_t piece_rows_of(detail::piece_hop const& hop, std::int32_t j, std::int32_t peer) const {
+    auto const ranks = static_cast<std::int32_t>(hop.out_rows.size() / static_cast<std::size_t>(pieces_));
+    if (j < 0 || j >= pieces_ || peer < 0 || peer >= ranks) return 0;
+    return hop.out_rows[detail::piece_hop::cell(j, peer, ranks)];
   }
 
   //! Piece j of `hop` joins the step's messages: forward, `from` is the sender's buffer and `to` the
@@ -439,7 +446,7 @@ class dedup_node_plan {
   std::vector<std::int64_t> gathered_, row_staging_;                //!< its all-gather, and its staging
   std::vector<std::int32_t> origin_table_;  //!< [rows this relay got] their source ranks, piece-major
   std::vector<std::int32_t> order_table_;   //!< [rows this relay got] piece-major -> by-source row
-  typename Backend::template buffer_type<std::int32_t> origin_, order_, relay_idx_;
+  typename Backend::template buffer_type<std::int32_t> origin_, order_, relay_idx_, relay_tokens_;  //!< relay_tokens_: source tokens, piece-major
   typename Backend::template buffer_type<float> relay_weights_, relay_grads_;
   typename Backend::template buffer_type<char> relay_rows_, relay_sent_;
 };

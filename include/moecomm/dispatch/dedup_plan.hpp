@@ -75,11 +75,64 @@ struct dedup_source_slots {
   }
 };
 
+//! The rows of a block cut into `pieces` for overlapped hops (`dedup_node_plan`): row i of the block
+//! (in token order) is in piece (the base-`pieces` digit sum of i) mod `pieces`. Every `pieces`
+//! consecutive rows fill each piece once, so the pieces differ by at most a row whatever the
+//! routing, and rows that take turns between destinations (replicas that alternate) still spread
+//! over every piece, as rows in runs (a replicated layer's contiguous shares) do. Laid out, the
+//! block holds its pieces one after the other, each in token order.
+struct piece_cut {
+  std::int64_t rows;
+  std::int32_t pieces;
+
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int32_t piece_of(std::int64_t i) const {
+    std::int64_t sum = 0;
+    for (; pieces > 1 && i > 0; i /= pieces) sum = (sum + i % pieces) % pieces;
+    return static_cast<std::int32_t>(sum);
+  }
+  //! Piece j's rows: one per round of `pieces` rows, and one of the last, partial round's.
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int64_t rows_in(std::int32_t j) const {
+    std::int64_t const rounds = rows / pieces, rest = rows % pieces;
+    std::int32_t const first = piece_of(rounds * pieces);  // the partial round's pieces follow it
+    return rounds + ((j - first + pieces) % pieces < rest ? 1 : 0);
+  }
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int64_t start(std::int32_t j) const {
+    std::int64_t at = 0;
+    for (std::int32_t p = 0; p < j; ++p) at += rows_in(p);
+    return at;
+  }
+  //! Where row i lies once the block is laid out.
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int64_t position(std::int64_t i) const { return start(piece_of(i)) + i / pieces; }
+  //! The piece of the laid-out block's row at `position`.
+  [[nodiscard]] MOECOMM_HOST_DEVICE std::int32_t piece_at(std::int64_t position) const {
+    std::int32_t j = 0;
+    for (std::int64_t end = rows_in(0); end <= position; end += rows_in(++j)) {}
+    return j;
+  }
+};
+
+//! `new_row[r]`: where row r of a source map goes when each of its first `blocks` blocks is laid
+//! out in pieces (`piece_cut`); the rows after them stay.
+struct lay_out_in_pieces {
+  std::int32_t const* offsets;  //!< `[blocks + 1]`
+  std::int32_t blocks, pieces;
+  std::int32_t* new_row;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    if (r >= offsets[blocks]) {
+      new_row[r] = static_cast<std::int32_t>(r);
+      return;
+    }
+    std::int32_t const b = block_holding(offsets, blocks, r);
+    new_row[r] = static_cast<std::int32_t>(offsets[b] + piece_cut{offsets[b + 1] - offsets[b], pieces}.position(r - offsets[b]));
+  }
+};
+
 //! The slot list that travels with source row r (token t to rank d): for each slot k of t that goes
 //! to d, the receive id `l * R + s` (local expert l of d, the token's source rank s: `origin_of[t]`,
 //! or this rank) or, to a relay, the global expert id (the relay routes it on); -1 for every other
-//! slot. With it, the slot's weight (0 when it does not go to d). Row r's list is `top_k` ids then
-//! `top_k` weights.
+//! slot. With it, the slot's weight (0 when it does not go to d). Row r's list is `top_k` ids, `top_k`
+//! weights and, when the lists carry source tokens, the token's index at its source rank
+//! (`source_token_of[t]`, or t).
 struct dedup_slot_lists {
   std::int32_t const* idx;
   float const* weights;  //!< may be null
@@ -87,14 +140,17 @@ struct dedup_slot_lists {
   std::int32_t const* token_of;
   std::int32_t const* slot_of;
   std::int32_t const* source_idx;
-  std::int32_t const* origin_of;  //!< [tokens] the rank each token came from (a relay's), or null: this rank
+  std::int32_t const* origin_of;        //!< [tokens] the rank each token came from (a relay's), or null: this rank
+  std::int32_t const* source_token_of;  //!< [tokens] its index there, or null: t
   std::int32_t ranks, top_k, me;
+  std::int64_t list_bytes;
+  bool with_source_token;
   char* lists;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
     std::int64_t const t = token_of[r];
     std::int32_t const d = source_idx[t * top_k + slot_of[r]];
     std::int32_t const origin = origin_of != nullptr ? origin_of[t] : me;
-    auto* const ids = reinterpret_cast<std::int32_t*>(lists + r * 8 * top_k);
+    auto* const ids = reinterpret_cast<std::int32_t*>(lists + r * list_bytes);
     auto* const w = reinterpret_cast<float*>(ids + top_k);
     for (std::int32_t k = 0; k < top_k; ++k) {
       std::int32_t const e = idx[t * top_k + k];
@@ -102,22 +158,38 @@ struct dedup_slot_lists {
       ids[k] = !here ? -1 : route.relay != nullptr ? e : (e - d * route.local_experts) * ranks + origin;
       w[k] = here && weights != nullptr ? weights[t * top_k + k] : 0.0f;
     }
+    if (with_source_token) ids[2 * top_k] = source_token_of != nullptr ? source_token_of[t] : static_cast<std::int32_t>(t);
   }
 };
 
-//! The arrived slot lists as a routing: `idx[i][k]`, `weights[i][k]`.
+//! The arrived slot lists as a routing: `idx[i][k]`, `weights[i][k]`, and `source_token[i]` when
+//! they carry it (else null).
 struct split_slot_lists {
   char const* lists;
   std::int32_t top_k;
+  std::int64_t list_bytes;
   std::int32_t* idx;
   float* weights;
+  std::int32_t* source_token;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
-    auto const* ids = reinterpret_cast<std::int32_t const*>(lists + i * 8 * top_k);
+    auto const* ids = reinterpret_cast<std::int32_t const*>(lists + i * list_bytes);
     auto const* w = reinterpret_cast<float const*>(ids + top_k);
     for (std::int32_t k = 0; k < top_k; ++k) {
       idx[i * top_k + k] = ids[k];
       weights[i * top_k + k] = w[k];
     }
+    if (source_token != nullptr) source_token[i] = ids[2 * top_k];
+  }
+};
+
+//! Sort input for ordering arrived rows by their source token: `keys[i]` = the token, `values[i]` = i.
+struct source_token_sort_input {
+  std::int32_t const* source_token;
+  std::uint32_t* keys;
+  std::int32_t* values;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
+    keys[i] = static_cast<std::uint32_t>(source_token[i]);
+    values[i] = static_cast<std::int32_t>(i);
   }
 };
 
@@ -166,6 +238,12 @@ class dedup_plan {
     be.copy(grow(be, relay_, static_cast<std::int64_t>(relay_table_.size())).data(), relay_table_.data(),
             static_cast<std::int64_t>(relay_table_.size()));
   }
+  //! Lays the source map's block for each rank out in `pieces` (`detail::piece_cut`), which hops that
+  //! overlap send one after the other (`dedup_node_plan`). Set once, before any `build_source`.
+  void cut_blocks_into(std::int32_t pieces) { pieces_ = pieces; }
+  //! The slot lists carry each row's source token, and the receive map orders each source's rows by
+  //! it, in whatever order they arrive (pieces of a relay's rows). Set once, before `reserve`.
+  void carry_source_tokens() { with_source_token_ = true; }
 
   //! This rank's side, for the kept routing `kept` (global expert ids) with `home` (this rank's home
   //! experts, ascending) computed here: the source map and the rows it sends each rank
@@ -174,6 +252,7 @@ class dedup_plan {
                     std::int32_t ranks, workspace<Backend>& scratch) {
     routing_view const source = source_routing(be, kept, home, num_experts, ranks);
     build_permute_plan(be, source, source_blocks(), source_, scratch, unchecked_routing);
+    cut_blocks(be, scratch);
     std::int32_t const* offsets = source_.host_expert_offsets().data;
     sent_rows_ = offsets[ranks];
     my_counts_.resize(static_cast<std::size_t>(ranks));
@@ -187,6 +266,7 @@ class dedup_plan {
                       workspace<Backend>& scratch) {
     routing_view const source = source_routing(be, kept, {}, num_experts, ranks);
     detail::enqueue_permute_plan(be, source, source_blocks(), source_, scratch, unchecked_routing, grow(be, status_, 2).data());
+    cut_blocks(be, scratch);
     source_pending_ = true;
   }
   //! The same over `groups`' ranks (`dedup_node_plan`'s form).
@@ -246,21 +326,24 @@ class dedup_plan {
   [[nodiscard]] bool has_home() const { return has_home_; }
   [[nodiscard]] std::int32_t num_experts() const { return static_cast<std::int32_t>(home_table_.size()); }
 
-  //! The slot lists travel (8·K bytes per row), once every rank's counts are known; returns the rows
-  //! this rank receives (by source rank, each source's in its order) as a routing: their receive ids
-  //! (global expert ids from a relay's source) and weights, -1 for the slots they do not carry.
-  //! @param origin_of `[tokens]` each source token's own source rank, or null: this rank. Collective.
+  //! The slot lists travel (`list_bytes()` per row), once every rank's counts are known; returns the
+  //! rows this rank receives (by source rank, each source's in its order) as a routing: their receive
+  //! ids (global expert ids from a relay's source) and weights, -1 for the slots they do not carry
+  //! (and, lists that carry them, their source tokens: `received_source_tokens()`).
+  //! @param origin_of `[tokens]` each source token's own source rank, or null: this rank.
+  //! @param source_token_of `[tokens]` its index at that rank, or null: its index here. Collective.
   template <class Comm, class Algorithm>
   routing_view exchange_lists(Backend const& be, exchange_groups<Comm>& groups, Algorithm const& algorithm, alltoall_stats& stats,
-                              alltoall_workspace<Backend>& exchange_scratch, std::int32_t const* origin_of = nullptr) {
+                              alltoall_workspace<Backend>& exchange_scratch, std::int32_t const* origin_of = nullptr,
+                              std::int32_t const* source_token_of = nullptr) {
     std::int32_t const me = groups.world().rank(), top_k = kept_.top_k;
     received_rows_ = 0;
     for (std::int32_t s = 0; s < ranks_; ++s) received_rows_ += rows_between(s, me);
-    std::int64_t const list_bytes = 8 * std::int64_t{top_k};
+    std::int64_t const list_bytes = this->list_bytes(top_k);
     char* const lists = grow(be, sent_lists_, sent_rows_ * list_bytes).data();
     be.for_each_index(sent_rows_, detail::dedup_slot_lists{kept_.topk_idx, kept_.topk_weights, route(), source_.token_of(),
-                                                           source_.slot_of(), source_idx_.data(), origin_of, ranks_, top_k, me,
-                                                           lists});
+                                                           source_.slot_of(), source_idx_.data(), origin_of, source_token_of, ranks_,
+                                                           top_k, me, list_bytes, with_source_token_, lists});
     char* const arrived = grow(be, received_lists_, received_rows_ * list_bytes).data();
     byte_matrix const& m = row_matrix(list_bytes, matrix_);
     alltoallv(be, groups, m, array_view<char const>{lists, m.send_total(me)}, array_view<char>{arrived, m.recv_total(me)},
@@ -268,9 +351,15 @@ class dedup_plan {
     std::int64_t const received_slots = received_rows_ * top_k;
     routing_view received{grow(be, received_idx_, received_slots).data(), grow(be, received_weights_, received_slots).data(),
                           received_rows_, top_k};
-    be.for_each_index(received_rows_, detail::split_slot_lists{arrived, top_k, received_idx_.data(), received_weights_.data()});
+    std::int32_t* const tokens = with_source_token_ ? grow(be, received_tokens_, received_rows_).data() : nullptr;
+    be.for_each_index(received_rows_, detail::split_slot_lists{arrived, top_k, list_bytes, received_idx_.data(), received_weights_.data(),
+                                                               tokens});
     return received;
   }
+  //! After `exchange_lists` of lists that carry source tokens: each arrived row's.
+  [[nodiscard]] std::int32_t const* received_source_tokens() const { return received_tokens_.data(); }
+  //! Bytes of a row's slot list: `top_k` ids and weights, and its source token when the lists carry it.
+  [[nodiscard]] std::int64_t list_bytes(std::int32_t top_k) const { return 8 * std::int64_t{top_k} + (with_source_token_ ? 4 : 0); }
 
   //! The receiving side: the lists travel (`exchange_lists`) and the receive map spreads the rows
   //! this rank gets over its experts. Collective.
@@ -282,16 +371,19 @@ class dedup_plan {
   template <class Comm, class Algorithm>
   void build_receive(Backend const& be, exchange_groups<Comm>& groups, std::int64_t padded_capacity, Algorithm const& algorithm,
                      alltoall_stats& stats, alltoall_workspace<Backend>& exchange_scratch, workspace<Backend>& scratch,
-                     std::int64_t const* chunk_rows = nullptr, std::int32_t const* origin_of = nullptr) {
+                     std::int64_t const* chunk_rows = nullptr, std::int32_t const* origin_of = nullptr,
+                     std::int32_t const* source_token_of = nullptr) {
     detail::require_no_padded_home(padded_capacity, has_home_);
-    routing_view const received = exchange_lists(be, groups, algorithm, stats, exchange_scratch, origin_of);
-    // The receive id l * R + s orders the arrived rows by (expert, source, token, slot), padded per chunk.
+    routing_view const received = exchange_lists(be, groups, algorithm, stats, exchange_scratch, origin_of, source_token_of);
+    // The receive id l * R + s orders the arrived rows by (expert, source, token, slot), padded per
+    // chunk: each source's rows arrive in token order, or are put in it by their source tokens.
     std::int32_t const receive_ids = local_experts() * ranks_;
+    std::int32_t const* const order = with_source_token_ ? order_by_source_token(be, scratch) : nullptr;
     if (chunk_rows != nullptr && padded_capacity == 0) {
-      detail::enqueue_permute_plan(be, received, receive_ids, receive_, scratch, unchecked_routing, grow(be, status_, 2).data());
+      detail::enqueue_permute_plan(be, received, receive_ids, receive_, scratch, unchecked_routing, grow(be, status_, 2).data(), order);
       detail::complete_permute_plan(be, receive_, chunk_rows, -1, 0);
     } else {
-      build_permute_plan(be, received, receive_ids, receive_, scratch, routing_checks{}, padded_capacity);
+      detail::build_ordered_permute_plan(be, received, receive_ids, receive_, scratch, routing_checks{}, padded_capacity, order);
     }
   }
 
@@ -309,10 +401,12 @@ class dedup_plan {
     for (std::int32_t e = 0; e < num_experts; ++e) every_expert[static_cast<std::size_t>(e)] = e;
     build_source(be, largest, every_expert, num_experts, ranks, scratch);  // the most source blocks a step can have
     std::int64_t const sent = largest.num_tokens * std::min(top_k, ranks);
-    grow(be, sent_lists_, sent * 8 * top_k);
+    grow(be, sent_lists_, sent * list_bytes(top_k));
     grow(be, sent_grads_, sent * top_k);
-    grow(be, received_lists_, received_rows * 8 * top_k);
+    grow(be, received_lists_, received_rows * list_bytes(top_k));
     grow(be, received_grads_, received_rows * top_k);
+    if (with_source_token_)
+      for (auto* b : {&received_tokens_, &arrival_order_}) grow(be, *b, received_rows);
     // The receive map of as many rows, every slot valid: at least the arrays and sort of any step's
     // (a padded one has at most these rows).
     std::int64_t const slots = received_rows * top_k;
@@ -416,6 +510,29 @@ class dedup_plan {
     return {home_index_.data(), relay_table_.empty() ? nullptr : relay_.data(), num_experts(), local_experts()};
   }
 
+  //! The source map's blocks for ranks, each laid out in `pieces_` (`cut_blocks_into`).
+  void cut_blocks(Backend const& be, workspace<Backend>& scratch) {
+    if (pieces_ == 1) return;
+    std::int64_t const rows = source_.row_bound();
+    std::int32_t* const new_row = grow(be, new_row_, rows).data();
+    be.for_each_index(rows, detail::lay_out_in_pieces{source_.expert_offsets(), ranks_, pieces_, new_row});
+    detail::move_plan_rows(be, source_, new_row, rows, scratch);
+  }
+  //! The arrived rows by source token (a stable sort: ties, rows of different sources, keep their
+  //! order), as the receive map's token order.
+  std::int32_t const* order_by_source_token(Backend const& be, workspace<Backend>& scratch) {
+    std::int64_t const n = received_rows_;
+    std::size_t const sort_bytes = be.stable_sort_scratch_bytes(n);
+    auto* const base = scratch.template get<std::int32_t>(be, 3 * n + static_cast<std::int64_t>(sort_bytes / 4 + 1));
+    auto* const keys = reinterpret_cast<std::uint32_t*>(base);
+    std::uint32_t* const sorted_keys = keys + n;
+    std::int32_t* const arrivals = base + 2 * n;
+    std::int32_t* const order = grow(be, arrival_order_, n).data();
+    be.for_each_index(n, detail::source_token_sort_input{received_tokens_.data(), keys, arrivals});
+    be.stable_sort_by_key(keys, sorted_keys, arrivals, order, n, 31, base + 3 * n, sort_bytes);
+    return order;
+  }
+
   template <class T>
   using buffer_t = typename Backend::template buffer_type<T>;
   routing_view kept_{};
@@ -429,7 +546,10 @@ class dedup_plan {
   std::size_t home_count_ = 0;
   bool has_home_ = false;
   bool source_pending_ = false;  //!< the source map waits for `take_counts` (`enqueue_source`)
+  std::int32_t pieces_ = 1;      //!< `cut_blocks_into`'s
+  bool with_source_token_ = false;  //!< `carry_source_tokens`
   buffer_t<std::int32_t> home_index_, relay_, source_idx_, received_idx_;
+  buffer_t<std::int32_t> new_row_, received_tokens_, arrival_order_;
   buffer_t<std::int64_t> status_;  //!< the status words of the plans built without a host wait
   buffer_t<float> source_weights_, received_weights_, received_grads_, sent_grads_;
   buffer_t<char> sent_lists_, received_lists_;

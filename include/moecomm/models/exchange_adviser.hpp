@@ -16,8 +16,8 @@
 //!   both at once, the relay's copy (or sum) of each piece between them (and a launch per piece
 //!   for each hop's block to itself);
 //! - `route` is the ring all-gather of the counts (n - 1 dependent steps), and for the deduplicated
-//!   exchanges the slot lists (8·K bytes a row), per node twice, its count row wider by the pieces'
-//!   counts (2·P·R words);
+//!   exchanges the slot lists (8·K bytes a row; per node twice, 4 more with pieces: the row's source
+//!   token), its count row wider by the pieces' counts (P·R words);
 //! - `route` builds its permute plans, each in `plan_kernels` launches (sort keys, sort, offsets, row
 //!   maps, the validity reduce, the read-back), and a deduplicated hop runs `hop_kernels` more (the
 //!   home table, the slot lists, their split): `flat` 1 plan, `dedup_per_rank` 3 (the routing's, the
@@ -290,7 +290,7 @@ class exchange_adviser {
   [[nodiscard]] exchange_prediction predict_dedup_per_node(rows const& r, double row_bytes, std::int32_t top_k,
                                                            count_gathers const& counts) const {
     exchange_prediction p{"dedup_per_node"};
-    double const list = 8.0 * top_k;
+    double const list = 8.0 * top_k + (pieces_ > 1 ? 4.0 : 0.0);
     p.route_seconds = counts.experts_ranks_and_pieces + links_.round_seconds(scaled(r.to_relay, list)) +
                       links_.round_seconds(scaled(r.relayed, list)) + links_.launches(4 * plan_kernels + 2 * hop_kernels + 1);
     double const permute = busiest_pass([&](std::int32_t s) { return r.tokens[static_cast<std::size_t>(s)] + row_sum(r.to_relay, s); }, row_bytes);
@@ -298,7 +298,9 @@ class exchange_adviser {
     double const relay = busiest_pass([&](std::int32_t m) { return column_sum(r.to_relay, m) + row_sum(r.relayed, m); }, row_bytes) +
                          links_.launches(3 * (pieces_ - 1));
     double const spread = busiest_pass([&](std::int32_t d) { return column_sum(r.relayed, d) + column_sum(r.slots, d); }, row_bytes);
-    p.route_seconds += links_.launches(pieces_ > 1 ? 3 : 0);  // the relay's lists put piece-major
+    // Pieces: the source's blocks laid out in pieces (4 launches), the relay's lists and source tokens
+    // put piece-major (3), the arrived rows ordered by source token (2).
+    p.route_seconds += links_.launches(pieces_ > 1 ? 9 : 0);
     p.dispatch_seconds = permute + overlapped_hops(r.to_relay, r.relayed, row_bytes) + relay + spread;
     p.combine_seconds = spread + overlapped_hops(links_.transposed(r.relayed), links_.transposed(r.to_relay), row_bytes) + relay + permute;
     traffic(r.to_relay, row_bytes, p);

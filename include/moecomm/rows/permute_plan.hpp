@@ -25,17 +25,39 @@
 MOECOMM_NAMESPACE_BEGIN
 namespace detail {
 
-//! The sort key of slot `i`: its expert id, or `E` for masked and out-of-range slots, so they sort
-//! after every expert (the unsigned-key rule of semantics §2.4).
+//! The sort key of the slot at position `i` of the sort's input: its expert id, or `E` for masked
+//! and out-of-range slots, so they sort after every expert (the unsigned-key rule of semantics
+//! §2.4). The input holds the slots token by token, in token order or in `token_order` (`[T]`, a
+//! permutation of the tokens), which the stable sort keeps within each expert.
 struct slot_sort_key {
   std::int32_t const* idx;
   std::int32_t num_experts;
+  std::int32_t top_k;
+  std::int32_t const* token_order;  //!< null: ascending tokens
   std::uint32_t* keys;
   std::int32_t* slots;
   MOECOMM_HOST_DEVICE void operator()(std::int64_t i) const {
-    std::int32_t const e = idx[i];
+    std::int64_t const slot = token_order == nullptr ? i : std::int64_t{token_order[i / top_k]} * top_k + i % top_k;
+    std::int32_t const e = idx[slot];
     keys[i] = static_cast<std::uint32_t>(is_valid_expert(e, num_experts) ? e : num_experts);
-    slots[i] = static_cast<std::int32_t>(i);
+    slots[i] = static_cast<std::int32_t>(slot);
+  }
+};
+
+//! Row r of a plan moves to row `new_row[r]` (`move_plan_rows`), reading the old row maps.
+struct move_rows_to {
+  std::int32_t const* new_row;
+  std::int32_t top_k;
+  std::int32_t const* old_token_of;
+  std::int32_t const* old_slot_of;
+  std::int32_t* token_of;
+  std::int32_t* slot_of;
+  std::int32_t* row_of;
+  MOECOMM_HOST_DEVICE void operator()(std::int64_t r) const {
+    std::int64_t const moved = new_row[r];
+    token_of[moved] = old_token_of[r];
+    slot_of[moved] = old_slot_of[r];
+    if (old_token_of[r] >= 0) row_of[std::int64_t{old_token_of[r]} * top_k + old_slot_of[r]] = static_cast<std::int32_t>(moved);
   }
 };
 
@@ -236,12 +258,17 @@ template <class Backend>
 void relabel_padded_plan(Backend const&, permute_plan<Backend>&, routing_view const&, std::int32_t const*, workspace<Backend>&);
 template <class Backend>
 void enqueue_permute_plan(Backend const&, routing_view const&, std::int32_t, permute_plan<Backend>&, workspace<Backend>&,
-                          routing_checks const&, std::int64_t*);
+                          routing_checks const&, std::int64_t*, std::int32_t const* = nullptr);
+template <class Backend>
+void build_ordered_permute_plan(Backend const&, routing_view const&, std::int32_t, permute_plan<Backend>&, workspace<Backend>&,
+                                routing_checks const&, std::int64_t, std::int32_t const*);
+template <class Backend>
+void move_plan_rows(Backend const&, permute_plan<Backend>&, std::int32_t const*, std::int64_t, workspace<Backend>&);
 template <class Backend>
 void complete_permute_plan(Backend const&, permute_plan<Backend>&, std::int64_t const*, std::int64_t, std::int64_t);
 template <class Backend>
 void enqueue_plan_arrays(Backend const&, routing_view const&, std::int32_t, permute_plan<Backend>&, workspace<Backend>&,
-                         std::int64_t, char const*);
+                         std::int64_t, char const*, std::int32_t const*);
 template <class Backend>
 void check_kept_arguments(permute_plan<Backend> const&, routing_view const&, permute_plan<Backend>&, std::int64_t, char const*);
 template <class Backend>
@@ -306,16 +333,18 @@ class permute_plan {
   friend void build_kept_permute_plan(B const&, permute_plan<B> const&, routing_view const&, permute_plan<B>&, workspace<B>&,
                                       routing_checks const&, std::int64_t);
   template <class B>
-  friend void build_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
-                                 routing_checks const&, std::int64_t);
-  template <class B>
   friend void detail::enqueue_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
-                                           routing_checks const&, std::int64_t*);
+                                           routing_checks const&, std::int64_t*, std::int32_t const*);
+  template <class B>
+  friend void detail::build_ordered_permute_plan(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
+                                                 routing_checks const&, std::int64_t, std::int32_t const*);
+  template <class B>
+  friend void detail::move_plan_rows(B const&, permute_plan<B>&, std::int32_t const*, std::int64_t, workspace<B>&);
   template <class B>
   friend void detail::complete_permute_plan(B const&, permute_plan<B>&, std::int64_t const*, std::int64_t, std::int64_t);
   template <class B>
   friend void detail::enqueue_plan_arrays(B const&, routing_view const&, std::int32_t, permute_plan<B>&, workspace<B>&,
-                                          std::int64_t, char const*);
+                                          std::int64_t, char const*, std::int32_t const*);
   template <class B>
   friend void detail::check_kept_arguments(permute_plan<B> const&, routing_view const&, permute_plan<B>&, std::int64_t, char const*);
   template <class B>
@@ -360,34 +389,50 @@ template <class Backend>
 void build_permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts,
                         permute_plan<Backend>& plan, workspace<Backend>& scratch, routing_checks const& checks = {},
                         std::int64_t padded_capacity = 0) {
+  detail::build_ordered_permute_plan(be, routing, num_experts, plan, scratch, checks, padded_capacity, nullptr);
+}
+
+namespace detail {
+
+//! `build_permute_plan`, with each expert's rows in the order of `token_order` (`[T]`, a permutation
+//! of the tokens; null: ascending tokens) instead of ascending tokens.
+template <class Backend>
+void build_ordered_permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts, permute_plan<Backend>& plan,
+                                workspace<Backend>& scratch, routing_checks const& checks, std::int64_t padded_capacity,
+                                std::int32_t const* token_order) {
   char const* op = "make_permute_plan";
   plan.routing_ = {};
   plan.num_rows_ = plan.num_invalid_slots_ = plan.padded_capacity_ = 0;
   validate_routing(be, routing, num_experts, checks, op);
-  detail::require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
-  detail::enqueue_plan_arrays(be, routing, num_experts, plan, scratch, padded_capacity, op);
+  require(padded_capacity >= 0, op, "padded_capacity = ", padded_capacity, " is negative");
+  enqueue_plan_arrays(be, routing, num_experts, plan, scratch, padded_capacity, op, token_order);
   std::int64_t invalid = 0;
   if (!checks.scan_values)
-    invalid = be.reduce(routing.num_tokens * routing.top_k, std::int64_t{0}, detail::out_of_range_slot{routing.topk_idx, num_experts},
-                        detail::plus{});
+    invalid = be.reduce(routing.num_tokens * routing.top_k, std::int64_t{0}, out_of_range_slot{routing.topk_idx, num_experts}, plus{});
   plan.take_routing(be, routing, num_experts);
   plan.padded_capacity_ = padded_capacity;
   plan.num_invalid_slots_ = invalid;
   plan.num_rows_ = plan.host_offsets_.back();
 }
 
-namespace detail {
+//! Moves row r of `plan` to row `new_row[r]` for every r below `rows` (`new_row`: a permutation of
+//! them, in the back-end's memory; `plan.row_bound()` covers every row); the row maps follow, the
+//! offsets do not change, so a permutation within blocks keeps the plan whole.
+template <class Backend>
+void move_plan_rows(Backend const& be, permute_plan<Backend>& plan, std::int32_t const* new_row, std::int64_t rows,
+                    workspace<Backend>& scratch) {
+  std::int32_t* const old_token_of = scratch.template get<std::int32_t>(be, 2 * rows);
+  std::int32_t* const old_slot_of = old_token_of + rows;
+  be.copy(old_token_of, plan.token_of_.data(), rows);
+  be.copy(old_slot_of, plan.slot_of_.data(), rows);
+  be.for_each_index(rows, move_rows_to{new_row, plan.routing_.top_k, old_token_of, old_slot_of, plan.token_of_.data(),
+                                       plan.slot_of_.data(), plan.row_of_.data()});
+}
 
-//! The routing's plan (unpadded) without a host wait, for a caller that reads its expert counts
-//! back with other values (a dispatcher: with the counts of every rank, its step's one wait). The
-//! routing's shape is checked here; `status[0]` (the back-end's memory) receives the value scan's
-//! first bad slot (the slot count when there is none: `scan_routing_into`) and `status[1]` the ids
-//! out of range when the scan is off; the device arrays are built; the host side (`num_rows()`,
-//! the host offsets) waits for `complete_permute_plan`. A bad slot sorts with the masked ones, so
-//! nothing here reads or writes out of bounds before the error is raised.
 template <class Backend>
 void enqueue_permute_plan(Backend const& be, routing_view const& routing, std::int32_t num_experts, permute_plan<Backend>& plan,
-                          workspace<Backend>& scratch, routing_checks const& checks, std::int64_t* status) {
+                          workspace<Backend>& scratch, routing_checks const& checks, std::int64_t* status,
+                          std::int32_t const* token_order) {
   char const* op = "make_permute_plan";
   plan.routing_ = {};
   plan.num_rows_ = plan.num_invalid_slots_ = plan.padded_capacity_ = 0;
@@ -397,7 +442,7 @@ void enqueue_permute_plan(Backend const& be, routing_view const& routing, std::i
   std::int64_t const slots = routing.num_tokens * routing.top_k;
   if (checks.scan_values) be.for_each_index(1, fill_value<std::int64_t>{status + 1, 0});
   else be.reduce_into(status + 1, slots, std::int64_t{0}, out_of_range_slot{routing.topk_idx, num_experts}, plus{});
-  enqueue_plan_arrays(be, routing, num_experts, plan, scratch, 0, op);
+  enqueue_plan_arrays(be, routing, num_experts, plan, scratch, 0, op, token_order);
   plan.routing_ = routing;
   plan.num_experts_ = num_experts;
 }
@@ -426,7 +471,7 @@ void complete_permute_plan(Backend const& be, permute_plan<Backend>& plan, std::
 //! builds them; a padded plan reads its counts back to check them against the capacity.
 template <class Backend>
 void enqueue_plan_arrays(Backend const& be, routing_view const& routing, std::int32_t num_experts, permute_plan<Backend>& plan,
-                         workspace<Backend>& scratch, std::int64_t padded_capacity, char const* op) {
+                         workspace<Backend>& scratch, std::int64_t padded_capacity, char const* op, std::int32_t const* token_order) {
   (void)checked_int32(std::int64_t{num_experts} + 1, op, "num_experts + 1",
                       "the plan's expert offsets [E + 1] are indexed by int32 expert ids");
   std::int64_t const slots = routing.num_tokens * routing.top_k;  // fits int32: check_routing_shape checked it
@@ -448,7 +493,7 @@ void enqueue_plan_arrays(Backend const& be, routing_view const& routing, std::in
   std::int32_t* const sorted_slots = slot_ids + slots;
   std::int32_t* const unpadded = base + 4 * slots;
   void* const sort_scratch = base + words;
-  be.for_each_index(slots, slot_sort_key{routing.topk_idx, num_experts, keys, slot_ids});
+  be.for_each_index(slots, slot_sort_key{routing.topk_idx, num_experts, routing.top_k, token_order, keys, slot_ids});
   be.stable_sort_by_key(keys, sorted_keys, slot_ids, sorted_slots, slots, key_bits(num_experts), sort_scratch, sort_bytes);
   be.for_each_index(num_experts + 1, expert_offsets_from_sorted_keys{sorted_keys, slots, plan.expert_offsets_.data()});
   if (padded_capacity > 0) {

@@ -17,19 +17,18 @@
 MOECOMM_NAMESPACE_BEGIN
 
 //! One row per (token, destination node) between nodes, one per (token, destination rank) inside a
-//! node. The hops overlap: the rows each rank sends each relay are cut into `pieces` equal runs, and
-//! one grouped exchange carries piece j's first hop (between ranks of equal local index, and the
+//! node. The hops overlap: the rows each rank sends each relay are cut into `pieces` (every `pieces`
+//! consecutive rows fill each piece once, so each piece carries a share of every link on both hops),
+//! and one grouped exchange carries piece j's first hop (between ranks of equal local index, and the
 //! self-copy) with piece j − 1's second (inside nodes), so a relay forwards a piece while the next
 //! crosses between nodes (DeepEP's internode pipeline; `pieces + 1` exchanges each way). `pieces = 1`
 //! is store-and-forward: the second hop starts when the first has ended. On one node (nothing
 //! crosses between nodes) it runs as one piece.
 struct dedup_per_node : detail::dedup_exchange<flat> {
   static constexpr char const* name = "dedup_per_node";
-  //! Runs per relay whose hops overlap; the same on every rank. 1 by default: 4 gains 14–19 % on
-  //! large steps beyond one node (docs/performance.md), but where a rank's rows inside a node go to
-  //! destinations that follow the token order (a replicated layer's contiguous shares), each piece's
-  //! second hop loads a few ranks and FlexMoE's layer simulated slower with 4 than with 1.
-  std::int32_t pieces = 1;
+  //! Pieces per relay whose hops overlap; the same on every rank. 4 by default (docs/performance.md
+  //! measures 1, 4 and 8 beyond one node); 1 is store-and-forward.
+  std::int32_t pieces = 4;
 
   constexpr dedup_per_node() = default;
   constexpr explicit dedup_per_node(std::int32_t pieces_per_relay) : pieces(pieces_per_relay) {}
