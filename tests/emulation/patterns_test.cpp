@@ -9,6 +9,7 @@
 #include "../patterns/parm_cases.hpp"
 #include "../patterns/replicated_cases.hpp"
 #include "../patterns/shadow_cases.hpp"
+#include "captured_steps.hpp"
 #include "device_experts.hpp"
 #include "emulated_ranks.hpp"
 
@@ -314,6 +315,13 @@ TEST_CASE("after reserve, 200 drifting steps of every layer on emulated GPUs all
               rank.be, groups, 8, 16, moecomm::parm_s2{2});
           use(layer, groups.coordinates().ep);
         }) == 0);
+  CHECK(device_allocations_after_reserve(4, [](emulated_rank& rank, auto&& use) {  // Parm S2 padded (a capturable step)
+          moecomm::parallel_groups<moecomm::nccl_communicator> groups(rank.comm, {2, 2, 1});
+          using padded = moecomm::capacity<moecomm::drop_by_position>;
+          moecomm::parm_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, moecomm::parm_s2, padded> layer(
+              rank.be, groups, 8, 16, moecomm::parm_s2{2}, padded{1.25, 0, true, {}});
+          use(layer, groups.coordinates().ep);
+        }) == 0);
 }
 
 // Scheduled steps after reserve: the lane transfers replicas and aggregates their gradients in the
@@ -345,12 +353,64 @@ TEST_CASE_TEMPLATE("Parm's schedules (deepspeed_mp, S1, S2 pipelined on the lane
   }
 }
 
-TEST_CASE("Parm's layer says why it is not capturable, and refuses capture by that reason before enqueuing anything") {
+// Parm with a padded capacity policy on 4 emulated GPUs: one step captured after an eager one,
+// replayed 100 times on new routings, rows and parameters (the MP group's ranks given the same),
+// each replay equal to the eager step bit for bit, with no host wait.
+template <class Schedule, class Capacity>
+void check_captured_parm(moecomm::parallel_sizes sizes, Schedule const& schedule, Capacity const& capacity) {
+  std::string const schedule_name = Schedule::name, capacity_name = Capacity::name;
+  CAPTURE(schedule_name);
+  CAPTURE(capacity_name);
+  CAPTURE(sizes.expert_slicing);
+  int32_t const experts = 8;
+  run_emulated_ranks(4, [&](emulated_rank& rank) {
+    using Layer = moecomm::parm_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, Schedule, Capacity>;
+    moecomm::parallel_groups<moecomm::nccl_communicator> groups(rank.comm, sizes);
+    Layer captured(rank.be, groups, experts, parm_hidden, schedule, capacity), eager(rank.be, groups, experts, parm_hidden, schedule, capacity);
+    REQUIRE(captured.capture_blocker().empty());
+    for (Layer* layer : {&captured, &eager}) layer->reserve(moecomm::step_bounds{24, 2, 0, 0});
+    auto const at = groups.coordinates();
+    parm_case const c{sizes, 24, experts, 2, 0};
+    backend_sliced_mlp_experts<float, moecomm::cuda_backend> captured_experts(rank.be, parm_rank_experts<float>(at, c)),
+        eager_experts(rank.be, parm_rank_experts<float>(at, c));
+    replay_captured_step(rank, experts, captured, eager, captured_experts, eager_experts,
+                         replay_shape{at.dp * sizes.expert + at.ep, parm_hidden});
+  });
+  require_no_violations();
+}
+
+TEST_CASE("a captured Parm step (deepspeed_mp, S1, S2; padded capacity) replays 100 times equal to the eager step, with no host wait") {
+  using moecomm::capacity;
+  moecomm::parallel_sizes const sliced{2, 2, 2}, replicated{2, 2, 1};  // MP 2 x EP 2, ESP 2 or 1
+  capacity<moecomm::drop_by_position> const uneven{0.75, 0, true, {}};  // C = 5: MP rank 1's share ends in a zero row
+  check_captured_parm(sliced, moecomm::deepspeed_mp{}, uneven);
+  check_captured_parm(sliced, moecomm::parm_s1{}, uneven);
+  check_captured_parm(sliced, moecomm::parm_s2{2}, capacity<moecomm::drop_by_probability>{1.0, 0, true, {}});
+  check_captured_parm(replicated, moecomm::parm_s2{3, moecomm::replica_gradients::left_to_trainer},
+                      capacity<moecomm::drop_random>{1.25, 2, true, {7, 1}});
+}
+
+TEST_CASE("a Parm layer that is not capturable says why, and refuses capture by that reason before enqueuing anything") {
+  using moecomm::capacity;
   run_emulated_ranks(4, [](emulated_rank& rank) {  // MP 2 x EP 2
     moecomm::parallel_groups<moecomm::nccl_communicator> groups(rank.comm, {2, 2, 1});
-    moecomm::parm_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, moecomm::parm_s2> layer(rank.be, groups, 8, 16,
-                                                                                                       moecomm::parm_s2{2});
-    CHECK(layer.capture_blocker().find("not capturable") != std::string::npos);
+    using padded = capacity<moecomm::drop_by_position>;
+    using moecomm::cuda_backend, moecomm::nccl_communicator;
+    moecomm::parm_layer<float, cuda_backend, nccl_communicator, moecomm::parm_s2> layer(rank.be, groups, 8, 16, moecomm::parm_s2{2});
+    moecomm::parm_layer<float, cuda_backend, nccl_communicator, moecomm::parm_s1, padded> unpadded(rank.be, groups, 8, 16, {},
+                                                                                                   padded{1.0, 0, false, {}}),
+        summed(rank.be, groups, 8, 16, {}, padded{1.0, 0, true, {}}),
+        left(rank.be, groups, 8, 16, moecomm::parm_s1{moecomm::replica_gradients::left_to_trainer}, padded{1.0, 0, true, {}});
+    moecomm::parm_layer<float, cuda_backend, nccl_communicator, moecomm::parm_auto> automatic(rank.be, groups, 8, 16,
+                                                                                             moecomm::parm_auto{moecomm::parm_cost_model(), 32});
+    CHECK(layer.capture_blocker().find("dropless") != std::string::npos);
+    CHECK(unpadded.capture_blocker().find("without pad_to_capacity") != std::string::npos);
+    CHECK(summed.capture_blocker().find("summed_here") != std::string::npos);  // ESP 1 < MP 2: replicas' gradients
+    CHECK(left.capture_blocker().empty());
+    CHECK(automatic.capture_blocker().find("parm_auto") != std::string::npos);
+    check_error([&] { moecomm::parm_layer<float, cuda_backend, nccl_communicator, moecomm::parm_auto, padded>(
+                          rank.be, groups, 8, 16, moecomm::parm_auto{moecomm::parm_cost_model(), 32}, padded{1.0, 0, true, {}}); },
+                moecomm::status::invalid_argument, {"parm_layer", "pad_to_capacity with parm_auto"});
     std::int64_t const T = 6, H = 16;
     kernel_scale_bias_experts<float, moecomm::cuda_backend> experts(rank.be, scale_bias_experts<float>(1, 4, H, false));
     auto const r = make_routing({T, 2, 8, 0, true, 1.0, 5});
@@ -361,7 +421,7 @@ TEST_CASE("Parm's layer says why it is not capturable, and refuses capture by th
     rank.be.synchronize();
     REQUIRE(cudaStreamBeginCapture(rank.be.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
     check_error([&] { layer.forward({idx.data(), w.data(), T, 2}, {x.data(), T, H}, {out.data(), T, H}, experts); },
-                moecomm::status::invalid_usage, {"parm_layer::forward", "captures a CUDA graph", "Parm's schedules are not capturable"});
+                moecomm::status::invalid_usage, {"parm_layer::forward", "captures a CUDA graph", "dropless"});
     cudaGraph_t graph = nullptr;
     REQUIRE(cudaStreamEndCapture(rank.be.stream(), &graph) == cudaSuccess);  // nothing was enqueued
     (void)cudaGraphDestroy(graph);

@@ -305,6 +305,17 @@ void check_parm_schedules_on_rank(Backend const& be, Comm& world, parm_case cons
   parm_result<T> summed = share;
   summed.grads = sum_over_slice_peers(groups, share.grads);
   check_parm_result(summed, base, "parm_s2 with gradients left to the trainer");
+  std::int64_t const mp = c.sizes.model, slices = c.sizes.expert_slicing;
+  if constexpr (!moecomm::detail::is_dropless_v<Capacity>) {
+    if (capacity.pad_to_capacity) {  // E·C rows each in the baseline; PauseMP moves a share of ⌈C / MP⌉ rows of each block
+      std::int64_t const C = base.report.capacity, share = (C + mp - 1) / mp;
+      CHECK(base.report.rows_dispatched == c.experts * C);
+      CHECK(base.report.rows_computed == c.experts * C);
+      CHECK(s1.report.rows_dispatched == c.experts * share);
+      CHECK(s1.report.rows_computed == slices * c.experts * share);
+      return;
+    }
+  }
   // PauseMP: the MP group's rows are dispatched once, not MP times; slices compute MP / ESP fewer.
   std::int64_t base_rows[2] = {base.report.rows_dispatched, base.report.rows_computed};
   std::int64_t paused_rows[2] = {s1.report.rows_dispatched, s1.report.rows_computed};
@@ -314,7 +325,6 @@ void check_parm_schedules_on_rank(Backend const& be, Comm& world, parm_case cons
   std::int64_t const mine[4] = {base_rows[0], base_rows[1], paused_rows[0], paused_rows[1]};
   allgather_host(everyone, mine, all.data(), sizeof(mine));
   for (std::size_t i = 0; i < all.size(); ++i) sums[i % 4] += all[i];
-  std::int64_t const mp = c.sizes.model, slices = c.sizes.expert_slicing;
   CHECK(sums[0] == mp * sums[2]);
   CHECK(sums[1] * slices == mp * sums[3]);
 }

@@ -37,6 +37,17 @@ TEST_CASE("Parm: with capacity every schedule drops the baseline's slots (8 rank
     check_parm_on_8_ranks<float>(parm_case{sizes, 211, 16, 4, 0.75}, moecomm::capacity<moecomm::drop_by_position>{0.75});
 }
 
+TEST_CASE("Parm: with a padded capacity (a capturable step) every schedule equals the oracle bit for bit, C a multiple of MP or not") {
+  using moecomm::capacity;
+  using moecomm::drop_by_position;
+  for (moecomm::parallel_sizes const sizes : {moecomm::parallel_sizes{2, 4, 2}, moecomm::parallel_sizes{4, 2, 2},
+                                              moecomm::parallel_sizes{2, 2, 2}, moecomm::parallel_sizes{4, 2, 4}}) {
+    check_parm_on_8_ranks<float>(parm_case{sizes, 37, 8, 2, 0.75}, capacity<drop_by_position>{0.75, 0, true, {}});  // C = 7
+    check_parm_on_8_ranks<float>(parm_case{sizes, 211, 16, 4, 0.75}, capacity<drop_by_position>{0.75, 0, true, {}});  // C = 40
+    for (std::int64_t tokens : {0, 1}) check_parm_on_8_ranks<float>(parm_case{sizes, tokens, 8, 2, 1.0}, capacity<drop_by_position>{1.0, 0, true, {}});
+  }
+}
+
 TEST_CASE("Parm: the Zipf routing has distinct experts per token, masked slots, dyadic weights and a hot expert") {
   parm_case const c{{2, 4, 2}, 2000, 16, 4, 0, 1.2};
   oracle::routing const r = parm_routing(3, c);

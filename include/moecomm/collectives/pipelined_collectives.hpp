@@ -14,9 +14,11 @@
 //!   transport), and its part p goes back to all-to-all rank p.
 //!
 //! With `pieces = 1` nothing overlaps: they are the two collectives one after the other (schedule
-//! S1). Each piece moves one message per peer and collective, so more pieces mean more latency terms
-//! (and on CUDA the lane is a second host thread on the back-end's stream: the pieces are ordered,
-//! not concurrent, on the device). A piece of a gather is packed into one contiguous message and
+//! S1). Each piece moves one message per peer and collective, so more pieces mean more latency terms.
+//! A communicator that enqueues on the back-end's stream (NCCL's) needs no lane: this thread enqueues
+//! piece c's second collective after its first, the device runs them in that order on the one
+//! stream (ordered, not concurrent), and the host waits for nothing, so a CUDA graph can capture
+//! both collectives. A piece of a gather is packed into one contiguous message and
 //! unpacked after it arrives (one device copy per block and piece that holds rows; models/parm_cost_model.hpp
 //! prices each copy's launch).
 //!
@@ -127,6 +129,20 @@ class piece_layout {
   std::int64_t* packed_;
 };
 
+//! The communicator `second` runs on: the lane's copy of `comm`, or `comm` itself when it enqueues on
+//! the stream (`run_pipeline` runs `second` on this thread then).
+template <class Comm, class Backend>
+Comm& second_comm(Comm& comm, Backend const& be, pipeline_workspace<Backend>& scratch) {
+  if constexpr (enqueues_on_stream_v<Comm>) return comm;
+  else return scratch.lane_copy(comm, be);
+}
+//! The back-end `second` enqueues on: the lane's, or `be` when the communicator enqueues on the stream.
+template <class Comm, class Backend>
+Backend const& second_backend(Backend const& be, pipeline_workspace<Backend>& scratch) {
+  if constexpr (enqueues_on_stream_v<Comm>) return be;
+  else return lane_backend(scratch.lane(be), be);
+}
+
 //! Checks shared by both directions; returns the layout, its tables in `scratch`'s host memory.
 template <class Backend, class T>
 piece_layout checked_layout(char const* op, std::int32_t gather_ranks, std::int32_t peers,
@@ -152,10 +168,18 @@ piece_layout checked_layout(char const* op, std::int32_t gather_ranks, std::int3
 
 //! Runs `first(c)` for c = 0 .. pieces − 1 on this thread and `second(c)` on the lane, `second(c)`
 //! after `first(c)`, concurrently with `first(c + 1)`; returns when every piece is done and
-//! rethrows the first failure (the lane stops at its failure; this thread at its own).
-template <class Backend, class First, class Second>
+//! rethrows the first failure (the lane stops at its failure; this thread at its own). Over a
+//! communicator that enqueues on the stream, both on this thread, `second(c)` right after `first(c)`.
+template <class Comm, class Backend, class First, class Second>
 void run_pipeline(Backend const& be, pipeline_workspace<Backend>& scratch, std::int32_t pieces, First&& first,
                   Second&& second) {
+  if constexpr (enqueues_on_stream_v<Comm>) {
+    for (std::int32_t c = 0; c < pieces; ++c) {
+      first(c);
+      second(c);
+    }
+    return;
+  }
   lane_t<Backend>& lane = scratch.lane(be);
   auto job = [&](std::int32_t c) { second(c); };
   lane.start(job, pieces);
@@ -202,10 +226,10 @@ void alltoall_allgather(Backend const& be, Comm& a2a, Comm& gather, matrix_view<
       if (mine.count > 0) lists.sends.push_back({p, in.data + (sent_before[p] + mine.begin) * h, mine.count * row_bytes});
       if (theirs.count > 0) lists.recvs.push_back({p, packed + at.packed(me, c, p) * h, theirs.count * row_bytes});
     }
-    a2a.exchange(lists.sends, lists.recvs);
+    detail::exchange_in_stream_order(a2a, lists.sends, lists.recvs);
   };
-  Comm& lane_gather = scratch.lane_copy(gather, be);
-  Backend const& lane_be = lane_backend(scratch.lane(be), be);
+  Comm& lane_gather = detail::second_comm(gather, be, scratch);
+  Backend const& lane_be = detail::second_backend<Comm>(be, scratch);
   auto gather_piece = [&](std::int32_t c) {  // on the lane: the all-gather of piece c, then unpacked into out
     message_lists& lists = scratch.second().messages();
     lists.clear_messages();
@@ -214,16 +238,16 @@ void alltoall_allgather(Backend const& be, Comm& a2a, Comm& gather, matrix_view<
       if (at.packed_rows(me, c) > 0) lists.sends.push_back({g, packed + at.packed(me, c) * h, at.packed_rows(me, c) * row_bytes});
       if (at.packed_rows(g, c) > 0) lists.recvs.push_back({g, packed + at.packed(g, c) * h, at.packed_rows(g, c) * row_bytes});
     }
-    if (members > 1) lane_gather.exchange(lists.sends, lists.recvs);
+    if (members > 1) detail::exchange_in_stream_order(lane_gather, lists.sends, lists.recvs);
     for (std::int32_t g = 0; g < members; ++g)
       for (std::int32_t p = 0; p < peers; ++p) {
         row_range const piece = at.piece(g, p, c);
         if (piece.count > 0)
           lane_be.copy(out.data + (at.block(g, p) + piece.begin) * h, packed + at.packed(g, c, p) * h, piece.count * h);
       }
-    lane_be.synchronize();
+    detail::finish_before_messages<Comm>(lane_be);
   };
-  detail::run_pipeline(be, scratch, pieces, exchange_piece, gather_piece);
+  detail::run_pipeline<Comm>(be, scratch, pieces, exchange_piece, gather_piece);
 }
 
 //! The mirror of `alltoall_allgather`: gather rank g's blocks (g, ·) of `in` are summed over the
@@ -264,7 +288,7 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
     std::int64_t const rows = at.packed_rows(me, c);
     T* const from = staged + members * (at.packed(me, c) - first_own) * h;  // [g][rows]
     if (rows > 0) be.copy(from + me * rows * h, packed + at.packed(me, c) * h, rows * h);
-    be.synchronize();
+    detail::finish_before_messages<Comm>(be);
     message_lists& lists = scratch.first().messages();
     lists.clear_messages();
     for (std::int32_t g = 0; g < members; ++g) {
@@ -272,13 +296,13 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
       if (at.packed_rows(g, c) > 0) lists.sends.push_back({g, packed + at.packed(g, c) * h, at.packed_rows(g, c) * row_bytes});
       if (rows > 0) lists.recvs.push_back({g, from + g * rows * h, rows * row_bytes});
     }
-    if (members > 1) gather.exchange(lists.sends, lists.recvs);
+    if (members > 1) detail::exchange_in_stream_order(gather, lists.sends, lists.recvs);
     if (rows > 0)
       be.for_each_index(rows * h, detail::sum_staged_in_rank_order<T>{from, rows * h, members,
                                                                       reduced + (at.packed(me, c) - first_own) * h});
-    be.synchronize();
+    detail::finish_before_messages<Comm>(be);
   };
-  Comm& lane_a2a = scratch.lane_copy(a2a, be);
+  Comm& lane_a2a = detail::second_comm(a2a, be, scratch);
   auto return_piece = [&](std::int32_t c) {  // on the lane: the all-to-all of piece c's sums back to their sources
     message_lists& lists = scratch.second().messages();
     lists.clear_messages();
@@ -289,9 +313,9 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
         lists.sends.push_back({p, reduced + (at.packed(me, c, p) - first_own) * h, mine.count * row_bytes});
       if (theirs.count > 0) lists.recvs.push_back({p, out.data + (returned_before[p] + theirs.begin) * h, theirs.count * row_bytes});
     }
-    lane_a2a.exchange(lists.sends, lists.recvs);
+    detail::exchange_in_stream_order(lane_a2a, lists.sends, lists.recvs);
   };
-  detail::run_pipeline(be, scratch, pieces, reduce_piece, return_piece);
+  detail::run_pipeline<Comm>(be, scratch, pieces, reduce_piece, return_piece);
 }
 
 MOECOMM_NAMESPACE_END

@@ -87,7 +87,14 @@ void exchange_with_every_rank(Comm& comm, message_lists& lists, std::int64_t row
     lists.sends.push_back({r, out.first, out.second * row_bytes});
     lists.recvs.push_back({r, in.first, in.second * row_bytes});
   }
-  comm.exchange(lists.sends, lists.recvs);
+  exchange_in_stream_order(comm, lists.sends, lists.recvs);
+}
+
+//! Before a host-driven communicator reads rows the back-end wrote: its work must be done. One that
+//! enqueues on the back-end's stream is ordered after it, and the host waits for nothing.
+template <class Comm, class Backend>
+void finish_before_messages(Backend const& be) {
+  if constexpr (!enqueues_on_stream_v<Comm>) be.synchronize();
 }
 
 }  // namespace detail
@@ -106,7 +113,7 @@ void row_allgather(Backend const& be, Comm& comm, matrix_view<T const> mine, mat
   row_range const own = detail::check_sliced("row_allgather", all, "all", mine, "mine", n, me);
   [[maybe_unused]] auto const payload = detail::payload_scope(be, kind);
   be.copy(all.data + own.begin * all.hidden, mine.data, own.count * all.hidden);
-  be.synchronize();
+  detail::finish_before_messages<Comm>(be);
   detail::exchange_with_every_rank(
       comm, scratch.messages(), all.hidden * static_cast<std::int64_t>(sizeof(T)),
       [&](std::int32_t) { return std::make_pair(static_cast<void const*>(mine.data), own.count); },
@@ -132,7 +139,7 @@ void ordered_reduce_scatter(Backend const& be, Comm& comm, matrix_view<T const> 
   T* const staged = scratch.template get<T>(be, elements * n);  // [rank][slice]
   [[maybe_unused]] auto const payload = detail::payload_scope(be, kind);
   be.copy(staged + me * elements, in.data + own.begin * in.hidden, elements);
-  be.synchronize();
+  detail::finish_before_messages<Comm>(be);
   detail::exchange_with_every_rank(
       comm, scratch.messages(), in.hidden * static_cast<std::int64_t>(sizeof(T)),
       [&](std::int32_t r) {
@@ -141,7 +148,7 @@ void ordered_reduce_scatter(Backend const& be, Comm& comm, matrix_view<T const> 
       },
       [&](std::int32_t r) { return std::make_pair(static_cast<void*>(staged + r * elements), own.count); });
   be.for_each_index(elements, detail::sum_staged_in_rank_order<T>{staged, elements, n, out.data});
-  be.synchronize();
+  detail::finish_before_messages<Comm>(be);  // the staging is reused by the next call's messages
 }
 
 MOECOMM_NAMESPACE_END

@@ -101,12 +101,18 @@ struct has_enqueue_exchange<Comm, std::void_t<decltype(std::declval<Comm&>().enq
                                       std::declval<std::vector<send_block> const&>(), std::declval<std::vector<recv_block> const&>()))>>
     : std::true_type {};
 
+//! Whether `Comm` enqueues its messages on the back-end's stream (`enqueue_exchange`: NCCL's): work
+//! enqueued after them is ordered after them on the device, so the host waits for nothing between
+//! them, and a CUDA graph can capture them.
+template <class Comm>
+inline constexpr bool enqueues_on_stream_v = has_enqueue_exchange<Comm>::value;
+
 //! `comm.exchange(sends, recvs)` for a consumer that is ordered after it by its stream (token rows
 //! a kernel reads next): a communicator that can leave it in stream order without a host wait
 //! (`enqueue_exchange`: NCCL's) does so; any other exchanges as usual.
 template <class Comm>
 void exchange_in_stream_order(Comm& comm, std::vector<send_block> const& sends, std::vector<recv_block> const& recvs) {
-  if constexpr (has_enqueue_exchange<Comm>::value) comm.enqueue_exchange(sends, recvs);
+  if constexpr (enqueues_on_stream_v<Comm>) comm.enqueue_exchange(sends, recvs);
   else comm.exchange(sends, recvs);
 }
 

@@ -35,6 +35,15 @@
 //! Backward: the mirror collectives (the all-to-all ∥ all-gather carries the output gradient to
 //! the slices, the reduce-scatter ∥ all-to-all brings their input gradient back), then the MP
 //! all-gather of `d_x` and `d_weights` (PauseMP).
+//!
+//! Padded capacity (`pad_to_capacity`), the step a CUDA graph can capture (`capture_blocker`): every
+//! MP rank routes all T tokens to a plan of C rows per expert (the EP dispatcher's padded route), so
+//! every collective's sizes follow from C. PauseMP then splits the plan's rows, not the tokens: MP
+//! rank m moves rows [m·s, (m + 1)·s) of each expert's block, s = ⌈C / MP⌉ (a row past C is a zero
+//! row), through the same collectives, and the MP group all-gathers the returned rows (E·s each)
+//! instead of the output: every MP rank then combines all T tokens, and the backward's weight
+//! gradient and `d_x` need no MP all-gather. The MP all-gather carries E·C rows instead of T, about
+//! top_k · capacity factor times the bytes: the price of sizes known when the graph is built.
 
 #include <moecomm/comm/parallel_groups.hpp>
 #include <moecomm/config.hpp>
@@ -58,6 +67,7 @@
 #include <moecomm/collectives/pipelined_collectives.hpp>
 #include <moecomm/collectives/row_collectives.hpp>
 #include <moecomm/rows/sort_chunks.hpp>
+#include <moecomm/rows/kernels/row_kernels.hpp>
 #include <moecomm/patterns/experts.hpp>
 #include <moecomm/patterns/replica_gradients.hpp>
 #include <moecomm/patterns/layer_arguments.hpp>
@@ -66,6 +76,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -129,11 +140,31 @@ inline constexpr bool pauses_mp_v = !std::is_same_v<Schedule, deepspeed_mp>;
 template <class Schedule>
 inline constexpr bool pipelines_v = std::is_same_v<Schedule, parm_s2> || std::is_same_v<Schedule, parm_auto>;
 
+//! PauseMP padded: row r of MP rank m's share (`[E][s]`, s = `share`) is row (e, first + j) of the
+//! padded plan (`[E][capacity]`), e = r / s, j = r % s, `first` = m · s; a zero row past capacity.
+struct mp_share_rows {
+  std::int64_t capacity, share, first;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t r) const {
+    std::int64_t const j = first + r % share;
+    return j < capacity ? (r / share) * capacity + j : -1;
+  }
+};
+//! The inverse: row (e, j) of the padded plan from the MP group's all-gathered shares, `[MP][E][s]`.
+struct mp_gathered_rows {
+  std::int64_t capacity, share;
+  std::int32_t experts;
+  MOECOMM_HOST_DEVICE std::int64_t operator()(std::int64_t r) const {
+    std::int64_t const e = r / capacity, j = r % capacity;
+    return ((j / share) * experts + e) * share + j % share;
+  }
+};
+
 }  // namespace detail
 
 //! One MoE layer under MP + EP + ESP (see the file comment).
 //! @tparam Schedule `deepspeed_mp`, `parm_s1`, `parm_s2` or `parm_auto`; @tparam Capacity `dropless` or
-//! `capacity<rule>` (without `pad_to_capacity`); @tparam Weighting `weighted` or `unweighted`.
+//! `capacity<rule>` (`pad_to_capacity` with any schedule but `parm_auto`); @tparam Weighting `weighted`
+//! or `unweighted`.
 //!
 //! Local expert `l` of EP rank `ep` is global expert `ep * E / EP + l`. With ESP > 1 the experts
 //! must be sliced (patterns/experts.hpp, 3.) with `slices() = ESP` and `slice()` = the rank's ESP
@@ -167,7 +198,10 @@ class parm_layer : public detail::layer_mode {
     }
     if constexpr (!detail::is_dropless_v<Capacity>) {
       validate_capacity_policy(capacity, "parm_layer");
-      detail::require(!capacity.pad_to_capacity, "parm_layer", "capacity.pad_to_capacity is not supported");
+      detail::require(!std::is_same_v<Schedule, parm_auto> || !capacity.pad_to_capacity, "parm_layer",
+                      "capacity.pad_to_capacity with parm_auto: padding is for a captured step, and parm_auto agrees on each "
+                      "step's shape on the host and prices unpadded rows; pad with parm_s1 or parm_s2");
+      padded_.emplace(be, ep_groups_, num_experts, capacity, flat{}, checks);  // collective, as every rank's capacity type is
     }
   }
 
@@ -212,14 +246,28 @@ class parm_layer : public detail::layer_mode {
   //!         between a forward and its backward (training mode), whose routing it would drop.
   void reserve(step_bounds const& bounds) {
     steps_.check_reserve("parm_layer::reserve");
-    std::int64_t const received = dispatcher_.template reserve<T>(bounds, hidden_);
-    std::int64_t const slots = bounds.max_tokens * bounds.top_k, gathered = received * esp_size();
-    detail::largest_routing<Backend> const largest(be(), bounds.max_tokens, bounds.top_k, num_experts_);
-    build_permute_plan(be(), largest.view(), num_experts_, all_plan_, scratch_, unchecked_routing);
+    std::int64_t const slots = bounds.max_tokens * bounds.top_k;
+    std::int64_t received = 0;
     if constexpr (!detail::is_dropless_v<Capacity>) {
-      grow(be(), kept_idx_, slots);
-      build_kept_permute_plan(be(), all_plan_, largest.view(), kept_plan_, scratch_, unchecked_routing);
+      if (padded()) {  // the padded dispatcher's plans and rows; PauseMP's shares of them
+        received = padded_->template reserve<T>(bounds, hidden_);
+        std::int64_t const c = expert_capacity(bounds.max_tokens, bounds.top_k, num_experts_, capacity_.factor, capacity_.min_capacity);
+        std::int64_t const share = mp_share(c);
+        for (rows_t* b : {&share_rows_, &d_returned_}) grow_rows(*b, num_experts_ * share);
+        grow_rows(mp_rows_, mp_size() * num_experts_ * share);
+        grow_rows(d_whole_, num_experts_ * c);
+      }
     }
+    if (!padded()) {
+      received = dispatcher_.template reserve<T>(bounds, hidden_);
+      detail::largest_routing<Backend> const largest(be(), bounds.max_tokens, bounds.top_k, num_experts_);
+      build_permute_plan(be(), largest.view(), num_experts_, all_plan_, scratch_, unchecked_routing);
+      if constexpr (!detail::is_dropless_v<Capacity>) {
+        grow(be(), kept_idx_, slots);
+        build_kept_permute_plan(be(), all_plan_, largest.view(), kept_plan_, scratch_, unchecked_routing);
+      }
+    }
+    std::int64_t const gathered = received * esp_size();
     for (rows_t* b : {&expert_in_, &partial_out_, &d_expert_out_, &d_partial_in_}) grow_rows(*b, gathered);
     if (pauses_mp && dispatcher_.num_local_experts() > 1) {  // the chunks' reordering: its rows and its table
       grow_rows(gathered_, gathered);
@@ -242,12 +290,40 @@ class parm_layer : public detail::layer_mode {
     routed_ = false;     // the plans hold it: a backward needs a new forward
   }
 
-  //! Why this layer's step cannot be captured into a CUDA graph (always, in this version): a forward or
-  //! backward called while the back-end's stream captures is refused with this reason, before it
-  //! enqueues anything.
-  [[nodiscard]] static std::string capture_blocker() {
-    return "Parm's schedules are not capturable yet: each step agrees on its MP group's token count (and, with checks, its "
-           "routing) on the host and sizes the ESP chunks from counts read on the host; padded capacity is not supported";
+  //! Why a step of this layer cannot be captured into a CUDA graph, or "" when it can: with a padded
+  //! capacity policy under `deepspeed_mp`, `parm_s1` or `parm_s2` every size follows from C, and a
+  //! captured forward and backward wait for nothing on the host (over a communicator that enqueues
+  //! on the stream, NCCL's). A captured step replays the capacity of the eager step before it (of the
+  //! same shape); it does not compare its MP group's inputs (`routing_checks::scan_values`' digest is
+  //! a host all-gather: the eager steps do), and its routing's value scan stays on the device
+  //! (`check_captured_routing`). A forward or backward called while the back-end's stream captures
+  //! is refused with this reason, before it enqueues anything.
+  [[nodiscard]] std::string capture_blocker() const {
+    if constexpr (std::is_same_v<Schedule, parm_auto>) {
+      return "parm_auto: every step agrees on its shape over the world on the host and prices S1 and S2 for it; a captured "
+             "step runs parm_s1 or parm_s2 with a padded capacity";
+    } else if constexpr (detail::is_dropless_v<Capacity>) {
+      return "dropless: the rows each rank sends and receives depend on every rank's routing, which the host reads; a captured "
+             "step needs capacity<rule> with pad_to_capacity = true";
+    } else {
+      if (!capacity_.pad_to_capacity)
+        return detail::concat("capacity<", Capacity::name, "> without pad_to_capacity: the rows kept per expert vary with the "
+                              "routing; with pad_to_capacity = true every expert's block is C rows and every collective's sizes "
+                              "are known when the graph is built");
+      if (sums_replica_gradients())
+        return "replica_gradients::summed_here with sizes.model / sizes.expert_slicing > 1: the MP peers that hold this rank's "
+               "slice sum their gradients with ordered_allreduce, which agrees on the sizes on the host; with "
+               "replica_gradients::left_to_trainer the trainer's data-parallel reduction sums them";
+      return "";
+    }
+  }
+
+  //! After a captured step's graph ran (outside the capture: one host wait): raises the value scan's
+  //! verdict on that step's routing, which a captured step leaves on the device (an id out of range is
+  //! masked meanwhile), as `dispatcher::check_captured_routing`. Nothing to check without padding.
+  void check_captured_routing() const {
+    if constexpr (!detail::is_dropless_v<Capacity>)
+      if (padded()) padded_->check_captured_routing();
   }
 
   [[nodiscard]] parm_report const& report() const { return report_; }
@@ -260,10 +336,18 @@ class parm_layer : public detail::layer_mode {
   [[nodiscard]] Backend const& be() const { return dispatcher_.backend(); }
 
   void refuse_capture(char const* op) const {
-    if (detail::capturing(be()))
+    if (!detail::capturing(be())) return;
+    if (std::string const why = capture_blocker(); !why.empty())
       detail::fail(status::invalid_usage, op, "called while the back-end's stream captures a CUDA graph, but this step is not "
-                   "capturable: ", capture_blocker());
+                   "capturable: ", why);
   }
+  //! With a padded capacity policy: `padded_` routes all T tokens to C rows per expert.
+  [[nodiscard]] bool padded() const {
+    if constexpr (detail::is_dropless_v<Capacity>) return false;
+    else return capacity_.pad_to_capacity;
+  }
+  //! The rows of each expert's block of `capacity` that one MP rank moves under PauseMP, padded.
+  [[nodiscard]] std::int64_t mp_share(std::int64_t capacity) const { return (capacity + mp_size() - 1) / mp_size(); }
   [[nodiscard]] std::int32_t mp_size() const { return groups_->sizes().model; }
   [[nodiscard]] std::int32_t esp_size() const { return groups_->sizes().expert_slicing; }
   [[nodiscard]] std::int32_t pieces() const {
@@ -356,7 +440,7 @@ class parm_layer : public detail::layer_mode {
     detail::check_layer_forward_arguments(op, routing, x, out, hidden_);
     check_experts_slicing(experts, op);
     routed_ = false;
-    if (checks_.scan_values) {  // the MP group's ranks must pass the same rows and routing
+    if (checks_.scan_values && !detail::capturing(be())) {  // the MP group's ranks must pass the same rows and routing
       std::int64_t const slots = routing.num_tokens * routing.top_k;
       require_same_over_mp(op, "x and routing",
                            detail::content_digest(be(), x.data, routing.num_tokens * hidden_, routing.topk_idx, slots,
@@ -364,13 +448,34 @@ class parm_layer : public detail::layer_mode {
     }
     report_ = {};
     report_.schedule = Schedule::name;
+    tokens_ = routing.num_tokens;
+    top_k_ = routing.top_k;
+    if constexpr (!detail::is_dropless_v<Capacity>) {
+      if (padded()) {
+        report_.pieces = pieces();
+        padded_->route(routing);  // the capacity over all T tokens (an eager step agrees on C, a captured one replays it)
+        report_.capacity = padded_->report().capacity;
+        report_.dropped_slots = padded_->report().dropped_slots;
+        if constexpr (pauses_mp) paused_padded_forward(x, out, experts);
+        else baseline_forward(*padded_, x, out, experts);
+        routed_ = true;
+        return;
+      }
+    }
     routing_view const kept = apply_capacity(routing);
     if constexpr (std::is_same_v<Schedule, parm_auto>) choose_schedule(routing, experts);
     report_.pieces = pieces();
-    tokens_ = routing.num_tokens;
-    top_k_ = routing.top_k;
-    if constexpr (pauses_mp) paused_forward(kept, x, out, experts);
-    else baseline_forward(kept, x, out, experts);
+    if constexpr (pauses_mp) {
+      paused_forward(kept, x, out, experts);
+    } else {
+      if constexpr (detail::is_dropless_v<Capacity>) {  // the plan of all T tokens is the dispatcher's: no second sort
+        dispatcher_.route(all_plan_);
+      } else {
+        build_kept_permute_plan(be(), all_plan_, kept, kept_plan_, scratch_, unchecked_routing);  // a masking by construction
+        dispatcher_.route(kept_plan_);
+      }
+      baseline_forward(dispatcher_, x, out, experts);
+    }
     routed_ = true;
   }
 
@@ -401,23 +506,18 @@ class parm_layer : public detail::layer_mode {
     }
   }
 
-  template <class Experts>
-  void baseline_forward(routing_view const& kept, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
-    if constexpr (detail::is_dropless_v<Capacity>) {  // the plan of all T tokens is the dispatcher's: no second sort
-      dispatcher_.route(all_plan_);
-    } else {
-      build_kept_permute_plan(be(), all_plan_, kept, kept_plan_, scratch_, unchecked_routing);  // a masking by construction
-      dispatcher_.route(kept_plan_);
-    }
-    std::int64_t const rows = dispatcher_.received_rows();
-    report_.rows_dispatched = dispatcher_.plan().num_rows();
+  //! The baseline after `d.route`: `d` is the dispatcher of the kept slots, or the padded one.
+  template <class Dispatcher, class Experts>
+  void baseline_forward(Dispatcher& d, matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
+    std::int64_t const rows = d.received_rows();
+    report_.rows_dispatched = d.plan().num_rows();
     report_.rows_computed = rows;
-    dispatcher_.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
+    d.template dispatch<T>(x, view(grow_rows(expert_in_, rows), rows));
     matrix_view<T> const partial = view(grow_rows(partial_out_, rows), rows);
-    detail::run_local_experts<T>(experts, dispatcher_.local_expert_offsets(), view(expert_in_, rows), partial, be(), group_offsets_);
+    detail::run_local_experts<T>(experts, d.local_expert_offsets(), view(expert_in_, rows), partial, be(), group_offsets_);
     matrix_view<T> const summed = esp_allreduce(partial, expert_out_);
-    record_baseline_traffic();
-    dispatcher_.template combine<Weighting, T>(matrix_view<T const>(summed), out);
+    record_baseline_traffic(d);
+    d.template combine<Weighting, T>(matrix_view<T const>(summed), out);
   }
 
   template <class Experts>
@@ -430,6 +530,34 @@ class parm_layer : public detail::layer_mode {
     matrix_view<T const> const x_mine{x.data + mine.begin * hidden_, mine.count, hidden_};
     matrix_view<T const> const sent = dispatcher_.template permuted<T>(x_mine);
     report_.rows_dispatched = sent.rows;
+    run_sliced_experts(sent, dispatcher_.template returned_rows<T>(hidden_), experts);
+    matrix_view<T> const out_mine = view(grow_rows(out_slice_, mine.count), mine.count);
+    dispatcher_.template combine_returned<Weighting, T>(out_mine);
+    model_gather_rows_ = mine.count;
+    record_paused_traffic();
+    row_allgather(be(), groups_->mp(), matrix_view<T const>(out_mine), matrix_view<T>{out.data, kept.num_tokens, hidden_}, scratch_);
+  }
+
+  //! PauseMP padded (file comment): this rank's share of the padded plan's rows through the sliced
+  //! experts, the MP group's returned shares all-gathered, and all T tokens combined.
+  template <class Experts>
+  void paused_padded_forward(matrix_view<T const> x, matrix_view<T> out, Experts& experts) {
+    auto& d = *padded_;
+    plan_padded_shares(d.report().capacity);
+    matrix_view<T const> const sent = take_share(d.template permuted<T>(x));
+    report_.rows_dispatched = sent.rows;
+    matrix_view<T> const returned = view(grow_rows(d_returned_, sent.rows), sent.rows);
+    run_sliced_experts(sent, returned, experts);
+    gather_shares(matrix_view<T const>(returned), d.template returned_rows<T>(hidden_));
+    d.template combine_returned<Weighting, T>(out);
+    model_gather_rows_ = sent.rows;
+    record_paused_traffic();
+  }
+
+  //! PauseMP's middle: `sent` (this rank's rows for each EP rank in turn) to the ESP group's expert
+  //! slices, and their outputs, summed over the slices, back into `returned` (as `sent`).
+  template <class Experts>
+  void run_sliced_experts(matrix_view<T const> sent, matrix_view<T> returned, Experts& experts) {
     std::int64_t const rows = gathered_rows_;
     report_.rows_computed = rows;
     matrix_view<T> const in = view(grow_rows(expert_in_, rows), rows);  // expert-major, kept for the backward
@@ -443,13 +571,8 @@ class parm_layer : public detail::layer_mode {
     });
     matrix_view<T> const leaving = rank_major_rows(partial);
     reorder_chunks(partial, leaving, chunk_order::expert_major_to_rank_major);
-    matrix_view<T> const returned = dispatcher_.template returned_rows<T>(hidden_);
     reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(leaving), recv_rows(), send_rows(), returned,
                             pipe_, pieces());
-    matrix_view<T> const out_mine = view(grow_rows(out_slice_, mine.count), mine.count);
-    dispatcher_.template combine_returned<Weighting, T>(out_mine);
-    record_paused_traffic();
-    row_allgather(be(), groups_->mp(), matrix_view<T const>(out_mine), matrix_view<T>{out.data, kept.num_tokens, hidden_}, scratch_);
   }
 
   // ---- backward ---------------------------------------------------------------------------------
@@ -461,21 +584,28 @@ class parm_layer : public detail::layer_mode {
     if (!routed_) detail::fail(status::invalid_usage, op, "called without a successful forward before it");
     detail::check_layer_backward_arguments(op, tokens_, top_k_, detail::is_weighted<Weighting>(), d_out, d_x, d_weights, hidden_);
     check_experts_slicing(experts, op);
-    if (checks_.scan_values) require_same_over_mp(op, "d_out", detail::content_digest(be(), d_out.data, tokens_ * hidden_));
+    if (checks_.scan_values && !detail::capturing(be()))
+      require_same_over_mp(op, "d_out", detail::content_digest(be(), d_out.data, tokens_ * hidden_));
+    if constexpr (!detail::is_dropless_v<Capacity>) {
+      if (padded()) {
+        if constexpr (pauses_mp) paused_padded_backward(d_out, d_x, d_weights, experts);
+        else baseline_backward(*padded_, d_out, d_x, d_weights, experts);
+        return;
+      }
+    }
     if constexpr (pauses_mp) paused_backward(d_out, d_x, d_weights, experts);
-    else baseline_backward(d_out, d_x, d_weights, experts);
+    else baseline_backward(dispatcher_, d_out, d_x, d_weights, experts);
   }
 
-  template <class Experts>
-  void baseline_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+  template <class Dispatcher, class Experts>
+  void baseline_backward(Dispatcher& d, matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
                          optional_output<array_view<float>> d_weights, Experts& experts) {
-    std::int64_t const rows = dispatcher_.received_rows();
-    dispatcher_.template combine_backward<Weighting, T>(d_out, view(grow_rows(d_expert_out_, rows), rows), d_weights);
-    detail::run_local_experts_backward<T>(experts, dispatcher_.local_expert_offsets(), view(expert_in_, rows),
-                                          view(d_expert_out_, rows), view(grow_rows(d_partial_in_, rows), rows), be(),
-                                          group_offsets_);
+    std::int64_t const rows = d.received_rows();
+    d.template combine_backward<Weighting, T>(d_out, view(grow_rows(d_expert_out_, rows), rows), d_weights);
+    detail::run_local_experts_backward<T>(experts, d.local_expert_offsets(), view(expert_in_, rows), view(d_expert_out_, rows),
+                                          view(grow_rows(d_partial_in_, rows), rows), be(), group_offsets_);
     matrix_view<T> const summed = esp_allreduce(view(d_partial_in_, rows), d_expert_in_);
-    dispatcher_.template dispatch_backward<T>(matrix_view<T const>(summed), d_x);
+    d.template dispatch_backward<T>(matrix_view<T const>(summed), d_x);
   }
 
   template <class Experts>
@@ -483,12 +613,48 @@ class parm_layer : public detail::layer_mode {
                        optional_output<array_view<float>> d_weights, Experts& experts) {
     row_range const mine = slice_;
     std::int32_t const k = top_k_;
-    std::int64_t const rows = gathered_rows_;
     float* const d_w_mine = grow(be(), d_weights_slice_, mine.count * k).data();
     matrix_view<T const> const d_out_mine{d_out.data + mine.begin * hidden_, mine.count, hidden_};
     matrix_view<T const> const d_sent = dispatcher_.template combine_gradient<Weighting, T>(
         d_out_mine, d_weights.wanted() ? optional_output<array_view<float>>(array_view<float>{d_w_mine, mine.count * k})
                                        : optional_output<array_view<float>>(not_needed));
+    matrix_view<T> const d_returned = view(grow_rows(d_returned_, dispatcher_.plan().num_rows()), dispatcher_.plan().num_rows());
+    run_sliced_experts_backward(d_sent, d_returned, experts);
+    matrix_view<T> const d_x_mine = view(grow_rows(d_x_slice_, mine.count), mine.count);
+    dispatcher_.template dispatch_gradient<T>(matrix_view<T const>(d_returned), d_x_mine);
+    // Every rank takes part in the MP all-gathers: its peers need its slice.
+    matrix_view<T> const d_x_all = d_x.wanted() ? d_x.view() : view(grow_rows(d_x_unwanted_, tokens_), tokens_);
+    row_allgather(be(), groups_->mp(), matrix_view<T const>(d_x_mine), matrix_view<T>{d_x_all.data, tokens_, hidden_}, scratch_);
+    if constexpr (detail::is_weighted<Weighting>()) {
+      float* const d_w_all = d_weights.wanted() ? d_weights.view().data : grow(be(), d_weights_unwanted_, tokens_ * k).data();
+      if (!d_weights.wanted()) be().for_each_index(mine.count * k, detail::fill_value<float>{d_w_mine, 0.0f});
+      row_allgather(be(), groups_->mp(), matrix_view<float const>{d_w_mine, mine.count, k}, matrix_view<float>{d_w_all, tokens_, k},
+                    scratch_);
+    }
+  }
+
+  //! PauseMP padded: every MP rank has the gradient of all T tokens' slot rows (and the weight
+  //! gradient) from `d_out`; its share goes through the sliced experts, and the MP group's returned
+  //! shares, all-gathered, give every rank all T tokens' `d_x`.
+  template <class Experts>
+  void paused_padded_backward(matrix_view<T const> d_out, optional_output<matrix_view<T>> d_x,
+                              optional_output<array_view<float>> d_weights, Experts& experts) {
+    auto& d = *padded_;
+    matrix_view<T const> const d_sent = take_share(d.template combine_gradient<Weighting, T>(d_out, d_weights));
+    matrix_view<T> const d_returned = view(grow_rows(d_returned_, d_sent.rows), d_sent.rows);
+    run_sliced_experts_backward(d_sent, d_returned, experts);
+    std::int64_t const whole = d.plan().num_rows();
+    matrix_view<T> const d_rows = view(grow_rows(d_whole_, whole), whole);
+    gather_shares(matrix_view<T const>(d_returned), d_rows);  // every MP rank takes part: its peers need its share
+    if (d_x.wanted()) d.template dispatch_gradient<T>(matrix_view<T const>(d_rows), d_x.view());
+  }
+
+  //! The mirror of `run_sliced_experts`: the output gradient `d_sent` to the slices, the experts'
+  //! backward (their parameter gradients summed over the MP peers that hold the slice, when the
+  //! layer sums them), and the input gradient, summed over the slices, back into `d_returned`.
+  template <class Experts>
+  void run_sliced_experts_backward(matrix_view<T const> d_sent, matrix_view<T> d_returned, Experts& experts) {
+    std::int64_t const rows = gathered_rows_;
     matrix_view<T> const d_expert_out = view(grow_rows(d_expert_out_, rows), rows);
     matrix_view<T> const d_arrived = rank_major_rows(d_expert_out);
     alltoall_allgather(be(), groups_->ep(), groups_->esp(), d_sent, send_rows(), recv_rows(), d_arrived, pipe_, pieces());
@@ -506,23 +672,11 @@ class parm_layer : public detail::layer_mode {
       }
       detail::charge_expert_flops(be(), experts, n, 2);
     });
-    matrix_view<T> const d_returned = view(grow_rows(d_returned_, dispatcher_.plan().num_rows()), dispatcher_.plan().num_rows());
     matrix_view<T> const d_leaving = rank_major_rows(d_partial_in);
     reorder_chunks(d_partial_in, d_leaving, chunk_order::expert_major_to_rank_major);
     reduce_scatter_alltoall(be(), groups_->esp(), groups_->ep(), matrix_view<T const>(d_leaving), recv_rows(), send_rows(), d_returned,
                             pipe_, pieces());
     if (replicated) sum_gradients_over_replicas(experts);
-    matrix_view<T> const d_x_mine = view(grow_rows(d_x_slice_, mine.count), mine.count);
-    dispatcher_.template dispatch_gradient<T>(matrix_view<T const>(d_returned), d_x_mine);
-    // Every rank takes part in the MP all-gathers: its peers need its slice.
-    matrix_view<T> const d_x_all = d_x.wanted() ? d_x.view() : view(grow_rows(d_x_unwanted_, tokens_), tokens_);
-    row_allgather(be(), groups_->mp(), matrix_view<T const>(d_x_mine), matrix_view<T>{d_x_all.data, tokens_, hidden_}, scratch_);
-    if constexpr (detail::is_weighted<Weighting>()) {
-      float* const d_w_all = d_weights.wanted() ? d_weights.view().data : grow(be(), d_weights_unwanted_, tokens_ * k).data();
-      if (!d_weights.wanted()) be().for_each_index(mine.count * k, detail::fill_value<float>{d_w_mine, 0.0f});
-      row_allgather(be(), groups_->mp(), matrix_view<float const>{d_w_mine, mine.count, k}, matrix_view<float>{d_w_all, tokens_, k},
-                    scratch_);
-    }
   }
 
   //! Under PauseMP the MP peers that hold the same slice see different tokens: each adds its share
@@ -612,6 +766,35 @@ class parm_layer : public detail::layer_mode {
     for (std::int32_t l = 0; l < locals; ++l) expert_offsets_[static_cast<std::size_t>(l) + 1] += expert_offsets_[static_cast<std::size_t>(l)];
     gathered_rows_ = expert_offsets_.back();
   }
+  //! The padded counts of PauseMP (file comment): every EP rank gets `L · s` rows from every other,
+  //! every gathered chunk is `s` rows, s = ⌈C / MP⌉: the same on every rank, known from C alone.
+  void plan_padded_shares(std::int64_t capacity) {
+    std::int32_t const peers = groups_->ep().size(), members = esp_size(), locals = dispatcher_.num_local_experts();
+    std::int64_t const share = mp_share(capacity);
+    send_rows_.assign(static_cast<std::size_t>(peers), locals * share);
+    recv_rows_.assign(static_cast<std::size_t>(members) * peers, locals * share);
+    sort_counts_.assign(static_cast<std::size_t>(members) * peers * locals,
+                        detail::checked_int32(share, "parm_layer", "a gathered block's rows", "sort_chunks counts rows in int32"));
+    expert_offsets_.resize(static_cast<std::size_t>(locals) + 1);
+    for (std::int32_t l = 0; l <= locals; ++l) expert_offsets_[static_cast<std::size_t>(l)] = l * std::int64_t{members} * peers * share;
+    gathered_rows_ = expert_offsets_.back();
+  }
+  //! This MP rank's share of the padded plan's rows `whole` (`[E][C]`): `[E][s]` (padded).
+  matrix_view<T const> take_share(matrix_view<T const> whole) {
+    std::int64_t const capacity = padded_->report().capacity, share = mp_share(capacity), rows = num_experts_ * share;
+    matrix_view<T> const out = view(grow_rows(share_rows_, rows), rows);
+    detail::gather_rows_by<Backend, T>(be(), whole, out, rows, detail::mp_share_rows{capacity, share, groups_->coordinates().mp * share});
+    return out;
+  }
+  //! The MP group's shares, each rank's `mine`, all-gathered and put back in the padded plan's order
+  //! (`[E][C]`) into `whole`.
+  void gather_shares(matrix_view<T const> mine, matrix_view<T> whole) {
+    std::int64_t const capacity = padded_->report().capacity, share = mp_share(capacity), rows = mp_size() * mine.rows;
+    matrix_view<T> const all = view(grow_rows(mp_rows_, rows), rows);
+    row_allgather(be(), groups_->mp(), mine, all, scratch_);
+    detail::gather_rows_by<Backend, T>(be(), matrix_view<T const>(all), whole, whole.rows,
+                                       detail::mp_gathered_rows{capacity, share, num_experts_});
+  }
   [[nodiscard]] array_view<std::int64_t const> send_rows() const { return {send_rows_.data(), static_cast<std::int64_t>(send_rows_.size())}; }
   [[nodiscard]] array_view<std::int64_t const> recv_rows() const { return {recv_rows_.data(), static_cast<std::int64_t>(recv_rows_.size())}; }
 
@@ -646,14 +829,15 @@ class parm_layer : public detail::layer_mode {
     if (me == to || messages <= 1) return;
     (groups_->nodes().same_node(me, to) ? stats.intra_messages : stats.inter_messages) += messages - 1;
   }
-  //! The baseline's all-to-alls (the ESP all-reduce is recorded where it runs).
-  void record_baseline_traffic() {
+  //! The baseline's all-to-alls over `d` (the ESP all-reduce is recorded where it runs).
+  template <class Dispatcher>
+  void record_baseline_traffic(Dispatcher const& d) {
     std::int64_t const row_bytes = hidden_ * static_cast<std::int64_t>(sizeof(T));
-    std::int32_t const me = groups_->ep().rank(), locals = dispatcher_.num_local_experts();
+    std::int32_t const me = groups_->ep().rank(), locals = d.num_local_experts();
     for (std::int32_t p = 0; p < groups_->ep().size(); ++p) {
       std::int64_t back = 0;
-      for (std::int32_t l = 0; l < locals; ++l) back += dispatcher_.rows_from(p, me * locals + l);
-      record(report_.alltoall, groups_->ep_member(p), dispatcher_.rows_to(p) * row_bytes);  // dispatch
+      for (std::int32_t l = 0; l < locals; ++l) back += d.rows_from(p, me * locals + l);
+      record(report_.alltoall, groups_->ep_member(p), d.rows_to(p) * row_bytes);  // dispatch
       record(report_.alltoall, groups_->ep_member(p), back * row_bytes);                   // combine
     }
   }
@@ -676,7 +860,7 @@ class parm_layer : public detail::layer_mode {
       record(report_.expert_slicing, groups_->esp_member(g), theirs * row_bytes, pieces_of(theirs));  // reduce-scatter
     }
     for (std::int32_t m = 0; m < mp_size(); ++m)
-      if (m != groups_->coordinates().mp) record(report_.model_gather, groups_->mp_member(m), slice_.count * row_bytes);
+      if (m != groups_->coordinates().mp) record(report_.model_gather, groups_->mp_member(m), model_gather_rows_ * row_bytes);
   }
 
   rows_t& grow_rows(rows_t& b, std::int64_t rows) const { return grow(be(), b, rows * hidden_); }
@@ -686,6 +870,8 @@ class parm_layer : public detail::layer_mode {
   parallel_groups<Comm>* groups_;
   exchange_groups<Comm> ep_groups_;
   dispatcher<Backend, Comm, dropless, flat> dispatcher_;  //!< over the EP group; capacity is applied before it
+  //! With a capacity policy: over the EP group, routing all T tokens when it pads (`padded()`).
+  std::optional<dispatcher<Backend, Comm, Capacity, flat>> padded_;
   Comm replicas_;  //!< the MP peers that hold this rank's slice (MP / ESP of them)
   Schedule schedule_;
   Capacity capacity_;
@@ -703,10 +889,12 @@ class parm_layer : public detail::layer_mode {
   std::vector<std::int64_t> shapes_;  //!< parm_auto: `[world][3]` tokens, top-k and kept rows
   std::int32_t chosen_pieces_ = 1;    //!< parm_auto: the pieces of the schedule the last forward chose
   std::int64_t gathered_rows_ = 0, tokens_ = 0;
+  std::int64_t model_gather_rows_ = 0;  //!< PauseMP: rows this rank gives the MP all-gather (its tokens, or its padded share)
   std::int32_t top_k_ = 0;
   row_range slice_;  //!< this rank's tokens under PauseMP
   rows_t expert_in_, partial_out_, expert_out_, esp_slice_, out_slice_;
   rows_t gathered_;  //!< PauseMP with several local experts: the gathered rows in the collectives' (rank-major) order
+  rows_t share_rows_, mp_rows_, d_whole_;  //!< PauseMP padded: this rank's share, the MP group's, all T tokens' slot gradients
   std::vector<std::int64_t> group_offsets_;  //!< grouped experts' offsets, relative to their block
   rows_t d_expert_out_, d_partial_in_, d_expert_in_, d_returned_, d_x_slice_, d_x_unwanted_;
   typename Backend::template buffer_type<float> d_weights_slice_, d_weights_unwanted_;

@@ -88,25 +88,31 @@ inline void fill_chunk_table(std::int64_t const* rank_major, std::int64_t const*
   table[chunks] = total;
 }
 
+//! `out[r] = in[source(r)]` for r < rows, or a zero row where `source(r) < 0`: one row kernel, at
+//! the widest fragment both pointers allow.
+template <class Backend, class T, class Source>
+void gather_rows_by(Backend const& be, matrix_view<std::add_const_t<T>> in, matrix_view<T> out, std::int64_t rows, Source source) {
+  if (rows == 0) return;
+  detail::with_fragment_width<T>(out.hidden, {in.data, out.data}, [&](auto width) {
+    constexpr int n = decltype(width)::value;
+    be.for_each_row(rows, detail::gather_rows_kernel<T, n, Source>{in.data, out.data, out.hidden, source});
+  });
+}
+
 //! The move itself: chunks of `chunk_rows` rows each by a transposition (`device_table` unused), or
 //! by `device_table` (`fill_chunk_table`'s, in the back-end's memory).
 template <class Backend, class T>
 void move_chunks(Backend const& be, matrix_view<std::add_const_t<T>> in, matrix_view<T> out, std::int64_t total, bool alike,
                  std::int64_t chunk_rows, std::int32_t num_ranks, std::int32_t num_local_experts, chunk_order order,
                  std::int64_t const* device_table) {
-  if (total == 0) return;
   bool const to_expert_major = order == chunk_order::rank_major_to_expert_major;
   std::int32_t const chunks = num_ranks * num_local_experts;
-  detail::with_fragment_width<T>(out.hidden, {in.data, out.data}, [&](auto width) {
-    constexpr int n = decltype(width)::value;
-    if (alike)
-      be.for_each_row(total, detail::gather_rows_kernel<T, n, detail::transposed_chunk_source>{
-                                 in.data, out.data, out.hidden,
-                                 {chunk_rows, to_expert_major ? num_local_experts : num_ranks, to_expert_major ? num_ranks : num_local_experts}});
-    else
-      be.for_each_row(total, detail::gather_rows_kernel<T, n, detail::chunk_source>{
-                                 in.data, out.data, out.hidden, {device_table, device_table + chunks + 1, chunks}});
-  });
+  if (alike)
+    gather_rows_by<Backend, T>(be, in, out, total,
+                               transposed_chunk_source{chunk_rows, to_expert_major ? num_local_experts : num_ranks,
+                                                       to_expert_major ? num_ranks : num_local_experts});
+  else
+    gather_rows_by<Backend, T>(be, in, out, total, chunk_source{device_table, device_table + chunks + 1, chunks});
 }
 
 }  // namespace detail
