@@ -9,6 +9,8 @@
 //!     bench_parm_grid ... --csv=FILE                  (one line per layer; scripts/plot-parm-grid draws it)
 //!     bench_parm_grid ... --gradients=layer           (PauseMP sums its expert gradients over the MP peers
 //!                                                      in the layer; default: trainer, as Parm measures)
+//!     bench_parm_grid ... --grid=padded               (instead of the grid: each schedule padded, the step
+//!                                                      a CUDA graph captures, against itself unpadded)
 //!
 //! The grid is FSMoE's (ASPLOS'25 Table 4; reference/systems.md §6 item 4), the nearest documented
 //! analogue of Parm's 1296 layers: batch B {1, 2, 4} x sequence L {512, 1024, 2048} (T = B·L tokens
@@ -226,6 +228,48 @@ void register_split(moecomm::simulated_platform const& platform, moecomm::parall
   });
 }
 
+//! `--grid=padded`: the price of a step a CUDA graph can capture. Each schedule with `pad_to_capacity`
+//! against itself unpadded, on the grid's layers with capacity at hidden {1024, 4096} and L {512,
+//! 2048} (F = 4H): the same bits (checked), but every expert's block is C rows, and under PauseMP the
+//! MP all-gather carries E·C rows instead of T (semantics §15b).
+void register_padded(moecomm::simulated_platform const& platform, moecomm::parallel_sizes sizes, std::int32_t batch) {
+  std::string const name = "parm_padded/MP:" + std::to_string(sizes.model) + "/ESP:" + std::to_string(sizes.expert_slicing) +
+                           "/B:" + std::to_string(batch);
+  moecomm_bench::register_simulated(name, benchmark::kSecond, [&platform, sizes, batch](benchmark::State& state) {
+    std::vector<double> ratio[3], speedup[2];
+    double simulated = 0;
+    for (auto _ : state) {
+      for (std::int32_t sequence : {512, 2048})
+        for (std::int64_t hidden : {1024, 4096})
+          for (double f : {1.2, 2.4}) {
+            layer_shape const s{batch, sequence, hidden, 4, f, sizes};
+            moecomm::capacity<moecomm::drop_by_position> const unpadded{f}, padded{f, 0, true, {}};
+            step_result const plain[3] = {run_schedule(platform, s, moecomm::deepspeed_mp{}, unpadded),
+                                          run_schedule(platform, s, moecomm::parm_s1{g_gradients}, unpadded),
+                                          run_schedule(platform, s, moecomm::parm_s2{pieces, g_gradients}, unpadded)};
+            step_result const pad[3] = {run_schedule(platform, s, moecomm::deepspeed_mp{}, padded),
+                                        run_schedule(platform, s, moecomm::parm_s1{g_gradients}, padded),
+                                        run_schedule(platform, s, moecomm::parm_s2{pieces, g_gradients}, padded)};
+            for (int i = 0; i < 3; ++i) {
+              if (pad[i].checksum != plain[0].checksum)
+                return moecomm_bench::fail(state, shape_name(s) + ": padded " + (i == 0 ? "deepspeed_mp" : i == 1 ? "parm_s1" : "parm_s2") +
+                                                      " differs from unpadded deepspeed_mp's output and input gradient");
+              ratio[i].push_back(pad[i].seconds / plain[i].seconds);
+              simulated += pad[i].seconds + plain[i].seconds;
+            }
+            for (int i = 0; i < 2; ++i) speedup[i].push_back(pad[0].seconds / pad[i + 1].seconds);
+          }
+      state.SetIterationTime(simulated);
+    }
+    state.counters["layers"] = double(ratio[0].size());
+    state.counters["padded_over_unpadded_deepspeed_mp"] = median(ratio[0]);
+    state.counters["padded_over_unpadded_s1"] = median(ratio[1]);
+    state.counters["padded_over_unpadded_s2"] = median(ratio[2]);
+    state.counters["padded_speedup_s1"] = median(speedup[0]);
+    state.counters["padded_speedup_s2"] = median(speedup[1]);
+  });
+}
+
 //! min / median / max of `v` as text.
 std::string spread(std::vector<double> const& v) {
   if (v.empty()) return "-";
@@ -282,11 +326,14 @@ int main(int argc, char** argv) {
   moecomm_bench::take_contention_flag(argc, argv);
   std::string const csv = moecomm_bench::take_flag(argc, argv, "--csv=", "");
   std::string const gradients = moecomm_bench::take_choice_flag(argc, argv, "--gradients", {"trainer", "layer"});
+  bool const padded = moecomm_bench::take_choice_flag(argc, argv, "--grid", {"fsmoe", "padded"}) == "padded";
   if (gradients == "layer") g_gradients = moecomm::replica_gradients::summed_here;
   if (!moecomm_bench::start(argc, argv)) return 1;
   moecomm::simulated_platform const& platform = moecomm_bench::use_platform(name);
-  benchmark::AddCustomContext("workload", "FSMoE's grid: B {1,2,4} x L {512,1024,2048} x H {1024,2048,4096} x F/H {2,3,4} x "
-                                          "f {1.2,2.4,dropless}; E = ranks, top-2, uniform routing, fp16 rows, 4 pieces");
+  benchmark::AddCustomContext("workload", padded ? "padded against unpadded: B {1,2,4} x L {512,2048} x H {1024,4096} x F/H 4 x "
+                                                   "f {1.2,2.4}; E = ranks, top-2, uniform routing, fp16 rows, 4 pieces"
+                                                 : "FSMoE's grid: B {1,2,4} x L {512,1024,2048} x H {1024,2048,4096} x F/H {2,3,4} x "
+                                                   "f {1.2,2.4,dropless}; E = ranks, top-2, uniform routing, fp16 rows, 4 pieces");
   benchmark::AddCustomContext("expert gradients over MP peers", gradients == "layer" ? "summed in the layer"
                                                                                     : "left to the trainer's expert-DP all-reduce");
   std::int32_t const per_node = platform.gpus_per_node();
@@ -296,7 +343,9 @@ int main(int argc, char** argv) {
     if (per_node % sizes.model != 0) continue;  // an MP group inside a node
     moecomm::parallel_sizes s = sizes;
     s.expert = platform.spec().num_gpus() / sizes.model;
-    for (std::int32_t batch : {1, 2, 4}) register_split(platform, s, batch);
+    for (std::int32_t batch : {1, 2, 4})
+      if (padded) register_padded(platform, s, batch);
+      else register_split(platform, s, batch);
   }
   int const rc = moecomm_bench::finish("bench_parm_grid");
   if (g_results.empty()) return rc;

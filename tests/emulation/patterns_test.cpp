@@ -353,7 +353,7 @@ TEST_CASE_TEMPLATE("Parm's schedules (deepspeed_mp, S1, S2 pipelined on the lane
   }
 }
 
-// Parm with a padded capacity policy on 4 emulated GPUs: one step captured after an eager one,
+// Parm with a padded capacity policy on `sizes`' GPUs: one step captured after an eager one,
 // replayed 100 times on new routings, rows and parameters (the MP group's ranks given the same),
 // each replay equal to the eager step bit for bit, with no host wait.
 template <class Schedule, class Capacity>
@@ -363,7 +363,7 @@ void check_captured_parm(moecomm::parallel_sizes sizes, Schedule const& schedule
   CAPTURE(capacity_name);
   CAPTURE(sizes.expert_slicing);
   int32_t const experts = 8;
-  run_emulated_ranks(4, [&](emulated_rank& rank) {
+  run_emulated_ranks(sizes.model * sizes.expert, [&](emulated_rank& rank) {
     using Layer = moecomm::parm_layer<float, moecomm::cuda_backend, moecomm::nccl_communicator, Schedule, Capacity>;
     moecomm::parallel_groups<moecomm::nccl_communicator> groups(rank.comm, sizes);
     Layer captured(rank.be, groups, experts, parm_hidden, schedule, capacity), eager(rank.be, groups, experts, parm_hidden, schedule, capacity);
@@ -379,7 +379,13 @@ void check_captured_parm(moecomm::parallel_sizes sizes, Schedule const& schedule
   require_no_violations();
 }
 
-TEST_CASE("a captured Parm step (deepspeed_mp, S1, S2; padded capacity) replays 100 times equal to the eager step, with no host wait") {
+TEST_CASE("a captured Parm step on one GPU (padded capacity, 8 local experts) replays 100 times equal to the eager step, with no host wait") {
+  moecomm::capacity<moecomm::drop_by_position> const padded{0.75, 0, true, {}};
+  check_captured_parm(moecomm::parallel_sizes{1, 1, 1}, moecomm::deepspeed_mp{}, padded);
+  check_captured_parm(moecomm::parallel_sizes{1, 1, 1}, moecomm::parm_s2{2}, padded);
+}
+
+TEST_CASE("a captured Parm step on 4 GPUs (deepspeed_mp, S1, S2; padded capacity) replays 100 times equal to the eager step, with no host wait") {
   using moecomm::capacity;
   moecomm::parallel_sizes const sliced{2, 2, 2}, replicated{2, 2, 1};  // MP 2 x EP 2, ESP 2 or 1
   capacity<moecomm::drop_by_position> const uneven{0.75, 0, true, {}};  // C = 5: MP rank 1's share ends in a zero row

@@ -434,6 +434,26 @@ class cuda_lane {
 
   void finish() {
     thread_.finish();
+    join();
+  }
+
+  //! Unit `unit` of `job` run on the calling thread, its device work on the lane's stream after the
+  //! rank's work so far: for work that only enqueues (NCCL's calls), so that the device still overlaps
+  //! it with the rank's stream while the host waits for nothing, and a CUDA graph capturing the
+  //! rank's stream forks to the lane's. `join` brings the lane's stream back.
+  template <class Job>
+  void enqueue(Job& job, std::int32_t unit) {
+    for (std::size_t i = done_.size(); i <= static_cast<std::size_t>(unit); ++i) {  // kept: a steady state creates none
+      released_.push_back(new_event());
+      done_.push_back(new_event());
+    }
+    cudaEvent_t const released = released_[static_cast<std::size_t>(unit)];
+    detail::cuda_check(cudaEventRecord(released, rank_.stream()), "cudaEventRecord");
+    detail::cuda_check(cudaStreamWaitEvent(lane_.stream(), released, 0), "cudaStreamWaitEvent");
+    job(unit);
+  }
+  //! The rank's stream after everything the lane's stream holds (`enqueue`'s units, a thread's).
+  void join() {
     detail::cuda_check(cudaEventRecord(finished_, lane_.stream()), "cudaEventRecord");
     detail::cuda_check(cudaStreamWaitEvent(rank_.stream(), finished_, 0), "cudaStreamWaitEvent");
   }

@@ -15,10 +15,10 @@
 //!
 //! With `pieces = 1` nothing overlaps: they are the two collectives one after the other (schedule
 //! S1). Each piece moves one message per peer and collective, so more pieces mean more latency terms.
-//! A communicator that enqueues on the back-end's stream (NCCL's) needs no lane: this thread enqueues
-//! piece c's second collective after its first, the device runs them in that order on the one
-//! stream (ordered, not concurrent), and the host waits for nothing, so a CUDA graph can capture
-//! both collectives. A piece of a gather is packed into one contiguous message and
+//! Over a communicator that enqueues on the back-end's stream (NCCL's) the lane needs no thread:
+//! this thread enqueues piece c's second collective on the lane's stream after its first
+//! (`cuda_lane::enqueue`, ordered by events), so the device overlaps the two streams, the host waits
+//! for nothing, and a CUDA graph capturing the step forks to the lane's stream and joins back. A piece of a gather is packed into one contiguous message and
 //! unpacked after it arrives (one device copy per block and piece that holds rows; models/parm_cost_model.hpp
 //! prices each copy's launch).
 //!
@@ -129,20 +129,6 @@ class piece_layout {
   std::int64_t* packed_;
 };
 
-//! The communicator `second` runs on: the lane's copy of `comm`, or `comm` itself when it enqueues on
-//! the stream (`run_pipeline` runs `second` on this thread then).
-template <class Comm, class Backend>
-Comm& second_comm(Comm& comm, Backend const& be, pipeline_workspace<Backend>& scratch) {
-  if constexpr (enqueues_on_stream_v<Comm>) return comm;
-  else return scratch.lane_copy(comm, be);
-}
-//! The back-end `second` enqueues on: the lane's, or `be` when the communicator enqueues on the stream.
-template <class Comm, class Backend>
-Backend const& second_backend(Backend const& be, pipeline_workspace<Backend>& scratch) {
-  if constexpr (enqueues_on_stream_v<Comm>) return be;
-  else return lane_backend(scratch.lane(be), be);
-}
-
 //! Checks shared by both directions; returns the layout, its tables in `scratch`'s host memory.
 template <class Backend, class T>
 piece_layout checked_layout(char const* op, std::int32_t gather_ranks, std::int32_t peers,
@@ -169,18 +155,20 @@ piece_layout checked_layout(char const* op, std::int32_t gather_ranks, std::int3
 //! Runs `first(c)` for c = 0 .. pieces − 1 on this thread and `second(c)` on the lane, `second(c)`
 //! after `first(c)`, concurrently with `first(c + 1)`; returns when every piece is done and
 //! rethrows the first failure (the lane stops at its failure; this thread at its own). Over a
-//! communicator that enqueues on the stream, both on this thread, `second(c)` right after `first(c)`.
+//! communicator that enqueues on the stream, both on this thread: `second(c)` enqueued on the lane's
+//! stream after `first(c)`, and the back-end's stream after every piece.
 template <class Comm, class Backend, class First, class Second>
 void run_pipeline(Backend const& be, pipeline_workspace<Backend>& scratch, std::int32_t pieces, First&& first,
                   Second&& second) {
+  lane_t<Backend>& lane = scratch.lane(be);
   if constexpr (enqueues_on_stream_v<Comm>) {
     for (std::int32_t c = 0; c < pieces; ++c) {
       first(c);
-      second(c);
+      lane.enqueue(second, c);
     }
+    lane.join();
     return;
   }
-  lane_t<Backend>& lane = scratch.lane(be);
   auto job = [&](std::int32_t c) { second(c); };
   lane.start(job, pieces);
   struct finish_job {  // on every exit, the lane lets go of `job` before it goes out of scope
@@ -228,8 +216,8 @@ void alltoall_allgather(Backend const& be, Comm& a2a, Comm& gather, matrix_view<
     }
     detail::exchange_in_stream_order(a2a, lists.sends, lists.recvs);
   };
-  Comm& lane_gather = detail::second_comm(gather, be, scratch);
-  Backend const& lane_be = detail::second_backend<Comm>(be, scratch);
+  Comm& lane_gather = scratch.lane_copy(gather, be);
+  Backend const& lane_be = lane_backend(scratch.lane(be), be);
   auto gather_piece = [&](std::int32_t c) {  // on the lane: the all-gather of piece c, then unpacked into out
     message_lists& lists = scratch.second().messages();
     lists.clear_messages();
@@ -302,7 +290,7 @@ void reduce_scatter_alltoall(Backend const& be, Comm& gather, Comm& a2a, matrix_
                                                                       reduced + (at.packed(me, c) - first_own) * h});
     detail::finish_before_messages<Comm>(be);
   };
-  Comm& lane_a2a = detail::second_comm(a2a, be, scratch);
+  Comm& lane_a2a = scratch.lane_copy(a2a, be);
   auto return_piece = [&](std::int32_t c) {  // on the lane: the all-to-all of piece c's sums back to their sources
     message_lists& lists = scratch.second().messages();
     lists.clear_messages();

@@ -19,6 +19,9 @@
 //! (`cuda_lane`) has a stream of its own, and two threads never share a communicator or a stream. Models: `thread_lane` (a thread kept between uses: host and CUDA back-ends),
 //! `actor_lane` (a second S4U actor on the rank's host: the simulated back-end, so the overlap shows
 //! in simulated time). A lane is made once and kept, so a step that overlaps allocates nothing.
+//! Work that only enqueues (NCCL's calls) needs no lane thread: `cuda_lane::enqueue(job, u)` runs
+//! unit u on the caller's thread with its device work on the lane's stream, and `join()` orders the
+//! rank's stream after it (Parm's pipelined collectives over NCCL, which a CUDA graph can capture).
 //!
 //! A lane's job may call collectives on a communicator of its own while the caller is in another
 //! (Parm's fused all-to-all and all-gather). A communicator that looks for deadlocks then needs to
