@@ -514,6 +514,10 @@ TEST_CASE("1000 drifting steps after reserve allocate nothing: Parm") {
   check_parm_reserved_steps("parm_s1", moecomm::parm_s1{});
   check_parm_reserved_steps("parm_s2", moecomm::parm_s2{2});
   check_parm_reserved_steps("parm_auto", moecomm::parm_auto{moecomm::parm_cost_model(), 32, 2});
+  // Padded (a capturable step): all tokens routed to C rows per expert, PauseMP's shares of them.
+  moecomm::capacity<moecomm::drop_by_position> const padded{1.25, 0, true, {}};
+  check_parm_reserved_steps("deepspeed_mp, padded", moecomm::deepspeed_mp{}, padded);
+  check_parm_reserved_steps("parm_s2, padded", moecomm::parm_s2{2}, padded);
 }
 
 TEST_CASE("1000 drifting steps after reserve allocate nothing: HybridEP") {

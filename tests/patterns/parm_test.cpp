@@ -48,6 +48,35 @@ TEST_CASE("Parm: with a padded capacity (a capturable step) every schedule equal
   }
 }
 
+TEST_CASE("Parm: padded, an out-of-range expert id is an error naming the slot on every rank, and the next step runs") {
+  using padded = moecomm::capacity<moecomm::drop_by_position>;
+  parm_case const c{{2, 2, 2}, 12, 8, 2, 1.0};
+  moecomm::inproc_world const world(4, std::chrono::seconds(20));
+  world.run([&](moecomm::inproc_communicator comm) {
+    moecomm::host_backend const be;
+    moecomm::parallel_groups<moecomm::inproc_communicator> groups(comm, c.sizes);
+    auto const at = groups.coordinates();
+    std::int32_t const group = at.ep;
+    backend_sliced_mlp_experts<float, moecomm::host_backend> experts(be, parm_rank_experts<float>(at, c));
+    moecomm::parm_layer<float, moecomm::host_backend, moecomm::inproc_communicator, moecomm::parm_s2, padded> layer(
+        be, groups, c.experts, parm_hidden, moecomm::parm_s2{2}, padded{1.0, 0, true, {}});
+    oracle::routing r = parm_routing(group, c);
+    std::vector<float> const x = parm_rows<float>(group, 0, c.tokens, parm_hidden);
+    std::vector<float> out(x.size());
+    if (group == 1) r.idx[3] = 99;  // the MP group of EP rank 1: token 1, slot 1
+    moecomm::routing_view const routing{r.idx.data(), r.w.data(), c.tokens, c.top_k};
+    if (group == 1)
+      check_error([&] { layer.forward(routing, {x.data(), c.tokens, parm_hidden}, {out.data(), c.tokens, parm_hidden}, experts); },
+                  moecomm::status::invalid_argument, {"topk_idx[1][1] = 99", "out of range"});
+    else
+      check_error([&] { layer.forward(routing, {x.data(), c.tokens, parm_hidden}, {out.data(), c.tokens, parm_hidden}, experts); },
+                  moecomm::status::aborted, {"rank"});
+    r.idx[3] = 1;
+    layer.forward(routing, {x.data(), c.tokens, parm_hidden}, {out.data(), c.tokens, parm_hidden}, experts);
+    for (float v : out) CHECK(std::isfinite(v));
+  });
+}
+
 TEST_CASE("Parm: the Zipf routing has distinct experts per token, masked slots, dyadic weights and a hot expert") {
   parm_case const c{{2, 4, 2}, 2000, 16, 4, 0, 1.2};
   oracle::routing const r = parm_routing(3, c);
