@@ -37,6 +37,7 @@ void staged_layer_on_device(moecomm::inproc_communicator comm, int device, layer
     Staged world(comm, be);
     moecomm::exchange_groups<Staged> groups(world, moecomm::topology(c.ranks, c.per_node));
     moecomm::expert_parallel_layer<float, moecomm::cuda_backend, Staged, Capacity, Algorithm> layer(be, groups, c.experts, c.hidden, capacity);
+    CHECK(layer.capture_blocker().find("driven by the host") != std::string::npos);  // whatever the capacity policy
     check_device_layer_step(layer, be, comm.rank(), c, in, std::is_same_v<Algorithm, moecomm::smart_schedule>);
     be.synchronize();
   }

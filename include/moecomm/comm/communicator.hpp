@@ -31,6 +31,7 @@
 #include <moecomm/error.hpp>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -106,6 +107,16 @@ struct has_enqueue_exchange<Comm, std::void_t<decltype(std::declval<Comm&>().enq
 //! them, and a CUDA graph can capture them.
 template <class Comm>
 inline constexpr bool enqueues_on_stream_v = has_enqueue_exchange<Comm>::value;
+
+//! Why a step over `Comm` cannot be captured in a CUDA graph whatever its policies, or "".
+template <class Comm>
+[[nodiscard]] std::string host_driven_exchanges() {
+  if constexpr (enqueues_on_stream_v<Comm>) return "";
+  else
+    return "the communicator's exchanges are driven by the host (it has no enqueue_exchange: a staged, intranode, MPI or "
+           "in-process one), which waits for the device; a captured step needs one that enqueues on the stream "
+           "(nccl_communicator)";
+}
 
 //! `comm.exchange(sends, recvs)` for a consumer that is ordered after it by its stream (token rows
 //! a kernel reads next): a communicator that can leave it in stream order without a host wait

@@ -447,11 +447,12 @@ class dispatcher {
   [[nodiscard]] dispatch_report const& report() const { return report_; }
 
   //! Why a step of this dispatcher cannot be captured into a CUDA graph, or "" when it can: with a
-  //! padded capacity policy over flat, hierarchical_2d or pairwise, every size is known when the
-  //! graph is built. Such a route, called while the back-end's stream captures, waits for nothing and
+  //! padded capacity policy over flat, hierarchical_2d or pairwise, and a communicator that enqueues
+  //! on the stream (NCCL's), every size is known when the graph is built. Such a route, called while the back-end's stream captures, waits for nothing and
   //! reads nothing back (a chooser of home experts is not called: the home experts of the eager route
   //! before the capture are kept); any other is refused then with this reason.
   [[nodiscard]] std::string capture_blocker() const {
+    if (std::string why = detail::host_driven_exchanges<Comm>(); !why.empty()) return why;
     if constexpr (detail::is_dropless_v<Capacity> || detail::is_receiver_budget_v<Capacity>) {
       return detail::concat(Capacity::name, ": the rows each rank receives depend on every rank's routing, which the host reads "
                             "(one wait a step); a captured step needs capacity<rule> with pad_to_capacity = true");

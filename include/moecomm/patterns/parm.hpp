@@ -291,14 +291,15 @@ class parm_layer : public detail::layer_mode {
   }
 
   //! Why a step of this layer cannot be captured into a CUDA graph, or "" when it can: with a padded
-  //! capacity policy under `deepspeed_mp`, `parm_s1` or `parm_s2` every size follows from C, and a
-  //! captured forward and backward wait for nothing on the host (over a communicator that enqueues
-  //! on the stream, NCCL's). A captured step replays the capacity of the eager step before it (of the
+  //! capacity policy under `deepspeed_mp`, `parm_s1` or `parm_s2`, over a communicator that enqueues
+  //! on the stream (NCCL's), every size follows from C, and a captured forward and backward wait for
+  //! nothing on the host. A captured step replays the capacity of the eager step before it (of the
   //! same shape); it does not compare its MP group's inputs (`routing_checks::scan_values`' digest is
   //! a host all-gather: the eager steps do), and its routing's value scan stays on the device
   //! (`check_captured_routing`). A forward or backward called while the back-end's stream captures
   //! is refused with this reason, before it enqueues anything.
   [[nodiscard]] std::string capture_blocker() const {
+    if (std::string why = detail::host_driven_exchanges<Comm>(); !why.empty()) return why;
     if constexpr (std::is_same_v<Schedule, parm_auto>) {
       return "parm_auto: every step agrees on its shape over the world on the host and prices S1 and S2 for it; a captured "
              "step runs parm_s1 or parm_s2 with a padded capacity";
