@@ -18,8 +18,8 @@
 //! Over a communicator that enqueues on the back-end's stream (NCCL's) the lane needs no thread:
 //! this thread enqueues piece c's second collective on the lane's stream after its first
 //! (`cuda_lane::enqueue`, ordered by events), so the device overlaps the two streams, the host waits
-//! for nothing, and a CUDA graph capturing the step forks to the lane's stream and joins back. A piece of a gather is packed into one contiguous message and
-//! unpacked after it arrives (one device copy per block and piece that holds rows; models/parm_cost_model.hpp
+//! for nothing, and a CUDA graph capturing the step forks to the lane's stream and joins back. A
+//! piece of a gather is packed into one contiguous message and unpacked after it arrives (one device copy per block and piece that holds rows; models/parm_cost_model.hpp
 //! prices each copy's launch).
 //!
 //! Both take `recv_rows` `[G][P]`: the rows gather rank g receives from all-to-all rank p (the same
@@ -162,11 +162,14 @@ void run_pipeline(Backend const& be, pipeline_workspace<Backend>& scratch, std::
                   Second&& second) {
   lane_t<Backend>& lane = scratch.lane(be);
   if constexpr (enqueues_on_stream_v<Comm>) {
+    struct join_lane {  // on every exit, the back-end's stream after what the lane's holds
+      lane_t<Backend>& l;
+      ~join_lane() { l.join(); }
+    } const joined{lane};
     for (std::int32_t c = 0; c < pieces; ++c) {
       first(c);
       lane.enqueue(second, c);
     }
-    lane.join();
     return;
   }
   auto job = [&](std::int32_t c) { second(c); };
